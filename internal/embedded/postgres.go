@@ -1,0 +1,185 @@
+package embedded
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoPostgresBinaries means no initdb/pg_ctl was found, so no throwaway cluster can start.
+var ErrNoPostgresBinaries = errors.New("no PostgreSQL server binaries (initdb, pg_ctl) found on PATH or under /usr/lib/postgresql/*/bin; " +
+	"install them (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL to a running PostgreSQL")
+
+// Postgres is a throwaway PostgreSQL cluster in a temporary directory.
+type Postgres struct {
+	// Dir holds the data directory and the socket; removed by Stop.
+	Dir  string
+	Port int
+
+	binDir string
+	cred   *syscall.Credential
+}
+
+// PostgresOptions configures StartPostgres.
+type PostgresOptions struct {
+	// Fsync keeps fsync on (benchmarks want it). Defaults to off: a throwaway cluster need not
+	// survive a power cut.
+	Fsync bool
+	// Log receives progress lines. Defaults to discarding them.
+	Log func(format string, args ...any)
+}
+
+// FindPostgresBinaries returns the directory holding initdb and pg_ctl: PATH first, then the
+// newest /usr/lib/postgresql/*/bin.
+func FindPostgresBinaries() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err != nil {
+			continue
+		}
+		return d, nil
+	}
+	return "", ErrNoPostgresBinaries
+}
+
+func versionOf(binDir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
+	return v
+}
+
+// StartPostgres initialises and starts a cluster on a free port of 127.0.0.1 with trust auth
+// for user postgres. As root it runs the server as the postgres user, which PostgreSQL requires.
+func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	logf := opts.Log
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	bin, err := FindPostgresBinaries()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "txoutbox-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("embedded postgres: %w", err)
+	}
+	p := &Postgres{Dir: dir, binDir: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("embedded postgres: running as root needs a 'postgres' user to run the server as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("embedded postgres: %w", err)
+		}
+	}
+	port, err := FreePort()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	p.Port = port
+	data := filepath.Join(dir, "data")
+	logf("embedded postgres: initdb in %s (binaries %s)", data, bin)
+	if out, err := p.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded postgres: initdb: %w\n%s", err, out)
+	}
+	fsync := "off"
+	if opts.Fsync {
+		fsync = "on"
+	}
+	serverOpts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=%s -c max_connections=200 -c shared_buffers=128MB", port, dir, fsync)
+	if !opts.Fsync {
+		serverOpts += " -c synchronous_commit=off -c full_page_writes=off"
+	}
+	logf("embedded postgres: starting on 127.0.0.1:%d", port)
+	if out, err := p.run(ctx, "pg_ctl", "-D", data, "-o", serverOpts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded postgres: pg_ctl start: %w\n%s\n%s", err, out, log)
+	}
+	return p, nil
+}
+
+// DSN is a connection string for the cluster's postgres database.
+func (p *Postgres) DSN() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.Port)
+}
+
+// Stop stops the server immediately and removes its directory.
+func (p *Postgres) Stop() {
+	if p == nil || p.Dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = p.run(ctx, "pg_ctl", "-D", filepath.Join(p.Dir, "data"), "-m", "immediate", "-w", "stop")
+	_ = os.RemoveAll(p.Dir)
+	p.Dir = ""
+}
+
+func (p *Postgres) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, name), args...)
+	cmd.Dir = p.Dir
+	if p.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	}
+	// pg_ctl leaves the server running with our stdout open; use files, not pipes, so that
+	// Wait does not block on the server's inherited descriptors.
+	var buf bytes.Buffer
+	f, err := os.CreateTemp("", "txoutbox-pgctl-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8")
+	err = cmd.Run()
+	_, _ = f.Seek(0, 0)
+	_, _ = buf.ReadFrom(f)
+	return buf.Bytes(), err
+}
+
+// Ping reports whether a PostgreSQL server answers at dsn within timeout.
+func Ping(ctx context.Context, dsn string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.ConnectTimeout = timeout
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.Ping(ctx)
+}

@@ -1,0 +1,317 @@
+// Package store holds every SQL statement txoutbox runs. Statements are built once per schema
+// with quoted identifiers (never concatenated from unchecked input) and run against the narrow
+// DBTX interface, so callers pass a pool, a connection or a transaction.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Table names, unqualified. The schema comes from the Queries.
+const (
+	MessagesTable = "txoutbox_messages"
+	DedupTable    = "txoutbox_consumer_dedup"
+)
+
+// Row states.
+const (
+	StatePrepared       = "prepared"
+	StateReady          = "ready"
+	StatePublished      = "published"
+	StateRolledBack     = "rolled_back"
+	StateDead           = "dead"
+	StateCheckExhausted = "check_exhausted"
+)
+
+// DBTX is the narrow interface queries run against: pgx.Tx, *pgx.Conn, *pgxpool.Pool and
+// *pgxpool.Conn all satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Queries holds the statements for one schema.
+type Queries struct {
+	Schema string
+	// Advisory lock classes (first int of the two-int form, which never conflicts with the
+	// single-bigint form applications commonly use), derived from the schema so that two
+	// outboxes in one database do not block each other.
+	// KeyLockClass serialises enqueuers of one key so that id order is commit order.
+	KeyLockClass int32
+	// PartitionLockClass is the relay's session-level lease on a partition (second int).
+	PartitionLockClass int32
+
+	Messages string // quoted, schema-qualified messages table
+	Dedup    string // quoted, schema-qualified dedup table
+
+	insertMessages string
+	lockKeys       string
+	claim          string
+	settleDelete   string
+	settleRetain   string
+}
+
+// New builds the statements for schema.
+func New(schema string) *Queries {
+	q := &Queries{
+		Schema:   schema,
+		Messages: pgx.Identifier{schema, MessagesTable}.Sanitize(),
+		Dedup:    pgx.Identifier{schema, DedupTable}.Sanitize(),
+
+		KeyLockClass:       KeyHash("txoutbox.key:" + schema),
+		PartitionLockClass: KeyHash("txoutbox.partition:" + schema),
+	}
+	q.lockKeys = `SELECT count(pg_advisory_xact_lock($1::int4, k)) FROM unnest($2::int4[]) AS u(k)`
+	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
+	// and therefore publish order, follow the caller's order within one call.
+	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
+SELECT u.message_id, u.subject, u.msg_key, u.partition_key, u.headers, u.payload, 'ready', clock_timestamp()
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::jsonb[], $6::bytea[]) WITH ORDINALITY
+     AS u(message_id, subject, msg_key, partition_key, headers, payload, ord)
+ORDER BY u.ord`
+	// Claim due ready rows of the given partitions in id order, skipping every row whose key
+	// has an earlier row that failed and is waiting for its retry, or is dead.
+	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at)
+FROM ` + q.Messages + ` o
+WHERE o.state = 'ready'
+  AND o.next_attempt_at <= now()
+  AND ($2::int4[] IS NULL OR o.partition_key % $3::int4 = ANY($2::int4[]))
+  AND NOT (o.id = ANY($4::int8[]))
+  AND (o.msg_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM ` + q.Messages + ` b
+        WHERE b.msg_key = o.msg_key AND b.id < o.id
+          AND b.attempts > 0 AND b.state IN ('ready', 'dead')
+          AND (b.state = 'dead' OR b.next_attempt_at > now())))
+ORDER BY o.id
+LIMIT $1`
+	settleFailed := `failed AS (
+  UPDATE ` + q.Messages + ` o
+  SET attempts = o.attempts + 1,
+      last_error = f.err,
+      next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
+      state = CASE WHEN o.attempts + 1 >= $5::int4 THEN 'dead' ELSE 'ready' END
+  FROM unnest($2::int8[], $3::text[], $4::float8[]) AS f(id, err, delay_ms)
+  WHERE o.id = f.id AND o.state = 'ready'
+  RETURNING o.id, o.message_id, o.state
+)`
+	q.settleDelete = `WITH ok AS (
+  DELETE FROM ` + q.Messages + ` WHERE id = ANY($1::int8[]) AND state = 'ready' RETURNING id
+), ` + settleFailed + `
+SELECT (SELECT count(*) FROM ok),
+       coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
+	q.settleRetain = `WITH okv AS (
+  SELECT * FROM unnest($1::int8[], $6::text[], $7::int8[]) AS v(id, stream, seq)
+), ok AS (
+  UPDATE ` + q.Messages + ` o SET state = 'published', published_at = now(), stream = okv.stream, stream_seq = okv.seq
+  FROM okv WHERE o.id = okv.id AND o.state = 'ready' RETURNING o.id
+), ` + settleFailed + `
+SELECT (SELECT count(*) FROM ok),
+       coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
+	return q
+}
+
+// KeyHash is the 31-bit hash of an ordering key (or of a message id for unkeyed messages): it
+// is both the advisory lock that orders a key's enqueuers and the row's partition_key.
+func KeyHash(s string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return int32(h.Sum32() & 0x7fff_ffff)
+}
+
+// NewRow is a message to insert.
+type NewRow struct {
+	MessageID uuid.UUID
+	Subject   string
+	Key       string // "" for none
+	Headers   []byte // JSON object, or nil
+	Payload   []byte
+}
+
+// UniqueViolation reports whether err is a unique violation of the message id constraint.
+func UniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "txoutbox_messages_message_id_key"
+}
+
+// InsertMessages locks the keys of rows (sorted, so concurrent callers cannot deadlock on
+// them) and inserts the rows, in one round trip.
+func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) error {
+	n := len(rows)
+	ids := make([]uuid.UUID, n)
+	subjects := make([]string, n)
+	keys := make([]*string, n)
+	parts := make([]int32, n)
+	headers := make([]*string, n)
+	payloads := make([][]byte, n)
+	var lockKeys []int32
+	seen := map[int32]bool{}
+	for i, r := range rows {
+		ids[i] = r.MessageID
+		subjects[i] = r.Subject
+		if r.Key != "" {
+			k := r.Key
+			keys[i] = &k
+			h := KeyHash(r.Key)
+			parts[i] = h
+			if !seen[h] {
+				seen[h] = true
+				lockKeys = append(lockKeys, h)
+			}
+		} else {
+			parts[i] = KeyHash(r.MessageID.String())
+		}
+		if r.Headers != nil {
+			s := string(r.Headers)
+			headers[i] = &s
+		}
+		payloads[i] = r.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+	}
+	b := &pgx.Batch{}
+	if len(lockKeys) > 0 {
+		sortInt32(lockKeys)
+		b.Queue(q.lockKeys, q.KeyLockClass, lockKeys)
+	}
+	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
+	br := db.SendBatch(ctx, b)
+	if len(lockKeys) > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("lock keys: %w", err)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return err
+	}
+	return br.Close()
+}
+
+func sortInt32(s []int32) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// Claimed is a ready row taken by the relay.
+type Claimed struct {
+	ID        int64
+	MessageID uuid.UUID
+	Subject   string
+	Key       string
+	Headers   []byte
+	Payload   []byte
+	Attempts  int32
+	ReadyAt   time.Time
+}
+
+// ClaimArgs selects what Claim returns.
+type ClaimArgs struct {
+	Limit int
+	// Partitions to claim from, out of PartitionCount; nil means all.
+	Partitions     []int32
+	PartitionCount int32
+	// Exclude lists ids already in flight.
+	Exclude []int64
+}
+
+// Claim returns up to Limit due ready rows in id order (see the statement for the key rule).
+func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, error) {
+	excl := a.Exclude
+	if excl == nil {
+		excl = []int64{}
+	}
+	count := a.PartitionCount
+	if count <= 0 {
+		count = 1
+	}
+	rows, err := db.Query(ctx, q.claim, a.Limit, a.Partitions, count, excl)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]Claimed, 0, a.Limit)
+	for rows.Next() {
+		var c Claimed
+		var key *string
+		if err := rows.Scan(&c.ID, &c.MessageID, &c.Subject, &key, &c.Headers, &c.Payload, &c.Attempts, &c.ReadyAt); err != nil {
+			return nil, err
+		}
+		if key != nil {
+			c.Key = *key
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// Published is a row whose PubAck arrived.
+type Published struct {
+	ID     int64
+	Stream string
+	Seq    uint64
+}
+
+// Failed is a row whose publish failed with a message-level error.
+type Failed struct {
+	ID  int64
+	Err string
+	// Delay until the next attempt, counted from the database's clock.
+	Delay time.Duration
+}
+
+// SettleArgs is one batch's outcome.
+type SettleArgs struct {
+	Published   []Published
+	Failed      []Failed
+	MaxAttempts int
+	// Retain keeps published rows (state published, published_at set) instead of deleting them.
+	Retain bool
+}
+
+// SettleResult says what Settle changed.
+type SettleResult struct {
+	Published int64
+	// Dead lists the message ids that reached MaxAttempts in this settle.
+	Dead []uuid.UUID
+}
+
+// Settle applies a batch's outcome in one statement: published rows are deleted (or marked
+// published), failed rows get attempts+1, their error and their next attempt time, and become
+// dead when they reach MaxAttempts. Only rows still ready are touched.
+func (q *Queries) Settle(ctx context.Context, db DBTX, a SettleArgs) (SettleResult, error) {
+	okIDs := make([]int64, len(a.Published))
+	streams := make([]string, len(a.Published))
+	seqs := make([]int64, len(a.Published))
+	for i, p := range a.Published {
+		okIDs[i], streams[i], seqs[i] = p.ID, p.Stream, int64(p.Seq)
+	}
+	fIDs := make([]int64, len(a.Failed))
+	fErrs := make([]string, len(a.Failed))
+	fNext := make([]float64, len(a.Failed))
+	for i, f := range a.Failed {
+		fIDs[i], fErrs[i], fNext[i] = f.ID, f.Err, float64(f.Delay)/float64(time.Millisecond)
+	}
+	var res SettleResult
+	var err error
+	if a.Retain {
+		err = db.QueryRow(ctx, q.settleRetain, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts), streams, seqs).Scan(&res.Published, &res.Dead)
+	} else {
+		err = db.QueryRow(ctx, q.settleDelete, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts)).Scan(&res.Published, &res.Dead)
+	}
+	return res, err
+}

@@ -1,0 +1,2 @@
+DROP TABLE txoutbox_consumer_dedup;
+DROP TABLE txoutbox_messages;

@@ -1,0 +1,370 @@
+// Package migrations holds txoutbox's SQL schema as versioned migration files and a small
+// runner that applies them.
+//
+// The files are plain SQL named NNN_name.up.sql / NNN_name.down.sql, the layout golang-migrate
+// reads as it is; they use unqualified table names, so a deploy tool chooses the schema through
+// the connection's search_path. The same files are embedded in this package (FS) for the
+// project's own runner, used by `relay migrate`:
+//
+//	m, err := migrations.New(&migrations.Config{Schema: "outbox"})
+//	applied, err := m.Up(ctx, pool)
+//
+// The runner records applied versions in txoutbox_schema_migrations inside the target schema,
+// serialises concurrent runners with an advisory lock, applies each migration in its own
+// transaction, and refuses to run when the embedded files or the recorded versions have a
+// duplicate or a gap.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FS holds the migration files, for tools that want to read or copy them.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// DefaultSchema is the Postgres schema used when Config.Schema is empty.
+const DefaultSchema = "public"
+
+// VersionTable is the table, inside the configured schema, where the runner records versions.
+const VersionTable = "txoutbox_schema_migrations"
+
+// lockID is the advisory lock (two-int form, first half) that serialises migration runners.
+const lockClass = 0x74786d67 // "txmg"
+
+var (
+	// ErrInvalidFiles means the migration files themselves are inconsistent (a duplicate
+	// version, a gap, a missing up or down file, a malformed name).
+	ErrInvalidFiles = errors.New("migrations: invalid migration files")
+	// ErrInconsistentDatabase means the versions recorded in the database do not form a
+	// prefix of the known migrations (a skipped version, or a version this binary does not know).
+	ErrInconsistentDatabase = errors.New("migrations: recorded versions are inconsistent")
+)
+
+// Migration is one versioned schema change.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// Config configures a Migrator.
+type Config struct {
+	// Schema is the Postgres schema that holds txoutbox's tables. It is created by Up if it
+	// does not exist. Defaults to "public".
+	Schema string
+}
+
+// Migrator applies and reverts the embedded migrations.
+type Migrator struct {
+	schema     string
+	migrations []Migration
+}
+
+// Beginner is what the runner needs from a database handle: *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx all satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// New returns a Migrator for the embedded migrations.
+func New(cfg *Config) (*Migrator, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	schema := cfg.Schema
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchemaName(schema); err != nil {
+		return nil, err
+	}
+	ms, err := Load(FS)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{schema: schema, migrations: ms}, nil
+}
+
+// ValidateSchemaName reports whether name can be used as a schema name. Names are always
+// quoted when used, so any non-empty name of at most 63 bytes without NUL is accepted.
+func ValidateSchemaName(name string) error {
+	if name == "" {
+		return errors.New("schema: must not be empty")
+	}
+	if len(name) > 63 {
+		return fmt.Errorf("schema: %q is longer than Postgres's 63-byte identifier limit", name)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == 0 {
+			return fmt.Errorf("schema: %q contains a NUL byte", name)
+		}
+	}
+	return nil
+}
+
+var fileRe = regexp.MustCompile(`^(\d+)_([A-Za-z0-9_]+)\.(up|down)\.sql$`)
+
+// Load reads and checks migrations from fsys: every file must be named NNN_name.up.sql or
+// NNN_name.down.sql, every version must have both, and versions must run 1, 2, 3, … with no
+// duplicate or gap.
+func Load(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidFiles, err)
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		m := fileRe.FindStringSubmatch(e.Name())
+		if m == nil {
+			if len(e.Name()) > 4 && e.Name()[len(e.Name())-4:] == ".sql" {
+				return nil, fmt.Errorf("%w: %s is not named NNN_name.up.sql or NNN_name.down.sql", ErrInvalidFiles, e.Name())
+			}
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidFiles, err)
+		}
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2]}
+			byVersion[v] = mig
+		} else if mig.Name != m[2] {
+			return nil, fmt.Errorf("%w: version %d is used by both %q and %q", ErrInvalidFiles, v, mig.Name, m[2])
+		}
+		if m[3] == "up" {
+			mig.Up = string(body)
+		} else {
+			mig.Down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("%w: expected version %d, found %d (versions must run 1, 2, 3, … without gaps)", ErrInvalidFiles, i+1, m.Version)
+		}
+		if m.Up == "" {
+			return nil, fmt.Errorf("%w: version %d (%s) has no .up.sql file", ErrInvalidFiles, m.Version, m.Name)
+		}
+		if m.Down == "" {
+			return nil, fmt.Errorf("%w: version %d (%s) has no .down.sql file", ErrInvalidFiles, m.Version, m.Name)
+		}
+	}
+	return out, nil
+}
+
+// Migrations returns the known migrations in version order.
+func (m *Migrator) Migrations() []Migration { return append([]Migration(nil), m.migrations...) }
+
+// Latest returns the newest known version.
+func (m *Migrator) Latest() int { return len(m.migrations) }
+
+// Status describes one known migration and whether it is applied.
+type Status struct {
+	Version   int
+	Name      string
+	Applied   bool
+	AppliedAt time.Time
+}
+
+func (m *Migrator) qschema() string { return pgx.Identifier{m.schema}.Sanitize() }
+func (m *Migrator) qtable() string  { return pgx.Identifier{m.schema, VersionTable}.Sanitize() }
+
+// begin opens a transaction with the schema on its search_path and the runner's lock held.
+func (m *Migrator) begin(ctx context.Context, db Beginner, create bool) (pgx.Tx, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: begin: %w", err)
+	}
+	fail := func(err error) (pgx.Tx, error) {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", int32(lockClass), m.schema); err != nil {
+		return fail(fmt.Errorf("migrations: lock: %w", err))
+	}
+	if create {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+m.qschema()); err != nil {
+			return fail(fmt.Errorf("migrations: create schema %q: %w", m.schema, err))
+		}
+		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.qtable()+` (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fail(fmt.Errorf("migrations: create version table: %w", err))
+		}
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+m.qschema()); err != nil {
+		return fail(fmt.Errorf("migrations: set search_path: %w", err))
+	}
+	return tx, nil
+}
+
+type applied struct {
+	version int
+	at      time.Time
+}
+
+func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.qtable()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrations: read versions: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, "SELECT version, applied_at FROM "+m.qtable()+" ORDER BY version")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: read versions: %w", err)
+	}
+	var out []applied
+	for rows.Next() {
+		var a applied
+		if err := rows.Scan(&a.version, &a.at); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrations: read versions: %w", err)
+	}
+	for i, a := range out {
+		if a.version != i+1 {
+			return nil, fmt.Errorf("%w: schema %q records version %d where %d was expected (a version was skipped)", ErrInconsistentDatabase, m.schema, a.version, i+1)
+		}
+		if a.version > len(m.migrations) {
+			return nil, fmt.Errorf("%w: schema %q is at version %d, newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, a.version, len(m.migrations))
+		}
+	}
+	return out, nil
+}
+
+// Up applies every pending migration, each in its own transaction, and returns the versions
+// it applied.
+func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
+	var done []int
+	for {
+		tx, err := m.begin(ctx, db, true)
+		if err != nil {
+			return done, err
+		}
+		app, err := m.applied(ctx, tx)
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, err
+		}
+		if len(app) == len(m.migrations) {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, nil
+		}
+		next := m.migrations[len(app)]
+		if _, err := tx.Exec(ctx, next.Up); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, fmt.Errorf("migrations: apply %03d_%s: %w", next.Version, next.Name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+m.qtable()+" (version, name) VALUES ($1, $2)", next.Version, next.Name); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, fmt.Errorf("migrations: record %03d_%s: %w", next.Version, next.Name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return done, fmt.Errorf("migrations: commit %03d_%s: %w", next.Version, next.Name, err)
+		}
+		done = append(done, next.Version)
+	}
+}
+
+// Down reverts the newest steps applied migrations (all of them when steps <= 0 is given as
+// DownAll) and returns the versions it reverted, newest first.
+func (m *Migrator) Down(ctx context.Context, db Beginner, steps int) ([]int, error) {
+	var done []int
+	for steps < 0 || len(done) < steps {
+		tx, err := m.begin(ctx, db, false)
+		if err != nil {
+			return done, err
+		}
+		app, err := m.applied(ctx, tx)
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, err
+		}
+		if len(app) == 0 {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, nil
+		}
+		cur := m.migrations[len(app)-1]
+		if _, err := tx.Exec(ctx, cur.Down); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, fmt.Errorf("migrations: revert %03d_%s: %w", cur.Version, cur.Name, err)
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM "+m.qtable()+" WHERE version = $1", cur.Version); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return done, fmt.Errorf("migrations: unrecord %03d_%s: %w", cur.Version, cur.Name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return done, fmt.Errorf("migrations: commit revert of %03d_%s: %w", cur.Version, cur.Name, err)
+		}
+		done = append(done, cur.Version)
+	}
+	return done, nil
+}
+
+// DownAll can be passed to Down to revert every applied migration.
+const DownAll = -1
+
+// Status lists every known migration and whether the database has it.
+func (m *Migrator) Status(ctx context.Context, db Beginner) ([]Status, error) {
+	tx, err := m.begin(ctx, db, false)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	app, err := m.applied(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Status, len(m.migrations))
+	for i, mig := range m.migrations {
+		out[i] = Status{Version: mig.Version, Name: mig.Name}
+		if i < len(app) {
+			out[i].Applied = true
+			out[i].AppliedAt = app[i].at
+		}
+	}
+	return out, nil
+}
+
+// Version returns the newest applied version (0 when none is).
+func (m *Migrator) Version(ctx context.Context, db Beginner) (int, error) {
+	st, err := m.Status(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	v := 0
+	for _, s := range st {
+		if s.Applied {
+			v = s.Version
+		}
+	}
+	return v, nil
+}

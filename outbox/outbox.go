@@ -1,0 +1,216 @@
+// Package outbox is txoutbox's producer API: it writes messages into the outbox table inside
+// the caller's own Postgres transaction, so a message exists if and only if the business
+// change it describes committed. The relay (package relay) later publishes committed messages
+// to NATS JetStream.
+//
+// The client never begins or commits a transaction:
+//
+//	tx, _ := pool.Begin(ctx)
+//	_, _ = tx.Exec(ctx, `INSERT INTO orders ...`)
+//	_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: orderID, Payload: body})
+//	if err != nil { _ = tx.Rollback(ctx); return err }
+//	if err := tx.Commit(ctx); err != nil { return err }
+//	client.Ring() // optional: wake the relay now instead of at its next poll
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+// DefaultMaxMessageBytes is NATS's default max_payload (1 MiB), which counts headers too.
+const DefaultMaxMessageBytes = 1 << 20
+
+// DefaultSchema is the Postgres schema used when Config.Schema is empty.
+const DefaultSchema = "public"
+
+// Config configures a Client. The zero value is usable.
+type Config struct {
+	// Schema is the Postgres schema holding the outbox table. Defaults to "public".
+	Schema string
+
+	// MaxMessageBytes bounds payload plus headers, counted as NATS counts them (including the
+	// headers the relay adds). Keep it at or below the NATS server's max_payload and the
+	// stream's max_msg_size. Defaults to DefaultMaxMessageBytes (1 MiB).
+	MaxMessageBytes int
+
+	// Doorbell, when set, is rung by Client.Ring to wake the relay right after a commit.
+	// Defaults to none: the relay finds new rows at its next poll.
+	Doorbell Doorbell
+}
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = DefaultSchema
+	}
+	if out.MaxMessageBytes == 0 {
+		out.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
+		return fmt.Errorf("outbox: Config.Schema: %w", err)
+	}
+	if c.MaxMessageBytes < 1024 {
+		return fmt.Errorf("outbox: Config.MaxMessageBytes must be at least 1024, got %d", c.MaxMessageBytes)
+	}
+	return nil
+}
+
+// Client writes messages into the outbox. It is safe for concurrent use.
+type Client struct {
+	cfg *Config
+	q   *store.Queries
+}
+
+// NewClient returns a Client for cfg (nil means all defaults).
+func NewClient(cfg *Config) (*Client, error) {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Client{cfg: c, q: store.New(c.Schema)}, nil
+}
+
+// Config returns the client's effective configuration.
+func (c *Client) Config() Config { return *c.cfg }
+
+// Message is one event to publish.
+type Message struct {
+	// ID is the message id, used as JetStream's Nats-Msg-Id. Defaults to a new UUIDv7.
+	ID uuid.UUID
+	// Subject is the NATS subject to publish to. Required; must be a literal subject.
+	Subject string
+	// Key, when set, orders messages: messages of one key reach JetStream in commit order and
+	// a message that cannot be published holds back the later messages of its key only.
+	// Typically an aggregate id. Sent as the Txoutbox-Key header.
+	Key string
+	// BizKey is an optional business idempotency key (for example "order:42:created"). When
+	// set, idempotent consumers deduplicate on it instead of the message id. Sent as the
+	// Txoutbox-Biz-Key header.
+	BizKey string
+	// Headers are sent with the message. A traceparent header travels as it is.
+	Headers map[string][]string
+	// Payload is the message body.
+	Payload []byte
+}
+
+// DBTX is what EnqueueTx needs from the caller's transaction: pgx.Tx satisfies it.
+type DBTX = store.DBTX
+
+// EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one
+// round trip. It never begins, commits or rolls back tx. Validation happens before anything
+// is written: if one message is invalid, none is written and the error (a *MessageError
+// wrapping ErrInvalidSubject, ErrMessageTooLarge, ErrInvalidHeader, ErrInvalidKey or
+// ErrDuplicateID) names the message. It returns the message ids in the order of msgs.
+//
+// A keyed message takes a transaction-scoped advisory lock on its key before its row id is
+// drawn, so concurrent transactions enqueueing one key serialise and, for one key, id order
+// is commit order. Within one transaction, enqueue keys in a consistent order (as with row
+// locks) to avoid deadlocks between transactions that enqueue several keys in several calls.
+func (c *Client) EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	rows := make([]store.NewRow, len(msgs))
+	ids := make([]uuid.UUID, len(msgs))
+	seen := make(map[uuid.UUID]int, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		row, err := c.prepareRow(i, m)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[row.MessageID]; dup {
+			return nil, &MessageError{Index: i, ID: row.MessageID, Subject: m.Subject, Err: ErrDuplicateID,
+				Detail: fmt.Sprintf("message %d of this call has the same id", j)}
+		}
+		seen[row.MessageID] = i
+		rows[i] = row
+		ids[i] = row.MessageID
+	}
+	if err := c.q.InsertMessages(ctx, tx, rows); err != nil {
+		if store.UniqueViolation(err) {
+			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
+		}
+		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return ids, nil
+}
+
+// prepareRow validates m and turns it into a row.
+func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
+	fail := func(sentinel error, detail string) (store.NewRow, error) {
+		return store.NewRow{}, &MessageError{Index: i, ID: m.ID, Subject: m.Subject, Err: sentinel, Detail: detail}
+	}
+	if err := ValidateSubject(m.Subject); err != nil {
+		return fail(ErrInvalidSubject, strings.TrimPrefix(err.Error(), ErrInvalidSubject.Error()+": "))
+	}
+	if len(m.Key) > MaxKeyLength {
+		return fail(ErrInvalidKey, fmt.Sprintf("key is %d bytes, the limit is %d", len(m.Key), MaxKeyLength))
+	}
+	if strings.ContainsAny(m.Key, "\x00\r\n") || !utf8.ValidString(m.Key) {
+		return fail(ErrInvalidKey, "key contains NUL, CR, LF or invalid UTF-8")
+	}
+	if strings.ContainsAny(m.BizKey, "\x00\r\n") || !utf8.ValidString(m.BizKey) || len(m.BizKey) > MaxKeyLength {
+		return fail(ErrInvalidHeader, fmt.Sprintf("BizKey must be valid UTF-8 without NUL, CR or LF, at most %d bytes", MaxKeyLength))
+	}
+	hsize, err := validateHeaders(m.Headers)
+	if err != nil {
+		return fail(ErrInvalidHeader, strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
+	}
+	for name, values := range m.Headers {
+		for _, v := range values {
+			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+				return fail(ErrInvalidHeader, fmt.Sprintf("value of %q contains a NUL byte or invalid UTF-8", name))
+			}
+		}
+	}
+	if size := encodedSize(m, hsize); size > c.cfg.MaxMessageBytes {
+		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",
+			len(m.Payload), size, c.cfg.MaxMessageBytes))
+	}
+	id := m.ID
+	if id == uuid.Nil {
+		var err error
+		if id, err = uuid.NewV7(); err != nil {
+			return store.NewRow{}, fmt.Errorf("outbox: new message id: %w", err)
+		}
+	}
+	var hdr []byte
+	if len(m.Headers) > 0 || m.BizKey != "" {
+		h := make(map[string][]string, len(m.Headers)+1)
+		for k, v := range m.Headers {
+			h[k] = v
+		}
+		if m.BizKey != "" {
+			h[HeaderBizKey] = []string{m.BizKey}
+		}
+		if hdr, err = json.Marshal(h); err != nil {
+			return store.NewRow{}, fmt.Errorf("outbox: encode headers: %w", err)
+		}
+	}
+	return store.NewRow{MessageID: id, Subject: m.Subject, Key: m.Key, Headers: hdr, Payload: m.Payload}, nil
+}
+
+// Ring wakes the relay through the configured Doorbell, if any. Call it after the
+// transaction that enqueued messages has committed; it never blocks.
+func (c *Client) Ring() {
+	if c.cfg.Doorbell != nil {
+		c.cfg.Doorbell.Ring()
+	}
+}
