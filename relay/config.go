@@ -1,0 +1,259 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Defaults for Config.
+const (
+	DefaultSchema           = "public"
+	DefaultBatchSize        = 500
+	DefaultMaxInFlight      = 1000
+	DefaultPublishTimeout   = 5 * time.Second
+	DefaultPollMin          = 10 * time.Millisecond
+	DefaultPollMax          = time.Second
+	DefaultBackoffBase      = time.Second
+	DefaultBackoffMax       = time.Minute
+	DefaultBackoffJitter    = 0.2
+	DefaultMaxAttempts      = 20
+	DefaultPartitions       = 8
+	DefaultLeaseInterval    = 2 * time.Second
+	DefaultStreamDuplicates = 2 * time.Minute
+	DefaultDoorbellSubject  = outbox.DefaultDoorbellSubject
+)
+
+// Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
+type Config struct {
+	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid.
+	ID string
+
+	// Schema is the Postgres schema holding the outbox table. Defaults to "public".
+	Schema string
+
+	// BatchSize is how many rows one claim takes. Defaults to 500.
+	BatchSize int
+
+	// MaxInFlight bounds the async publishes awaiting their PubAck. Defaults to 1000.
+	MaxInFlight int
+
+	// PublishTimeout bounds the wait for one PubAck (nats.go has no timeout by default).
+	// Defaults to 5s.
+	PublishTimeout time.Duration
+
+	// PollMin and PollMax bound the adaptive poll: after a claim that found nothing the interval
+	// doubles up to PollMax; after one that found rows the relay claims again at once.
+	// Defaults to 10ms and 1s. A doorbell ring wakes the relay at any time.
+	PollMin time.Duration
+	PollMax time.Duration
+
+	// BackoffBase, BackoffMax and BackoffJitter shape the delay before a failed row's next
+	// attempt: BackoffBase·2^(attempts-1), capped at BackoffMax, then multiplied by a random
+	// factor in [1-BackoffJitter, 1+BackoffJitter]. BackoffMax also caps the relay's own
+	// backoff while Postgres or NATS is unreachable. Defaults to 1s, 1m and 0.2.
+	BackoffBase   time.Duration
+	BackoffMax    time.Duration
+	BackoffJitter float64
+
+	// MaxAttempts is how many failed publishes make a row dead. Broker outages (timeouts,
+	// lost connections) do not count: only errors about the message itself do. Defaults to 20.
+	MaxAttempts int
+
+	// Retention, when positive, keeps published rows (state published, with published_at and
+	// the stream sequence) for the check-back's purge job to delete after Retention; zero
+	// deletes them at once, which keeps the table small. Defaults to 0.
+	Retention time.Duration
+
+	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
+	// the id when there is no key). Each partition is published by one relay at a time, which
+	// holds a session advisory lock on it as its lease. Every relay of one outbox must use the
+	// same value. Defaults to 8.
+	Partitions int
+
+	// LeaseInterval is how often the relay tries to take partitions nobody holds (a standby
+	// takes over a dead relay's partitions within about this long). Defaults to 2s.
+	LeaseInterval time.Duration
+
+	// DoorbellSubject is the core NATS subject producers ring after a commit (see
+	// outbox.NATSDoorbell). Defaults to "txoutbox.doorbell". DisableDoorbell turns it off.
+	DoorbellSubject string
+	DisableDoorbell bool
+
+	// DoorbellChannel, when set, makes the relay LISTEN on this Postgres channel too (see
+	// outbox.PostgresDoorbell). It costs one more connection. Defaults to off.
+	DoorbellChannel string
+
+	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
+	// Run checks that a stream captures each of them and that its duplicate window covers
+	// the relay's worst republish delay (PublishTimeout + BackoffMax). Defaults to none.
+	Subjects []string
+
+	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no
+	// stream captures, with a duplicate window of StreamDuplicates. Defaults to "" (a missing
+	// stream is an error).
+	CreateStream string
+
+	// StreamDuplicates is the duplicate window of a stream created by CreateStream. Defaults
+	// to 2m, raised to the required window if that is longer.
+	StreamDuplicates time.Duration
+
+	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// Registerer, when set, registers the relay's Prometheus metrics. Defaults to none.
+	Registerer prometheus.Registerer
+}
+
+// ConfigError names the Config field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "relay: Config." + e.Field + " " + e.Reason }
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.ID == "" {
+		host, _ := os.Hostname()
+		out.ID = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if out.Schema == "" {
+		out.Schema = DefaultSchema
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = DefaultBatchSize
+	}
+	if out.MaxInFlight == 0 {
+		out.MaxInFlight = DefaultMaxInFlight
+	}
+	if out.PublishTimeout == 0 {
+		out.PublishTimeout = DefaultPublishTimeout
+	}
+	if out.PollMin == 0 {
+		out.PollMin = DefaultPollMin
+	}
+	if out.PollMax == 0 {
+		out.PollMax = DefaultPollMax
+	}
+	if out.BackoffBase == 0 {
+		out.BackoffBase = DefaultBackoffBase
+	}
+	if out.BackoffMax == 0 {
+		out.BackoffMax = DefaultBackoffMax
+	}
+	if out.BackoffJitter == 0 {
+		out.BackoffJitter = DefaultBackoffJitter
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = DefaultMaxAttempts
+	}
+	if out.Partitions == 0 {
+		out.Partitions = DefaultPartitions
+	}
+	if out.LeaseInterval == 0 {
+		out.LeaseInterval = DefaultLeaseInterval
+	}
+	if out.DoorbellSubject == "" {
+		out.DoorbellSubject = DefaultDoorbellSubject
+	}
+	if out.StreamDuplicates == 0 {
+		out.StreamDuplicates = DefaultStreamDuplicates
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+// RequiredDuplicateWindow is the shortest stream duplicate window that absorbs every republish
+// the relay makes while it runs: a publish whose ack timed out is retried after at most the
+// relay's outage backoff. (A relay that is down longer than the window republishes outside it;
+// the idempotent consumer's dedup row absorbs those.)
+func (c *Config) RequiredDuplicateWindow() time.Duration {
+	return c.PublishTimeout + c.BackoffMax
+}
+
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
+		return bad("Schema", "is invalid: %v", err)
+	}
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
+	case c.MaxInFlight < 1:
+		return bad("MaxInFlight", "must be at least 1, got %d", c.MaxInFlight)
+	case c.PublishTimeout < 10*time.Millisecond:
+		return bad("PublishTimeout", "must be at least 10ms, got %s", c.PublishTimeout)
+	case c.PollMin <= 0:
+		return bad("PollMin", "must be positive, got %s", c.PollMin)
+	case c.PollMax < c.PollMin:
+		return bad("PollMax", "must be at least PollMin (%s), got %s", c.PollMin, c.PollMax)
+	case c.BackoffBase <= 0:
+		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffMax < c.BackoffBase:
+		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
+	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
+		return bad("BackoffJitter", "must be in [0, 1), got %g", c.BackoffJitter)
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	case c.Retention < 0:
+		return bad("Retention", "must not be negative, got %s", c.Retention)
+	case c.Partitions < 1 || c.Partitions > 4096:
+		return bad("Partitions", "must be between 1 and 4096, got %d", c.Partitions)
+	case c.LeaseInterval < 10*time.Millisecond:
+		return bad("LeaseInterval", "must be at least 10ms, got %s", c.LeaseInterval)
+	case c.StreamDuplicates < 0:
+		return bad("StreamDuplicates", "must not be negative, got %s", c.StreamDuplicates)
+	}
+	if !c.DisableDoorbell {
+		if err := validateSubjectPattern(c.DoorbellSubject); err != nil {
+			return bad("DoorbellSubject", "is invalid: %v", err)
+		}
+	}
+	for _, s := range c.Subjects {
+		if err := validateSubjectPattern(s); err != nil {
+			return bad("Subjects", "has an invalid subject %q: %v", s, err)
+		}
+	}
+	return nil
+}
+
+// validateSubjectPattern accepts a NATS subject that may contain * and > wildcard tokens.
+func validateSubjectPattern(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty subject")
+	}
+	toks := 0
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && (s[i] <= ' ' || s[i] == 0x7f) {
+			return fmt.Errorf("whitespace or control character at byte %d", i)
+		}
+		if i == len(s) || s[i] == '.' {
+			tok := s[start:i]
+			toks++
+			if tok == "" {
+				return fmt.Errorf("token %d is empty", toks)
+			}
+			if tok == ">" && i != len(s) {
+				return fmt.Errorf("'>' must be the last token")
+			}
+			start = i + 1
+		}
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// batchResult is what publishing a batch produced.
+type batchResult struct {
+	published []store.Published
+	failed    []store.Failed
+	// brokerErr is the first broker-level error; rows it hit, and the later rows of their
+	// keys, are left untouched.
+	brokerErr error
+}
+
+type outcome struct {
+	ack *jetstream.PubAck
+	err error
+}
+
+// publish publishes rows (in id order) in waves: the first wave holds every unkeyed row and
+// the first row of each key; each following wave holds the next row of every key whose
+// previous row was acknowledged. A key whose row failed sends nothing more in this batch, and
+// the claim query holds its later rows back until the failed one is published. Within a wave
+// all publishes are pipelined.
+func (r *Relay) publish(ctx context.Context, rows []store.Claimed) *batchResult {
+	res := &batchResult{}
+	chains := map[string][]int{}
+	var wave []int
+	for i := range rows {
+		k := rows[i].Key
+		if k == "" {
+			wave = append(wave, i)
+			continue
+		}
+		if len(chains[k]) == 0 {
+			wave = append(wave, i)
+		}
+		chains[k] = append(chains[k], i)
+	}
+	pos := map[string]int{}
+	for len(wave) > 0 {
+		outs := r.publishWave(ctx, rows, wave)
+		// No responders means no stream captures the subject, or JetStream itself is down;
+		// only the first is about the message.
+		jsDown := false
+		for _, o := range outs {
+			if errors.Is(o.err, jetstream.ErrNoStreamResponse) || errors.Is(o.err, nats.ErrNoResponders) {
+				jsDown = !r.jetStreamAnswers(ctx)
+				break
+			}
+		}
+		var next []int
+		for j, i := range wave {
+			row, o := &rows[i], outs[j]
+			switch {
+			case o.err == nil:
+				res.published = append(res.published, store.Published{ID: row.ID, Stream: o.ack.Stream, Seq: o.ack.Sequence})
+				if o.ack.Duplicate {
+					r.stats.Duplicates.Add(1)
+					r.m.duplicates.Inc()
+				}
+				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
+				if row.Key != "" {
+					pos[row.Key]++
+					if p := pos[row.Key]; p < len(chains[row.Key]) {
+						next = append(next, chains[row.Key][p])
+					}
+				}
+			case isBrokerError(o.err) || (jsDown && isNoResponders(o.err)):
+				if res.brokerErr == nil {
+					res.brokerErr = o.err
+				}
+				r.m.failures.WithLabelValues("broker").Inc()
+			default:
+				res.failed = append(res.failed, store.Failed{
+					ID:    row.ID,
+					Err:   describe(row, o.err),
+					Delay: backoff(int(row.Attempts)+1, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.BackoffJitter),
+				})
+				r.m.failures.WithLabelValues("message").Inc()
+				if row.Attempts+1 < int32(r.cfg.MaxAttempts) {
+					r.log.Warn("publish failed; will retry", "message_id", row.MessageID.String(), "subject", row.Subject,
+						"attempt", row.Attempts+1, "err", o.err)
+				}
+			}
+		}
+		if res.brokerErr != nil {
+			// The broker is gone: send nothing more; the rows stay ready.
+			break
+		}
+		wave = next
+	}
+	return res
+}
+
+func describe(row *store.Claimed, err error) string {
+	if isNoResponders(err) {
+		return fmt.Sprintf("no JetStream stream captures subject %q (%v)", row.Subject, err)
+	}
+	return err.Error()
+}
+
+func isNoResponders(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// isBrokerError reports errors about the connection or the broker rather than the message.
+func isBrokerError(err error) bool {
+	return errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+		errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) ||
+		errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrConnectionDraining) ||
+		errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) ||
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
+		errors.Is(err, jetstream.ErrJetStreamPublisherClosed) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+		errors.Is(err, jetstream.ErrInvalidJSAck) ||
+		errors.Is(err, errAckWaitExpired)
+}
+
+var errAckWaitExpired = errors.New("relay: no PubAck within the publish timeout")
+
+// jetStreamAnswers asks JetStream for account info, to tell "no stream for this subject" from
+// "JetStream is not there".
+func (r *Relay) jetStreamAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.PublishTimeout, 2*time.Second))
+	defer cancel()
+	_, err := r.pub.AccountInfo(ctx)
+	return err == nil
+}
+
+// publishWave publishes the rows at idxs, at most MaxInFlight unacknowledged at a time, and
+// returns each one's outcome.
+func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int) []outcome {
+	outs := make([]outcome, len(idxs))
+	futs := make([]jetstream.PubAckFuture, len(idxs))
+	var queue []int // positions in idxs with a future not yet awaited
+	await := func(j int) {
+		f := futs[j]
+		t := time.NewTimer(r.cfg.PublishTimeout + time.Second)
+		defer t.Stop()
+		select {
+		case ack := <-f.Ok():
+			outs[j].ack = ack
+		case err := <-f.Err():
+			outs[j].err = err
+		case <-t.C:
+			// The library's own timeout should have fired; never wait forever.
+			outs[j].err = errAckWaitExpired
+		}
+	}
+	failRest := false
+	for j, i := range idxs {
+		if failRest {
+			outs[j].err = nats.ErrConnectionClosed
+			continue
+		}
+		for len(queue) >= r.cfg.MaxInFlight {
+			await(queue[0])
+			queue = queue[1:]
+		}
+		msg, err := buildMsg(&rows[i])
+		if err != nil {
+			outs[j].err = err
+			continue
+		}
+		f, err := r.pub.PublishMsgAsync(msg)
+		if err != nil {
+			outs[j].err = err
+			if isBrokerError(err) {
+				failRest = true
+			}
+			continue
+		}
+		futs[j] = f
+		queue = append(queue, j)
+	}
+	for _, j := range queue {
+		await(j)
+	}
+	return outs
+}
+
+// errBadHeaders marks a row whose stored headers cannot be decoded.
+var errBadHeaders = errors.New("relay: stored headers are not a JSON object of string lists")
+
+func buildMsg(row *store.Claimed) (*nats.Msg, error) {
+	h := nats.Header{}
+	if len(row.Headers) > 0 {
+		if err := json.Unmarshal(row.Headers, (*map[string][]string)(&h)); err != nil {
+			return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
+		}
+	}
+	h.Set(outbox.HeaderMsgID, row.MessageID.String())
+	if row.Key != "" {
+		h.Set(outbox.HeaderKey, row.Key)
+	}
+	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Payload}, nil
+}
