@@ -257,3 +257,7 @@ func validateSubjectPattern(s string) error {
 	}
 	return nil
 }
+
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *ConfigError values naming the field.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }

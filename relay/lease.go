@@ -40,6 +40,11 @@ func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 		// Hijack: a connection holding session locks must never go back to the pool.
 		l.conn = pc.Hijack()
 		l.lastTry = time.Time{}
+		// Name the session so operators (and pg_stat_activity queries) can tell it apart.
+		if _, err := l.conn.Exec(ctx, "SELECT set_config('application_name', $1, false)", l.r.appName()); err != nil {
+			l.dropLocked()
+			return nil, nil, fmt.Errorf("relay: connect: %w", err)
+		}
 	}
 	if len(l.held) < l.r.cfg.Partitions && time.Since(l.lastTry) >= l.r.cfg.LeaseInterval {
 		l.lastTry = time.Now()
@@ -104,6 +109,15 @@ func (l *leaser) dropLocked() {
 		cancel()
 		l.conn = nil
 	}
+}
+
+// appName is the application_name of the relay's lease connection.
+func (r *Relay) appName() string {
+	n := "txoutbox-relay " + r.cfg.ID
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n
 }
 
 // Partitions returns the partitions this relay holds.

@@ -1,0 +1,151 @@
+package relaycli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/internal/embedded"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+// DefaultNATSURL is used when neither --nats-url nor NATS_URL is set.
+const DefaultNATSURL = nats.DefaultURL
+
+// localDSN is where --embedded looks for a running PostgreSQL before starting one.
+const localDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// conns are the connections a command uses, plus what to stop on exit.
+type conns struct {
+	DSN     string
+	NATSURL string
+	Pool    *pgxpool.Pool
+	NC      *nats.Conn
+	cleanup []func()
+}
+
+func (c *conns) Close() {
+	if c.NC != nil {
+		_ = c.NC.Drain()
+	}
+	if c.Pool != nil {
+		c.Pool.Close()
+	}
+	for i := len(c.cleanup) - 1; i >= 0; i-- {
+		c.cleanup[i]()
+	}
+}
+
+// connectOptions say what a command needs.
+type connectOptions struct {
+	DSN      string
+	NATSURL  string
+	NeedNATS bool
+	// Embedded starts what is missing: a local or throwaway PostgreSQL when DSN is empty, an
+	// in-process nats-server when NATSURL is empty. Development only.
+	Embedded bool
+	Schema   string
+	// Migrate applies migrations (embedded mode does so always).
+	Migrate bool
+	Log     *slog.Logger
+	AppName string
+}
+
+func connect(ctx context.Context, o connectOptions) (*conns, error) {
+	c := &conns{DSN: o.DSN, NATSURL: o.NATSURL}
+	fail := func(err error) (*conns, error) { c.Close(); return nil, err }
+	if c.DSN == "" {
+		if !o.Embedded {
+			return nil, usageErr("no database: set DATABASE_URL (or --database-url), or pass --embedded for local development")
+		}
+		if embedded.Ping(ctx, localDSN, 2*time.Second) == nil {
+			c.DSN = localDSN
+			o.Log.Info("embedded mode: using the PostgreSQL running on 127.0.0.1:5432")
+		} else {
+			o.Log.Info("embedded mode: starting a throwaway PostgreSQL cluster")
+			pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
+			if err != nil {
+				return fail(err)
+			}
+			c.cleanup = append(c.cleanup, pg.Stop)
+			c.DSN = pg.DSN()
+		}
+		o.Migrate = true
+	}
+	pcfg, err := pgxpool.ParseConfig(c.DSN)
+	if err != nil {
+		return fail(usageErr("invalid DATABASE_URL: %v", err))
+	}
+	if o.AppName != "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fail(fmt.Errorf("connect to PostgreSQL: %w", err))
+	}
+	c.Pool = pool
+	if o.Migrate {
+		m, err := migrations.New(&migrations.Config{Schema: o.Schema})
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := m.Up(ctx, pool); err != nil {
+			return fail(err)
+		}
+	}
+	if !o.NeedNATS {
+		return c, nil
+	}
+	if c.NATSURL == "" {
+		if o.Embedded {
+			o.Log.Info("embedded mode: starting an in-process nats-server with JetStream")
+			srv, err := embedded.StartNATS(embedded.NATSOptions{})
+			if err != nil {
+				return fail(err)
+			}
+			c.cleanup = append(c.cleanup, srv.Shutdown)
+			c.NATSURL = srv.URL()
+		} else {
+			c.NATSURL = DefaultNATSURL
+		}
+	}
+	log := o.Log
+	nc, err := nats.Connect(c.NATSURL,
+		nats.Name(o.AppName),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
+	)
+	if err != nil {
+		return fail(fmt.Errorf("connect to NATS: %w", err))
+	}
+	c.NC = nc
+	return c, nil
+}
+
+// checkSchema refuses to run against a schema that is not migrated to this binary's version.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	v, err := m.Version(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("read the schema version: %w", err)
+	}
+	if v < m.Latest() {
+		return fmt.Errorf("schema %q is at migration version %d but this relay needs %d: run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema, v, m.Latest(), schema)
+	}
+	return nil
+}

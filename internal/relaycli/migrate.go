@@ -1,0 +1,105 @@
+package relaycli
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+func init() {
+	register(command{name: "migrate", summary: "apply, revert or list schema migrations (up | down | status)", run: migrateCmd})
+}
+
+const migrateUsage = `
+relay migrate: manage the outbox schema with the embedded migrations (the same files as
+migrations/*.sql, which deploy tools such as golang-migrate can apply as they are).
+
+Usage:
+  relay migrate up [settings]          apply every pending migration
+  relay migrate down [settings]        revert the newest migration (--steps N, or --all)
+  relay migrate status [settings]      list migrations and whether each is applied
+`
+
+func migrateCmd(ctx context.Context, env *Env, args []string) error {
+	var dsn, schema string
+	var steps int
+	var all bool
+	s := newSettings("migrate", migrateUsage, env.Stderr, env.Getenv)
+	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
+	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
+	s.Int(&steps, "steps", "", 1, "down: how many migrations to revert")
+	s.Bool(&all, "all", "", false, "down: revert every migration")
+	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			s.printHelp(env.Stdout)
+			return errHelp
+		}
+		return usageErr("want up, down or status (see relay migrate --help)")
+	}
+	action := args[0]
+	if err := parseSettings(s, env, args[1:]); err != nil {
+		return err
+	}
+	if dsn == "" {
+		return usageErr("no database: set DATABASE_URL or --database-url")
+	}
+	if steps < 1 {
+		return usageErr("invalid --steps %d: must be at least 1", steps)
+	}
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		return usageErr("invalid --schema: %v", err)
+	}
+	log, _ := newLogger(env.Stderr, "text", "warn")
+	c, err := connect(ctx, connectOptions{DSN: dsn, Schema: schema, Log: log, AppName: "txoutbox-migrate"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	switch action {
+	case "up":
+		done, err := m.Up(ctx, c.Pool)
+		for _, v := range done {
+			fmt.Fprintf(env.Stdout, "applied %03d_%s\n", v, m.Migrations()[v-1].Name)
+		}
+		if err != nil {
+			return err
+		}
+		if len(done) == 0 {
+			fmt.Fprintf(env.Stdout, "schema %q is up to date (version %d)\n", schema, m.Latest())
+		}
+	case "down":
+		n := steps
+		if all {
+			n = migrations.DownAll
+		}
+		done, err := m.Down(ctx, c.Pool, n)
+		for _, v := range done {
+			fmt.Fprintf(env.Stdout, "reverted %03d_%s\n", v, m.Migrations()[v-1].Name)
+		}
+		if err != nil {
+			return err
+		}
+		if len(done) == 0 {
+			fmt.Fprintf(env.Stdout, "schema %q has no migration applied\n", schema)
+		}
+	case "status":
+		st, err := m.Status(ctx, c.Pool)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+		for _, x := range st {
+			at := "no"
+			if x.Applied {
+				at = x.AppliedAt.Format("2006-01-02 15:04:05 MST")
+			}
+			fmt.Fprintf(tw, "%03d\t%s\t%s\n", x.Version, x.Name, at)
+		}
+		return tw.Flush()
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package relaycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/txoutbox/txoutbox/relay"
+)
+
+func init() {
+	register(command{name: "run", summary: "run the relay daemon", run: runCmd})
+}
+
+const runUsage = `
+relay run: publish committed outbox rows to NATS JetStream until SIGINT or SIGTERM, then finish
+and settle the batch in flight and exit 0.
+
+Usage:
+  relay run [settings]
+`
+
+// runFlags are the settings of `relay run`.
+type runFlags struct {
+	dsn, natsURL, schema string
+	embedded             bool
+
+	cfg              relay.Config
+	subjects         string
+	logFormat, level string
+	metricsAddr      string
+}
+
+// fieldFlags maps relay.Config fields to the flags that set them, so that configuration
+// errors name the setting the operator typed.
+var fieldFlags = map[string]string{
+	"ID": "relay-id", "Schema": "schema", "BatchSize": "batch-size", "MaxInFlight": "max-in-flight",
+	"PublishTimeout": "publish-timeout", "PollMin": "poll-min", "PollMax": "poll-max",
+	"BackoffBase": "backoff-base", "BackoffMax": "backoff-max", "BackoffJitter": "backoff-jitter",
+	"MaxAttempts": "max-attempts", "Retention": "retention", "Partitions": "partitions",
+	"LeaseInterval": "lease-interval", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
+	"Subjects": "subjects", "CreateStream": "create-stream", "StreamDuplicates": "stream-duplicates",
+}
+
+func defineRunFlags(s *settings, f *runFlags) {
+	sec := s.Section("Connections")
+	s.String(&f.dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required unless --embedded)")
+	sec("database-url")
+	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
+	s.String(&f.schema, "schema", "", relay.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
+
+	sec = s.Section("Publishing")
+	s.String(&f.cfg.ID, "relay-id", "", "", "name of this relay in logs, metrics and partition listings (default hostname:pid)")
+	sec("relay-id")
+	s.Int(&f.cfg.BatchSize, "batch-size", "", relay.DefaultBatchSize, "rows per claim")
+	s.Int(&f.cfg.MaxInFlight, "max-in-flight", "", relay.DefaultMaxInFlight, "async publishes awaiting their PubAck at most")
+	s.Duration(&f.cfg.PublishTimeout, "publish-timeout", "", relay.DefaultPublishTimeout, "wait for one PubAck at most")
+	s.Duration(&f.cfg.PollMin, "poll-min", "", relay.DefaultPollMin, "shortest poll interval (after a claim that found rows)")
+	s.Duration(&f.cfg.PollMax, "poll-max", "", relay.DefaultPollMax, "longest poll interval (idle)")
+	s.Duration(&f.cfg.BackoffBase, "backoff-base", "", relay.DefaultBackoffBase, "first retry delay of a failed row")
+	s.Duration(&f.cfg.BackoffMax, "backoff-max", "", relay.DefaultBackoffMax, "longest retry delay (also caps the outage backoff)")
+	s.Float(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "random spread of retry delays, a fraction in [0, 1)")
+	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
+	s.Duration(&f.cfg.Retention, "retention", "", 0, "keep published rows this long (0 deletes them at once)")
+	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
+	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to try to take partitions nobody holds")
+
+	sec = s.Section("Streams and doorbell")
+	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
+	sec("subjects")
+	s.String(&f.cfg.CreateStream, "create-stream", "", "", "create a stream of this name for subjects no stream captures")
+	s.Duration(&f.cfg.StreamDuplicates, "stream-duplicates", "", relay.DefaultStreamDuplicates, "duplicate window of a created stream")
+	s.String(&f.cfg.DoorbellSubject, "doorbell-subject", "", relay.DefaultDoorbellSubject, "core NATS subject producers ring after commit")
+	s.Bool(&f.cfg.DisableDoorbell, "no-doorbell", "", false, "do not listen for NATS doorbell rings")
+	s.String(&f.cfg.DoorbellChannel, "doorbell-channel", "", "", "also LISTEN on this Postgres channel for rings (costs a connection)")
+
+	sec = s.Section("Operations")
+	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9090); off when empty")
+	sec("metrics-addr")
+	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
+	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
+}
+
+func runCmd(ctx context.Context, env *Env, args []string) error {
+	var f runFlags
+	s := newSettings("run", runUsage, env.Stderr, env.Getenv)
+	defineRunFlags(s, &f)
+	if err := parseSettings(s, env, args); err != nil {
+		return err
+	}
+	if len(s.Args()) > 0 {
+		return usageErr("unexpected arguments %q", s.Args())
+	}
+	// Zero would silently mean "the default" to relay.Config; on the command line it is a mistake.
+	for name, v := range map[string]int64{
+		"batch-size": int64(f.cfg.BatchSize), "max-in-flight": int64(f.cfg.MaxInFlight), "max-attempts": int64(f.cfg.MaxAttempts),
+		"partitions": int64(f.cfg.Partitions), "publish-timeout": int64(f.cfg.PublishTimeout), "poll-min": int64(f.cfg.PollMin),
+		"poll-max": int64(f.cfg.PollMax), "backoff-base": int64(f.cfg.BackoffBase), "backoff-max": int64(f.cfg.BackoffMax),
+		"lease-interval": int64(f.cfg.LeaseInterval),
+	} {
+		if v <= 0 {
+			return usageErr("invalid --%s: must be positive", name)
+		}
+	}
+	log, err := newLogger(env.Stderr, f.logFormat, f.level)
+	if err != nil {
+		return err
+	}
+	cfg := f.cfg
+	cfg.Schema = f.schema
+	cfg.Logger = log
+	for _, subj := range strings.Split(f.subjects, ",") {
+		if subj = strings.TrimSpace(subj); subj != "" {
+			cfg.Subjects = append(cfg.Subjects, subj)
+		}
+	}
+	// Validate the configuration before connecting to anything.
+	if err := relay.ValidateConfig(&cfg); err != nil {
+		return configErr(err)
+	}
+	if f.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
+			return usageErr("invalid --metrics-addr %q: %v", f.metricsAddr, err)
+		}
+	}
+
+	c, err := connect(ctx, connectOptions{
+		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
+		Schema: f.schema, Log: log, AppName: "txoutbox-relay",
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := checkSchema(ctx, c.Pool, f.schema); err != nil {
+		return err
+	}
+	js, err := jetstream.New(c.NC)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	r, err := relay.New(c.Pool, js, &cfg)
+	if err != nil {
+		return configErr(err)
+	}
+	if f.metricsAddr != "" {
+		stop, err := serveOps(f.metricsAddr, reg, c, r)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		log.Info("serving metrics and health", "addr", f.metricsAddr)
+	}
+	if f.embedded {
+		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", c.NATSURL)
+	}
+	return r.Run(ctx)
+}
+
+// configErr turns a relay.ConfigError into a usage error naming the flag.
+func configErr(err error) error {
+	var ce *relay.ConfigError
+	if errors.As(err, &ce) {
+		if name, ok := fieldFlags[ce.Field]; ok {
+			return usageErr("invalid --%s: %s", name, ce.Reason)
+		}
+	}
+	return err
+}
+
+// serveOps serves /metrics, /healthz (the process is alive) and /readyz (PostgreSQL and NATS
+// answer, and the relay is healthy or a standby).
+func serveOps(addr string, reg *prometheus.Registry, c *conns, r *relay.Relay) (func(), error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
+		defer cancel()
+		var problems []string
+		if err := c.Pool.Ping(ctx); err != nil {
+			problems = append(problems, "postgres: "+err.Error())
+		}
+		if st := c.NC.Status(); st != nats.CONNECTED {
+			problems = append(problems, "nats: "+st.String())
+		}
+		if h := r.Health(); h != "ok" && h != "standby" {
+			problems = append(problems, "relay: "+h)
+		}
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, strings.Join(problems, "\n"))
+			return
+		}
+		fmt.Fprintf(w, "ok: %s, partitions held %d\n", r.Health(), len(r.Partitions()))
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// redactDSN hides a password in a URL-style DSN.
+func redactDSN(dsn string) string {
+	at := strings.LastIndex(dsn, "@")
+	scheme := strings.Index(dsn, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return dsn
+	}
+	cred := dsn[scheme+3 : at]
+	if user, _, ok := strings.Cut(cred, ":"); ok {
+		return dsn[:scheme+3] + user + ":xxxxx" + dsn[at:]
+	}
+	return dsn
+}

@@ -1,0 +1,156 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+
+func TestLoadRefusesBadFiles(t *testing.T) {
+	t.Parallel()
+	f := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	cases := map[string]fstest.MapFS{
+		"version 1 is used by both": {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "001_b.up.sql": f("x"), "001_b.down.sql": f("x")},
+		"expected version 2":        {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "003_c.up.sql": f("x"), "003_c.down.sql": f("x")},
+		"has no .down.sql":          {"001_a.up.sql": f("x")},
+		"has no .up.sql":            {"001_a.down.sql": f("x")},
+		"is not named":              {"001_a.sql": f("x")},
+		"expected version 1":        {"002_a.up.sql": f("x"), "002_a.down.sql": f("x")},
+	}
+	for want, fsys := range cases {
+		_, err := migrations.Load(fsys)
+		if !errors.Is(err, migrations.ErrInvalidFiles) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v", want, err)
+		}
+	}
+	ms, err := migrations.Load(migrations.FS)
+	if err != nil || len(ms) == 0 || ms[0].Version != 1 {
+		t.Fatalf("embedded migrations: %v, %v", ms, err)
+	}
+}
+
+func newSchema(t *testing.T, name string) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		pool.Close()
+	})
+	_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+	return pool, name
+}
+
+func TestUpDownStatus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A name that needs quoting: it must never be concatenated unquoted.
+	pool, schema := newSchema(t, `tx "odd"; schema`)
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := m.Up(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != m.Latest() {
+		t.Fatalf("applied %v, want all %d", applied, m.Latest())
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()).Scan(&n); err != nil {
+		t.Fatalf("outbox table not in the schema: %v", err)
+	}
+	again, err := m.Up(ctx, pool)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second Up applied %v, %v; want nothing", again, err)
+	}
+	st, err := m.Status(ctx, pool)
+	if err != nil || !st[0].Applied || st[0].AppliedAt.IsZero() {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+	reverted, err := m.Down(ctx, pool, migrations.DownAll)
+	if err != nil || len(reverted) != m.Latest() {
+		t.Fatalf("Down reverted %v, %v", reverted, err)
+	}
+	if v, err := m.Version(ctx, pool); err != nil || v != 0 {
+		t.Fatalf("version after down = %d, %v", v, err)
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()).Scan(&exists); err != nil || exists {
+		t.Fatalf("outbox table still exists after down: %v %v", exists, err)
+	}
+}
+
+func TestConcurrentUpAppliesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := newSchema(t, "txmig_concurrent")
+	m, _ := migrations.New(&migrations.Config{Schema: schema})
+	var wg sync.WaitGroup
+	total := make([]int, 4)
+	errs := make([]error, 4)
+	for i := range total {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			v, err := m.Up(ctx, pool)
+			total[i], errs[i] = len(v), err
+		}(i)
+	}
+	wg.Wait()
+	sum := 0
+	for i := range total {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		sum += total[i]
+	}
+	if sum != m.Latest() {
+		t.Fatalf("migrations applied %d times in all, want %d", sum, m.Latest())
+	}
+}
+
+func TestRefusesSkippedVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := newSchema(t, "txmig_skipped")
+	m, _ := migrations.New(&migrations.Config{Schema: schema})
+	if _, err := m.Up(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// Someone recorded a version out of sequence.
+	tbl := pgx.Identifier{schema, migrations.VersionTable}.Sanitize()
+	if _, err := pool.Exec(ctx, "INSERT INTO "+tbl+" (version, name) VALUES (99, 'future')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx, pool); !errors.Is(err, migrations.ErrInconsistentDatabase) {
+		t.Fatalf("Up = %v, want ErrInconsistentDatabase", err)
+	}
+	if _, err := m.Status(ctx, pool); !errors.Is(err, migrations.ErrInconsistentDatabase) || !strings.Contains(err.Error(), "skipped") {
+		t.Fatalf("Status = %v, want ErrInconsistentDatabase naming the skip", err)
+	}
+}
+
+func TestSchemaNameValidation(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{strings.Repeat("s", 64), "a\x00b"} {
+		if _, err := migrations.New(&migrations.Config{Schema: bad}); err == nil {
+			t.Errorf("schema %q accepted", bad)
+		}
+	}
+}

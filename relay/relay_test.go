@@ -1,0 +1,525 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+
+type env struct {
+	t      *testing.T
+	db     *testsvc.DB
+	nats   *testsvc.NATS
+	client *outbox.Client
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, db: db, nats: n, client: c}
+}
+
+func quietLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func (e *env) relay(cfg *Config) *Relay {
+	e.t.Helper()
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	cfg.Schema = e.db.Schema
+	// Unique per relay: tests find their relay's backends by application_name.
+	cfg.ID = uuid.NewString()[:8] + "/" + cfg.ID
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	if cfg.LeaseInterval == 0 {
+		cfg.LeaseInterval = 50 * time.Millisecond
+	}
+	r, err := New(e.db.Pool, e.nats.JS, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(r.Close)
+	return r
+}
+
+// enqueue commits msgs in one transaction.
+func (e *env) enqueue(msgs ...outbox.Message) []uuid.UUID {
+	e.t.Helper()
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = e.client.EnqueueTx(context.Background(), tx, msgs...)
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+func (e *env) count(where string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM txoutbox_messages WHERE "+where, args...).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// drain calls runOnce until a claim finds nothing.
+func drain(t *testing.T, r *Relay) {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		n, err := r.runOnce(context.Background())
+		if err != nil {
+			t.Fatalf("runOnce: %v", err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatal("runOnce never ran dry")
+}
+
+func (e *env) streamMsgs(stream string) []*jetstream.RawStreamMsg {
+	return testsvc.StreamMsgs(e.t, e.nats.JS, stream)
+}
+
+func TestCommittedPublishedExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	ids := e.enqueue(
+		outbox.Message{Subject: "orders.created", Key: "o1", Payload: []byte("one"), Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}},
+		outbox.Message{Subject: "orders.created", Payload: []byte("two"), BizKey: "order:2"},
+		outbox.Message{Subject: "orders.paid", Key: "o1", Payload: []byte("three")},
+	)
+	// A rolled back transaction never publishes.
+	tx, _ := e.db.Pool.Begin(ctx)
+	if _, err := e.client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Payload: []byte("rolled back")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+
+	r := e.relay(nil)
+	drain(t, r)
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != 3 {
+		t.Fatalf("stream holds %d messages, want 3", len(msgs))
+	}
+	for i, m := range msgs {
+		if got := m.Header.Get("Nats-Msg-Id"); got != ids[i].String() {
+			t.Errorf("message %d: Nats-Msg-Id %q, want %q", i, got, ids[i])
+		}
+	}
+	if string(msgs[0].Data) != "one" || msgs[0].Header.Get("Txoutbox-Key") != "o1" || msgs[0].Header.Get("traceparent") == "" {
+		t.Errorf("first message = %q %v", msgs[0].Data, msgs[0].Header)
+	}
+	if msgs[1].Header.Get(outbox.HeaderBizKey) != "order:2" || msgs[1].Header.Get("Txoutbox-Key") != "" {
+		t.Errorf("second message headers = %v", msgs[1].Header)
+	}
+	if n := e.count("true"); n != 0 {
+		t.Fatalf("%d rows left, want 0 (published rows are deleted by default)", n)
+	}
+	// Nothing more to do: a second pass publishes nothing.
+	if n, err := r.runOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("second pass: %d, %v", n, err)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("stream holds %d after a second pass, want 3", got)
+	}
+	if r.Stats().Published.Load() != 3 || r.Stats().Duplicates.Load() != 0 {
+		t.Fatalf("stats published=%d duplicates=%d", r.Stats().Published.Load(), r.Stats().Duplicates.Load())
+	}
+}
+
+func TestRetentionKeepsPublishedRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
+	r := e.relay(&Config{Retention: time.Hour})
+	drain(t, r)
+	if n := e.count("state = 'published' AND published_at IS NOT NULL AND stream = 'ORDERS' AND stream_seq IN (1, 2)"); n != 2 {
+		t.Fatalf("%d published rows kept, want 2", n)
+	}
+}
+
+func TestCrashBetweenPublishAndSettle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("a")}, outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("b")})
+
+	crashed := e.relay(nil)
+	errCrash := errors.New("crash")
+	crashed.hooks.afterPublish = func(context.Context, int) error { return errCrash }
+	if _, err := crashed.runOnce(context.Background()); !errors.Is(err, errCrash) {
+		t.Fatalf("runOnce = %v, want the crash", err)
+	}
+	crashed.Close() // its connection and leases die with it
+	if n := e.count("state = 'ready'"); n != 2 {
+		t.Fatalf("%d ready rows after the crash, want 2 (nothing settled)", n)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 2 {
+		t.Fatalf("stream holds %d after the crash, want 2 (published, not settled)", got)
+	}
+
+	restarted := e.relay(nil)
+	drain(t, restarted)
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != 2 {
+		t.Fatalf("stream holds %d after the restart, want 2: the republish must be deduplicated", len(msgs))
+	}
+	for i, m := range msgs {
+		if m.Header.Get("Nats-Msg-Id") != ids[i].String() {
+			t.Fatalf("message %d has id %s", i, m.Header.Get("Nats-Msg-Id"))
+		}
+	}
+	if d := restarted.Stats().Duplicates.Load(); d != 2 {
+		t.Fatalf("duplicates reported = %d, want 2", d)
+	}
+	if n := e.count("true"); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
+
+func TestDeadAfterMaxAttemptsHoldsBackItsKeyOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// "nowhere.x" has no stream: every publish fails with no responders.
+	ids := e.enqueue(
+		outbox.Message{Subject: "nowhere.x", Key: "k1", Payload: []byte("poison")},
+		outbox.Message{Subject: "orders.created", Key: "k1", Payload: []byte("after poison")},
+		outbox.Message{Subject: "orders.created", Key: "k2", Payload: []byte("other key")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("no key")},
+	)
+	r := e.relay(&Config{MaxAttempts: 3, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond})
+	deadline := time.Now().Add(20 * time.Second)
+	for e.count("state = 'dead'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the poison row never became dead")
+		}
+		if _, err := r.runOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var attempts int
+	var lastErr string
+	if err := e.db.Pool.QueryRow(context.Background(), "SELECT attempts, last_error FROM txoutbox_messages WHERE message_id = $1 AND state = 'dead'", ids[0]).Scan(&attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 || !strings.Contains(lastErr, `no JetStream stream captures subject "nowhere.x"`) {
+		t.Fatalf("dead row: attempts %d, last_error %q", attempts, lastErr)
+	}
+	// The later message of k1 is held back (still ready, never attempted); the others went out.
+	drain(t, r)
+	if n := e.count("message_id = $1 AND state = 'ready' AND attempts = 0", ids[1]); n != 1 {
+		t.Fatal("the message after the dead one in its key must be held back")
+	}
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != 2 || string(msgs[0].Data) != "other key" || string(msgs[1].Data) != "no key" {
+		t.Fatalf("stream = %d messages, want the other key's and the unkeyed one", len(msgs))
+	}
+	if r.Stats().Dead.Load() != 1 {
+		t.Fatalf("dead count = %d", r.Stats().Dead.Load())
+	}
+}
+
+// A key's failed message holds back its later messages; once it goes through, they follow in
+// order.
+func TestFailedKeyRecoversInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.enqueue(
+		outbox.Message{Subject: "later.a", Key: "k", Payload: []byte("1")},
+		outbox.Message{Subject: "orders.b", Key: "k", Payload: []byte("2")},
+		outbox.Message{Subject: "later.c", Key: "k", Payload: []byte("3")},
+		outbox.Message{Subject: "orders.d", Key: "k", Payload: []byte("4")},
+		outbox.Message{Subject: "orders.x", Key: "other", Payload: []byte("x")},
+	)
+	r := e.relay(&Config{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	drain(t, r)
+	if got := e.streamMsgs("ORDERS"); len(got) != 1 || string(got[0].Data) != "x" {
+		t.Fatalf("before the stream exists only the other key may pass, got %d messages", len(got))
+	}
+	// The operator adds the missing subjects to the stream; the key drains in order.
+	ctx := context.Background()
+	s, _ := e.nats.JS.Stream(ctx, "ORDERS")
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = append(cfg.Subjects, "later.>")
+	if _, err := e.nats.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 10*time.Second, "key k to drain", func() bool {
+		if _, err := r.runOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return e.count("true") == 0
+	})
+	var order []string
+	for _, m := range e.streamMsgs("ORDERS") {
+		order = append(order, string(m.Data))
+	}
+	if strings.Join(order, ",") != "x,1,2,3,4" {
+		t.Fatalf("stream order %v, want x,1,2,3,4", order)
+	}
+}
+
+func TestNATSRestartWhileRowsWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := 0; i < 5; i++ {
+		msgs := make([]outbox.Message, 20)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Subject: "orders.created", Key: fmt.Sprintf("k%d", j%4), Payload: []byte(strconv.Itoa(i*20 + j))}
+		}
+		e.enqueue(msgs...)
+	}
+	r := e.relay(&Config{PublishTimeout: 300 * time.Millisecond, BatchSize: 30})
+	e.nats.Stop()
+	// With NATS gone a batch fails as a broker outage: nothing settled, no attempt counted.
+	_, err := r.runOnce(context.Background())
+	if !errors.Is(err, ErrBrokerUnavailable) {
+		t.Fatalf("runOnce with NATS down = %v, want ErrBrokerUnavailable", err)
+	}
+	if n := e.count("state = 'ready' AND attempts = 0"); n != 100 {
+		t.Fatalf("%d untouched ready rows, want 100", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond)
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 30*time.Second, "all rows published", func() bool { return e.count("true") == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != 100 {
+		t.Fatalf("stream holds %d, want 100 (none lost, none twice)", len(msgs))
+	}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[string(m.Data)] {
+			t.Fatalf("payload %s stored twice", m.Data)
+		}
+		seen[string(m.Data)] = true
+	}
+}
+
+func TestPostgresBackendTerminated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(&Config{BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("before")})
+	testsvc.Eventually(t, 10*time.Second, "first message published", func() bool { return e.count("true") == 0 })
+
+	var killed int
+	err := e.db.AdminPool.QueryRow(context.Background(),
+		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, r.appName()).Scan(&killed)
+	if err != nil || killed == 0 {
+		t.Fatalf("terminated %d backends: %v", killed, err)
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("after")})
+	testsvc.Eventually(t, 15*time.Second, "relay to recover and publish", func() bool { return e.count("true") == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 2 {
+		t.Fatalf("stream holds %d, want 2", got)
+	}
+}
+
+func TestGracefulShutdownSettlesInFlightBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
+	r := e.relay(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	// The signal arrives after the batch is published and before it is settled.
+	r.hooks.afterPublish = func(context.Context, int) error { cancel(); return nil }
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil on shutdown", err)
+	}
+	if n := e.count("true"); n != 0 {
+		t.Fatalf("%d rows left after a graceful shutdown, want 0: the in-flight batch must be settled", n)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("stream holds %d, want 3", got)
+	}
+	if len(r.Partitions()) != 0 {
+		t.Fatal("partitions must be released on shutdown")
+	}
+}
+
+// Many producers, many keys, a relay running with small batches: per key, the stream holds
+// the messages in commit order.
+func TestPerKeyOrderUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(&Config{BatchSize: 7, Partitions: 3})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+
+	const keys, perKey = 12, 30
+	var wg sync.WaitGroup
+	for k := 0; k < keys; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			for i := 0; i < perKey; i++ {
+				key := fmt.Sprintf("key-%d", k)
+				err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+					_, err := e.client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.seq", Key: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i))})
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(k)
+	}
+	wg.Wait()
+	testsvc.Eventually(t, 30*time.Second, "everything published", func() bool { return e.count("true") == 0 })
+	cancel()
+	<-done
+	next := map[string]int{}
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != keys*perKey {
+		t.Fatalf("stream holds %d, want %d", len(msgs), keys*perKey)
+	}
+	for _, m := range msgs {
+		key, n, _ := strings.Cut(string(m.Data), ":")
+		i, _ := strconv.Atoi(n)
+		if i != next[key] {
+			t.Fatalf("key %s: got message %d, want %d", key, i, next[key])
+		}
+		next[key]++
+	}
+}
+
+func TestStandbyTakesOverPartitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.relay(&Config{ID: "a", Partitions: 4})
+	b := e.relay(&Config{ID: "b", Partitions: 4})
+	if _, err := a.runOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(a.Partitions()); got != 4 {
+		t.Fatalf("a holds %d partitions, want 4", got)
+	}
+	if _, err := b.runOnce(context.Background()); !errors.Is(err, ErrNoPartitions) {
+		t.Fatalf("b.runOnce = %v, want ErrNoPartitions while a holds everything", err)
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "x"}, outbox.Message{Subject: "orders.created", Key: "y"})
+	a.Close() // a dies: its session, and its leases, end
+	testsvc.Eventually(t, 5*time.Second, "b to take over", func() bool {
+		_, err := b.runOnce(context.Background())
+		return err == nil && len(b.Partitions()) == 4
+	})
+	drain(t, b)
+	if got := len(e.streamMsgs("ORDERS")); got != 2 {
+		t.Fatalf("stream holds %d, want 2", got)
+	}
+}
+
+func TestCheckStreams(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.relay(&Config{Subjects: []string{"orders.>", "payments.>"}})
+	var se *StreamError
+	if err := r.CheckStreams(ctx); !errors.Is(err, ErrNoStream) || !errors.As(err, &se) || se.Subject != "payments.>" {
+		t.Fatalf("CheckStreams = %v, want ErrNoStream for payments.>", err)
+	}
+	if _, err := e.nats.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "PAY", Subjects: []string{"payments.>"}, Duplicates: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CheckStreams(ctx); !errors.Is(err, ErrDuplicateWindow) || !strings.Contains(err.Error(), "PAY") {
+		t.Fatalf("CheckStreams = %v, want ErrDuplicateWindow naming PAY", err)
+	}
+	created := e.relay(&Config{Subjects: []string{"invoices.>"}, CreateStream: "INVOICES"})
+	if err := created.CheckStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.nats.JS.Stream(ctx, "INVOICES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Duplicates < created.cfg.RequiredDuplicateWindow() || c.Subjects[0] != "invoices.>" {
+		t.Fatalf("created stream config = %+v", c)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	for field, cfg := range map[string]*Config{
+		"BatchSize":     {BatchSize: -1},
+		"PollMax":       {PollMin: time.Second, PollMax: time.Millisecond},
+		"BackoffJitter": {BackoffJitter: 1.5},
+		"Partitions":    {Partitions: -3},
+		"Subjects":      {Subjects: []string{"a..b"}},
+		"Schema":        {Schema: strings.Repeat("x", 70)},
+	} {
+		err := cfg.WithDefaults().validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != field || !strings.Contains(err.Error(), "Config."+field) {
+			t.Errorf("%s: err = %v", field, err)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 10: time.Minute, 100: time.Minute} {
+		if got := backoff(n, time.Second, time.Minute, 0); got != want {
+			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+	lo, hi := time.Hour, time.Duration(0)
+	for i := 0; i < 1000; i++ {
+		d := backoff(3, time.Second, time.Minute, 0.2)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo < 3200*time.Millisecond || hi > 4800*time.Millisecond || hi-lo < time.Second {
+		t.Fatalf("jittered backoff(3) spans [%s, %s], want about [3.2s, 4.8s]", lo, hi)
+	}
+}
