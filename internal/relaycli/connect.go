@@ -29,7 +29,9 @@ type conns struct {
 
 func (c *conns) Close() {
 	if c.NC != nil {
-		_ = c.NC.Drain()
+		// Everything that used the connection has returned: close it before an embedded
+		// server goes away under it.
+		c.NC.Close()
 	}
 	if c.Pool != nil {
 		c.Pool.Close()
@@ -122,6 +124,13 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
 			}
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Warn("nats error", "subject", subject, "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
