@@ -50,6 +50,14 @@ func Main(m *testing.M) int {
 // needed.
 func PostgresDSN(tb testing.TB) string {
 	tb.Helper()
+	dsn, err := postgresDSN()
+	if err != nil {
+		tb.Fatalf("testsvc: PostgreSQL: %v", err)
+	}
+	return dsn
+}
+
+func postgresDSN() (string, error) {
 	pgOnce.Do(func() {
 		ctx := context.Background()
 		for _, env := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
@@ -71,10 +79,7 @@ func PostgresDSN(tb testing.TB) string {
 			pgDSN = pgCluster.DSN()
 		}
 	})
-	if pgErr != nil {
-		tb.Fatalf("testsvc: PostgreSQL: %v", pgErr)
-	}
-	return pgDSN
+	return pgDSN, pgErr
 }
 
 // DB is an isolated schema, migrated to the latest version.
@@ -95,9 +100,34 @@ var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 // NewDB creates a fresh schema for the test, migrates it, and drops it when the test ends.
 func NewDB(tb testing.TB) *DB {
 	tb.Helper()
-	base := PostgresDSN(tb)
-	ctx := context.Background()
-	name := strings.ToLower(tb.Name())
+	db, cleanup, err := openDB(context.Background(), PostgresDSN(tb), tb.Name())
+	if err != nil {
+		tb.Fatalf("testsvc: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := cleanup(); err != nil {
+			tb.Logf("testsvc: %v", err)
+		}
+	})
+	return db
+}
+
+// OpenDB is NewDB for Example functions, which have no testing.TB: it returns the database
+// and a cleanup function that drops the schema.
+func OpenDB(ctx context.Context, name string) (*DB, func(), error) {
+	dsn, err := postgresDSN()
+	if err != nil {
+		return nil, nil, err
+	}
+	db, cleanup, err := openDB(ctx, dsn, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return db, func() { _ = cleanup() }, nil
+}
+
+func openDB(ctx context.Context, base, name string) (*DB, func() error, error) {
+	name = strings.ToLower(name)
 	name = nonIdent.ReplaceAllString(name, "_")
 	if len(name) > 40 {
 		name = name[len(name)-40:]
@@ -108,30 +138,34 @@ func NewDB(tb testing.TB) *DB {
 
 	admin, err := pgxpool.New(ctx, base)
 	if err != nil {
-		tb.Fatalf("testsvc: connect: %v", err)
+		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
 	m, err := migrations.New(&migrations.Config{Schema: schema})
 	if err != nil {
-		tb.Fatalf("testsvc: %v", err)
+		admin.Close()
+		return nil, nil, err
 	}
 	if _, err := m.Up(ctx, admin); err != nil {
-		tb.Fatalf("testsvc: migrate %s: %v", schema, err)
+		admin.Close()
+		return nil, nil, fmt.Errorf("migrate %s: %w", schema, err)
 	}
 	dsn := WithSearchPath(base, schema)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
-		tb.Fatalf("testsvc: connect: %v", err)
+		admin.Close()
+		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
-	tb.Cleanup(func() {
+	cleanup := func() error {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		defer admin.Close()
 		if _, err := admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Logf("testsvc: drop schema %s: %v", schema, err)
+			return fmt.Errorf("drop schema %s: %w", schema, err)
 		}
-		admin.Close()
-	})
-	return &DB{Schema: schema, Pool: pool, DSN: dsn, AdminPool: admin}
+		return nil
+	}
+	return &DB{Schema: schema, Pool: pool, DSN: dsn, AdminPool: admin}, cleanup, nil
 }
 
 // WithSearchPath adds search_path=schema to a URL-style DSN.
