@@ -402,7 +402,10 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 	absent := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "absent"})
 	garbage := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "garbage"})
 	failing := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "failing"})
-	e.serve("slow", func(CheckRequest) (State, error) { time.Sleep(cfg.RequestTimeout + 200*time.Millisecond); return Commit, nil })
+	e.serve("slow", func(CheckRequest) (State, error) {
+		time.Sleep(cfg.RequestTimeout + 200*time.Millisecond)
+		return Commit, nil
+	})
 	e.serve("failing", func(CheckRequest) (State, error) { return Commit, errors.New("database unreachable\r\nsecond line") })
 	// A raw responder that answers nonsense.
 	sub, err := e.nats.Conn.Subscribe(Subject(DefaultSubjectPrefix, "garbage"), func(m *nats.Msg) { _ = m.Respond([]byte("MAYBE")) })
