@@ -516,7 +516,10 @@ func TestImmunityDelaysTheFirstCheck(t *testing.T) {
 	if len(reqs) != 2 || reqs[1].MessageID != immune.ID {
 		t.Fatalf("requests: %+v", reqs)
 	}
-	if age := ck.at[1].Sub(reqs[1].PreparedAt); age < 800*time.Millisecond {
+	ck.mu.Lock()
+	at := ck.at[1]
+	ck.mu.Unlock()
+	if age := at.Sub(reqs[1].PreparedAt); age < 800*time.Millisecond {
 		t.Fatalf("immune message checked %s after its prepare, before its immunity", age)
 	}
 }
