@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -135,51 +136,40 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
 	var mu sync.Mutex
 	var released []uuid.UUID
 	var errs []error
-	var wg sync.WaitGroup
-	byGroup := map[string][]store.HalfRow{}
-	var groups []string
-	for _, r := range rows {
-		if _, ok := byGroup[r.Group]; !ok {
-			groups = append(groups, r.Group)
+	release := func(rows []store.HalfRow) {
+		mu.Lock()
+		for _, r := range rows {
+			released = append(released, r.MessageID)
 		}
-		byGroup[r.Group] = append(byGroup[r.Group], r)
+		mu.Unlock()
 	}
-	for _, g := range groups {
+	// Rows of one key are asked one after another, oldest first, so that answers in one pass
+	// commit them in the order they were prepared; other rows are asked concurrently, within
+	// their group's concurrency and rate.
+	var wg sync.WaitGroup
+	for _, chain := range chains(rows) {
 		wg.Add(1)
-		go func(g string, rows []store.HalfRow) {
+		go func(chain []store.HalfRow) {
 			defer wg.Done()
-			lim := c.limiter(g)
-			var gw sync.WaitGroup
-			defer gw.Wait()
-			for i, r := range rows {
+			lim := c.limiter(chain[0].Group)
+			for i, r := range chain {
 				if !lim.acquire(pctx) {
-					mu.Lock()
-					for _, rest := range rows[i:] {
-						released = append(released, rest.MessageID)
-					}
-					mu.Unlock()
+					release(chain[i:])
 					return
 				}
-				gw.Add(1)
-				go func(r store.HalfRow) {
-					defer gw.Done()
-					outcome, detail := c.ask(pctx, r)
-					<-lim.sem
-					if outcome == "" { // the pass itself ran out of time: not the checker's fault
-						mu.Lock()
-						released = append(released, r.MessageID)
-						mu.Unlock()
-						return
-					}
-					err := c.record(ctx, r, outcome, detail, res, &mu)
-					if err != nil {
-						mu.Lock()
-						errs = append(errs, err)
-						mu.Unlock()
-					}
-				}(r)
+				outcome, detail := c.ask(pctx, r)
+				<-lim.sem
+				if outcome == "" { // the pass itself ran out of time: not the checker's fault
+					release(chain[i:])
+					return
+				}
+				if err := c.record(ctx, r, outcome, detail, res, &mu); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
 			}
-		}(g, byGroup[g])
+		}(chain)
 	}
 	wg.Wait()
 	if len(released) > 0 {
@@ -191,6 +181,30 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
 		res.Released += len(released)
 	}
 	return errors.Join(errs...)
+}
+
+// chains splits rows into sequences to ask in order: the rows of one group and key, by id
+// (prepare order), and every unkeyed row on its own.
+func chains(rows []store.HalfRow) [][]store.HalfRow {
+	var out [][]store.HalfRow
+	byKey := map[[2]string]int{}
+	for _, r := range rows {
+		if r.Key == "" {
+			out = append(out, []store.HalfRow{r})
+			continue
+		}
+		k := [2]string{r.Group, r.Key}
+		if i, ok := byKey[k]; ok {
+			out[i] = append(out[i], r)
+			continue
+		}
+		byKey[k] = len(out)
+		out = append(out, []store.HalfRow{r})
+	}
+	for _, ch := range out {
+		sort.Slice(ch, func(i, j int) bool { return ch[i].ID < ch[j].ID })
+	}
+	return out
 }
 
 // CheckRequest is what the check-back asks a producer group's checker about: a half message
