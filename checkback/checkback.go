@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,8 +59,9 @@ type CheckBack struct {
 	limMu    sync.Mutex
 	limiters map[string]*groupLimit
 
-	stale staleState
-	hooks hooks
+	stale    staleState
+	natsDown atomic.Bool
+	hooks    hooks
 }
 
 // hooks are fault-injection points for tests.

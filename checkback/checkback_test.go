@@ -912,3 +912,30 @@ func TestCheckTimeline(t *testing.T) {
 	st, n := e.state(h.ID)
 	t.Logf("then: %s after %d checks, %s after prepare", st, n, time.Since(prepared).Round(time.Millisecond))
 }
+
+// While the check-back's own NATS connection is down, checks are postponed, not counted: an
+// outage on our side must not burn a message's checks.
+func TestNATSDownPostponesChecks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cb := e.checkback(nil)
+	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	time.Sleep(cb.cfg.TransactionTimeout)
+	e.nats.Stop()
+	testsvc.Eventually(t, 5*time.Second, "the connection to notice", func() bool { return !e.nats.Conn.IsConnected() })
+	res := mustResolve(t, cb)
+	if len(res.Checks) != 0 || res.Released != 1 {
+		t.Fatalf("resolve with NATS down: %+v", res)
+	}
+	if st, n := e.state(h.ID); st != "prepared" || n != 0 {
+		t.Fatalf("%s after %d checks, want prepared with none counted", st, n)
+	}
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 10*time.Second, "the connection to come back", e.nats.Conn.IsConnected)
+	e.serve("orders", answer(Commit))
+	if res := mustResolve(t, cb); res.Committed != 1 {
+		t.Fatalf("resolve with NATS back: %+v", res)
+	}
+}

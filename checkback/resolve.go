@@ -233,6 +233,10 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 	if c.nc == nil {
 		return OutcomeNoResponders, "no NATS connection: the check-back cannot ask checkers"
 	}
+	// Our own connection being down is not the checker's fault: postpone, count nothing.
+	if !c.natsUp() {
+		return "", ""
+	}
 	req := CheckRequest{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
 		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt}
 	if len(r.Headers) > 0 {
@@ -250,7 +254,7 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 	resp, err := c.nc.RequestMsgWithContext(rctx, msg)
 	switch {
 	case err == nil:
-	case ctx.Err() != nil:
+	case ctx.Err() != nil || !c.natsUp():
 		return "", ""
 	case errors.Is(err, nats.ErrNoResponders):
 		return OutcomeNoResponders, "no checker serves " + msg.Subject
@@ -273,6 +277,19 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 		return OutcomeRollback, ""
 	}
 	return OutcomeUnknown, "checker answered UNKNOWN"
+}
+
+// natsUp reports whether the NATS connection is up, logging when that changes.
+func (c *CheckBack) natsUp() bool {
+	up := c.nc.IsConnected()
+	if c.natsDown.Swap(!up) != !up {
+		if up {
+			c.log.Info("NATS connection back: asking checkers again")
+		} else {
+			c.log.Warn("NATS connection down: checks are postponed (not counted) until it is back", "status", c.nc.Status().String())
+		}
+	}
+	return up
 }
 
 // record applies a check's outcome to its row, which may have been settled meanwhile by its

@@ -259,7 +259,7 @@ func (c *Client) Rollback(ctx context.Context, db DBTX, id uuid.UUID) error {
 	return nil
 }
 
-// SettleStateError maps the state of a message that could not be settled to its sentinel.
+// settleError maps the state of a message that could not be settled to its sentinel.
 func settleError(op string, id uuid.UUID, state string, err error) error {
 	e := &SettleError{Op: op, ID: id, State: state}
 	switch {
