@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/migrations"
 )
@@ -44,6 +45,11 @@ type Config struct {
 	// Doorbell, when set, is rung by Client.Ring to wake the relay right after a commit.
 	// Defaults to none: the relay finds new rows at its next poll.
 	Doorbell Doorbell
+
+	// Registerer, when set, registers the client's half-message counters
+	// (txoutbox_outbox_half_prepared_total, _committed_total, _rolled_back_total). Clients
+	// sharing a registry share the counters. Defaults to none.
+	Registerer prometheus.Registerer
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
@@ -73,8 +79,9 @@ func (c *Config) validate() error {
 
 // Client writes messages into the outbox. It is safe for concurrent use.
 type Client struct {
-	cfg *Config
-	q   *store.Queries
+	cfg  *Config
+	q    *store.Queries
+	half *halfMetrics
 }
 
 // NewClient returns a Client for cfg (nil means all defaults).
@@ -83,7 +90,11 @@ func NewClient(cfg *Config) (*Client, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{cfg: c, q: store.New(c.Schema)}, nil
+	m, err := newHalfMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cfg: c, q: store.New(c.Schema), half: m}, nil
 }
 
 // Config returns the client's effective configuration.

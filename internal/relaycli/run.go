@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -38,6 +39,9 @@ type runFlags struct {
 	subjects         string
 	logFormat, level string
 	metricsAddr      string
+
+	cb          checkback.Config
+	noCheckback bool
 }
 
 // fieldFlags maps relay.Config fields to the flags that set them, so that configuration
@@ -84,6 +88,9 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Bool(&f.cfg.DisableDoorbell, "no-doorbell", "", false, "do not listen for NATS doorbell rings")
 	s.String(&f.cfg.DoorbellChannel, "doorbell-channel", "", "", "also LISTEN on this Postgres channel for rings (costs a connection)")
 
+	defineCheckbackFlags(s, &f.cb, false)
+	s.Bool(&f.noCheckback, "no-checkback", "", false, "do not run the check-back jobs in this process (run relay checkback elsewhere instead)")
+
 	sec = s.Section("Operations")
 	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9090); off when empty")
 	sec("metrics-addr")
@@ -128,6 +135,14 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err := relay.ValidateConfig(&cfg); err != nil {
 		return configErr(err)
 	}
+	if !f.noCheckback {
+		f.cb.Schema = f.schema
+		f.cb.PublishedRetention = cfg.Retention
+		f.cb.Logger = log
+		if err := checkCheckbackFlags(&f.cb); err != nil {
+			return err
+		}
+	}
 	if f.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
 			return usageErr("invalid --metrics-addr %q: %v", f.metricsAddr, err)
@@ -167,7 +182,21 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if f.embedded {
 		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", c.NATSURL)
 	}
-	return r.Run(ctx)
+	if f.noCheckback {
+		return r.Run(ctx)
+	}
+	f.cb.Registerer = reg
+	cb, err := checkback.New(c.Pool, c.NC, &f.cb)
+	if err != nil {
+		return checkbackConfigErr(err)
+	}
+	cbctx, stopCheckback := context.WithCancel(ctx)
+	cbDone := make(chan struct{})
+	go func() { defer close(cbDone); _ = cb.Run(cbctx) }()
+	err = r.Run(ctx)
+	stopCheckback()
+	<-cbDone
+	return err
 }
 
 // configErr turns a relay.ConfigError into a usage error naming the flag.

@@ -59,6 +59,8 @@ type Queries struct {
 	claim          string
 	settleDelete   string
 	settleRetain   string
+
+	half halfSQL // half messages and the check-back (half.go)
 }
 
 // New builds the statements for schema.
@@ -117,6 +119,7 @@ SELECT (SELECT count(*) FROM ok),
 ), ` + settleFailed + `
 SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
+	q.half = newHalfSQL(q)
 	return q
 }
 

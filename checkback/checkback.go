@@ -1,0 +1,207 @@
+// Package checkback settles what the outbox cannot settle alone. Three jobs, scheduled with
+// robfig/cron/v3 (a run still going when the next is due is skipped):
+//
+//   - resolve: half messages prepared longer than the transaction timeout whose next check is
+//     due are resolved. A message prepared with a producer group is checked: the group's
+//     checker (see Serve) is asked over NATS request/reply whether the local transaction
+//     committed. Only an explicit COMMIT or ROLLBACK settles it; anything else (UNKNOWN, an
+//     error reply, a timeout, no responders, a malformed reply) counts a check and schedules
+//     the next with exponential backoff and jitter, and after MaxChecks the row becomes
+//     check_exhausted: counted, logged, listed by `relay prepared list` and resumable, never
+//     dropped. A message prepared with Fence (its producer's work is in this database) is
+//     rolled back under its row lock, so that a CommitTx in flight either wins first or fails
+//     afterwards.
+//   - stale: ready rows older than a threshold (a stuck relay, a failing subject) are counted
+//     and logged with the oldest age; prepared and check_exhausted rows are counted. Read-only.
+//   - purge: published rows, rolled back rows and consumer dedup rows past their retention are
+//     deleted in short bounded batches.
+//
+// `relay run` runs the jobs by default; `relay checkback --once` runs each once.
+package checkback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/robfig/cron/v3"
+	"golang.org/x/time/rate"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// State is a local transaction's outcome as a checker reports it.
+type State = outbox.LocalState
+
+// The answers a checker gives.
+const (
+	Unknown  = outbox.StateUnknown
+	Commit   = outbox.StateCommit
+	Rollback = outbox.StateRollback
+)
+
+// CheckBack runs the check-back jobs. Create it with New; run it with Run, or RunOnce.
+type CheckBack struct {
+	cfg *Config
+	db  outbox.DB
+	nc  *nats.Conn
+	q   *store.Queries
+	log *slog.Logger
+	m   *metrics
+
+	limMu    sync.Mutex
+	limiters map[string]*groupLimit
+
+	stale    staleState
+	natsDown atomic.Bool
+	hooks    hooks
+}
+
+// hooks are fault-injection points for tests.
+type hooks struct {
+	// afterFenceLock runs while the fence pass holds the row locks of the rows it is about to
+	// roll back, before it does.
+	afterFenceLock func(ctx context.Context, ids []int64)
+}
+
+// groupLimit bounds the checks sent to one producer group.
+type groupLimit struct {
+	rate *rate.Limiter
+	sem  chan struct{}
+}
+
+// New returns a CheckBack over db (a *pgxpool.Pool) that asks checkers over nc. cfg may be nil
+// for all defaults. nc may be nil when only fence-mode half messages are used: checker-mode
+// rows are then counted as checks with no responders.
+func New(db outbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
+	if db == nil {
+		return nil, errors.New("checkback: db is nil")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &CheckBack{
+		cfg:      c,
+		db:       db,
+		nc:       nc,
+		q:        store.New(c.Schema),
+		log:      c.Logger.With("component", "checkback"),
+		m:        m,
+		limiters: map[string]*groupLimit{},
+	}, nil
+}
+
+// Config returns the effective configuration.
+func (c *CheckBack) Config() Config { return *c.cfg }
+
+// Report is what one run of every job did.
+type Report struct {
+	Resolve ResolveResult
+	Stale   StaleResult
+	Purge   PurgeResult
+}
+
+type job struct {
+	name string
+	spec string
+	run  func(ctx context.Context) error
+}
+
+func (c *CheckBack) jobs(rep *Report) []job {
+	if rep == nil {
+		rep = &Report{}
+	}
+	return []job{
+		{"resolve", c.cfg.ResolveSchedule, func(ctx context.Context) (err error) { rep.Resolve, err = c.resolveOnce(ctx); return }},
+		{"stale", c.cfg.StaleSchedule, func(ctx context.Context) (err error) { rep.Stale, err = c.staleOnce(ctx); return }},
+		{"purge", c.cfg.PurgeSchedule, func(ctx context.Context) (err error) { rep.Purge, err = c.purgeOnce(ctx); return }},
+	}
+}
+
+// RunOnce runs each job whose schedule is not "off" once, in order (resolve, stale, purge), and
+// reports what they did. It returns the first error, after running every job.
+func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
+	rep := &Report{}
+	var first error
+	for _, j := range c.jobs(rep) {
+		if j.spec == Off {
+			continue
+		}
+		if err := c.runJob(ctx, j); err != nil && first == nil {
+			first = fmt.Errorf("checkback: %s: %w", j.name, err)
+		}
+	}
+	return rep, first
+}
+
+// runJob runs one job, timing it and counting its errors. Errors are logged, except
+// cancellation.
+func (c *CheckBack) runJob(ctx context.Context, j job) error {
+	start := time.Now()
+	err := j.run(ctx)
+	c.m.jobDuration.WithLabelValues(j.name).Observe(time.Since(start).Seconds())
+	if err != nil && ctx.Err() == nil {
+		c.m.jobErrors.WithLabelValues(j.name).Inc()
+		c.log.Warn("check-back job failed; retrying at its next run", "job", j.name, "err", err)
+	}
+	return err
+}
+
+// Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in
+// progress to end (they see the cancellation) and returns nil.
+func (c *CheckBack) Run(ctx context.Context) error {
+	logger := cronLogger{c.log}
+	cr := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
+	for _, j := range c.jobs(nil) {
+		sched, err := ParseSchedule(j.spec)
+		if err != nil {
+			return err
+		}
+		if sched == nil {
+			continue
+		}
+		cr.Schedule(sched, cron.FuncJob(func() { _ = c.runJob(ctx, j) }))
+	}
+	c.log.Info("check-back started", "schema", c.cfg.Schema, "transaction_timeout", c.cfg.TransactionTimeout.String(),
+		"max_checks", c.cfg.MaxChecks, "resolve", c.cfg.ResolveSchedule, "stale", c.cfg.StaleSchedule, "purge", c.cfg.PurgeSchedule)
+	cr.Start()
+	<-ctx.Done()
+	<-cr.Stop().Done()
+	c.log.Info("check-back stopped")
+	return nil
+}
+
+// cronLogger adapts slog to cron.Logger. Cron's info lines (schedule, skips) go to debug.
+type cronLogger struct{ l *slog.Logger }
+
+func (l cronLogger) Info(msg string, kv ...any) { l.l.Debug("cron: "+msg, kv...) }
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	l.l.Error("cron: "+msg, append(kv, "err", err)...)
+}
+
+// backoff is base·2^(n-1) capped at max, times a random factor in [1-jitter, 1+jitter].
+func backoff(n int, base, max time.Duration, jitter float64) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	if jitter > 0 {
+		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
+	}
+	return d
+}

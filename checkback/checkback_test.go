@@ -1,0 +1,941 @@
+package checkback
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/relay"
+)
+
+func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+
+type env struct {
+	t      *testing.T
+	db     *testsvc.DB
+	nats   *testsvc.NATS
+	client *outbox.Client
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE orders (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, db: db, nats: n, client: c}
+}
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// fastConfig shrinks every timing knob so that tests run in well under a second each.
+func fastConfig() *Config {
+	return &Config{
+		TransactionTimeout: 100 * time.Millisecond,
+		RequestTimeout:     300 * time.Millisecond,
+		BackoffBase:        5 * time.Millisecond,
+		BackoffMax:         20 * time.Millisecond,
+		GroupRate:          1000,
+	}
+}
+
+func (e *env) checkback(cfg *Config) *CheckBack {
+	e.t.Helper()
+	if cfg == nil {
+		cfg = fastConfig()
+	}
+	cfg.Schema = e.db.Schema
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
+	cb, err := New(e.db.Pool, e.nats.Conn, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cb
+}
+
+// startRelay runs a real relay until the test ends.
+func (e *env) startRelay() {
+	e.t.Helper()
+	r, err := relay.New(e.db.Pool, e.nats.JS, &relay.Config{
+		Schema: e.db.Schema, PollMax: 20 * time.Millisecond, LeaseInterval: 50 * time.Millisecond,
+		ID: uuid.NewString()[:8], Logger: testLogger(),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("relay: %v", err)
+		}
+		r.Close()
+	})
+}
+
+func (e *env) prepare(msg outbox.Message, opts *outbox.PrepareOptions) outbox.Half {
+	e.t.Helper()
+	if msg.Subject == "" {
+		msg.Subject = "orders.created"
+	}
+	h, err := e.client.Prepare(context.Background(), e.db.Pool, msg, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return h
+}
+
+func (e *env) state(id uuid.UUID) (state string, checks int) {
+	e.t.Helper()
+	err := e.db.Pool.QueryRow(context.Background(), `SELECT state, check_count FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&state, &checks)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", 0
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return state, checks
+}
+
+// streamIDs returns the Nats-Msg-Id of every message in the ORDERS stream, in stream order.
+func (e *env) streamIDs() []string {
+	var out []string
+	for _, m := range testsvc.StreamMsgs(e.t, e.nats.JS, "ORDERS") {
+		out = append(out, m.Header.Get("Nats-Msg-Id"))
+	}
+	return out
+}
+
+// waitStream waits until the stream holds n messages, then checks it still does shortly after.
+func (e *env) waitStream(n int) []string {
+	e.t.Helper()
+	testsvc.Eventually(e.t, 10*time.Second, "the stream to hold the messages", func() bool { return len(e.streamIDs()) >= n })
+	ids := e.streamIDs()
+	if len(ids) != n {
+		e.t.Fatalf("stream holds %d messages, want %d: %v", len(ids), n, ids)
+	}
+	return ids
+}
+
+// settle waits (the relay running) until no row is ready any more, and returns the stream.
+func (e *env) drained() []string {
+	e.t.Helper()
+	testsvc.Eventually(e.t, 10*time.Second, "the relay to drain the ready rows", func() bool {
+		var n int
+		_ = e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM txoutbox_messages WHERE state = 'ready'`).Scan(&n)
+		return n == 0
+	})
+	return e.streamIDs()
+}
+
+// checker serves a group with a scripted answer and records the requests.
+type checker struct {
+	mu     sync.Mutex
+	reqs   []CheckRequest
+	at     []time.Time
+	answer func(CheckRequest) (State, error)
+}
+
+func (e *env) serve(group string, answer func(CheckRequest) (State, error)) *checker {
+	e.t.Helper()
+	ck := &checker{answer: answer}
+	srv, err := Serve(e.nats.Conn, group, func(ctx context.Context, req CheckRequest) (State, error) {
+		ck.mu.Lock()
+		ck.reqs = append(ck.reqs, req)
+		ck.at = append(ck.at, time.Now())
+		ans := ck.answer
+		ck.mu.Unlock()
+		return ans(req)
+	}, &ServeOptions{Logger: testLogger()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = srv.Stop() })
+	return ck
+}
+
+func (c *checker) requests() []CheckRequest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]CheckRequest(nil), c.reqs...)
+}
+
+func (c *checker) setAnswer(f func(CheckRequest) (State, error)) {
+	c.mu.Lock()
+	c.answer = f
+	c.mu.Unlock()
+}
+
+func answer(s State) func(CheckRequest) (State, error) {
+	return func(CheckRequest) (State, error) { return s, nil }
+}
+
+func mustResolve(t *testing.T, cb *CheckBack) ResolveResult {
+	t.Helper()
+	res, err := cb.resolveOnce(context.Background())
+	if err != nil {
+		t.Fatalf("resolve: %v", err)
+	}
+	return res
+}
+
+func TestPrepareCommitPublishedOnceRollbackNever(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.startRelay()
+	committed := e.prepare(outbox.Message{Key: "o1", Payload: []byte("yes")}, &outbox.PrepareOptions{Group: "orders"})
+	rolledBack := e.prepare(outbox.Message{Payload: []byte("no")}, &outbox.PrepareOptions{Group: "orders"})
+	waiting := e.prepare(outbox.Message{Payload: []byte("later")}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: time.Hour})
+
+	// Prepared messages are invisible to the relay.
+	time.Sleep(200 * time.Millisecond)
+	if ids := e.streamIDs(); len(ids) != 0 {
+		t.Fatalf("prepared messages were published: %v", ids)
+	}
+	if err := e.client.Commit(ctx, e.db.Pool, committed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Rollback(ctx, e.db.Pool, rolledBack.ID); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.waitStream(1)
+	if ids[0] != committed.ID.String() {
+		t.Fatalf("published %v, want %s", ids, committed.ID)
+	}
+	e.drained()
+	// A late second commit cannot publish it again: the relay deleted it.
+	if err := e.client.Commit(ctx, e.db.Pool, committed.ID); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("second commit: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if ids := e.streamIDs(); len(ids) != 1 {
+		t.Fatalf("stream holds %v, want only %s", ids, committed.ID)
+	}
+	if st, _ := e.state(rolledBack.ID); st != "rolled_back" {
+		t.Fatalf("rolled back message is %q", st)
+	}
+	if st, _ := e.state(waiting.ID); st != "prepared" {
+		t.Fatalf("waiting message is %q", st)
+	}
+}
+
+// The producer prepares and "dies": its checker answers for it.
+func TestCheckerAnswersCommitOrRollback(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startRelay()
+	cb := e.checkback(nil)
+	hdr := map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+	commit := e.prepare(outbox.Message{Key: "order-7", Headers: hdr, Payload: []byte("c")}, &outbox.PrepareOptions{Group: "orders"})
+	rollback := e.prepare(outbox.Message{Payload: []byte("r")}, &outbox.PrepareOptions{Group: "payments"})
+	orders := e.serve("orders", answer(Commit))
+	payments := e.serve("payments", answer(Rollback))
+
+	// Before the transaction timeout nobody is asked.
+	if res := mustResolve(t, cb); len(res.Checks) != 0 || len(orders.requests()) != 0 {
+		t.Fatalf("checked before the timeout: %+v", res)
+	}
+	time.Sleep(cb.cfg.TransactionTimeout)
+	res := mustResolve(t, cb)
+	if res.Committed != 1 || res.RolledBack != 1 || res.Checks[OutcomeCommit] != 1 || res.Checks[OutcomeRollback] != 1 {
+		t.Fatalf("resolve: %+v", res)
+	}
+	ids := e.waitStream(1)
+	if ids[0] != commit.ID.String() {
+		t.Fatalf("published %v, want %s", ids, commit.ID)
+	}
+	if st, n := e.state(rollback.ID); st != "rolled_back" || n != 1 {
+		t.Fatalf("rolled back message: %s after %d checks", st, n)
+	}
+	// The request carried what the checker needs.
+	req := orders.requests()[0]
+	if req.MessageID != commit.ID || req.Key != "order-7" || req.Subject != "orders.created" || req.Group != "orders" ||
+		req.Check != 1 || req.Headers["traceparent"][0] != hdr["traceparent"][0] || req.PreparedAt.IsZero() {
+		t.Fatalf("check request: %+v", req)
+	}
+	if len(payments.requests()) != 1 {
+		t.Fatalf("payments checker asked %d times", len(payments.requests()))
+	}
+	// Settled rows are never asked about again.
+	mustResolve(t, cb)
+	if len(orders.requests()) != 1 || len(payments.requests()) != 1 {
+		t.Fatal("a settled message was checked again")
+	}
+	e.drained()
+	if ids := e.streamIDs(); len(ids) != 1 {
+		t.Fatalf("stream: %v", ids)
+	}
+}
+
+func TestUnknownUntilExhaustedThenResumed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startRelay()
+	reg := prometheus.NewRegistry()
+	cfg := fastConfig()
+	cfg.Registerer = reg
+	cb := e.checkback(cfg)
+	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	ck := e.serve("orders", answer(Unknown))
+	time.Sleep(cfg.TransactionTimeout)
+
+	exhausted := 0
+	for i := 0; i < 200 && exhausted == 0; i++ {
+		exhausted += mustResolve(t, cb).Exhausted
+		time.Sleep(5 * time.Millisecond)
+	}
+	st, n := e.state(h.ID)
+	if st != "check_exhausted" || n != DefaultMaxChecks || exhausted != 1 {
+		t.Fatalf("after the checks: %s with %d checks (exhausted %d)", st, n, exhausted)
+	}
+	if got := len(ck.requests()); got != DefaultMaxChecks {
+		t.Fatalf("checker asked %d times, want %d", got, DefaultMaxChecks)
+	}
+	for i, r := range ck.requests() {
+		if r.Check != i+1 {
+			t.Fatalf("request %d says check %d", i, r.Check)
+		}
+	}
+	// Exhausted rows are no longer checked, are counted and listed.
+	time.Sleep(50 * time.Millisecond)
+	mustResolve(t, cb)
+	if got := len(ck.requests()); got != DefaultMaxChecks {
+		t.Fatalf("an exhausted row was checked again (%d requests)", got)
+	}
+	sr, err := cb.staleOnce(context.Background())
+	if err != nil || sr.Exhausted != 1 || sr.Prepared != 0 {
+		t.Fatalf("stale report: %+v %v", sr, err)
+	}
+	rows, err := cb.q.ListHalf(context.Background(), e.db.Pool, []string{"check_exhausted"}, "", 10)
+	if err != nil || len(rows) != 1 || rows[0].MessageID != h.ID || rows[0].CheckCount != DefaultMaxChecks || rows[0].LastError == "" {
+		t.Fatalf("list: %+v %v", rows, err)
+	}
+	if v := counter(t, reg, "txoutbox_checkback_exhausted_total", ""); v != 1 {
+		t.Fatalf("exhausted_total = %v", v)
+	}
+	if v := counter(t, reg, "txoutbox_checkback_checks_total", "unknown"); v != DefaultMaxChecks {
+		t.Fatalf("checks_total{unknown} = %v", v)
+	}
+	if ids := e.streamIDs(); len(ids) != 0 {
+		t.Fatalf("published: %v", ids)
+	}
+
+	// Resume: the checks start over; this time the checker knows.
+	resumed, err := cb.q.Resume(context.Background(), e.db.Pool, []uuid.UUID{h.ID}, false, "")
+	if err != nil || len(resumed) != 1 {
+		t.Fatalf("resume: %v %v", resumed, err)
+	}
+	if st, n := e.state(h.ID); st != "prepared" || n != 0 {
+		t.Fatalf("resumed row: %s, %d checks", st, n)
+	}
+	ck.setAnswer(answer(Commit))
+	if res := mustResolve(t, cb); res.Committed != 1 {
+		t.Fatalf("resolve after resume: %+v", res)
+	}
+	if ids := e.waitStream(1); ids[0] != h.ID.String() {
+		t.Fatalf("published %v", ids)
+	}
+}
+
+// counter reads a counter (with label value lv, or unlabelled) from reg.
+func counter(t *testing.T, reg *prometheus.Registry, name, lv string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if lv == "" || (len(m.GetLabel()) > 0 && m.GetLabel()[0].GetValue() == lv) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+// A slow checker, an absent one, one replying garbage and one failing: each counts as a check,
+// nothing is settled, and the next check is scheduled later.
+func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := fastConfig()
+	cfg.BackoffBase, cfg.BackoffMax = time.Hour, time.Hour // one check each in this test
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	cb := e.checkback(cfg)
+
+	slow := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "slow"})
+	absent := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "absent"})
+	garbage := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "garbage"})
+	failing := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "failing"})
+	e.serve("slow", func(CheckRequest) (State, error) {
+		time.Sleep(cfg.RequestTimeout + 200*time.Millisecond)
+		return Commit, nil
+	})
+	e.serve("failing", func(CheckRequest) (State, error) { return Commit, errors.New("database unreachable\r\nsecond line") })
+	// A raw responder that answers nonsense.
+	sub, err := e.nats.Conn.Subscribe(Subject(DefaultSubjectPrefix, "garbage"), func(m *nats.Msg) { _ = m.Respond([]byte("MAYBE")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	time.Sleep(cfg.TransactionTimeout)
+	res := mustResolve(t, cb)
+	want := map[string]int{OutcomeTimeout: 1, OutcomeNoResponders: 1, OutcomeMalformed: 1, OutcomeError: 1}
+	for k, v := range want {
+		if res.Checks[k] != v {
+			t.Fatalf("checks %v, want %v", res.Checks, want)
+		}
+	}
+	if res.Committed+res.RolledBack+res.Exhausted != 0 {
+		t.Fatalf("something was settled: %+v", res)
+	}
+	for _, h := range []outbox.Half{slow, absent, garbage, failing} {
+		var st, lastErr string
+		var n int
+		var dueSec float64
+		if err := e.db.Pool.QueryRow(context.Background(), `SELECT state, check_count, last_error, extract(epoch FROM next_check_at - now())::float8
+			FROM txoutbox_messages WHERE message_id = $1`, h.ID).Scan(&st, &n, &lastErr, &dueSec); err != nil {
+			t.Fatal(err)
+		}
+		due := time.Duration(dueSec * float64(time.Second))
+		if st != "prepared" || n != 1 || due < 30*time.Minute {
+			t.Fatalf("%s: %s after %d checks, next in %s (%s)", h.Group, st, n, due, lastErr)
+		}
+		t.Logf("%s: %s", h.Group, lastErr)
+	}
+	for k, v := range want {
+		if got := counter(t, reg, "txoutbox_checkback_checks_total", k); got != float64(v) {
+			t.Fatalf("checks_total{%s} = %v", k, got)
+		}
+	}
+	// Not due again: nothing is asked.
+	if res := mustResolve(t, cb); len(res.Checks) != 0 {
+		t.Fatalf("checked again before the backoff: %+v", res)
+	}
+}
+
+// Many stale rows of one group never become a storm: concurrency and rate are bounded.
+func TestChecksPerGroupAreBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := fastConfig()
+	cfg.GroupConcurrency, cfg.GroupRate, cfg.BatchSize = 2, 40, 30
+	cb := e.checkback(cfg)
+	var inFlight, peak atomic.Int32
+	e.serve("orders", func(CheckRequest) (State, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+		return Rollback, nil
+	})
+	for i := 0; i < 30; i++ {
+		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	}
+	time.Sleep(cfg.TransactionTimeout)
+	start := time.Now()
+	res := mustResolve(t, cb)
+	took := time.Since(start)
+	if res.RolledBack != 30 {
+		t.Fatalf("resolve: %+v", res)
+	}
+	if p := peak.Load(); p > 2 {
+		t.Fatalf("%d checks in flight at once, the bound is 2", p)
+	}
+	// 30 requests at 40/s with a burst of 2 take at least 28/40 s.
+	if min := 28 * time.Second / 40; took < min {
+		t.Fatalf("30 checks took %s: faster than the rate allows (%s)", took, min)
+	}
+	t.Logf("30 checks, concurrency 2, rate 40/s: %s, peak in flight %d", took, peak.Load())
+}
+
+func TestImmunityDelaysTheFirstCheck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cb := e.checkback(nil)
+	ck := e.serve("orders", answer(Commit))
+	immune := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: 800 * time.Millisecond})
+	plain := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	time.Sleep(cb.cfg.TransactionTimeout + 50*time.Millisecond)
+	if res := mustResolve(t, cb); res.Committed != 1 {
+		t.Fatalf("resolve: %+v", res)
+	}
+	if st, _ := e.state(plain.ID); st != "ready" {
+		t.Fatalf("plain message: %s", st)
+	}
+	if st, n := e.state(immune.ID); st != "prepared" || n != 0 {
+		t.Fatalf("immune message checked early: %s, %d checks", st, n)
+	}
+	testsvc.Eventually(t, 5*time.Second, "the immune message to be checked", func() bool {
+		mustResolve(t, cb)
+		st, _ := e.state(immune.ID)
+		return st == "ready"
+	})
+	reqs := ck.requests()
+	if len(reqs) != 2 || reqs[1].MessageID != immune.ID {
+		t.Fatalf("requests: %+v", reqs)
+	}
+	ck.mu.Lock()
+	at := ck.at[1]
+	ck.mu.Unlock()
+	if age := at.Sub(reqs[1].PreparedAt); age < 800*time.Millisecond {
+		t.Fatalf("immune message checked %s after its prepare, before its immunity", age)
+	}
+}
+
+// The fencing race between the check-back and a CommitTx in flight, in every order: the
+// business row and the message always agree.
+func TestFenceRace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// agree asserts that order id's business row exists iff its message was published.
+	agree := func(e *env, order int, h outbox.Half, wantPublished bool) {
+		e.t.Helper()
+		ids := e.drained()
+		published := false
+		for _, id := range ids {
+			published = published || id == h.ID.String()
+		}
+		var n int
+		if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = $1`, order).Scan(&n); err != nil {
+			e.t.Fatal(err)
+		}
+		if published != (n == 1) || published != wantPublished {
+			e.t.Fatalf("business row exists: %v, message published: %v (want %v)", n == 1, published, wantPublished)
+		}
+	}
+
+	t.Run("CommitTxHoldsTheRowThenCommits", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.startRelay()
+		cb := e.checkback(nil)
+		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		tx, err := e.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.client.CommitTx(ctx, tx, h.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(cb.cfg.TransactionTimeout) // the business transaction runs past the timeout
+		if res := mustResolve(t, cb); res.Fenced != 0 {
+			t.Fatalf("fenced a row whose CommitTx holds it: %+v", res)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustResolve(t, cb)
+		e.waitStream(1)
+		agree(e, 1, h, true)
+	})
+
+	t.Run("CommitTxHoldsTheRowThenRollsBack", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.startRelay()
+		cb := e.checkback(nil)
+		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		tx, _ := e.db.Pool.Begin(ctx)
+		_, _ = tx.Exec(ctx, `INSERT INTO orders VALUES (1)`)
+		if err := e.client.CommitTx(ctx, tx, h.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(cb.cfg.TransactionTimeout)
+		if res := mustResolve(t, cb); res.Fenced != 0 {
+			t.Fatalf("fenced a row whose CommitTx holds it: %+v", res)
+		}
+		_ = tx.Rollback(ctx) // the business transaction fails
+		if res := mustResolve(t, cb); res.Fenced != 1 {
+			t.Fatalf("resolve after the business rollback: %+v", res)
+		}
+		agree(e, 1, h, false)
+	})
+
+	t.Run("FenceFirstThenCommitTxFails", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.startRelay()
+		cb := e.checkback(nil)
+		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		time.Sleep(cb.cfg.TransactionTimeout)
+		if res := mustResolve(t, cb); res.Fenced != 1 {
+			t.Fatalf("resolve: %+v", res)
+		}
+		tx, _ := e.db.Pool.Begin(ctx)
+		_, _ = tx.Exec(ctx, `INSERT INTO orders VALUES (1)`)
+		if err := e.client.CommitTx(ctx, tx, h.ID); !errors.Is(err, outbox.ErrRolledBack) {
+			t.Fatalf("late CommitTx: %v, want ErrRolledBack", err)
+		}
+		if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+			t.Fatalf("business commit after a lost CommitTx: %v", err)
+		}
+		agree(e, 1, h, false)
+	})
+
+	t.Run("CommitTxWaitsOnTheFenceThenFails", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.startRelay()
+		cb := e.checkback(nil)
+		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		time.Sleep(cb.cfg.TransactionTimeout)
+
+		// The fence holds the row lock while the business transaction's CommitTx arrives.
+		locked, release := make(chan struct{}), make(chan struct{})
+		cb.hooks.afterFenceLock = func(context.Context, []int64) { close(locked); <-release }
+		fenceDone := make(chan ResolveResult, 1)
+		go func() { res, _ := cb.resolveOnce(ctx); fenceDone <- res }()
+		<-locked
+
+		tx, _ := e.db.Pool.Begin(ctx)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, _ = tx.Exec(ctx, `INSERT INTO orders VALUES (1)`)
+		var pid int
+		_ = tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+		commitErr := make(chan error, 1)
+		go func() { commitErr <- e.client.CommitTx(ctx, tx, h.ID) }()
+		testsvc.Eventually(t, 10*time.Second, "CommitTx to wait on the row lock", func() bool {
+			var wait string
+			_ = e.db.AdminPool.QueryRow(ctx, `SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&wait)
+			return wait == "Lock"
+		})
+		close(release)
+		if res := <-fenceDone; res.Fenced != 1 {
+			t.Fatalf("fence: %+v", res)
+		}
+		if err := <-commitErr; !errors.Is(err, outbox.ErrRolledBack) {
+			t.Fatalf("CommitTx: %v, want ErrRolledBack", err)
+		}
+		if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+			t.Fatalf("business commit: %v", err)
+		}
+		agree(e, 1, h, false)
+	})
+}
+
+// A half message committed by its checker takes its key's place after the messages of that
+// key committed before it, and half messages of one key committed in one pass keep their
+// prepare order: the relay publishes them in commit order.
+func TestCheckerCommitKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cb := e.checkback(nil)
+	e.serve("orders", func(CheckRequest) (State, error) {
+		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // answers arrive in any order
+		return Commit, nil
+	})
+	var halves []string
+	for i := 0; i < 5; i++ {
+		h := e.prepare(outbox.Message{Key: "order-1", Payload: []byte("half")}, &outbox.PrepareOptions{Group: "orders"})
+		halves = append(halves, h.ID.String())
+	}
+	var enq []uuid.UUID
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		enq, err = e.client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: "order-1", Payload: []byte("direct")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(cb.cfg.TransactionTimeout)
+	if res := mustResolve(t, cb); res.Committed != 5 {
+		t.Fatalf("resolve: %+v", res)
+	}
+	e.startRelay()
+	ids := e.waitStream(6)
+	want := append([]string{enq[0].String()}, halves...)
+	if strings.Join(ids, " ") != strings.Join(want, " ") {
+		t.Fatalf("stream order %v, want %v (commit order)", ids, want)
+	}
+}
+
+func TestStaleReadyRowsAreReportedNotTouched(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.StaleReadyAfter = time.Minute
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	cb := e.checkback(cfg)
+	var ids []uuid.UUID
+	_ = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = e.client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.a"}, outbox.Message{Subject: "orders.b"}, outbox.Message{Subject: "orders.c"})
+		return err
+	})
+	if r, err := cb.staleOnce(ctx); err != nil || r.StaleReady != 0 || r.OldestReady > time.Minute {
+		t.Fatalf("fresh rows: %+v %v", r, err)
+	}
+	// Two rows have waited 10 and 5 minutes (no relay runs).
+	for i, age := range []string{"10 minutes", "5 minutes"} {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET ready_at = now() - $2::interval WHERE message_id = $1`, ids[i], age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := cb.staleOnce(ctx)
+	if err != nil || r.StaleReady != 2 || r.OldestReady < 10*time.Minute || r.OldestReady > 11*time.Minute {
+		t.Fatalf("stale report: %+v %v", r, err)
+	}
+	var n int
+	_ = e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE state = 'ready' AND attempts = 0`).Scan(&n)
+	if n != 3 {
+		t.Fatalf("%d rows still ready and untouched, want 3", n)
+	}
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "txoutbox_checkback_stale_ready_rows" && mf.GetMetric()[0].GetGauge().GetValue() != 2 {
+			t.Fatalf("stale_ready_rows gauge: %v", mf.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+}
+
+func TestRetentionPurgesOnlyWhatIsOld(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.PublishedRetention = time.Hour
+	cfg.RolledBackRetention = 24 * time.Hour
+	cfg.DedupRetention = 7 * 24 * time.Hour
+	cfg.PurgeBatchSize = 2 // several batches
+	cb := e.checkback(cfg)
+
+	type row struct {
+		state string
+		age   string
+		gone  bool
+	}
+	rows := []row{
+		{"published", "2 hours", true}, {"published", "3 hours", true}, {"published", "90 minutes", true},
+		{"published", "30 minutes", false}, {"published", "1 minute", false},
+		{"rolled_back", "25 hours", true}, {"rolled_back", "2 days", true}, {"rolled_back", "23 hours", false},
+		// Never purged, however old.
+		{"ready", "30 days", false}, {"prepared", "30 days", false}, {"dead", "30 days", false}, {"check_exhausted", "30 days", false},
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i] = uuid.New()
+		if _, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, created_at, published_at, settled_at)
+			VALUES ($1, 'orders.x', 1, '', $2, now() - $3::interval, now() - $3::interval, now() - $3::interval)`, ids[i], r.state, r.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dedup := []struct {
+		age  string
+		gone bool
+	}{{"8 days", true}, {"30 days", true}, {"6 days", false}, {"1 hour", false}}
+	for i, d := range dedup {
+		if _, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key, processed_at) VALUES ('c', $1, now() - $2::interval)`,
+			strconv.Itoa(i), d.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := cb.purgeOnce(ctx)
+	if err != nil || r.Published != 3 || r.RolledBack != 2 || r.Dedup != 2 {
+		t.Fatalf("purge: %+v %v", r, err)
+	}
+	for i, rw := range rows {
+		st, _ := e.state(ids[i])
+		if (st == "") != rw.gone {
+			t.Errorf("%s row aged %s: present %v, want gone %v", rw.state, rw.age, st != "", rw.gone)
+		}
+	}
+	for i, d := range dedup {
+		var n int
+		_ = e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_consumer_dedup WHERE idempotency_key = $1`, strconv.Itoa(i)).Scan(&n)
+		if (n == 0) != d.gone {
+			t.Errorf("dedup row aged %s: present %v, want gone %v", d.age, n == 1, d.gone)
+		}
+	}
+	if r, err := cb.purgeOnce(ctx); err != nil || r != (PurgeResult{}) {
+		t.Fatalf("second purge: %+v %v", r, err)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	for field, cfg := range map[string]*Config{
+		"Schema":          {Schema: strings.Repeat("s", 64)},
+		"MaxChecks":       {MaxChecks: -1},
+		"BackoffMax":      {BackoffBase: time.Minute, BackoffMax: time.Second},
+		"BackoffJitter":   {BackoffJitter: 1.5},
+		"GroupRate":       {GroupRate: -1},
+		"SubjectPrefix":   {SubjectPrefix: "txoutbox.*"},
+		"ResolveSchedule": {ResolveSchedule: "every second"},
+		"PurgeSchedule":   {PurgeSchedule: "@every 1ms"},
+		"DedupRetention":  {DedupRetention: -time.Hour},
+	} {
+		err := ValidateConfig(cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("%s: got %v", field, err)
+		}
+	}
+	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: Off, PurgeSchedule: "@hourly"}); err != nil {
+		t.Errorf("valid schedules refused: %v", err)
+	}
+	if _, err := Serve(nil, "g", nil, nil); err == nil {
+		t.Error("Serve without a connection succeeded")
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int]time.Duration{1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 4: 40 * time.Second, 5: time.Minute, 15: time.Minute} {
+		if got := backoff(n, 5*time.Second, time.Minute, 0); got != want {
+			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
+		}
+		for i := 0; i < 100; i++ {
+			got := backoff(n, 5*time.Second, time.Minute, 0.2)
+			if got < want*8/10 || got > want*12/10 {
+				t.Fatalf("backoff(%d) with jitter = %s, outside %s ± 20%%", n, got, want)
+			}
+		}
+	}
+}
+
+// TestCheckTimeline runs the real scheduler against a checker that always answers UNKNOWN and
+// logs when each check arrived: the first after the transaction timeout, then the backoff
+// between checks, until the row is check_exhausted. With TXOUTBOX_CHECK_TIMELINE=defaults it
+// uses the default timings (6s timeout, 5s base, 1m cap, schedule @every 1s) for 4 checks
+// (about 45s); otherwise small ones.
+//
+//	go test ./checkback -run TestCheckTimeline -count=1 -v
+//	TXOUTBOX_CHECK_TIMELINE=defaults go test ./checkback -run TestCheckTimeline -count=1 -v
+func TestCheckTimeline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := &Config{
+		TransactionTimeout: 500 * time.Millisecond,
+		BackoffBase:        100 * time.Millisecond,
+		BackoffMax:         400 * time.Millisecond,
+		MaxChecks:          6,
+		ResolveSchedule:    "@every 20ms",
+	}
+	if os.Getenv("TXOUTBOX_CHECK_TIMELINE") == "defaults" {
+		cfg = &Config{MaxChecks: 4}
+	}
+	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cb := e.checkback(cfg)
+	c := cb.cfg
+	ck := e.serve("orders", answer(Unknown))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cb.Run(ctx) }()
+	prepared := time.Now()
+	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	limit := c.TransactionTimeout + time.Duration(c.MaxChecks)*c.BackoffMax*2 + 30*time.Second
+	testsvc.Eventually(t, limit, "the row to be check_exhausted", func() bool {
+		st, _ := e.state(h.ID)
+		return st == "check_exhausted"
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	ck.mu.Lock()
+	at := append([]time.Time(nil), ck.at...)
+	ck.mu.Unlock()
+	if len(at) != c.MaxChecks {
+		t.Fatalf("%d checks, want %d", len(at), c.MaxChecks)
+	}
+	t.Logf("timeline: transaction timeout %s, backoff base %s cap %s jitter ±%.0f%%, schedule %q, max checks %d",
+		c.TransactionTimeout, c.BackoffBase, c.BackoffMax, c.BackoffJitter*100, c.ResolveSchedule, c.MaxChecks)
+	first := at[0].Sub(prepared)
+	t.Logf("check 1 at +%s after prepare", first.Round(time.Millisecond))
+	if first < c.TransactionTimeout {
+		t.Fatalf("first check %s after prepare, before the transaction timeout %s", first, c.TransactionTimeout)
+	}
+	for i := 1; i < len(at); i++ {
+		gap := at[i].Sub(at[i-1])
+		nominal := backoff(i, c.BackoffBase, c.BackoffMax, 0)
+		t.Logf("check %d at +%s, %s after check %d (nominal backoff %s, so %s..%s with jitter)", i+1,
+			at[i].Sub(prepared).Round(time.Millisecond), gap.Round(time.Millisecond), i, nominal,
+			time.Duration(float64(nominal)*(1-c.BackoffJitter)).Round(time.Millisecond),
+			time.Duration(float64(nominal)*(1+c.BackoffJitter)).Round(time.Millisecond))
+		if low := time.Duration(float64(nominal) * (1 - c.BackoffJitter)); gap < low {
+			t.Fatalf("check %d came %s after the previous one, before its backoff (at least %s)", i+1, gap, low)
+		}
+	}
+	st, n := e.state(h.ID)
+	t.Logf("then: %s after %d checks, %s after prepare", st, n, time.Since(prepared).Round(time.Millisecond))
+}
+
+// While the check-back's own NATS connection is down, checks are postponed, not counted: an
+// outage on our side must not burn a message's checks.
+func TestNATSDownPostponesChecks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cb := e.checkback(nil)
+	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	time.Sleep(cb.cfg.TransactionTimeout)
+	e.nats.Stop()
+	testsvc.Eventually(t, 5*time.Second, "the connection to notice", func() bool { return !e.nats.Conn.IsConnected() })
+	res := mustResolve(t, cb)
+	if len(res.Checks) != 0 || res.Released != 1 {
+		t.Fatalf("resolve with NATS down: %+v", res)
+	}
+	if st, n := e.state(h.ID); st != "prepared" || n != 0 {
+		t.Fatalf("%s after %d checks, want prepared with none counted", st, n)
+	}
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 10*time.Second, "the connection to come back", e.nats.Conn.IsConnected)
+	e.serve("orders", answer(Commit))
+	if res := mustResolve(t, cb); res.Committed != 1 {
+		t.Fatalf("resolve with NATS back: %+v", res)
+	}
+}

@@ -1,0 +1,277 @@
+package checkback
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/robfig/cron/v3"
+	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Defaults for Config.
+const (
+	DefaultSchema = "public"
+	// DefaultTransactionTimeout is RocketMQ's: a half message is first checked 6s after it was
+	// prepared.
+	DefaultTransactionTimeout = 6 * time.Second
+	// DefaultMaxChecks is RocketMQ's: after 15 inconclusive checks a row is check_exhausted.
+	DefaultMaxChecks      = 15
+	DefaultRequestTimeout = 3 * time.Second
+	DefaultBackoffBase    = 5 * time.Second
+	DefaultBackoffMax     = time.Minute
+	DefaultBackoffJitter  = 0.2
+	DefaultBatchSize      = 100
+	// DefaultGroupConcurrency and DefaultGroupRate bound the checks one check-back instance
+	// sends to one producer group: at most 4 in flight and 20 per second.
+	DefaultGroupConcurrency = 4
+	DefaultGroupRate        = 20.0
+	DefaultSubjectPrefix    = "txoutbox.check"
+
+	DefaultResolveSchedule = "@every 1s"
+	DefaultStaleSchedule   = "@every 30s"
+	DefaultPurgeSchedule   = "@every 1m"
+	DefaultStaleReadyAfter = time.Minute
+
+	// DefaultRolledBackRetention keeps rolled back half messages a day, for inspection.
+	DefaultRolledBackRetention = 24 * time.Hour
+	// DefaultDedupRetention keeps consumer dedup rows a week. The rule: several times the
+	// longest window in which a message can be delivered again (the consumer's ack wait ×
+	// max deliveries plus its backoff, and the relay's worst republish delay); a dedup row
+	// purged earlier lets a late redelivery apply twice.
+	DefaultDedupRetention = 7 * 24 * time.Hour
+	DefaultPurgeBatchSize = 1000
+)
+
+// Off, as a schedule, disables a job.
+const Off = "off"
+
+// Config configures a CheckBack. The zero value, given a pool and a NATS connection, is usable.
+type Config struct {
+	// Schema is the Postgres schema holding the outbox tables. Defaults to "public".
+	Schema string
+
+	// TransactionTimeout is how long a half message may stay prepared before it is checked
+	// (RocketMQ's transactionTimeout). A per-message PrepareOptions.CheckImmunity can only
+	// delay the first check further. Defaults to 6s.
+	TransactionTimeout time.Duration
+
+	// MaxChecks is how many inconclusive checks (UNKNOWN, an error reply, a timeout, no
+	// responders, a malformed reply) make a row check_exhausted: a terminal state that is
+	// counted, logged and listed, and that `relay prepared resume|commit|rollback` leaves.
+	// Defaults to 15.
+	MaxChecks int
+
+	// RequestTimeout bounds one check request to a producer group's checker. Defaults to 3s.
+	RequestTimeout time.Duration
+
+	// BackoffBase, BackoffMax and BackoffJitter space the checks of one row: after check n
+	// the next is due BackoffBase·2^(n-1) later, capped at BackoffMax, times a random factor
+	// in [1-BackoffJitter, 1+BackoffJitter]. Defaults to 5s, 1m and 0.2.
+	BackoffBase   time.Duration
+	BackoffMax    time.Duration
+	BackoffJitter float64
+
+	// BatchSize bounds the rows one resolve pass takes, for each of the two modes (checker
+	// and fence). Defaults to 100.
+	BatchSize int
+
+	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
+	// producer group: at most GroupConcurrency in flight and GroupRate per second, so that
+	// many stale rows never become a request storm. Defaults to 4 and 20.
+	GroupConcurrency int
+	GroupRate        float64
+
+	// SubjectPrefix: a producer group's checker is asked on SubjectPrefix + "." + group.
+	// checkback.Serve must use the same prefix. Defaults to "txoutbox.check".
+	SubjectPrefix string
+
+	// Schedules of the three jobs: a robfig/cron spec (five fields, or six with seconds
+	// first), a descriptor such as "@hourly", "@every <duration>" (sub-second durations
+	// allowed), or "off". A run that is still going when the next is due is skipped.
+	// ResolveSchedule resolves stale prepared rows (default "@every 1s"); StaleSchedule
+	// reports ready rows older than StaleReadyAfter and counts prepared and exhausted rows
+	// (default "@every 30s"); PurgeSchedule deletes rows past their retention (default
+	// "@every 1m").
+	ResolveSchedule string
+	StaleSchedule   string
+	PurgeSchedule   string
+
+	// StaleReadyAfter: ready rows older than this (the relay is stuck, or a subject keeps
+	// failing) are counted and logged with the oldest age. Defaults to 1m.
+	StaleReadyAfter time.Duration
+
+	// PublishedRetention: published rows (kept by a relay with a retention) older than this
+	// are purged. Set it to the relay's retention. Defaults to 0: purge every published row.
+	PublishedRetention time.Duration
+
+	// RolledBackRetention: rolled back half messages older than this are purged. Defaults
+	// to 24h.
+	RolledBackRetention time.Duration
+
+	// DedupRetention: consumer dedup rows processed longer ago than this are purged. Keep it
+	// several times the longest redelivery window (see DefaultDedupRetention). Defaults to
+	// 7 days.
+	DedupRetention time.Duration
+
+	// PurgeBatchSize bounds the rows one DELETE removes (each batch is its own short
+	// transaction, skipping locked rows). Defaults to 1000.
+	PurgeBatchSize int
+
+	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// Registerer, when set, registers the check-back's Prometheus metrics. Defaults to none.
+	Registerer prometheus.Registerer
+}
+
+// ConfigError names the Config field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "checkback: Config." + e.Field + " " + e.Reason }
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	setDur := func(p *time.Duration, d time.Duration) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	setInt := func(p *int, d int) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	setStr := func(p *string, d string) {
+		if *p == "" {
+			*p = d
+		}
+	}
+	setStr(&out.Schema, DefaultSchema)
+	setDur(&out.TransactionTimeout, DefaultTransactionTimeout)
+	setInt(&out.MaxChecks, DefaultMaxChecks)
+	setDur(&out.RequestTimeout, DefaultRequestTimeout)
+	setDur(&out.BackoffBase, DefaultBackoffBase)
+	setDur(&out.BackoffMax, DefaultBackoffMax)
+	if out.BackoffJitter == 0 {
+		out.BackoffJitter = DefaultBackoffJitter
+	}
+	setInt(&out.BatchSize, DefaultBatchSize)
+	setInt(&out.GroupConcurrency, DefaultGroupConcurrency)
+	if out.GroupRate == 0 {
+		out.GroupRate = DefaultGroupRate
+	}
+	setStr(&out.SubjectPrefix, DefaultSubjectPrefix)
+	setStr(&out.ResolveSchedule, DefaultResolveSchedule)
+	setStr(&out.StaleSchedule, DefaultStaleSchedule)
+	setStr(&out.PurgeSchedule, DefaultPurgeSchedule)
+	setDur(&out.StaleReadyAfter, DefaultStaleReadyAfter)
+	setDur(&out.RolledBackRetention, DefaultRolledBackRetention)
+	setDur(&out.DedupRetention, DefaultDedupRetention)
+	setInt(&out.PurgeBatchSize, DefaultPurgeBatchSize)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
+		return bad("Schema", "is invalid: %v", err)
+	}
+	switch {
+	case c.TransactionTimeout < 0:
+		return bad("TransactionTimeout", "must not be negative, got %s", c.TransactionTimeout)
+	case c.MaxChecks < 1:
+		return bad("MaxChecks", "must be at least 1, got %d", c.MaxChecks)
+	case c.RequestTimeout < time.Millisecond:
+		return bad("RequestTimeout", "must be at least 1ms, got %s", c.RequestTimeout)
+	case c.BackoffBase <= 0:
+		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffMax < c.BackoffBase:
+		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
+	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
+		return bad("BackoffJitter", "must be in [0, 1), got %g", c.BackoffJitter)
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
+	case c.GroupConcurrency < 1:
+		return bad("GroupConcurrency", "must be at least 1, got %d", c.GroupConcurrency)
+	case c.GroupRate <= 0:
+		return bad("GroupRate", "must be positive, got %g", c.GroupRate)
+	case c.StaleReadyAfter <= 0:
+		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
+	case c.PublishedRetention < 0:
+		return bad("PublishedRetention", "must not be negative, got %s", c.PublishedRetention)
+	case c.RolledBackRetention < 0:
+		return bad("RolledBackRetention", "must not be negative, got %s", c.RolledBackRetention)
+	case c.DedupRetention < 0:
+		return bad("DedupRetention", "must not be negative, got %s", c.DedupRetention)
+	case c.PurgeBatchSize < 1 || c.PurgeBatchSize > 100000:
+		return bad("PurgeBatchSize", "must be between 1 and 100000, got %d", c.PurgeBatchSize)
+	}
+	if err := validatePrefix(c.SubjectPrefix); err != nil {
+		return bad("SubjectPrefix", "is invalid: %v", err)
+	}
+	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
+		if _, err := ParseSchedule(spec); err != nil {
+			return bad(field, "is invalid: %v", err)
+		}
+	}
+	return nil
+}
+
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *ConfigError values naming the field.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
+
+// validatePrefix accepts a literal NATS subject (no wildcards).
+func validatePrefix(p string) error {
+	if err := outbox.ValidateSubject(p); err != nil {
+		return err
+	}
+	return nil
+}
+
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// every fires every d, sub-second durations included (cron's own @every rounds to seconds).
+type every time.Duration
+
+func (e every) Next(t time.Time) time.Time { return t.Add(time.Duration(e)) }
+
+// ParseSchedule parses a job schedule: "off" (nil, nil), "@every <duration>" (at least
+// 10ms), or any robfig/cron spec with optional seconds and descriptors.
+func ParseSchedule(spec string) (cron.Schedule, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == Off {
+		return nil, nil
+	}
+	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v", spec, err)
+		}
+		if d < 10*time.Millisecond {
+			return nil, fmt.Errorf("%q: the interval must be at least 10ms", spec)
+		}
+		return every(d), nil
+	}
+	s, err := cronParser.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%q: %v", spec, err)
+	}
+	return s, nil
+}

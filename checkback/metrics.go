@@ -1,0 +1,95 @@
+package checkback
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Check outcomes, the label values of txoutbox_checkback_checks_total.
+const (
+	OutcomeCommit       = "commit"
+	OutcomeRollback     = "rollback"
+	OutcomeUnknown      = "unknown"
+	OutcomeError        = "error"         // the checker replied with an error (a micro service error)
+	OutcomeTimeout      = "timeout"       // no reply within RequestTimeout
+	OutcomeNoResponders = "no_responders" // nobody serves the group's subject
+	OutcomeMalformed    = "malformed"     // a reply that is not COMMIT, ROLLBACK or UNKNOWN
+)
+
+// metrics are the check-back's Prometheus collectors. They always count; they are exported
+// only when Config.Registerer is set.
+type metrics struct {
+	checks      *prometheus.CounterVec
+	resolved    *prometheus.CounterVec
+	exhausted   prometheus.Counter
+	purged      *prometheus.CounterVec
+	jobErrors   *prometheus.CounterVec
+	jobDuration *prometheus.HistogramVec
+	prepared    prometheus.Gauge
+	exhaustedN  prometheus.Gauge
+	staleReady  prometheus.Gauge
+	oldestReady prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "txoutbox", "checkback"
+	m := &metrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "checks_total",
+			Help: "Checks of stale half messages by outcome: commit, rollback, unknown, error, timeout, no_responders, malformed.",
+		}, []string{"outcome"}),
+		resolved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "resolved_total",
+			Help: "Half messages the check-back settled, by result: committed, rolled_back (the checker said so), fenced (rolled back under the row lock).",
+		}, []string{"result"}),
+		exhausted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "exhausted_total",
+			Help: "Half messages that became check_exhausted after MaxChecks inconclusive checks.",
+		}),
+		purged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "purged_total",
+			Help: "Rows deleted past their retention, by kind: published, rolled_back, dedup.",
+		}, []string{"kind"}),
+		jobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "job_errors_total",
+			Help: "Job runs that failed, by job: resolve, stale, purge.",
+		}, []string{"job"}),
+		jobDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "job_duration_seconds",
+			Help:    "Duration of job runs, by job.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"job"}),
+		prepared: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "prepared_rows",
+			Help: "Half messages in state prepared (counted up to 100000 by the stale job).",
+		}),
+		exhaustedN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "exhausted_rows",
+			Help: "Half messages in state check_exhausted, awaiting an operator (counted by the stale job).",
+		}),
+		staleReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "stale_ready_rows",
+			Help: "Ready rows older than StaleReadyAfter (counted up to 100000 by the stale job).",
+		}),
+		oldestReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "oldest_ready_age_seconds",
+			Help: "Age of the oldest ready row (0 when none), as of the stale job's last run.",
+		}),
+	}
+	for _, o := range []string{OutcomeCommit, OutcomeRollback, OutcomeUnknown, OutcomeError, OutcomeTimeout, OutcomeNoResponders, OutcomeMalformed} {
+		m.checks.WithLabelValues(o)
+	}
+	for _, r := range []string{"committed", "rolled_back", "fenced"} {
+		m.resolved.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.checks, m.resolved, m.exhausted, m.purged, m.jobErrors, m.jobDuration, m.prepared, m.exhaustedN, m.staleReady, m.oldestReady} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("checkback: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,368 @@
+package checkback
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"golang.org/x/time/rate"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// ResolveResult is what one resolve pass did.
+type ResolveResult struct {
+	// Fenced counts fence-mode rows rolled back.
+	Fenced int
+	// Checks counts checker requests whose outcome was recorded, by outcome.
+	Checks map[string]int
+	// Committed and RolledBack count rows settled by their checker's answer.
+	Committed  int
+	RolledBack int
+	// Exhausted counts rows that became check_exhausted in this pass.
+	Exhausted int
+	// Released counts claimed rows given back unchecked (the pass ran out of time).
+	Released int
+}
+
+// resolveOnce runs one pass: fence-mode rows first (cheap, no network), then checker rows.
+func (c *CheckBack) resolveOnce(ctx context.Context) (ResolveResult, error) {
+	res := ResolveResult{Checks: map[string]int{}}
+	fenced, ferr := c.fenceOnce(ctx)
+	res.Fenced = fenced
+	cerr := c.checkOnce(ctx, &res)
+	return res, errors.Join(ferr, cerr)
+}
+
+// fenceOnce rolls back due fence-mode rows under their row locks, in one short transaction.
+// Rows whose CommitTx is in flight are locked by it and skipped (SKIP LOCKED): they are
+// committed, or, if their business transaction rolls back, fenced at a later pass. A CommitTx
+// that reaches a row while this transaction holds it waits, then finds it rolled back.
+func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("fence: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ids, err := c.q.LockFences(ctx, tx, c.cfg.TransactionTimeout, c.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("fence: lock: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if c.hooks.afterFenceLock != nil {
+		c.hooks.afterFenceLock(ctx, ids)
+	}
+	fenced, err := c.q.Fence(ctx, tx, ids)
+	if err != nil {
+		return 0, fmt.Errorf("fence: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("fence: commit: %w", err)
+	}
+	for _, id := range fenced {
+		c.log.Info("half message fenced: still prepared after the transaction timeout, rolled back; a later CommitTx fails",
+			"message_id", id.String(), "transaction_timeout", c.cfg.TransactionTimeout.String())
+	}
+	c.m.resolved.WithLabelValues("fenced").Add(float64(len(fenced)))
+	return len(fenced), nil
+}
+
+// lease is how long claimed checker rows stay invisible to other passes: long enough for a
+// whole batch of one group at its concurrency and rate, plus one request.
+func (c *CheckBack) lease() time.Duration {
+	waves := math.Ceil(float64(c.cfg.BatchSize) / float64(c.cfg.GroupConcurrency))
+	byConc := time.Duration(waves) * c.cfg.RequestTimeout
+	byRate := time.Duration(float64(c.cfg.BatchSize) / c.cfg.GroupRate * float64(time.Second))
+	return max(byConc, byRate) + 2*c.cfg.RequestTimeout
+}
+
+func (c *CheckBack) limiter(group string) *groupLimit {
+	c.limMu.Lock()
+	defer c.limMu.Unlock()
+	l := c.limiters[group]
+	if l == nil {
+		l = &groupLimit{
+			rate: rate.NewLimiter(rate.Limit(c.cfg.GroupRate), c.cfg.GroupConcurrency),
+			sem:  make(chan struct{}, c.cfg.GroupConcurrency),
+		}
+		c.limiters[group] = l
+	}
+	return l
+}
+
+// acquire takes a concurrency slot, then waits for the rate (a slot is held only while a
+// request is out). It reports false when ctx ended first.
+func (l *groupLimit) acquire(ctx context.Context) bool {
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	if err := l.rate.Wait(ctx); err != nil {
+		<-l.sem
+		return false
+	}
+	return true
+}
+
+// checkOnce claims due checker rows (leasing them), asks their groups' checkers — each group
+// within its concurrency and rate — and records each answer.
+func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
+	lease := c.lease()
+	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease)
+	if err != nil {
+		return fmt.Errorf("claim checks: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	// Stop asking before the lease runs out, so that no other pass takes the same rows.
+	pctx, cancel := context.WithTimeout(ctx, lease-c.cfg.RequestTimeout)
+	defer cancel()
+
+	var mu sync.Mutex
+	var released []uuid.UUID
+	var errs []error
+	release := func(rows []store.HalfRow) {
+		mu.Lock()
+		for _, r := range rows {
+			released = append(released, r.MessageID)
+		}
+		mu.Unlock()
+	}
+	// Rows of one key are asked one after another, oldest first, so that answers in one pass
+	// commit them in the order they were prepared; other rows are asked concurrently, within
+	// their group's concurrency and rate.
+	var wg sync.WaitGroup
+	for _, chain := range chains(rows) {
+		wg.Add(1)
+		go func(chain []store.HalfRow) {
+			defer wg.Done()
+			lim := c.limiter(chain[0].Group)
+			for i, r := range chain {
+				if !lim.acquire(pctx) {
+					release(chain[i:])
+					return
+				}
+				outcome, detail := c.ask(pctx, r)
+				<-lim.sem
+				if outcome == "" { // the pass itself ran out of time: not the checker's fault
+					release(chain[i:])
+					return
+				}
+				if err := c.record(ctx, r, outcome, detail, res, &mu); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}(chain)
+	}
+	wg.Wait()
+	if len(released) > 0 {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer rcancel()
+		if err := c.q.ReleaseChecks(rctx, c.db, released); err != nil {
+			errs = append(errs, fmt.Errorf("release claimed rows: %w", err))
+		}
+		res.Released += len(released)
+	}
+	return errors.Join(errs...)
+}
+
+// chains splits rows into sequences to ask in order: the rows of one group and key, by id
+// (prepare order), and every unkeyed row on its own.
+func chains(rows []store.HalfRow) [][]store.HalfRow {
+	var out [][]store.HalfRow
+	byKey := map[[2]string]int{}
+	for _, r := range rows {
+		if r.Key == "" {
+			out = append(out, []store.HalfRow{r})
+			continue
+		}
+		k := [2]string{r.Group, r.Key}
+		if i, ok := byKey[k]; ok {
+			out[i] = append(out[i], r)
+			continue
+		}
+		byKey[k] = len(out)
+		out = append(out, []store.HalfRow{r})
+	}
+	for _, ch := range out {
+		sort.Slice(ch, func(i, j int) bool { return ch[i].ID < ch[j].ID })
+	}
+	return out
+}
+
+// CheckRequest is what the check-back asks a producer group's checker about: a half message
+// still prepared after the transaction timeout. It travels as JSON.
+type CheckRequest struct {
+	MessageID uuid.UUID           `json:"message_id"`
+	Subject   string              `json:"subject"`
+	Key       string              `json:"key,omitempty"`
+	Headers   map[string][]string `json:"headers,omitempty"`
+	Group     string              `json:"group"`
+	// Check is this check's number, from 1.
+	Check      int       `json:"check"`
+	PreparedAt time.Time `json:"prepared_at"`
+}
+
+// HeaderTimeout carries the requester's timeout (a Go duration) so that the checker can stop
+// working on an answer nobody waits for.
+const HeaderTimeout = "Txoutbox-Check-Timeout"
+
+// Subject is the subject a producer group's checker serves.
+func Subject(prefix, group string) string { return prefix + "." + group }
+
+// ask asks row's group's checker and classifies the reply. It returns "" as the outcome when
+// ctx ended first (the pass ran out of time or is shutting down): nothing is counted.
+func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail string) {
+	if c.nc == nil {
+		return OutcomeNoResponders, "no NATS connection: the check-back cannot ask checkers"
+	}
+	// Our own connection being down is not the checker's fault: postpone, count nothing.
+	if !c.natsUp() {
+		return "", ""
+	}
+	req := CheckRequest{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
+		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt}
+	if len(r.Headers) > 0 {
+		_ = json.Unmarshal(r.Headers, &req.Headers)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return OutcomeError, "encode request: " + err.Error()
+	}
+	msg := nats.NewMsg(Subject(c.cfg.SubjectPrefix, r.Group))
+	msg.Data = body
+	msg.Header.Set(HeaderTimeout, c.cfg.RequestTimeout.String())
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	resp, err := c.nc.RequestMsgWithContext(rctx, msg)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil || !c.natsUp():
+		return "", ""
+	case errors.Is(err, nats.ErrNoResponders):
+		return OutcomeNoResponders, "no checker serves " + msg.Subject
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return OutcomeTimeout, fmt.Sprintf("no answer from %s within %s", msg.Subject, c.cfg.RequestTimeout)
+	default:
+		return OutcomeError, "request: " + err.Error()
+	}
+	if e := resp.Header.Get(micro.ErrorHeader); e != "" {
+		return OutcomeError, fmt.Sprintf("checker error %s: %s", resp.Header.Get(micro.ErrorCodeHeader), e)
+	}
+	st, err := outbox.ParseLocalState(string(resp.Data))
+	if err != nil {
+		return OutcomeMalformed, "malformed reply: " + strings.TrimPrefix(err.Error(), "outbox: ")
+	}
+	switch st {
+	case Commit:
+		return OutcomeCommit, ""
+	case Rollback:
+		return OutcomeRollback, ""
+	}
+	return OutcomeUnknown, "checker answered UNKNOWN"
+}
+
+// natsUp reports whether the NATS connection is up, logging when that changes.
+func (c *CheckBack) natsUp() bool {
+	up := c.nc.IsConnected()
+	if c.natsDown.Swap(!up) != !up {
+		if up {
+			c.log.Info("NATS connection back: asking checkers again")
+		} else {
+			c.log.Warn("NATS connection down: checks are postponed (not counted) until it is back", "status", c.nc.Status().String())
+		}
+	}
+	return up
+}
+
+// record applies a check's outcome to its row, which may have been settled meanwhile by its
+// producer (then nothing changes).
+func (c *CheckBack) record(ctx context.Context, r store.HalfRow, outcome, detail string, res *ResolveResult, mu *sync.Mutex) error {
+	// Finish recording even when ctx is being cancelled: the answer is in.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	c.m.checks.WithLabelValues(outcome).Inc()
+	mu.Lock()
+	res.Checks[outcome]++
+	mu.Unlock()
+	log := c.log.With("message_id", r.MessageID.String(), "group", r.Group, "check", r.CheckCount+1)
+	switch outcome {
+	case OutcomeCommit:
+		var ok bool
+		var state string
+		err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+			var err error
+			ok, state, err = c.q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: r.MessageID, Commit: true,
+				By: store.SettledByChecker, From: []string{store.StatePrepared}, CountCheck: true})
+			return err
+		})
+		if err != nil && !errors.Is(err, store.ErrNoRow) {
+			return fmt.Errorf("commit %s: %w", r.MessageID, err)
+		}
+		if ok {
+			c.m.resolved.WithLabelValues("committed").Inc()
+			mu.Lock()
+			res.Committed++
+			mu.Unlock()
+			log.Info("half message committed: its checker answered COMMIT")
+		} else {
+			log.Debug("checker answered COMMIT but the message was settled meanwhile", "state", state)
+		}
+		return nil
+	case OutcomeRollback:
+		ok, state, err := c.q.SettleHalf(ctx, c.db, store.HalfSettle{MessageID: r.MessageID, Commit: false,
+			By: store.SettledByChecker, From: []string{store.StatePrepared}, CountCheck: true})
+		if err != nil && !errors.Is(err, store.ErrNoRow) {
+			return fmt.Errorf("roll back %s: %w", r.MessageID, err)
+		}
+		if ok {
+			c.m.resolved.WithLabelValues("rolled_back").Inc()
+			mu.Lock()
+			res.RolledBack++
+			mu.Unlock()
+			log.Info("half message rolled back: its checker answered ROLLBACK")
+		} else {
+			log.Debug("checker answered ROLLBACK but the message was settled meanwhile", "state", state)
+		}
+		return nil
+	}
+	n := int(r.CheckCount) + 1
+	delay := backoff(n, c.cfg.BackoffBase, c.cfg.BackoffMax, c.cfg.BackoffJitter)
+	state, count, ok, err := c.q.RecordCheck(ctx, c.db, r.MessageID, outcome+": "+detail, delay, c.cfg.MaxChecks)
+	if err != nil {
+		return fmt.Errorf("record check of %s: %w", r.MessageID, err)
+	}
+	if !ok {
+		return nil // settled meanwhile
+	}
+	if state == store.StateCheckExhausted {
+		c.m.exhausted.Inc()
+		mu.Lock()
+		res.Exhausted++
+		mu.Unlock()
+		log.Error("half message check_exhausted: no COMMIT or ROLLBACK after the maximum number of checks; "+
+			"list it with `relay prepared list`, then resume, commit or roll it back",
+			"checks", count, "outcome", outcome, "detail", detail)
+		return nil
+	}
+	log.Info("half message check inconclusive; checking again later", "outcome", outcome, "detail", detail,
+		"next_check_in", delay.Round(time.Millisecond).String(), "checks_left", c.cfg.MaxChecks-int(count))
+	return nil
+}

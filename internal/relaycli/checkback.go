@@ -1,0 +1,189 @@
+package relaycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/txoutbox/txoutbox/checkback"
+)
+
+func init() {
+	register(command{name: "checkback", summary: "resolve stale half messages, report stuck rows, purge old rows (--once, or until a signal)", run: checkbackCmd})
+}
+
+const checkbackUsage = `
+relay checkback: run the check-back jobs — resolve half messages left prepared past the
+transaction timeout (ask their producer group's checker, or fence), report ready rows older
+than a threshold, purge rows past their retention. With --once, run each job once, print what
+it did and exit; otherwise run them on their schedules until SIGINT or SIGTERM.
+` + "`relay run`" + ` runs the same jobs by default (see its --no-checkback).
+
+Usage:
+  relay checkback [--once] [settings]
+`
+
+// checkbackFieldFlags maps checkback.Config fields to the flags that set them.
+var checkbackFieldFlags = map[string]string{
+	"Schema": "schema", "TransactionTimeout": "check-transaction-timeout", "MaxChecks": "check-max",
+	"RequestTimeout": "check-request-timeout", "BackoffBase": "check-backoff-base", "BackoffMax": "check-backoff-max",
+	"BackoffJitter": "check-backoff-jitter", "BatchSize": "check-batch-size", "GroupConcurrency": "check-group-concurrency",
+	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "ResolveSchedule": "check-schedule",
+	"StaleSchedule": "stale-schedule", "PurgeSchedule": "purge-schedule", "StaleReadyAfter": "stale-ready-after",
+	"PublishedRetention": "retention", "RolledBackRetention": "rolled-back-retention", "DedupRetention": "dedup-retention",
+	"PurgeBatchSize": "purge-batch-size",
+}
+
+// defineCheckbackFlags adds the check-back settings to s. withRetention adds --retention (relay
+// run has its own, shared with the relay).
+func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) {
+	sec := s.Section("Check-back (half messages, stale rows, retention)")
+	s.Duration(&c.TransactionTimeout, "check-transaction-timeout", "", checkback.DefaultTransactionTimeout, "check a half message once it has been prepared this long")
+	sec("check-transaction-timeout")
+	s.Int(&c.MaxChecks, "check-max", "", checkback.DefaultMaxChecks, "inconclusive checks before a half message is check_exhausted")
+	s.Duration(&c.RequestTimeout, "check-request-timeout", "", checkback.DefaultRequestTimeout, "wait for a checker's answer at most")
+	s.Duration(&c.BackoffBase, "check-backoff-base", "", checkback.DefaultBackoffBase, "delay after the first inconclusive check (doubles after each)")
+	s.Duration(&c.BackoffMax, "check-backoff-max", "", checkback.DefaultBackoffMax, "longest delay between checks")
+	s.Float(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "random spread of the delay between checks, a fraction in [0, 1)")
+	s.Int(&c.BatchSize, "check-batch-size", "", checkback.DefaultBatchSize, "half messages one resolve pass takes at most (per mode)")
+	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
+	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most")
+	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
+	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
+	s.String(&c.StaleSchedule, "stale-schedule", "", checkback.DefaultStaleSchedule, "when to report stale ready rows (cron spec, @every <duration>, or off)")
+	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
+	s.String(&c.PurgeSchedule, "purge-schedule", "", checkback.DefaultPurgeSchedule, "when to purge rows past their retention (cron spec, @every <duration>, or off)")
+	if withRetention {
+		s.Duration(&c.PublishedRetention, "retention", "", 0, "purge published rows older than this (set it to the relay's --retention)")
+	}
+	s.Duration(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "purge rolled back half messages older than this")
+	s.Duration(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "purge consumer dedup rows older than this (keep several times the longest redelivery window)")
+	s.Int(&c.PurgeBatchSize, "purge-batch-size", "", checkback.DefaultPurgeBatchSize, "rows one purge statement deletes at most")
+}
+
+// checkCheckbackFlags refuses zero values that checkback.Config would silently replace by its
+// defaults, then validates the configuration.
+func checkCheckbackFlags(c *checkback.Config) error {
+	for name, v := range map[string]int64{
+		"check-transaction-timeout": int64(c.TransactionTimeout), "check-max": int64(c.MaxChecks),
+		"check-request-timeout": int64(c.RequestTimeout), "check-backoff-base": int64(c.BackoffBase),
+		"check-backoff-max": int64(c.BackoffMax), "check-batch-size": int64(c.BatchSize),
+		"check-group-concurrency": int64(c.GroupConcurrency), "stale-ready-after": int64(c.StaleReadyAfter),
+		"rolled-back-retention": int64(c.RolledBackRetention), "dedup-retention": int64(c.DedupRetention),
+		"purge-batch-size": int64(c.PurgeBatchSize),
+	} {
+		if v <= 0 {
+			return usageErr("invalid --%s: must be positive", name)
+		}
+	}
+	if c.GroupRate <= 0 {
+		return usageErr("invalid --check-group-rate: must be positive")
+	}
+	return checkbackConfigErr(checkback.ValidateConfig(c))
+}
+
+// checkbackConfigErr turns a checkback.ConfigError into a usage error naming the flag.
+func checkbackConfigErr(err error) error {
+	var ce *checkback.ConfigError
+	if errors.As(err, &ce) {
+		if name, ok := checkbackFieldFlags[ce.Field]; ok {
+			return usageErr("invalid --%s: %s", name, ce.Reason)
+		}
+	}
+	return err
+}
+
+func checkbackCmd(ctx context.Context, env *Env, args []string) error {
+	var dsn, natsURL, schema, logFormat, level string
+	var once bool
+	var cfg checkback.Config
+	s := newSettings("checkback", checkbackUsage, env.Stderr, env.Getenv)
+	sec := s.Section("Connections")
+	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
+	sec("database-url")
+	s.String(&natsURL, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL (checkers are asked over it)")
+	s.String(&schema, "schema", "", checkback.DefaultSchema, "Postgres schema holding the outbox tables")
+	sec = s.Section("Mode")
+	s.Bool(&once, "once", "", false, "run each job once (those not scheduled off), print what they did, and exit")
+	sec("once")
+	defineCheckbackFlags(s, &cfg, true)
+	sec = s.Section("Logging")
+	s.String(&logFormat, "log-format", "", "text", "log format: text or json")
+	sec("log-format")
+	s.String(&level, "log-level", "", "info", "log level: debug, info, warn or error")
+	if err := parseSettings(s, env, args); err != nil {
+		return err
+	}
+	if len(s.Args()) > 0 {
+		return usageErr("unexpected arguments %q", s.Args())
+	}
+	if dsn == "" {
+		return usageErr("no database: set DATABASE_URL or --database-url")
+	}
+	cfg.Schema = schema
+	if err := checkCheckbackFlags(&cfg); err != nil {
+		return err
+	}
+	log, err := newLogger(env.Stderr, logFormat, level)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log, AppName: "txoutbox-checkback"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := checkSchema(ctx, c.Pool, schema); err != nil {
+		return err
+	}
+	cb, err := checkback.New(c.Pool, c.NC, &cfg)
+	if err != nil {
+		return checkbackConfigErr(err)
+	}
+	if !once {
+		return cb.Run(ctx)
+	}
+	rep, err := cb.RunOnce(ctx)
+	printReport(env.Stdout, rep, &cfg)
+	return err
+}
+
+// printReport prints what one run of each job did.
+func printReport(w io.Writer, r *checkback.Report, cfg *checkback.Config) {
+	if r == nil {
+		return
+	}
+	if cfg.ResolveSchedule != checkback.Off {
+		inconclusive := 0
+		var parts []string
+		keys := make([]string, 0, len(r.Resolve.Checks))
+		for k := range r.Resolve.Checks {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if k != checkback.OutcomeCommit && k != checkback.OutcomeRollback {
+				inconclusive += r.Resolve.Checks[k]
+				parts = append(parts, fmt.Sprintf("%s %d", k, r.Resolve.Checks[k]))
+			}
+		}
+		detail := ""
+		if len(parts) > 0 {
+			detail = " (" + strings.Join(parts, ", ") + ")"
+		}
+		fmt.Fprintf(w, "resolve: fenced %d, committed %d, rolled back %d, inconclusive checks %d%s, exhausted %d\n",
+			r.Resolve.Fenced, r.Resolve.Committed, r.Resolve.RolledBack, inconclusive, detail, r.Resolve.Exhausted)
+	}
+	if cfg.StaleSchedule != checkback.Off {
+		fmt.Fprintf(w, "stale:   ready rows older than %s: %d, oldest ready row: %s, prepared: %d, check_exhausted: %d\n",
+			cfg.StaleReadyAfter, r.Stale.StaleReady, r.Stale.OldestReady.Round(time.Millisecond), r.Stale.Prepared, r.Stale.Exhausted)
+	}
+	if cfg.PurgeSchedule != checkback.Off {
+		fmt.Fprintf(w, "purge:   published %d, rolled back %d, dedup %d\n", r.Purge.Published, r.Purge.RolledBack, r.Purge.Dedup)
+	}
+}

@@ -1,0 +1,244 @@
+package relaycli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+func init() {
+	register(command{name: "prepared", summary: "list, resume, commit or roll back half messages (list | resume | commit | rollback)", run: preparedCmd})
+}
+
+const preparedUsage = `
+relay prepared: inspect and settle half messages that wait for an answer: prepared (the
+check-back will ask) or check_exhausted (the check-back gave up; nothing happens to them until
+an operator acts).
+
+Usage:
+  relay prepared list [--state S] [--group G] [--limit N] [--json]
+  relay prepared resume (MESSAGE_ID... | --all [--group G])   check_exhausted -> prepared, checks start over
+  relay prepared commit MESSAGE_ID...                          publish them (prepared or check_exhausted)
+  relay prepared rollback MESSAGE_ID...                        drop them (prepared or check_exhausted)
+`
+
+func preparedCmd(ctx context.Context, env *Env, args []string) error {
+	var dsn, schema, state, group string
+	var limit int
+	var asJSON, all bool
+	s := newSettings("prepared", preparedUsage, env.Stderr, env.Getenv)
+	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
+	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&state, "state", "", "all", "list: prepared, check_exhausted or all (both)")
+	s.String(&group, "group", "", "", "list, resume --all: only this producer group")
+	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first")
+	s.Bool(&asJSON, "json", "", false, "list: print JSON lines instead of a table")
+	s.Bool(&all, "all", "", false, "resume: every check_exhausted message (of --group, if given)")
+	if len(args) == 0 || (args[0] != "list" && args[0] != "resume" && args[0] != "commit" && args[0] != "rollback") {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			s.printHelp(env.Stdout)
+			return errHelp
+		}
+		return usageErr("want list, resume, commit or rollback (see relay prepared --help)")
+	}
+	action := args[0]
+	// Settings may come before, between or after the message ids.
+	var positional []string
+	for rest := args[1:]; ; {
+		if err := parseSettings(s, env, rest); err != nil {
+			return err
+		}
+		if len(s.Args()) == 0 {
+			break
+		}
+		positional = append(positional, s.Args()[0])
+		rest = s.Args()[1:]
+	}
+	if dsn == "" {
+		return usageErr("no database: set DATABASE_URL or --database-url")
+	}
+	var ids []uuid.UUID
+	for _, a := range positional {
+		id, err := uuid.Parse(a)
+		if err != nil {
+			return usageErr("invalid message id %q: %v", a, err)
+		}
+		ids = append(ids, id)
+	}
+	var states []string
+	switch action {
+	case "list":
+		if len(ids) > 0 {
+			return usageErr("list takes no message ids")
+		}
+		switch state {
+		case "all":
+			states = store.SettleableStates
+		case store.StatePrepared, store.StateCheckExhausted:
+			states = []string{state}
+		default:
+			return usageErr("invalid --state %q: want prepared, check_exhausted or all", state)
+		}
+		if limit < 1 {
+			return usageErr("invalid --limit %d: must be at least 1", limit)
+		}
+	case "resume":
+		if all == (len(ids) > 0) {
+			return usageErr("resume takes message ids, or --all")
+		}
+	default:
+		if len(ids) == 0 {
+			return usageErr("%s takes one or more message ids", action)
+		}
+	}
+	if _, err := migrations.New(&migrations.Config{Schema: schema}); err != nil {
+		return usageErr("invalid --schema: %v", err)
+	}
+	log, _ := newLogger(env.Stderr, "text", "warn")
+	c, err := connect(ctx, connectOptions{DSN: dsn, Schema: schema, Log: log, AppName: "txoutbox-prepared"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := checkSchema(ctx, c.Pool, schema); err != nil {
+		return err
+	}
+	q := store.New(schema)
+
+	switch action {
+	case "list":
+		rows, err := q.ListHalf(ctx, c.Pool, states, group, limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			enc := json.NewEncoder(env.Stdout)
+			for _, r := range rows {
+				if err := enc.Encode(preparedJSON(r)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE_ID\tSTATE\tGROUP\tMODE\tSUBJECT\tKEY\tCHECKS\tAGE\tNEXT_CHECK\tLAST_ERROR")
+		now := time.Now()
+		for _, r := range rows {
+			next := "-"
+			if r.NextCheckAt != nil {
+				next = "in " + r.NextCheckAt.Sub(now).Round(time.Second).String()
+				if r.NextCheckAt.Before(now) {
+					next = "due"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, dash(r.Group), r.Mode,
+				r.Subject, dash(r.Key), r.CheckCount, now.Sub(r.CreatedAt).Round(time.Second), next, dash(truncate(r.LastError, 80)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(rows) == limit {
+			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
+		}
+		return nil
+	case "resume":
+		done, err := q.Resume(ctx, c.Pool, ids, all, group)
+		if err != nil {
+			return err
+		}
+		for _, id := range done {
+			fmt.Fprintf(env.Stdout, "resumed %s\n", id)
+		}
+		return notResumed(env, ids, done)
+	}
+
+	commit := action == "commit"
+	var failed []string
+	for _, id := range ids {
+		var ok bool
+		var st string
+		err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
+			var err error
+			ok, st, err = q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: id, Commit: commit, By: store.SettledByOperator})
+			return err
+		})
+		switch {
+		case errors.Is(err, store.ErrNoRow):
+			failed = append(failed, fmt.Sprintf("%s: no such message", id))
+		case err != nil:
+			return fmt.Errorf("%s %s: %w", action, id, err)
+		case !ok:
+			failed = append(failed, fmt.Sprintf("%s: not settled, it is %s", id, st))
+		case commit:
+			fmt.Fprintf(env.Stdout, "committed %s\n", id)
+		default:
+			fmt.Fprintf(env.Stdout, "rolled back %s\n", id)
+		}
+	}
+	if len(failed) > 0 {
+		for _, f := range failed {
+			fmt.Fprintln(env.Stderr, f)
+		}
+		return fmt.Errorf("%d of %d messages not settled", len(failed), len(ids))
+	}
+	return nil
+}
+
+// notResumed reports the asked ids that were not resumed.
+func notResumed(env *Env, asked, done []uuid.UUID) error {
+	ok := map[uuid.UUID]bool{}
+	for _, id := range done {
+		ok[id] = true
+	}
+	n := 0
+	for _, id := range asked {
+		if !ok[id] {
+			fmt.Fprintf(env.Stderr, "%s: not resumed: no such message, or not check_exhausted\n", id)
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d of %d messages not resumed", n, len(asked))
+	}
+	return nil
+}
+
+type preparedRow struct {
+	MessageID   uuid.UUID  `json:"message_id"`
+	State       string     `json:"state"`
+	Group       string     `json:"group,omitempty"`
+	Mode        string     `json:"mode"`
+	Subject     string     `json:"subject"`
+	Key         string     `json:"key,omitempty"`
+	Checks      int32      `json:"checks"`
+	CreatedAt   time.Time  `json:"created_at"`
+	NextCheckAt *time.Time `json:"next_check_at,omitempty"`
+	LastError   string     `json:"last_error,omitempty"`
+}
+
+func preparedJSON(r store.HalfRow) preparedRow {
+	return preparedRow{MessageID: r.MessageID, State: r.State, Group: r.Group, Mode: r.Mode, Subject: r.Subject, Key: r.Key,
+		Checks: r.CheckCount, CreatedAt: r.CreatedAt, NextCheckAt: r.NextCheckAt, LastError: r.LastError}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
