@@ -39,7 +39,7 @@ func TestConfigValidation(t *testing.T) {
 		{"BackoffBase", func(c *Config) { c.BackoffBase = -time.Second }},
 		{"BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
 		{"BackoffJitter", func(c *Config) { c.BackoffJitter = 1.5 }},
-		{"InProgressInterval", func(c *Config) { c.AckWait, c.InProgressInterval = time.Second, 2 * time.Second }},
+		{"InProgressInterval", func(c *Config) { c.AckWait, c.InProgressInterval = time.Second, 2*time.Second }},
 		{"MaxAckPending", func(c *Config) { c.MaxAckPending = -1 }},
 		{"StopTimeout", func(c *Config) { c.StopTimeout = -time.Second }},
 	}
