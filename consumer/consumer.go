@@ -89,6 +89,7 @@ type Consumer struct {
 	running  atomic.Bool
 	pgDown   atomic.Bool // for one log line per state change
 	natsDown atomic.Bool
+	dlqDown  atomic.Bool
 	lastErr  atomic.Value // error: the last consume error
 }
 
@@ -218,8 +219,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case <-cc.Closed():
+		runErr = ErrConsumeStopped
 		last, _ := c.lastErr.Load().(error)
-		runErr = fmt.Errorf("%w: %v", ErrConsumeStopped, last)
+		if last != nil {
+			runErr = fmt.Errorf("%w: %w", ErrConsumeStopped, last)
+		}
 		c.log.Error("jetstream stopped delivering; stopping", "err", last)
 	}
 

@@ -44,6 +44,7 @@ const (
 )
 
 const (
+	opDeadLetter   = "dead-letter publish"
 	maxErrorHeader = 1024
 	ackTimeout     = 5 * time.Second
 )
@@ -356,8 +357,12 @@ func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
 func (c *Consumer) unavailable(it *item, op string, err error) result {
 	it.outages++
 	c.countUnavailable(1)
-	if !c.pgDown.Swap(true) {
-		c.log.Warn("message put back: the database or the broker failed; retrying", "op", op, "err", err)
+	down := &c.pgDown
+	if op == opDeadLetter {
+		down = &c.dlqDown
+	}
+	if !down.Swap(true) {
+		c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
 	}
 	delay := c.cfg.randomBackoff(it.outages)
 	return result{outcome: outcomeUnavailable, delay: delay, err: fmt.Errorf("%s: %w", op, err)}
@@ -411,7 +416,10 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		_, err = c.js.PublishMsg(pctx, out, opts...)
 	}
 	if err != nil {
-		return c.unavailable(it, "dead-letter publish", err)
+		return c.unavailable(it, opDeadLetter, err)
+	}
+	if c.dlqDown.Load() && c.dlqDown.Swap(false) {
+		c.log.Info("dead-letter publishing works again")
 	}
 	if err := it.raw.TermWithReason(reason + ": " + headerValue(cause.Error())); err != nil {
 		c.log.Debug("term failed; the message will come back and be dead-lettered again", "stream_seq", it.msg.StreamSeq, "err", err)
