@@ -95,6 +95,8 @@ type Consumer struct {
 
 // hooks are fault-injection and observation points for tests.
 type hooks struct {
+	// beforeCommit runs just before a transaction's commit.
+	beforeCommit func(ctx context.Context)
 	// afterCommit runs after a transaction committed and before its messages are acked; an
 	// error skips the acks, as a crash there would.
 	afterCommit func(ctx context.Context, msgs []Message) error

@@ -345,10 +345,18 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	}
 	id := newID()
 	e.publishID("orders.created", id, "x")
-	stop := e.run(crashing)
-	testsvc.Eventually(t, 10*time.Second, "first commit", func() bool { return e.effects() == 1 })
-	if err := stop(); !errors.Is(err, ErrConsumeStopped) {
-		t.Fatalf("crashed consumer's Run: %v, want ErrConsumeStopped", err)
+	runErr := make(chan error, 1)
+	go func() { runErr <- crashing.Run(context.Background()) }() // ends on its own: its connection is gone
+	select {
+	case err := <-runErr:
+		if !errors.Is(err, ErrConsumeStopped) {
+			t.Fatalf("crashed consumer's Run: %v, want ErrConsumeStopped", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the crashed consumer's Run did not return")
+	}
+	if n := e.effects(); n != 1 {
+		t.Fatalf("effects after the crash: %d, want 1", n)
 	}
 	if got := crashing.Stats().AckFailures.Load(); got != 1 {
 		t.Errorf("ack failures: %d, want 1", got)
@@ -858,5 +866,56 @@ func TestSetupChecksDeadLetterSubject(t *testing.T) {
 	c = e.newConsumer(nil, &Config{Durable: "filtered", DeadLetterSubject: "orders.dead", FilterSubjects: []string{"orders.created"}}, recordEffect)
 	if _, err := c.Setup(ctx); err != nil {
 		t.Fatalf("filtered consumer: %v", err)
+	}
+}
+
+// The connection dies at the commit (its backend terminated just before): the outcome is not
+// known to be a refusal, so the message is neither acked nor counted as an attempt (even with
+// MaxDeliveries 1), and it is applied once on the retry. Both modes.
+func TestConnectionLostAtCommit(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 4} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			var pid atomic.Int32
+			h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
+				var p int32
+				if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&p); err != nil {
+					return err
+				}
+				pid.Store(p)
+				return recordEffect(ctx, tx, msg)
+			}
+			c := e.newConsumer(nil, &Config{MaxDeliveries: 1, BatchSize: batch, Concurrency: 1}, h)
+			var killed atomic.Bool
+			c.hooks.beforeCommit = func(ctx context.Context) {
+				if !killed.CompareAndSwap(false, true) {
+					return
+				}
+				p := pid.Load()
+				if _, err := e.db.AdminPool.Exec(ctx, `SELECT pg_terminate_backend($1)`, p); err != nil {
+					t.Error(err)
+				}
+				testsvc.Eventually(t, 5*time.Second, "backend gone", func() bool {
+					return e.count(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, p) == 0
+				})
+			}
+			for i := range batch {
+				e.publishID("orders.created", newID(), strconv.Itoa(i))
+			}
+			e.run(c)
+			e.waitEffects(batch)
+			if !killed.Load() || c.Stats().Unavailable.Load() < 1 {
+				t.Fatalf("killed %v, unavailable %d", killed.Load(), c.Stats().Unavailable.Load())
+			}
+			if c.Stats().DeadLettered.Load() != 0 || c.Stats().Retries.Load() != 0 || c.Stats().Processed.Load() != int64(batch) {
+				t.Fatalf("dead-lettered %d, retries %d, processed %d", c.Stats().DeadLettered.Load(),
+					c.Stats().Retries.Load(), c.Stats().Processed.Load())
+			}
+			if d := e.count(`SELECT count(*) FROM (SELECT idem FROM effects GROUP BY idem HAVING count(*) > 1) x`); d != 0 {
+				t.Fatalf("%d messages applied twice", d)
+			}
+		})
 	}
 }

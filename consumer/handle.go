@@ -114,6 +114,9 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		}
 		return c.failed(ctx, it, herr)
 	}
+	if h := c.hooks.beforeCommit; h != nil {
+		h(ctx)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		if rejected(err) {
 			// The server refused the commit (a deferred constraint, a serialization failure):
@@ -218,6 +221,9 @@ func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 		}
 		states[i], errs[i] = stateFailed, herr
 	}
+	if h := c.hooks.beforeCommit; h != nil {
+		h(ctx)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		if rejected(err) {
 			// The server refused the commit (a deferred constraint, a serialization failure):
@@ -314,8 +320,18 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, it *item) (err er
 // rejected reports whether the server answered a commit with an error (so it rolled back),
 // as opposed to a lost connection, after which the outcome is unknown.
 func rejected(err error) bool {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return true
+	}
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)
+	if !errors.As(err, &pgErr) || pgErr.Severity != "ERROR" || len(pgErr.Code) < 2 {
+		return false // FATAL or PANIC: the session is gone
+	}
+	switch pgErr.Code[:2] {
+	case "08", "53", "57", "58", "XX": // connection, resources, operator intervention, system, internal
+		return false
+	}
+	return true
 }
 
 // broken reports whether a handler error came from the infrastructure (a lost connection, a
