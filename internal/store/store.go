@@ -60,7 +60,8 @@ type Queries struct {
 	settleDelete   string
 	settleRetain   string
 
-	half halfSQL // half messages and the check-back (half.go)
+	half  halfSQL  // half messages and the check-back (half.go)
+	dedup dedupSQL // the idempotent consumer (dedup.go)
 }
 
 // New builds the statements for schema.
@@ -73,6 +74,7 @@ func New(schema string) *Queries {
 		KeyLockClass:       KeyHash("txoutbox.key:" + schema),
 		PartitionLockClass: KeyHash("txoutbox.partition:" + schema),
 	}
+	q.dedup = newDedupSQL(q.Dedup)
 	q.lockKeys = `SELECT count(pg_advisory_xact_lock($1::int4, k)) FROM unnest($2::int4[]) AS u(k)`
 	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
 	// and therefore publish order, follow the caller's order within one call.

@@ -1,0 +1,112 @@
+package consumer
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// BenchmarkConsume measures consumer throughput, b.N messages drained from a backlog, each
+// with its dedup row and a one-row business update (UPDATE accounts … WHERE id = $1 over
+// 1,000 accounts), in per-message mode (one transaction and commit per message) and in batch
+// mode (one transaction per batch, a savepoint per message), at concurrency 1 and 4. Payloads
+// are 512 random bytes. Run the cases in one invocation and compare them, e.g.
+//
+//	go test ./consumer -run '^$' -bench BenchmarkConsume -benchtime 5000x -count 1
+func BenchmarkConsume(b *testing.B) {
+	for _, bc := range []struct {
+		name        string
+		batch, conc int
+	}{
+		{"per-message/c=1", 1, 1},
+		{"batch=50/c=1", 50, 1},
+		{"per-message/c=4", 1, 4},
+		{"batch=50/c=4", 50, 4},
+	} {
+		b.Run(bc.name, func(b *testing.B) { benchConsume(b, bc.batch, bc.conc) })
+	}
+}
+
+func benchConsume(b *testing.B, batch, conc int) {
+	ctx := context.Background()
+	db := testsvc.NewDB(b)
+	n := testsvc.NewNATS(b)
+	n.Stream(b, testStream, "orders.>")
+	n.Stream(b, deadStream, DefaultDeadLetterPrefix+">")
+	const accounts = 1000
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		b.Fatal(err)
+	}
+
+	// The backlog.
+	pub, err := jetstream.New(n.Conn, jetstream.WithPublishAsyncMaxPending(1000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 512)
+	_, _ = rand.Read(payload)
+	for i := range b.N {
+		m := nats.NewMsg("orders.created")
+		m.Header[outbox.HeaderMsgID] = []string{newID()}
+		m.Data = payload
+		if _, err := pub.PublishMsgAsync(m); err != nil {
+			b.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-pub.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("backlog not stored within a minute")
+	}
+
+	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
+		_, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + 1 WHERE id = $1`, int(msg.StreamSeq%accounts)+1)
+		return err
+	}
+	c, err := New(db.Pool, n.JS, h, &Config{
+		Stream: testStream, Durable: testDurable, Schema: db.Schema,
+		BatchSize: batch, Concurrency: conc, Logger: quietLogger(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Setup(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for c.Stats().Processed.Load() < int64(b.N) {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	var sum int64
+	if err := db.Pool.QueryRow(ctx, `SELECT sum(balance) FROM accounts`).Scan(&sum); err != nil {
+		b.Fatal(err)
+	}
+	if sum != int64(b.N) || c.Stats().Duplicates.Load() != 0 || c.Stats().DeadLettered.Load() != 0 {
+		b.Fatalf("effects %d for %d messages (duplicates %d, dead letters %d)", sum, b.N,
+			c.Stats().Duplicates.Load(), c.Stats().DeadLettered.Load())
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(c.Stats().Retries.Load()), "retries")
+	if testing.Verbose() {
+		fmt.Printf("%s: %d messages in %s\n", b.Name(), b.N, elapsed.Round(time.Millisecond))
+	}
+}

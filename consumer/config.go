@@ -1,0 +1,303 @@
+package consumer
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+// Defaults for Config.
+const (
+	DefaultSchema        = "public"
+	DefaultConcurrency   = 4
+	DefaultBatchSize     = 1
+	DefaultMaxDeliveries = 10
+	DefaultBackoffBase   = time.Second
+	DefaultBackoffMax    = 5 * time.Minute
+	DefaultBackoffJitter = 0.3
+	DefaultAckWait       = 30 * time.Second
+	DefaultMaxAckPending = 1000
+	// DefaultDeadLetterPrefix followed by the durable name is the default dead-letter subject.
+	DefaultDeadLetterPrefix = "txoutbox.dead."
+)
+
+// MaxBatchSize bounds Config.BatchSize.
+const MaxBatchSize = 1000
+
+// Config configures a Consumer. Stream and Durable are required; everything else has a default.
+type Config struct {
+	// Stream is the JetStream stream to consume. Required.
+	Stream string
+
+	// Durable names the durable pull consumer, which Run creates or updates with the settings
+	// below (explicit acks). Every instance of one logical consumer uses the same name: they
+	// share the work, and the name is also the consumer column of the dedup table, so it
+	// must not change while dedup rows matter. Required.
+	Durable string
+
+	// FilterSubjects restricts the consumer to these subjects (wildcards allowed). Defaults to
+	// the whole stream.
+	FilterSubjects []string
+
+	// Schema is the Postgres schema holding txoutbox_consumer_dedup. Defaults to "public".
+	Schema string
+
+	// Concurrency is how many messages (or, in batch mode, batches) are handled at once; each
+	// uses one Postgres connection while it runs. Defaults to 4.
+	Concurrency int
+
+	// BatchSize, when above 1, switches to batch mode: up to BatchSize messages are handled
+	// in one Postgres transaction, each inside its own savepoint (a failing message rolls
+	// back only its savepoint), and acked after the commit. This saves one commit (and its
+	// WAL flush) per message. Keep it at or below 64: every savepoint that writes takes a
+	// subtransaction id, and a transaction with more than 64 of them overflows PostgreSQL's
+	// per-backend subtransaction cache, which slows every other session's snapshots while it
+	// runs. Defaults to 1 (one transaction per message). At most 1000.
+	BatchSize int
+
+	// BatchWait is how long a batch waits for more messages once it has one. Defaults to 0:
+	// a batch takes what has already arrived and does not wait.
+	BatchWait time.Duration
+
+	// Ordered, when set, handles the messages of one ordering key (the Txoutbox-Key header)
+	// one after another, in delivery order, while different keys (and unkeyed messages) run
+	// in parallel. A failed keyed message is retried in place, holding its key back, instead
+	// of being nak'ed, so that a later message of the key cannot overtake it. Order holds
+	// within one consumer instance: run a single instance per durable (or split the keys
+	// over subjects and durables) when order matters. Defaults to false.
+	Ordered bool
+
+	// MaxDeliveries is how many times a message is tried before it goes to the dead-letter
+	// subject. The count is JetStream's delivery count (plus in-place retries in ordered mode),
+	// so a delivery that timed out (a crashed or stuck consumer) counts too. The JetStream
+	// consumer itself is created with unlimited deliveries, so the server never drops a message
+	// silently: the consumer dead-letters it. Defaults to 10.
+	MaxDeliveries int
+
+	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
+	// error (sent with NakWithDelay; JetStream's own BackOff applies only to ack timeouts):
+	// BackoffBase·2^(deliveries-1), capped at BackoffMax, plus a random BackoffJitter/3 to
+	// BackoffJitter of it (the default 0.3 adds 10–30 %), so messages that failed together
+	// do not come back together. Defaults to 1s, 5m and 0.3.
+	BackoffBase   time.Duration
+	BackoffMax    time.Duration
+	BackoffJitter float64
+
+	// DeadLetterSubject receives messages that failed MaxDeliveries times, that the handler
+	// rejected with Permanent, or that cannot be decoded. A JetStream stream must capture it
+	// (Run checks), and it must not be one this consumer reads. Defaults to
+	// "txoutbox.dead.<Durable>".
+	DeadLetterSubject string
+
+	// AckWait is how long JetStream waits for an ack before it redelivers. Defaults to 30s.
+	AckWait time.Duration
+
+	// InProgressInterval is how often a message the consumer holds (running, waiting for its
+	// key, or waiting to be retried in place) is kept alive with an in-progress ack, so that
+	// long handlers are not redelivered to another instance. Defaults to AckWait/3.
+	InProgressInterval time.Duration
+
+	// MaxAckPending bounds the messages delivered and not yet acked, across all instances of
+	// the durable. Defaults to 1000.
+	MaxAckPending int
+
+	// PullMaxMessages is how many messages the JetStream client buffers ahead of the workers.
+	// Defaults to 2·Concurrency·BatchSize, at least 16.
+	PullMaxMessages int
+
+	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
+	// have their context cancelled and their messages are nak'ed for redelivery. Defaults to
+	// AckWait.
+	StopTimeout time.Duration
+
+	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// Registerer, when set, registers the consumer's Prometheus metrics (labelled with the
+	// durable name). The same counts are always available from Consumer.Stats. Defaults to none.
+	Registerer prometheus.Registerer
+}
+
+// ConfigError names the Config field that is invalid.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "consumer: Config." + e.Field + " " + e.Reason }
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = DefaultSchema
+	}
+	if out.Concurrency == 0 {
+		out.Concurrency = DefaultConcurrency
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = DefaultBatchSize
+	}
+	if out.MaxDeliveries == 0 {
+		out.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if out.BackoffBase == 0 {
+		out.BackoffBase = DefaultBackoffBase
+	}
+	if out.BackoffMax == 0 {
+		out.BackoffMax = DefaultBackoffMax
+	}
+	if out.BackoffJitter == 0 {
+		out.BackoffJitter = DefaultBackoffJitter
+	}
+	if out.DeadLetterSubject == "" && out.Durable != "" {
+		out.DeadLetterSubject = DefaultDeadLetterPrefix + out.Durable
+	}
+	if out.AckWait == 0 {
+		out.AckWait = DefaultAckWait
+	}
+	if out.InProgressInterval == 0 {
+		out.InProgressInterval = out.AckWait / 3
+	}
+	if out.MaxAckPending == 0 {
+		out.MaxAckPending = DefaultMaxAckPending
+	}
+	if out.PullMaxMessages == 0 {
+		out.PullMaxMessages = max(16, 2*out.Concurrency*out.BatchSize)
+	}
+	if out.StopTimeout == 0 {
+		out.StopTimeout = out.AckWait
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := validateName(c.Stream); err != nil {
+		return bad("Stream", "%v", err)
+	}
+	if err := validateName(c.Durable); err != nil {
+		return bad("Durable", "%v", err)
+	}
+	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
+		return bad("Schema", "is invalid: %v", err)
+	}
+	for _, s := range c.FilterSubjects {
+		if err := validateSubject(s, true); err != nil {
+			return bad("FilterSubjects", "has an invalid subject %q: %v", s, err)
+		}
+	}
+	if err := validateSubject(c.DeadLetterSubject, false); err != nil {
+		return bad("DeadLetterSubject", "is invalid: %v", err)
+	}
+	for _, f := range c.FilterSubjects {
+		if subjectMatches(f, c.DeadLetterSubject) {
+			return bad("DeadLetterSubject", "%q is matched by FilterSubjects %q: dead letters would come back to this consumer", c.DeadLetterSubject, f)
+		}
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > 10000:
+		return bad("Concurrency", "must be between 1 and 10000, got %d", c.Concurrency)
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return bad("BatchSize", "must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize)
+	case c.BatchWait < 0:
+		return bad("BatchWait", "must not be negative, got %s", c.BatchWait)
+	case c.MaxDeliveries < 1:
+		return bad("MaxDeliveries", "must be at least 1, got %d", c.MaxDeliveries)
+	case c.BackoffBase <= 0:
+		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffMax < c.BackoffBase:
+		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
+	case c.BackoffJitter < 0 || c.BackoffJitter > 1:
+		return bad("BackoffJitter", "must be in [0, 1], got %g", c.BackoffJitter)
+	case c.AckWait < time.Millisecond:
+		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)
+	case c.InProgressInterval <= 0 || c.InProgressInterval >= c.AckWait:
+		return bad("InProgressInterval", "must be positive and below AckWait (%s), got %s", c.AckWait, c.InProgressInterval)
+	case c.MaxAckPending < 1:
+		return bad("MaxAckPending", "must be at least 1, got %d", c.MaxAckPending)
+	case c.PullMaxMessages < 1:
+		return bad("PullMaxMessages", "must be at least 1, got %d", c.PullMaxMessages)
+	case c.StopTimeout < 0:
+		return bad("StopTimeout", "must not be negative, got %s", c.StopTimeout)
+	}
+	return nil
+}
+
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *ConfigError values naming the field.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
+
+// backoff is the redelivery delay after the attempt-th failed attempt (1-based); rnd is in
+// [0, 1).
+func (c *Config) backoff(attempt int, rnd float64) time.Duration {
+	d := float64(c.BackoffBase) * math.Pow(2, float64(max(attempt, 1)-1))
+	d = min(d, float64(c.BackoffMax))
+	j := c.BackoffJitter * (1.0/3 + 2.0/3*rnd)
+	return time.Duration(d * (1 + j))
+}
+
+func (c *Config) randomBackoff(attempt int) time.Duration {
+	return c.backoff(attempt, rand.Float64())
+}
+
+// validateName checks a stream or consumer name as JetStream does.
+func validateName(s string) error {
+	if s == "" {
+		return fmt.Errorf("is required")
+	}
+	if strings.ContainsAny(s, ".*> \t\r\n/\\") {
+		return fmt.Errorf("%q must not contain '.', '*', '>', whitespace or path separators", s)
+	}
+	return nil
+}
+
+// validateSubject accepts a NATS subject; wildcards only when pattern is set.
+func validateSubject(s string, pattern bool) error {
+	if s == "" {
+		return fmt.Errorf("empty subject")
+	}
+	toks := strings.Split(s, ".")
+	for i, tok := range toks {
+		switch {
+		case tok == "":
+			return fmt.Errorf("token %d is empty", i+1)
+		case strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			return fmt.Errorf("whitespace or control character in token %d", i+1)
+		case (tok == "*" || tok == ">") && !pattern:
+			return fmt.Errorf("wildcard token %q", tok)
+		case tok == ">" && i != len(toks)-1:
+			return fmt.Errorf("'>' must be the last token")
+		}
+	}
+	return nil
+}
+
+// subjectMatches reports whether subject (no wildcards) matches pattern.
+func subjectMatches(pattern, subject string) bool {
+	p := strings.Split(pattern, ".")
+	s := strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(p) == len(s)
+}

@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	ok := func() *Config { return &Config{Stream: "ORDERS", Durable: "billing"} }
+	if err := ValidateConfig(ok()); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	d := ok().WithDefaults()
+	if d.DeadLetterSubject != "txoutbox.dead.billing" || d.InProgressInterval != 10*time.Second ||
+		d.StopTimeout != DefaultAckWait || d.PullMaxMessages != 16 || d.BatchSize != 1 {
+		t.Fatalf("defaults: %+v", d)
+	}
+	cases := []struct {
+		field  string
+		mutate func(*Config)
+	}{
+		{"Stream", func(c *Config) { c.Stream = "" }},
+		{"Stream", func(c *Config) { c.Stream = "a.b" }},
+		{"Durable", func(c *Config) { c.Durable = "" }},
+		{"Durable", func(c *Config) { c.Durable = "has space" }},
+		{"Schema", func(c *Config) { c.Schema = "nul\x00byte" }},
+		{"FilterSubjects", func(c *Config) { c.FilterSubjects = []string{"orders..x"} }},
+		{"DeadLetterSubject", func(c *Config) { c.DeadLetterSubject = "dead.*" }},
+		{"DeadLetterSubject", func(c *Config) {
+			c.FilterSubjects = []string{"orders.>"}
+			c.DeadLetterSubject = "orders.dead"
+		}},
+		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
+		{"BatchSize", func(c *Config) { c.BatchSize = MaxBatchSize + 1 }},
+		{"BatchWait", func(c *Config) { c.BatchWait = -time.Second }},
+		{"MaxDeliveries", func(c *Config) { c.MaxDeliveries = -2 }},
+		{"BackoffBase", func(c *Config) { c.BackoffBase = -time.Second }},
+		{"BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
+		{"BackoffJitter", func(c *Config) { c.BackoffJitter = 1.5 }},
+		{"InProgressInterval", func(c *Config) { c.AckWait, c.InProgressInterval = time.Second, 2*time.Second }},
+		{"MaxAckPending", func(c *Config) { c.MaxAckPending = -1 }},
+		{"StopTimeout", func(c *Config) { c.StopTimeout = -time.Second }},
+	}
+	for _, tc := range cases {
+		c := ok()
+		tc.mutate(c)
+		err := ValidateConfig(c)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: got %v, want a *ConfigError naming the field", tc.field, err)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	c := (&Config{Stream: "S", Durable: "d", BackoffBase: time.Second, BackoffMax: 10 * time.Second}).WithDefaults()
+	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 30: 10 * time.Second} {
+		lo, hi := c.backoff(attempt, 0), c.backoff(attempt, 0.999999)
+		if lo != time.Duration(float64(want)*1.1) || hi < time.Duration(float64(want)*1.29) || hi > time.Duration(float64(want)*1.3) {
+			t.Errorf("attempt %d: delay in [%s, %s], want [%s, %s]", attempt, lo, hi,
+				time.Duration(float64(want)*1.1), time.Duration(float64(want)*1.3))
+		}
+		for range 100 {
+			if d := c.randomBackoff(attempt); d < lo || d > hi {
+				t.Fatalf("attempt %d: random delay %s outside [%s, %s]", attempt, d, lo, hi)
+			}
+		}
+	}
+}
+
+func TestSubjectMatches(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		pattern, subject string
+		want             bool
+	}{
+		{"orders.>", "orders.dead", true},
+		{"orders.>", "orders", false},
+		{"orders.*", "orders.a.b", false},
+		{"orders.*.b", "orders.a.b", true},
+		{"txoutbox.dead.x", "txoutbox.dead.x", true},
+		{"txoutbox.dead.x", "txoutbox.dead.y", false},
+	} {
+		if got := subjectMatches(tc.pattern, tc.subject); got != tc.want {
+			t.Errorf("subjectMatches(%q, %q) = %v", tc.pattern, tc.subject, got)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+// Package consumer turns JetStream's at-least-once delivery into an exactly-once business
+// result: an idempotent consumer whose dedup record and business effect commit in one
+// PostgreSQL transaction.
+//
+// For every message, in one transaction: insert the dedup row (consumer name, idempotency key)
+// with ON CONFLICT DO NOTHING — a conflict means the message was already processed, so it is
+// acked and skipped; otherwise run the handler with that transaction, commit, and only then ack
+// (with server confirmation). A crash anywhere before the commit leaves nothing behind and the
+// message comes back; a crash between the commit and the ack brings it back too, and the dedup
+// row makes it a duplicate.
+//
+// The idempotency key is the producer's business key (the Txoutbox-Biz-Key header, set by
+// outbox.Message.BizKey) when there is one, else the message id (Nats-Msg-Id, the outbox
+// message id the relay publishes). The business key also catches the same business event
+// enqueued twice under two message ids.
+//
+// A handler error rolls the transaction back (the dedup row with it) and naks the message with
+// an exponential, jittered delay; after Config.MaxDeliveries attempts, or at once for a
+// Permanent error or a message that cannot be decoded, the message is published to the
+// dead-letter subject with headers saying why, then terminated. Failures of Postgres or NATS
+// themselves (begin, dedup insert, commit, a dead connection) never ack and never count as an
+// attempt: the message is held and retried, so an outage does not fill the dead letters.
+//
+// Dedup rows must outlive every redelivery of their message: keep them several times longer
+// than the longest redelivery window (MaxDeliveries × BackoffMax, plus the relay's worst
+// republish delay, plus the longest outage you ride out). Purging them is the check-back's job.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// Handler applies one message's business effect in tx, the consumer's transaction, which
+// already holds the message's dedup row. It must not commit or roll back tx (those calls
+// return ErrTxControl); returning an error rolls everything back and schedules a retry.
+// Wrap an error with Permanent to dead-letter the message at once.
+type Handler func(ctx context.Context, tx pgx.Tx, msg Message) error
+
+// DB begins the consumer's transactions; *pgxpool.Pool satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Sentinel errors.
+var (
+	// ErrNoDeadLetterStream: no JetStream stream captures Config.DeadLetterSubject.
+	ErrNoDeadLetterStream = errors.New("consumer: no stream captures the dead-letter subject")
+	// ErrDeadLetterLoop: the dead-letter subject would be delivered to this consumer again.
+	ErrDeadLetterLoop = errors.New("consumer: dead letters would loop back to the consumer")
+	// ErrConsumeStopped: JetStream ended the subscription (connection closed, consumer
+	// deleted); Run stops gracefully and returns it.
+	ErrConsumeStopped = errors.New("consumer: jetstream stopped delivering")
+	// ErrRunning: Run was called while the consumer is already running.
+	ErrRunning = errors.New("consumer: already running")
+	// ErrTxControl is what the handler's Commit and Rollback return: the consumer owns the
+	// transaction.
+	ErrTxControl = errors.New("consumer: the handler must not commit or roll back the consumer's transaction")
+	// ErrTxAborted: the handler returned nil although a statement of its transaction failed.
+	ErrTxAborted = errors.New("consumer: the handler returned nil but its transaction is aborted")
+	// ErrHandlerPanic wraps a recovered handler panic.
+	ErrHandlerPanic = errors.New("consumer: handler panicked")
+	// ErrDeliveriesExhausted: the message arrived after MaxDeliveries deliveries without an
+	// outcome (earlier deliveries timed out: a crashed or stuck consumer).
+	ErrDeliveriesExhausted = errors.New("consumer: deliveries exhausted")
+)
+
+// Consumer is an idempotent JetStream consumer. Create it with New and start it with Run.
+type Consumer struct {
+	cfg     *Config
+	db      DB
+	js      jetstream.JetStream
+	handler Handler
+	q       *store.Queries
+	log     *slog.Logger
+	m       *metrics
+	stats   Stats
+	hooks   hooks
+
+	running  atomic.Bool
+	pgDown   atomic.Bool // for one log line per state change
+	natsDown atomic.Bool
+	dlqDown  atomic.Bool
+	lastErr  atomic.Value // error: the last consume error
+}
+
+// hooks are fault-injection and observation points for tests.
+type hooks struct {
+	// beforeCommit runs just before a transaction's commit.
+	beforeCommit func(ctx context.Context)
+	// afterCommit runs after a transaction committed and before its messages are acked; an
+	// error skips the acks, as a crash there would.
+	afterCommit func(ctx context.Context, msgs []Message) error
+	// onRetry observes the delay chosen after a handler failure.
+	onRetry func(msg Message, delay time.Duration)
+}
+
+// New returns a consumer of cfg.Stream that runs handler for each message, in transactions
+// begun on db. cfg.Stream and cfg.Durable are required.
+func New(db DB, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
+	if db == nil {
+		return nil, errors.New("consumer: db is nil")
+	}
+	if js == nil {
+		return nil, errors.New("consumer: jetstream is nil")
+	}
+	if handler == nil {
+		return nil, errors.New("consumer: handler is nil")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer, c.Durable)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		cfg:     c,
+		db:      db,
+		js:      js,
+		handler: handler,
+		q:       store.New(c.Schema),
+		log:     c.Logger.With("component", "consumer", "consumer", c.Durable, "stream", c.Stream),
+		m:       m,
+	}, nil
+}
+
+// Config returns the consumer's effective configuration.
+func (c *Consumer) Config() Config { return *c.cfg }
+
+// Stats returns the consumer's running totals.
+func (c *Consumer) Stats() *Stats { return &c.stats }
+
+// Setup creates the durable JetStream consumer, or updates it to the configuration (explicit
+// acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
+// that a stream captures the dead-letter subject without sending it back to this consumer.
+// Run calls it; call it yourself to fail fast at start-up.
+func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
+	cc := jetstream.ConsumerConfig{
+		Durable:       c.cfg.Durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.cfg.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	switch len(c.cfg.FilterSubjects) {
+	case 0:
+	case 1:
+		cc.FilterSubject = c.cfg.FilterSubjects[0]
+	default:
+		cc.FilterSubjects = c.cfg.FilterSubjects
+	}
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, cc)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: create or update durable %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	dlq, err := c.js.StreamNameBySubject(ctx, c.cfg.DeadLetterSubject)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("%w: %q (create a stream for it)", ErrNoDeadLetterStream, c.cfg.DeadLetterSubject)
+	case err != nil:
+		return nil, fmt.Errorf("consumer: look up the stream of %q: %w", c.cfg.DeadLetterSubject, err)
+	case dlq == c.cfg.Stream && len(c.cfg.FilterSubjects) == 0:
+		return nil, fmt.Errorf("%w: stream %q captures %q and the consumer reads all of it", ErrDeadLetterLoop, dlq, c.cfg.DeadLetterSubject)
+	}
+	return cons, nil
+}
+
+// Run consumes until ctx is cancelled, then stops gracefully: it stops pulling, naks the
+// messages it holds that no handler has started (so another instance gets them at once),
+// lets running handlers finish (their context is cancelled after Config.StopTimeout), acks
+// what committed, and returns nil. It returns an error when setup fails or JetStream stops
+// delivering (ErrConsumeStopped).
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+	cons, err := c.Setup(ctx)
+	if err != nil {
+		return err
+	}
+
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	d := newDispatcher(c)
+	var workers sync.WaitGroup
+	for range c.cfg.Concurrency {
+		workers.Add(1)
+		go func() { defer workers.Done(); d.work(workCtx) }()
+	}
+	keepDone := make(chan struct{})
+	go func() { defer close(keepDone); d.keepalive() }()
+
+	stopping := make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) { d.admit(m, stopping) },
+		jetstream.PullMaxMessages(c.cfg.PullMaxMessages),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { c.consumeError(err) }),
+	)
+	if err != nil {
+		d.shutdown()
+		workers.Wait()
+		<-keepDone
+		return fmt.Errorf("consumer: consume: %w", err)
+	}
+	c.log.Info("consumer started", "concurrency", c.cfg.Concurrency, "batch_size", c.cfg.BatchSize,
+		"ordered", c.cfg.Ordered, "dead_letter_subject", c.cfg.DeadLetterSubject)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case <-cc.Closed():
+		runErr = ErrConsumeStopped
+		last, _ := c.lastErr.Load().(error)
+		if last != nil {
+			runErr = fmt.Errorf("%w: %w", ErrConsumeStopped, last)
+		}
+		c.log.Error("jetstream stopped delivering; stopping", "err", last)
+	}
+
+	// Graceful stop: no new pulls; messages still arriving are nak'ed at once.
+	close(stopping)
+	cc.Drain()
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), c.cfg.StopTimeout)
+	defer cancelStop()
+	select {
+	case <-cc.Closed():
+	case <-stopCtx.Done():
+	}
+	d.quit()
+	done := make(chan struct{})
+	go func() { workers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-stopCtx.Done():
+		c.log.Warn("handlers still running after the stop timeout; cancelling them", "stop_timeout", c.cfg.StopTimeout)
+		cancelWork()
+		<-done
+	}
+	d.shutdown()
+	<-keepDone
+	c.log.Info("consumer stopped")
+	return runErr
+}
+
+func (c *Consumer) consumeError(err error) {
+	c.lastErr.Store(err)
+	if !c.natsDown.Swap(true) {
+		c.log.Warn("jetstream delivery interrupted", "err", err)
+	}
+}
+
+func (c *Consumer) natsUp() {
+	if c.natsDown.Load() && c.natsDown.Swap(false) {
+		c.log.Info("jetstream delivery resumed")
+	}
+}
+
+func (c *Consumer) pgUp() {
+	if c.pgDown.Load() && c.pgDown.Swap(false) {
+		c.log.Info("postgres available again")
+	}
+}

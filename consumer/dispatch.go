@@ -1,0 +1,251 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// item is a message the consumer holds, from its delivery until it is acked, nak'ed or
+// terminated.
+type item struct {
+	raw jetstream.Msg
+	msg Message
+	bad error // why the message is malformed, or nil
+
+	deliveries int    // JetStream's delivery count
+	retries    int    // in-place handler retries (ordered mode)
+	outages    int    // consecutive Postgres/NATS failures, not counted as attempts
+	orderKey   string // the key it is ordered by, in ordered mode
+	managed    bool   // held by a dispatcher, which can retry it in place
+
+	touched time.Time // last admission or in-progress ack; dispatcher.mu
+}
+
+func newItem(raw jetstream.Msg, ordered bool) *item {
+	it := &item{raw: raw}
+	it.msg, it.bad = decode(raw)
+	it.deliveries = max(it.msg.Delivery, 1)
+	if ordered && it.bad == nil {
+		it.orderKey = it.msg.Key
+	}
+	return it
+}
+
+// attempt is the 1-based attempt number of the run about to happen (or that just failed).
+func (it *item) attempt() int { return it.deliveries + it.retries }
+
+// dispatcher hands held messages to the workers: in batches of up to BatchSize, and, in
+// ordered mode, at most one message per key at a time, in delivery order.
+type dispatcher struct {
+	c     *Consumer
+	sem   chan struct{} // one slot per held message
+	ready chan *item    // capacity = cap(sem), so sends never block
+	stop  chan struct{} // closed by quit: workers return
+
+	mu      sync.Mutex
+	held    map[*item]struct{}
+	waiting map[string][]*item // busy keys and their queued messages (ordered mode)
+	closed  bool
+	quitted bool
+}
+
+func newDispatcher(c *Consumer) *dispatcher {
+	n := c.cfg.Concurrency*c.cfg.BatchSize + c.cfg.PullMaxMessages
+	return &dispatcher{
+		c:       c,
+		sem:     make(chan struct{}, n),
+		ready:   make(chan *item, n),
+		stop:    make(chan struct{}),
+		held:    make(map[*item]struct{}, n),
+		waiting: make(map[string][]*item),
+	}
+}
+
+// admit takes a delivered message (JetStream's callback; it blocks while the consumer holds
+// as many messages as it may, which pauses pulling).
+func (d *dispatcher) admit(raw jetstream.Msg, stopping <-chan struct{}) {
+	d.c.natsUp()
+	select {
+	case <-stopping:
+		_ = raw.Nak()
+		return
+	default:
+	}
+	select {
+	case d.sem <- struct{}{}:
+	case <-stopping:
+		_ = raw.Nak()
+		return
+	}
+	it := newItem(raw, d.c.cfg.Ordered)
+	it.managed = true
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		<-d.sem
+		_ = raw.Nak()
+		return
+	}
+	it.touched = time.Now()
+	d.held[it] = struct{}{}
+	if k := it.orderKey; k != "" {
+		if q, busy := d.waiting[k]; busy {
+			d.waiting[k] = append(q, it)
+			return
+		}
+		d.waiting[k] = nil
+	}
+	d.ready <- it
+}
+
+// take returns the next batch, or nil once the dispatcher quits.
+func (d *dispatcher) take() []*item {
+	select {
+	case <-d.stop:
+		return nil
+	default:
+	}
+	var first *item
+	select {
+	case first = <-d.ready:
+	case <-d.stop:
+		return nil
+	}
+	batch := []*item{first}
+	size := d.c.cfg.BatchSize
+	for len(batch) < size {
+		select {
+		case it := <-d.ready:
+			batch = append(batch, it)
+			continue
+		default:
+		}
+		break
+	}
+	if len(batch) < size && d.c.cfg.BatchWait > 0 {
+		t := time.NewTimer(d.c.cfg.BatchWait)
+		defer t.Stop()
+	wait:
+		for len(batch) < size {
+			select {
+			case it := <-d.ready:
+				batch = append(batch, it)
+			case <-t.C:
+				break wait
+			case <-d.stop:
+				break wait
+			}
+		}
+	}
+	return batch
+}
+
+// work is one worker: it handles batches until the dispatcher quits.
+func (d *dispatcher) work(ctx context.Context) {
+	for {
+		batch := d.take()
+		if batch == nil {
+			return
+		}
+		var results []result
+		if d.c.cfg.BatchSize == 1 {
+			results = []result{d.c.handle(ctx, batch[0])}
+		} else {
+			results = d.c.handleBatch(ctx, batch)
+		}
+		for i, it := range batch {
+			d.settle(it, results[i])
+		}
+	}
+}
+
+// settle releases a finished message, or schedules its in-place retry.
+func (d *dispatcher) settle(it *item, r result) {
+	switch r.outcome {
+	case outcomeRetryLocal, outcomeUnavailable:
+		time.AfterFunc(r.delay, func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if !d.closed {
+				d.ready <- it
+			}
+		})
+	default:
+		d.release(it)
+	}
+}
+
+// release forgets a message that was acked, nak'ed or terminated, and hands the next message
+// of its key to the workers.
+func (d *dispatcher) release(it *item) {
+	d.mu.Lock()
+	if _, ok := d.held[it]; ok {
+		delete(d.held, it)
+		if k := it.orderKey; k != "" && !d.closed {
+			if q := d.waiting[k]; len(q) > 0 {
+				d.waiting[k] = q[1:]
+				d.ready <- q[0]
+			} else {
+				delete(d.waiting, k)
+			}
+		}
+		<-d.sem
+	}
+	d.mu.Unlock()
+}
+
+// keepalive sends an in-progress ack for every held message not touched for
+// InProgressInterval, so that JetStream does not redeliver messages that are running, waiting
+// for their key or waiting for an in-place retry.
+func (d *dispatcher) keepalive() {
+	every := d.c.cfg.InProgressInterval
+	t := time.NewTicker(max(every/2, time.Millisecond))
+	defer t.Stop()
+	var due []*item
+	for {
+		select {
+		case <-d.stop:
+			return
+		case now := <-t.C:
+			due = due[:0]
+			d.mu.Lock()
+			for it := range d.held {
+				if now.Sub(it.touched) >= every {
+					it.touched = now
+					due = append(due, it)
+				}
+			}
+			d.mu.Unlock()
+			for _, it := range due {
+				_ = it.raw.InProgress()
+			}
+		}
+	}
+}
+
+// quit makes the workers return after their current batch.
+func (d *dispatcher) quit() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.quitted {
+		d.quitted = true
+		close(d.stop)
+	}
+}
+
+// shutdown naks every message still held (queued, waiting for its key or for a retry) so
+// that JetStream redelivers it at once, to another instance if there is one.
+func (d *dispatcher) shutdown() {
+	d.quit()
+	d.mu.Lock()
+	d.closed = true
+	held := d.held
+	d.held = map[*item]struct{}{}
+	d.mu.Unlock()
+	for it := range held {
+		_ = it.raw.Nak()
+	}
+}

@@ -1,0 +1,477 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Headers of a dead letter. The original message's headers and payload are kept, except the
+// Nats-* headers: its Nats-Msg-Id moves to HeaderDeadMsgID, and the dead letter gets its own
+// (consumer:stream:sequence) so that a dead letter published twice is stored once.
+const (
+	HeaderDeadConsumer   = "Txoutbox-Dead-Consumer"   // the durable name
+	HeaderDeadReason     = "Txoutbox-Dead-Reason"     // one of the DeadReason values
+	HeaderDeadError      = "Txoutbox-Dead-Error"      // the last error (one line, at most 1 KiB)
+	HeaderDeadDeliveries = "Txoutbox-Dead-Deliveries" // attempts made
+	HeaderDeadSubject    = "Txoutbox-Dead-Subject"    // the original subject
+	HeaderDeadStream     = "Txoutbox-Dead-Stream"     // the original stream
+	HeaderDeadStreamSeq  = "Txoutbox-Dead-Stream-Seq" // the original stream sequence
+	HeaderDeadMsgID      = "Txoutbox-Dead-Msg-Id"     // the original Nats-Msg-Id
+	HeaderDeadAt         = "Txoutbox-Dead-At"         // RFC 3339 time of the dead-lettering
+	// HeaderDeadPayloadDropped is "true" when the payload had to be left out because the
+	// dead letter would exceed the server's maximum payload.
+	HeaderDeadPayloadDropped = "Txoutbox-Dead-Payload-Dropped"
+)
+
+// Values of HeaderDeadReason.
+const (
+	DeadReasonFailed    = "failed"    // the handler failed MaxDeliveries times
+	DeadReasonPermanent = "permanent" // the handler returned a Permanent error
+	DeadReasonMalformed = "malformed" // the message could not be decoded
+	DeadReasonExhausted = "exhausted" // MaxDeliveries deliveries timed out without an outcome
+)
+
+const (
+	opDeadLetter   = "dead-letter publish"
+	maxErrorHeader = 1024
+	ackTimeout     = 5 * time.Second
+)
+
+type outcome uint8
+
+const (
+	outcomeProcessed    outcome = iota + 1 // committed (and acked, unless a test hook stopped it)
+	outcomeDuplicate                       // already processed: acked, handler skipped
+	outcomeRetry                           // handler failed: nak'ed with a delay
+	outcomeRetryLocal                      // handler failed (ordered key): retry in place after delay
+	outcomeDeadLettered                    // published to the dead-letter subject and terminated
+	outcomeUnavailable                     // Postgres or NATS failed: put back after delay, no attempt counted
+)
+
+func (o outcome) String() string {
+	return [...]string{"?", "processed", "duplicate", "retry", "retry-local", "dead-lettered", "unavailable"}[o]
+}
+
+// result is what happened to one message.
+type result struct {
+	outcome outcome
+	delay   time.Duration // before the retry, for the retry outcomes
+	err     error         // the handler's or the infrastructure's error
+}
+
+// handleOne handles one delivered message in its own transaction, outside any dispatcher
+// (a failed keyed message is nak'ed even in ordered mode; an unavailable outcome leaves the
+// message to JetStream's ack timeout). Tests drive the consumer's logic with it.
+func (c *Consumer) handleOne(ctx context.Context, raw jetstream.Msg) result {
+	return c.handle(ctx, newItem(raw, false))
+}
+
+// handle runs the per-message mode: dedup row, handler and commit in one transaction, then
+// the ack.
+func (c *Consumer) handle(ctx context.Context, it *item) result {
+	if it.bad != nil {
+		return c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
+	}
+	it.msg.Delivery = it.attempt()
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return c.unavailable(it, "begin", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+	if err != nil {
+		return c.unavailable(it, "dedup insert", err)
+	}
+	c.pgUp()
+	if !inserted {
+		_ = tx.Rollback(ctx)
+		c.countDuplicate()
+		c.ack(ctx, it)
+		return result{outcome: outcomeDuplicate}
+	}
+	if it.attempt() > c.cfg.MaxDeliveries {
+		_ = tx.Rollback(ctx)
+		return c.deadLetter(ctx, it, DeadReasonExhausted,
+			fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+	}
+	if herr := c.callHandler(ctx, tx, it); herr != nil {
+		isBroken := broken(ctx, tx) // before the rollback hands the connection back to the pool
+		_ = tx.Rollback(ctx)
+		if isBroken {
+			return c.unavailable(it, "handler", herr)
+		}
+		return c.failed(ctx, it, herr)
+	}
+	if h := c.hooks.beforeCommit; h != nil {
+		h(ctx)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if rejected(err) {
+			// The server refused the commit (a deferred constraint, a serialization failure):
+			// it rolled back, and the message failed like a handler error.
+			return c.failed(ctx, it, fmt.Errorf("commit: %w", err))
+		}
+		// The outcome is unknown (the commit may have happened): never ack. If it did commit,
+		// the redelivery finds the dedup row.
+		return c.unavailable(it, "commit", err)
+	}
+	c.countProcessed(1)
+	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
+		return result{outcome: outcomeProcessed}
+	}
+	c.ack(ctx, it)
+	return result{outcome: outcomeProcessed}
+}
+
+// batchState is where one message of a batch stands before the commit.
+type batchState uint8
+
+const (
+	stateOK batchState = iota + 1
+	stateDuplicate
+	stateFailed
+	stateExhausted
+)
+
+// handleBatch runs the batch mode: one transaction for the batch, a savepoint per message (a
+// failing message rolls back only its own savepoint, its dedup row included), one commit, then
+// the acks (in parallel) and the naks or dead letters of the messages that failed.
+func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
+	results := make([]result, len(items))
+	live := make([]int, 0, len(items))
+	for i, it := range items {
+		if it.bad != nil {
+			results[i] = c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
+			continue
+		}
+		it.msg.Delivery = it.attempt()
+		live = append(live, i)
+	}
+	if len(live) == 0 {
+		return results
+	}
+	putBack := func(op string, err error, except int) []result {
+		for _, i := range live {
+			if i != except {
+				results[i] = c.unavailable(items[i], op, err)
+			}
+		}
+		return results
+	}
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return putBack("begin", err, -1)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	states := make([]batchState, len(items))
+	errs := make([]error, len(items))
+	savepoint := false
+	for _, i := range live {
+		it := items[i]
+		// One round trip: release the previous message's savepoint, open this one's, insert
+		// its dedup row.
+		b := &pgx.Batch{}
+		if savepoint {
+			b.Queue(store.ReleaseSavepointSQL)
+		}
+		b.Queue(store.SavepointSQL)
+		c.q.QueueInsertDedup(b, it.dedupRow(c.cfg.Durable))
+		tag, err := execBatch(ctx, tx, b)
+		if err != nil {
+			return putBack("dedup insert", err, -1)
+		}
+		savepoint = true
+		if tag.RowsAffected() == 0 {
+			states[i] = stateDuplicate
+			continue
+		}
+		if it.attempt() > c.cfg.MaxDeliveries {
+			if _, err := tx.Exec(ctx, store.RollbackToSavepointSQL); err != nil {
+				return putBack("rollback to savepoint", err, -1)
+			}
+			states[i] = stateExhausted
+			continue
+		}
+		herr := c.callHandler(ctx, tx, it)
+		if herr == nil {
+			states[i] = stateOK
+			continue
+		}
+		if broken(ctx, tx) {
+			return putBack("handler", herr, -1)
+		}
+		if _, err := tx.Exec(ctx, store.RollbackToSavepointSQL); err != nil {
+			// The transaction cannot go on: this message failed, the others go back.
+			_ = tx.Rollback(ctx)
+			results[i] = c.failed(ctx, it, herr)
+			return putBack("rollback to savepoint", err, i)
+		}
+		states[i], errs[i] = stateFailed, herr
+	}
+	if h := c.hooks.beforeCommit; h != nil {
+		h(ctx)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if rejected(err) {
+			// The server refused the commit (a deferred constraint, a serialization failure):
+			// nothing was applied and no message is known to be the culprit, so each one is
+			// handled again on its own, in its own transaction.
+			c.log.Debug("batch commit refused; handling its messages one by one", "messages", len(live), "err", err)
+			for _, i := range live {
+				results[i] = c.handle(ctx, items[i])
+			}
+			return results
+		}
+		return putBack("commit", err, -1)
+	}
+	c.pgUp()
+
+	var committed []Message
+	var toAck []*item
+	for _, i := range live {
+		switch states[i] {
+		case stateOK:
+			results[i] = result{outcome: outcomeProcessed}
+			committed = append(committed, items[i].msg)
+			toAck = append(toAck, items[i])
+		case stateDuplicate:
+			results[i] = result{outcome: outcomeDuplicate}
+			c.countDuplicate()
+			toAck = append(toAck, items[i])
+		}
+	}
+	c.countProcessed(len(committed))
+	skipAcks := false
+	if h := c.hooks.afterCommit; h != nil && h(ctx, committed) != nil {
+		skipAcks = true
+	}
+	if !skipAcks {
+		var wg sync.WaitGroup
+		for _, it := range toAck {
+			wg.Add(1)
+			go func() { defer wg.Done(); c.ack(ctx, it) }()
+		}
+		wg.Wait()
+	}
+	for _, i := range live {
+		switch states[i] {
+		case stateFailed:
+			results[i] = c.failed(ctx, items[i], errs[i])
+		case stateExhausted:
+			results[i] = c.deadLetter(ctx, items[i], DeadReasonExhausted,
+				fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, items[i].attempt()-1))
+		}
+	}
+	return results
+}
+
+// execBatch runs b on tx and returns the last statement's command tag.
+func execBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (pgconn.CommandTag, error) {
+	br := tx.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
+	var err error
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// handlerTx is the transaction the handler sees: everything but Commit and Rollback.
+type handlerTx struct{ pgx.Tx }
+
+func (handlerTx) Commit(context.Context) error   { return ErrTxControl }
+func (handlerTx) Rollback(context.Context) error { return ErrTxControl }
+
+// callHandler runs the handler, turning a panic into an error and a swallowed statement
+// failure (the transaction is aborted though the handler returned nil) into ErrTxAborted.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, it *item) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+		}
+		c.observeHandler(time.Since(start))
+	}()
+	err = c.handler(ctx, handlerTx{tx}, it.msg)
+	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
+		err = ErrTxAborted
+	}
+	return err
+}
+
+// rejected reports whether the server answered a commit with an error (so it rolled back),
+// as opposed to a lost connection, after which the outcome is unknown.
+func rejected(err error) bool {
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Severity != "ERROR" || len(pgErr.Code) < 2 {
+		return false // FATAL or PANIC: the session is gone
+	}
+	switch pgErr.Code[:2] {
+	case "08", "53", "57", "58", "XX": // connection, resources, operator intervention, system, internal
+		return false
+	}
+	return true
+}
+
+// broken reports whether a handler error came from the infrastructure (a lost connection, a
+// cancelled context) rather than from the message.
+func broken(ctx context.Context, tx pgx.Tx) bool {
+	return ctx.Err() != nil || tx.Conn().IsClosed()
+}
+
+// failed decides what follows a handler error: a delayed redelivery, an in-place retry
+// (ordered keys), or the dead letters.
+func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
+	attempt := it.attempt()
+	var perm *PermanentError
+	if errors.As(herr, &perm) {
+		return c.deadLetter(ctx, it, DeadReasonPermanent, herr)
+	}
+	if attempt >= c.cfg.MaxDeliveries {
+		return c.deadLetter(ctx, it, DeadReasonFailed, herr)
+	}
+	delay := c.cfg.randomBackoff(attempt)
+	c.countRetry()
+	if h := c.hooks.onRetry; h != nil {
+		h(it.msg, delay)
+	}
+	c.log.Debug("handler failed; will retry", "subject", it.msg.Subject, "stream_seq", it.msg.StreamSeq,
+		"idempotency_key", it.msg.IdempotencyKey, "attempt", attempt, "delay", delay, "err", herr)
+	if it.orderKey != "" && it.managed {
+		it.retries++
+		return result{outcome: outcomeRetryLocal, delay: delay, err: herr}
+	}
+	if err := it.raw.NakWithDelay(delay); err != nil {
+		c.log.Debug("nak failed; the ack wait will redeliver", "stream_seq", it.msg.StreamSeq, "err", err)
+	}
+	return result{outcome: outcomeRetry, delay: delay, err: herr}
+}
+
+// unavailable puts a message back after a Postgres or NATS failure, without counting an
+// attempt and without acking.
+func (c *Consumer) unavailable(it *item, op string, err error) result {
+	it.outages++
+	c.countUnavailable(1)
+	down := &c.pgDown
+	if op == opDeadLetter {
+		down = &c.dlqDown
+	}
+	if !down.Swap(true) {
+		c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
+	}
+	delay := c.cfg.randomBackoff(it.outages)
+	return result{outcome: outcomeUnavailable, delay: delay, err: fmt.Errorf("%s: %w", op, err)}
+}
+
+// ack acks with server confirmation. A failure is counted, not retried: the message comes
+// back and its dedup row makes it a duplicate.
+func (c *Consumer) ack(ctx context.Context, it *item) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+	defer cancel()
+	if err := it.raw.DoubleAck(actx); err != nil {
+		c.stats.AckFailures.Add(1)
+		c.log.Debug("ack not confirmed; the message will come back as a duplicate",
+			"stream_seq", it.msg.StreamSeq, "err", err)
+	}
+}
+
+// deadLetter publishes the message to the dead-letter subject and terminates it.
+func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, cause error) result {
+	out := nats.NewMsg(c.cfg.DeadLetterSubject)
+	for k, v := range it.raw.Headers() {
+		if strings.HasPrefix(strings.ToLower(k), "nats-") {
+			continue
+		}
+		out.Header[k] = append([]string(nil), v...)
+	}
+	out.Header.Set(HeaderDeadConsumer, c.cfg.Durable)
+	out.Header.Set(HeaderDeadReason, reason)
+	out.Header.Set(HeaderDeadError, headerValue(cause.Error()))
+	out.Header.Set(HeaderDeadDeliveries, strconv.Itoa(it.attempt()))
+	out.Header.Set(HeaderDeadSubject, it.raw.Subject())
+	if it.msg.Stream != "" {
+		out.Header.Set(HeaderDeadStream, it.msg.Stream)
+		out.Header.Set(HeaderDeadStreamSeq, strconv.FormatUint(it.msg.StreamSeq, 10))
+	}
+	if id := it.raw.Headers().Get(outbox.HeaderMsgID); id != "" {
+		out.Header.Set(HeaderDeadMsgID, headerValue(id))
+	}
+	out.Header.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
+	out.Data = it.raw.Data()
+	var opts []jetstream.PublishOpt
+	if it.msg.Stream != "" {
+		opts = append(opts, jetstream.WithMsgID(fmt.Sprintf("%s:%s:%d", c.cfg.Durable, it.msg.Stream, it.msg.StreamSeq)))
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+	defer cancel()
+	_, err := c.js.PublishMsg(pctx, out, opts...)
+	if errors.Is(err, nats.ErrMaxPayload) {
+		out.Data = nil
+		out.Header.Set(HeaderDeadPayloadDropped, "true")
+		_, err = c.js.PublishMsg(pctx, out, opts...)
+	}
+	if err != nil {
+		return c.unavailable(it, opDeadLetter, err)
+	}
+	if c.dlqDown.Load() && c.dlqDown.Swap(false) {
+		c.log.Info("dead-letter publishing works again")
+	}
+	if err := it.raw.TermWithReason(reason + ": " + headerValue(cause.Error())); err != nil {
+		c.log.Debug("term failed; the message will come back and be dead-lettered again", "stream_seq", it.msg.StreamSeq, "err", err)
+	}
+	c.countDeadLettered(reason == DeadReasonMalformed)
+	c.log.Warn("message dead-lettered", "reason", reason, "subject", it.raw.Subject(),
+		"stream_seq", it.msg.StreamSeq, "attempts", it.attempt(), "dead_letter_subject", c.cfg.DeadLetterSubject, "err", cause)
+	return result{outcome: outcomeDeadLettered, err: cause}
+}
+
+// headerValue makes s a single-line header value of at most maxErrorHeader bytes.
+func headerValue(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' || r == 0 {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > maxErrorHeader {
+		cut := 0
+		for i := range s { // rune boundaries
+			if i > maxErrorHeader {
+				break
+			}
+			cut = i
+		}
+		s = s[:cut]
+	}
+	return s
+}
+
+func (it *item) dedupRow(consumer string) store.DedupRow {
+	return store.DedupRow{
+		Consumer:       consumer,
+		IdempotencyKey: it.msg.IdempotencyKey,
+		MessageID:      it.msg.ID,
+		StreamSeq:      it.msg.StreamSeq,
+	}
+}

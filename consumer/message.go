@@ -1,0 +1,119 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Message is a delivered message as the handler sees it.
+type Message struct {
+	// Subject is the subject the message was published on.
+	Subject string
+	// Data is the payload.
+	Data []byte
+	// Headers are all the message's headers: the producer's own (traceparent and the like)
+	// and those the relay sets (Nats-Msg-Id, Txoutbox-Key, Txoutbox-Biz-Key). Header names
+	// are case-sensitive, as the producer wrote them.
+	Headers nats.Header
+
+	// ID is the Nats-Msg-Id header: the outbox message id for messages published by the relay.
+	ID string
+	// Key is the ordering key (Txoutbox-Key), or "".
+	Key string
+	// BizKey is the producer's business idempotency key (Txoutbox-Biz-Key), or "".
+	BizKey string
+	// IdempotencyKey is what the dedup table records: BizKey when set, else ID.
+	IdempotencyKey string
+
+	// Stream and StreamSeq locate the message in JetStream.
+	Stream    string
+	StreamSeq uint64
+	// Timestamp is when the stream stored the message.
+	Timestamp time.Time
+	// Delivery is the 1-based attempt number: JetStream's delivery count, plus the in-place
+	// retries of ordered mode.
+	Delivery int
+}
+
+// ErrMalformed is wrapped by the errors of messages that cannot be decoded: no idempotency key
+// (neither Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous or invalid one, or no JetStream
+// metadata. Such messages go to the dead-letter subject at once.
+var ErrMalformed = errors.New("consumer: malformed message")
+
+// MaxIdempotencyKeyLength bounds the idempotency key (it is stored in a btree index).
+const MaxIdempotencyKeyLength = outbox.MaxKeyLength
+
+// decode builds the handler's view of raw, or reports why it is malformed.
+func decode(raw jetstream.Msg) (Message, error) {
+	m := Message{Subject: raw.Subject(), Data: raw.Data(), Headers: raw.Headers()}
+	md, err := raw.Metadata()
+	if err != nil {
+		return m, fmt.Errorf("%w: no JetStream metadata: %v", ErrMalformed, err)
+	}
+	m.Stream, m.StreamSeq, m.Timestamp = md.Stream, md.Sequence.Stream, md.Timestamp
+	m.Delivery = int(md.NumDelivered)
+	if m.ID, err = single(m.Headers, outbox.HeaderMsgID); err != nil {
+		return m, err
+	}
+	if m.Key, err = single(m.Headers, outbox.HeaderKey); err != nil {
+		return m, err
+	}
+	if m.BizKey, err = single(m.Headers, outbox.HeaderBizKey); err != nil {
+		return m, err
+	}
+	switch {
+	case m.BizKey != "":
+		m.IdempotencyKey = m.BizKey
+	case m.ID != "":
+		m.IdempotencyKey = m.ID
+	default:
+		return m, fmt.Errorf("%w: neither %s nor %s is set", ErrMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
+	}
+	if len(m.IdempotencyKey) > MaxIdempotencyKeyLength {
+		return m, fmt.Errorf("%w: idempotency key is %d bytes, more than %d", ErrMalformed, len(m.IdempotencyKey), MaxIdempotencyKeyLength)
+	}
+	if !utf8.ValidString(m.IdempotencyKey) || strings.ContainsRune(m.IdempotencyKey, 0) {
+		return m, fmt.Errorf("%w: idempotency key is not valid UTF-8 or holds a NUL byte", ErrMalformed)
+	}
+	return m, nil
+}
+
+// single returns the only value of header name; several different values are ambiguous.
+func single(h nats.Header, name string) (string, error) {
+	vals := h.Values(name)
+	if len(vals) == 0 {
+		return "", nil
+	}
+	for _, v := range vals[1:] {
+		if v != vals[0] {
+			return "", fmt.Errorf("%w: header %s has %d different values", ErrMalformed, name, len(vals))
+		}
+	}
+	v := strings.TrimSpace(vals[0])
+	if v == "" {
+		return "", fmt.Errorf("%w: header %s is empty", ErrMalformed, name)
+	}
+	return v, nil
+}
+
+// PermanentError marks a handler error that no retry can fix: the message goes to the
+// dead-letter subject at once. Create it with Permanent.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so that the consumer dead-letters the message without further retries.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
