@@ -9,6 +9,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
@@ -40,9 +41,12 @@ func TestLoadRefusesBadFiles(t *testing.T) {
 	}
 }
 
+// newSchema returns a pool and a fresh schema name: name plus a random suffix, so that
+// concurrent runs (CI, other checkouts) on one server never share it.
 func newSchema(t *testing.T, name string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx := context.Background()
+	name += "_" + uuid.NewString()[:8]
 	pool, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
