@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // FS holds the migration files, for tools that want to read or copy them.
@@ -193,6 +194,20 @@ func (m *Migrator) qtable() string  { return pgx.Identifier{m.schema, VersionTab
 
 // begin opens a transaction with the schema on its search_path and the runner's lock held.
 func (m *Migrator) begin(ctx context.Context, db Beginner, create bool) (pgx.Tx, error) {
+	for attempt := 1; ; attempt++ {
+		tx, err := m.beginOnce(ctx, db, create)
+		// An advisory lock does not make PostgreSQL process catalog invalidations, so a runner
+		// that waited on another one can still see a stale "schema does not exist" and trip
+		// over the schema (or table) the other one just created. A new transaction sees it.
+		var pgErr *pgconn.PgError
+		if err != nil && attempt < 5 && errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06" || pgErr.Code == "42P07") {
+			continue
+		}
+		return tx, err
+	}
+}
+
+func (m *Migrator) beginOnce(ctx context.Context, db Beginner, create bool) (pgx.Tx, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: begin: %w", err)
