@@ -166,13 +166,16 @@ func (r *run) start(ctx context.Context) error {
 	return nil
 }
 
-// NewPool opens a pool on the run's database.
-func (r *run) NewPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// NewPool opens a pool on the run's database; tracer may be nil.
+func (r *run) NewPool(ctx context.Context, maxConns int32, tracer ...pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(r.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("invalid DATABASE_URL: %w", err)
 	}
 	cfg.MaxConns = maxConns
+	if len(tracer) > 0 {
+		cfg.ConnConfig.Tracer = tracer[0]
+	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-bench " + r.name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
