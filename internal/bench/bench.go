@@ -122,6 +122,10 @@ func Main(ctx context.Context, args []string, env *Env) int {
 		fs.BoolVar(&r.keep, "keep", false, "keep the schema and streams after the run (for inspection)")
 		fs.BoolVar(&r.natsInProcess, "nats-in-process", false, "without NATS_URL, run the embedded nats-server in this process instead of a child process")
 	}
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "outbox-bench %s: %s\n\nFlags:\n", sc.name, sc.summary)
+		fs.PrintDefaults()
+	}
 	fn := sc.flags(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
