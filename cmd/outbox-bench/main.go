@@ -1,0 +1,22 @@
+// Command outbox-bench runs txoutbox's shared yardstick (see DESIGN.md, "The shared
+// yardstick"): `outbox-bench drain|latency|idle|consume` against DATABASE_URL and NATS_URL, or
+// embedded services when they are unset. Each scenario checks that nothing was lost or
+// duplicated, exits non-zero if something was, and prints one final line of key=value pairs.
+// Run `outbox-bench --help` for the scenarios and their flags.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/txoutbox/txoutbox/internal/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := bench.Main(ctx, os.Args[1:], nil)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// childEnv makes the test binary act as outbox-bench when a scenario re-executes it.
+const childEnv = "TXOUTBOX_BENCH_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := Main(ctx, os.Args[1:], nil)
+		stop()
+		os.Exit(code)
+	}
+	os.Exit(testsvc.Main(m))
+}
+
+// runBench runs the command against the test PostgreSQL and an embedded NATS of the test's own,
+// and returns the exit status, the final line's key=value pairs and the progress output.
+func runBench(t *testing.T, args ...string) (int, map[string]string, string) {
+	t.Helper()
+	dsn := testsvc.PostgresDSN(t)
+	n := testsvc.NewNATS(t)
+	var stdout, stderr bytes.Buffer
+	env := &Env{
+		Stdout: &stdout, Stderr: &stderr,
+		Getenv: func(k string) string {
+			switch k {
+			case "DATABASE_URL":
+				return dsn
+			case "NATS_URL":
+				return n.URL()
+			}
+			return ""
+		},
+		Exe:    os.Args[0],
+		ExeEnv: []string{childEnv + "=1"},
+	}
+	code := Main(context.Background(), args, env)
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	kv := map[string]string{}
+	if len(lines) > 0 {
+		f := strings.Fields(lines[len(lines)-1])
+		if len(f) > 0 {
+			kv["scenario"] = f[0]
+			for _, p := range f[1:] {
+				k, v, _ := strings.Cut(p, "=")
+				kv[k] = v
+			}
+		}
+	}
+	if len(lines) > 1 {
+		t.Errorf("stdout has %d lines, want exactly one final line:\n%s", len(lines), stdout.String())
+	}
+	return code, kv, stderr.String()
+}
+
+func num(t *testing.T, kv map[string]string, key string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(kv[key], 64)
+	if err != nil {
+		t.Fatalf("final line has no number %s: %v (%v)", key, err, kv)
+	}
+	return v
+}
+
+func TestDrainSmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "drain", "--msgs", "1050", "--per-tx", "100", "--keys", "7")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "drain" || kv["msgs"] != "1050" || kv["lost"] != "0" || kv["duplicates"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	relay, ceil := num(t, kv, "relay_msgs_per_s"), num(t, kv, "ceiling_msgs_per_s")
+	if relay <= 0 || ceil <= 0 {
+		t.Fatalf("rates relay=%v ceiling=%v", relay, ceil)
+	}
+	if ratio := num(t, kv, "ratio"); ratio < relay/ceil*0.99 || ratio > relay/ceil*1.01 {
+		t.Fatalf("ratio %v, want relay/ceiling = %v", ratio, relay/ceil)
+	}
+	if !strings.Contains(log, "business rows 11 (want 11)") || !strings.Contains(log, "misordered=0") {
+		t.Fatalf("progress does not show the checks:\n%s", log)
+	}
+}
+
+func TestLatencySmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "latency", "--rate", "200", "--duration", "1s", "--producers", "2")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "latency" || kv["lost"] != "0" || kv["duplicates"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	if tx := num(t, kv, "tx"); tx < 190 || tx > 201 {
+		t.Fatalf("tx=%v, want about 200 (200 tx/s for 1s)", tx)
+	}
+	p50, p99, mx := num(t, kv, "p50_ms"), num(t, kv, "p99_ms"), num(t, kv, "max_ms")
+	if p50 > p99 || p99 > mx || mx <= 0 {
+		t.Fatalf("percentiles out of order: p50=%v p99=%v max=%v", p50, p99, mx)
+	}
+}
+
+func TestIdleSmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "idle", "--duration", "1s", "--settle", "0s")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "idle" || kv["lost"] != "0" || kv["duplicates"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	if pct := num(t, kv, "cpu_pct"); pct < 0 || pct > 100 {
+		t.Fatalf("cpu_pct=%v", pct)
+	}
+	if wall := num(t, kv, "wall_s"); wall < 1 {
+		t.Fatalf("wall_s=%v, want at least the 1s asked for", wall)
+	}
+}
+
+func TestConsumeIsATodoHook(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), []string{"consume"}, &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }})
+	if code != ExitUsage || !strings.Contains(stderr.String(), "consume: needs package consumer") || stdout.Len() != 0 {
+		t.Fatalf("exit %d, stderr %q, stdout %q", code, stderr.String(), stdout.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"}} {
+		var out bytes.Buffer
+		// --msgs 0 is refused before any service is contacted.
+		code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
+		if code != ExitUsage {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, ExitUsage, out.String())
+		}
+	}
+}
+
+// header builds the headers the relay would publish for message i of set.
+func header(set *msgSet, i int) nats.Header {
+	return set.natsMsg(i, "bench.x").Header
+}
+
+func TestCheckerCountsEveryKindOfFault(t *testing.T) {
+	t.Parallel()
+	set, err := newMsgSet(6, 64, 2) // keys key-0 (0, 2, 4) and key-1 (1, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rank := []int32{0, 1, 2, 3, 4, 5}
+	c := newChecker(set, rank, 0)
+	c.add(header(set, 0), set.payload(0))
+	c.add(header(set, 4), set.payload(4)) // key-0 ahead of 2: misordered when 2 comes
+	c.add(header(set, 2), set.payload(2))
+	c.add(header(set, 2), set.payload(2)) // duplicate
+	c.add(header(set, 1), []byte("tampered"))
+	stranger := nats.Header{}
+	stranger.Set(outbox.HeaderMsgID, "0190a8c4-0000-7000-8000-000000000000")
+	c.add(stranger, nil) // never sent
+	c.add(header(set, 3), set.payload(3))
+	// 5 never arrives: lost.
+	got := c.result()
+	want := checkResult{Expected: 6, Msgs: 7, Lost: 1, Duplicates: 1, Unknown: 1, Corrupt: 1, Misordered: 1}
+	if got != want || got.ok() {
+		t.Fatalf("result %+v, want %+v (and not ok)", got, want)
+	}
+
+	clean := newChecker(set, rank, 0)
+	for i := range 6 {
+		clean.add(header(set, i), set.payload(i))
+	}
+	if res := clean.result(); !res.ok() {
+		t.Fatalf("a complete, ordered stream fails the check: %s", res)
+	}
+}
+
+func TestCheckStreamOnJetStream(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "CHECK", "bench.check.>")
+	set, err := newMsgSet(50, 128, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 50 {
+		m := set.natsMsg(i, "bench.check.m")
+		switch i {
+		case 10:
+			continue // lost
+		case 20:
+			m.Data = append([]byte(nil), m.Data...)
+			m.Data[0] ^= 1 // corrupted
+		}
+		if _, err := n.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := checkStream(ctx, n.JS, "CHECK", set, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (checkResult{Expected: 50, Msgs: 49, Lost: 1, Corrupt: 1}); res != want {
+		t.Fatalf("check = %+v, want %+v", res, want)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	t.Parallel()
+	var d []time.Duration
+	for i := 100; i >= 1; i-- {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	sortDurations(d)
+	for q, want := range map[float64]time.Duration{0.5: 50 * time.Millisecond, 0.9: 90 * time.Millisecond, 0.99: 99 * time.Millisecond, 1: 100 * time.Millisecond} {
+		if got := percentile(d, q); got != want {
+			t.Errorf("percentile(%v) = %s, want %s", q, got, want)
+		}
+	}
+	if percentile(nil, 0.5) != 0 {
+		t.Error("percentile of nothing is not 0")
+	}
+}
+
+func TestProcCPUReadsThisProcess(t *testing.T) {
+	t.Parallel()
+	before, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	after, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 100*time.Millisecond {
+		t.Fatalf("300ms of busy loop counted as %s of CPU (x=%d)", after-before, x)
+	}
+}

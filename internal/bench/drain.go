@@ -1,0 +1,445 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/relay"
+)
+
+func init() {
+	register(scenario{name: "drain", summary: "backlog drain: the relay's msgs/s beside the broker's own ceiling", flags: drainFlags})
+}
+
+// Yardstick A defaults.
+const (
+	DefaultDrainMsgs = 50000
+	DefaultPerTx     = 100
+	DefaultPayload   = 512
+	// DefaultCeilingWindow is the bare publisher's window of PubAcks in flight: the relay's
+	// default MaxInFlight.
+	DefaultCeilingWindow = relay.DefaultMaxInFlight
+)
+
+type drainOpts struct {
+	msgs, perTx, size, loaders, keys, window int
+	cpuprofile                               string
+	skipCeiling                              bool
+	timeout                                  time.Duration
+}
+
+func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
+	o := &drainOpts{}
+	fs.IntVar(&o.msgs, "msgs", DefaultDrainMsgs, "messages in the backlog (500000 checks that draining is linear)")
+	fs.IntVar(&o.perTx, "per-tx", DefaultPerTx, "messages per enqueueing transaction (each also inserts one business row)")
+	fs.IntVar(&o.size, "payload", DefaultPayload, "payload bytes per message (random)")
+	fs.IntVar(&o.loaders, "loaders", 4, "concurrent transactions while building the backlog (not timed)")
+	fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many ordering keys (0: unkeyed, as in the yardstick); stream order is then checked per key")
+	fs.IntVar(&o.window, "ceiling-window", DefaultCeilingWindow, "PubAcks in flight at most for the bare publisher")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file")
+	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
+	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
+	return func(ctx context.Context, r *run) error { return drain(ctx, r, o) }
+}
+
+func drain(ctx context.Context, r *run, o *drainOpts) error {
+	if o.msgs < 1 || o.perTx < 1 || o.size < 0 || o.loaders < 1 || o.keys < 0 || o.window < 1 {
+		return usageErr("--msgs, --per-tx, --loaders and --ceiling-window must be positive; --payload and --keys not negative")
+	}
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+	schema, err := r.NewSchema(ctx)
+	if err != nil {
+		return err
+	}
+	const (
+		stream, subject               = streamPrefix + "DRAIN", "bench.drain.msg"
+		ceilStream, ceilSubject       = streamPrefix + "CEILING", "bench.ceiling.msg"
+		relaySubjects, ceilingSubject = "bench.drain.>", "bench.ceiling.>"
+	)
+	drainStream, err := r.ResetStream(ctx, stream, relaySubjects)
+	if err != nil {
+		return err
+	}
+	set, err := newMsgSet(o.msgs, o.size, o.keys)
+	if err != nil {
+		return err
+	}
+
+	// 1. The backlog, with the relay stopped.
+	pool, err := r.NewPool(ctx, int32(o.loaders+1))
+	if err != nil {
+		return err
+	}
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	r.logf("enqueueing %d × %d B messages, %d per transaction, %d loaders (relay stopped)", o.msgs, o.size, o.perTx, o.loaders)
+	enqDur, err := enqueueBacklog(ctx, r, pool, client, schema, set, subject, o)
+	if err != nil {
+		return err
+	}
+	enqRate := float64(o.msgs) / enqDur.Seconds()
+	r.logf("enqueued in %s (%.0f msgs/s)", enqDur.Round(time.Millisecond), enqRate)
+	rank, err := outboxOrder(ctx, pool, schema, set)
+	if err != nil {
+		return err
+	}
+
+	// 2. The broker's ceiling: a bare async publisher of the same messages into a fresh stream.
+	var ceilRate float64
+	var ceilDur time.Duration
+	if !o.skipCeiling {
+		if _, err := r.ResetStream(ctx, ceilStream, ceilingSubject); err != nil {
+			return err
+		}
+		r.logf("ceiling: bare JetStream async publisher, window %d, into %s", o.window, ceilStream)
+		if ceilDur, err = publishCeiling(ctx, r, set, ceilSubject, o.window); err != nil {
+			return err
+		}
+		ceilRate = float64(o.msgs) / ceilDur.Seconds()
+		r.logf("ceiling: %d messages stored in %s (%.0f msgs/s); checking the stream", o.msgs, ceilDur.Round(time.Millisecond), ceilRate)
+		res, err := checkStream(ctx, r.JS, ceilStream, set, nil)
+		if err != nil {
+			return err
+		}
+		if !res.ok() {
+			return fmt.Errorf("%w: ceiling stream %s: %s", ErrCheckFailed, ceilStream, res)
+		}
+		if !r.keep {
+			r.DeleteStream(ceilStream) // give the relay the same fresh broker the publisher had
+		}
+	}
+
+	// 3. The relay: start it and time until the stream holds every message.
+	sqlt := newSQLTimer()
+	rpool, err := r.NewPool(ctx, 4, sqlt)
+	if err != nil {
+		return err
+	}
+	rnc, err := r.ConnectNATS("outbox-bench relay")
+	if err != nil {
+		return err
+	}
+	rjs, err := jetstream.New(rnc)
+	if err != nil {
+		return err
+	}
+	rl, err := relay.New(rpool, rjs, &relay.Config{Schema: schema, Subjects: []string{relaySubjects}, Logger: relayLogger(r.env.Stderr)})
+	if err != nil {
+		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
+	runErr := make(chan error, 1)
+	r.logf("relay: starting (default settings, schema %s, subjects %s)", schema, relaySubjects)
+	t0 := time.Now()
+	go func() { runErr <- rl.Run(rctx) }()
+	relayDur, err := waitForStream(ctx, r, drainStream, uint64(o.msgs), t0, o.timeout, runErr)
+	if err != nil {
+		return err
+	}
+	if o.cpuprofile != "" {
+		pprof.StopCPUProfile()
+		r.logf("relay: CPU profile written to %s", o.cpuprofile)
+	}
+	relayRate := float64(o.msgs) / relayDur.Seconds()
+	claim, settle := sqlt.get("claim"), sqlt.get("settle")
+	r.logf("relay: %d messages stored in %s (%.0f msgs/s, %.2f µs/msg, %d batches)", o.msgs, relayDur.Round(time.Millisecond),
+		relayRate, relayDur.Seconds()*1e6/float64(o.msgs), rl.Stats().Batches.Load())
+	r.logf("relay: wall time in claim queries %s; in settle statements %s; the rest (publishing, awaiting PubAcks, the loop) %s",
+		claim, settle, (relayDur - claim.total - settle.total).Round(time.Millisecond))
+
+	// Let the relay settle its last batch, then stop it and check everything.
+	if err := waitForOutboxEmpty(ctx, pool, schema, 30*time.Second); err != nil {
+		return err
+	}
+	stopRelay()
+	if err := <-runErr; err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	res, err := checkStream(ctx, r.JS, stream, set, rank)
+	if err != nil {
+		return err
+	}
+	var business int64
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+businessTable(schema)).Scan(&business); err != nil {
+		return err
+	}
+	wantBusiness := int64((o.msgs + o.perTx - 1) / o.perTx)
+	r.logf("check: %s; business rows %d (want %d); relay stats published=%d duplicate_acks=%d failed=%d dead=%d",
+		res, business, wantBusiness, rl.Stats().Published.Load(), rl.Stats().Duplicates.Load(), rl.Stats().Failed.Load(), rl.Stats().Dead.Load())
+
+	ratio := 0.0
+	if ceilRate > 0 {
+		ratio = relayRate / ceilRate
+	}
+	r.result("msgs", o.msgs,
+		"relay_msgs_per_s", relayRate,
+		"ceiling_msgs_per_s", ceilRate,
+		"ratio", ratio,
+		"relay_us_per_msg", relayDur.Seconds()*1e6/float64(o.msgs),
+		"relay_s", relayDur.Seconds(),
+		"ceiling_s", ceilDur.Seconds(),
+		"enqueue_msgs_per_s", enqRate,
+		"batches", rl.Stats().Batches.Load(),
+		"claim_s", claim.total.Seconds(),
+		"settle_s", settle.total.Seconds(),
+		"keys", o.keys,
+		"lost", res.Lost,
+		"duplicates", res.Duplicates,
+		"load1", load1())
+	switch {
+	case !res.ok():
+		return fmt.Errorf("%w: stream %s: %s", ErrCheckFailed, stream, res)
+	case business != wantBusiness:
+		return fmt.Errorf("%w: %d business rows, want %d", ErrCheckFailed, business, wantBusiness)
+	case rl.Stats().Published.Load() != int64(o.msgs) || rl.Stats().Dead.Load() != 0:
+		return fmt.Errorf("%w: relay settled %d published and %d dead rows, want %d and 0", ErrCheckFailed,
+			rl.Stats().Published.Load(), rl.Stats().Dead.Load(), o.msgs)
+	}
+	return nil
+}
+
+// enqueueBacklog commits set in transactions of o.perTx messages, each with one business row,
+// from o.loaders concurrent transactions. It returns the time it took.
+func enqueueBacklog(ctx context.Context, r *run, pool *pgxpool.Pool, client *outbox.Client, schema string, set *msgSet, subject string, o *drainOpts) (time.Duration, error) {
+	txs := (len(set.ids) + o.perTx - 1) / o.perTx
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, o.loaders)
+	insert := "INSERT INTO " + businessTable(schema) + " (producer, seq, note) VALUES ($1, $2, $3)"
+	start := time.Now()
+	stopProgress := progress(r, 2*time.Second, func() string {
+		return fmt.Sprintf("enqueued %d/%d", min(int(done.Load())*o.perTx, len(set.ids)), len(set.ids))
+	})
+	for w := 0; w < o.loaders; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := make([]outbox.Message, 0, o.perTx)
+			for {
+				t := int(next.Add(1) - 1)
+				if t >= txs || ctx.Err() != nil {
+					return
+				}
+				msgs = msgs[:0]
+				for i := t * o.perTx; i < min((t+1)*o.perTx, len(set.ids)); i++ {
+					msgs = append(msgs, set.message(i, subject))
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, insert, w, t, "drain"); err != nil {
+						return err
+					}
+					_, err := client.EnqueueTx(ctx, tx, msgs...)
+					return err
+				})
+				if err != nil {
+					errc <- fmt.Errorf("enqueue transaction %d: %w", t, err)
+					return
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	stopProgress()
+	close(errc)
+	if err := <-errc; err != nil {
+		return 0, err
+	}
+	return time.Since(start), ctx.Err()
+}
+
+// outboxOrder reads the backlog back in row id order (the order the relay publishes in):
+// it checks that every message is there once and returns each message's rank in that order.
+func outboxOrder(ctx context.Context, pool *pgxpool.Pool, schema string, set *msgSet) ([]int32, error) {
+	rows, err := pool.Query(ctx, "SELECT message_id FROM "+outboxTable(schema)+" WHERE state = 'ready' ORDER BY id")
+	if err != nil {
+		return nil, err
+	}
+	rank := make([]int32, len(set.ids))
+	for i := range rank {
+		rank[i] = -1
+	}
+	n := int32(0)
+	var id uuid.UUID
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		i, ok := set.index[id]
+		if !ok || rank[i] >= 0 {
+			return fmt.Errorf("%w: outbox holds an unknown or repeated message id %s", ErrCheckFailed, id)
+		}
+		rank[i] = n
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if int(n) != len(set.ids) {
+		return nil, fmt.Errorf("%w: outbox holds %d ready messages after enqueueing %d", ErrCheckFailed, n, len(set.ids))
+	}
+	return rank, nil
+}
+
+// publishCeiling publishes set with a bare JetStream async publisher (Nats-Msg-Id set, at most
+// window PubAcks in flight, like the relay) and returns the time from the first publish to
+// the last PubAck. Messages are built before the clock starts.
+func publishCeiling(ctx context.Context, r *run, set *msgSet, subject string, window int) (time.Duration, error) {
+	nc, err := r.ConnectNATS("outbox-bench ceiling")
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(window), jetstream.WithPublishAsyncTimeout(relay.DefaultPublishTimeout))
+	if err != nil {
+		return 0, err
+	}
+	msgs := make([]*nats.Msg, len(set.ids))
+	for i := range msgs {
+		msgs[i] = set.natsMsg(i, subject)
+	}
+	futs := make([]jetstream.PubAckFuture, 0, window)
+	var failed error
+	dups := 0
+	await := func(f jetstream.PubAckFuture) {
+		select {
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				dups++
+			}
+		case err := <-f.Err():
+			if failed == nil {
+				failed = err
+			}
+		case <-ctx.Done():
+			if failed == nil {
+				failed = ctx.Err()
+			}
+		}
+	}
+	start := time.Now()
+	for _, m := range msgs {
+		if len(futs) >= window {
+			await(futs[0])
+			futs = futs[1:]
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			return 0, fmt.Errorf("ceiling publish: %w", err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		await(f)
+	}
+	elapsed := time.Since(start)
+	if failed != nil {
+		return 0, fmt.Errorf("ceiling publish: %w", failed)
+	}
+	if dups > 0 {
+		return 0, fmt.Errorf("%w: ceiling: %d PubAcks reported duplicates in a fresh stream", ErrCheckFailed, dups)
+	}
+	return elapsed, nil
+}
+
+// waitForStream polls the stream until it holds want messages and returns the time since t0.
+// It fails when the stream gains nothing for stall, or when the relay stops.
+func waitForStream(ctx context.Context, r *run, s jetstream.Stream, want uint64, t0 time.Time, stall time.Duration, runErr <-chan error) (time.Duration, error) {
+	var have atomic.Uint64
+	stopProgress := progress(r, 2*time.Second, func() string { return fmt.Sprintf("relay: %d/%d in the stream", have.Load(), want) })
+	defer stopProgress()
+	lastGain := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n, err := streamMsgs(ctx, s)
+		if err != nil {
+			return 0, fmt.Errorf("stream info: %w", err)
+		}
+		if n >= want {
+			return time.Since(t0), nil
+		}
+		if n > have.Load() {
+			have.Store(n)
+			lastGain = time.Now()
+		} else if time.Since(lastGain) > stall {
+			return 0, fmt.Errorf("%w: the stream holds %d of %d messages and gained nothing for %s", ErrCheckFailed, n, want, stall)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case err := <-runErr:
+			return 0, fmt.Errorf("relay stopped early: %v", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitForOutboxEmpty waits until the relay has settled every row (published rows are deleted).
+func waitForOutboxEmpty(ctx context.Context, pool *pgxpool.Pool, schema string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int64
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+outboxTable(schema)).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d outbox rows still unsettled %s after the stream held every message", ErrCheckFailed, n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// progress prints what() every interval until the returned function is called.
+func progress(r *run, interval time.Duration, what func() string) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				r.logf("%s", what())
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(stop); <-done }) }
+}
