@@ -152,7 +152,7 @@ func UniqueViolation(err error) bool {
 // them) and inserts the rows, in one round trip.
 func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) error {
 	n := len(rows)
-	ids := make([]uuid.UUID, n)
+	ids := make([][16]byte, n) // [16]byte encodes natively; uuid.UUID would go through driver.Valuer and text
 	subjects := make([]string, n)
 	keys := make([]*string, n)
 	parts := make([]int32, n)
@@ -253,7 +253,7 @@ func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, e
 	for rows.Next() {
 		var c Claimed
 		var key *string
-		if err := rows.Scan(&c.ID, &c.MessageID, &c.Subject, &key, &c.Headers, &c.Payload, &c.Attempts, &c.ReadyAt); err != nil {
+		if err := rows.Scan(&c.ID, (*[16]byte)(&c.MessageID), &c.Subject, &key, &c.Headers, &c.Payload, &c.Attempts, &c.ReadyAt); err != nil {
 			return nil, err
 		}
 		if key != nil {
