@@ -182,7 +182,7 @@ func BenchmarkPublish(b *testing.B) {
 			rows[i] = store.Claimed{ID: int64(i), MessageID: uuid.New(), Subject: "bench.relay", Payload: e.body, ReadyAt: time.Now()}
 		}
 		b.StartTimer()
-		res := e.r.publish(ctx, rows)
+		res := e.r.publish(ctx, rows, nil)
 		if len(res.published) != benchBatch || res.brokerErr != nil {
 			b.Fatalf("published %d, broker error %v", len(res.published), res.brokerErr)
 		}

@@ -41,7 +41,15 @@ func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 		l.conn = pc.Hijack()
 		l.lastTry = time.Time{}
 		// Name the session so operators (and pg_stat_activity queries) can tell it apart.
-		if _, err := l.conn.Exec(ctx, "SELECT set_config('application_name', $1, false)", l.r.appName()); err != nil {
+		// force_generic_plan: on a table without statistics yet (a fresh outbox, a backlog
+		// inserted since the last analyze) the first custom plans of the claim sort the whole
+		// backlog instead of walking the ready index (40 ms instead of 0.3 ms at 50,000 rows).
+		// synchronous_commit off: a settle lost in a PostgreSQL crash only makes its rows
+		// ready again, and they are republished and deduplicated like after a relay crash; in
+		// exchange the relay never waits for a WAL flush. It applies to this session only.
+		if _, err := l.conn.Exec(ctx, `SELECT set_config('application_name', $1, false),
+			set_config('plan_cache_mode', 'force_generic_plan', false),
+			set_config('synchronous_commit', 'off', false)`, l.r.appName()); err != nil {
 			l.dropLocked()
 			return nil, nil, fmt.Errorf("relay: connect: %w", err)
 		}

@@ -20,6 +20,9 @@ type batchResult struct {
 	// brokerErr is the first broker-level error; rows it hit, and the later rows of their
 	// keys, are left untouched.
 	brokerErr error
+	// heldKeys are the keys with a row that was not published (failed, or never sent because
+	// an earlier row of the key failed): the next batch must not publish their later rows.
+	heldKeys map[string]bool
 }
 
 type outcome struct {
@@ -31,15 +34,19 @@ type outcome struct {
 // the first row of each key; each following wave holds the next row of every key whose
 // previous row was acknowledged. A key whose row failed sends nothing more in this batch, and
 // the claim query holds its later rows back until the failed one is published. Within a wave
-// all publishes are pipelined.
-func (r *Relay) publish(ctx context.Context, rows []store.Claimed) *batchResult {
-	res := &batchResult{}
+// all publishes are pipelined. Rows of the held keys are not sent at all.
+func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]bool) *batchResult {
+	res := &batchResult{heldKeys: map[string]bool{}}
 	chains := map[string][]int{}
 	var wave []int
 	for i := range rows {
 		k := rows[i].Key
 		if k == "" {
 			wave = append(wave, i)
+			continue
+		}
+		if held[k] {
+			res.heldKeys[k] = true
 			continue
 		}
 		if len(chains[k]) == 0 {
@@ -99,6 +106,12 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed) *batchResult 
 			break
 		}
 		wave = next
+	}
+	// Every key with a row left unpublished holds back its later rows in the next batch.
+	for k, chain := range chains {
+		if pos[k] < len(chain) {
+			res.heldKeys[k] = true
+		}
 	}
 	return res
 }

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -155,20 +156,103 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
 		"batch_size", r.cfg.BatchSize, "retention", r.cfg.Retention.String())
+	err := r.pipeline(ctx)
+	r.log.Info("relay stopped")
+	return err
+}
+
+// inflight is a claimed batch whose publishes are under way.
+type inflight struct {
+	conn *pgx.Conn
+	rows []store.Claimed
+	res  *batchResult
+	done chan struct{}
+}
+
+func (b *inflight) ids() []int64 {
+	if b == nil {
+		return nil
+	}
+	ids := make([]int64, len(b.rows))
+	for i := range b.rows {
+		ids[i] = b.rows[i].ID
+	}
+	return ids
+}
+
+// startPublish publishes rows in the background; rows of the held keys are left alone.
+func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, rows []store.Claimed, held map[string]bool) *inflight {
+	b := &inflight{conn: conn, rows: rows, done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		b.res = r.publish(ctx, rows, held)
+	}()
+	return b
+}
+
+// pipeline is Run's loop. Database work and publishing overlap: while batch N's publishes
+// are in flight, batch N+1 is claimed (excluding N's rows); once N's PubAcks are all in,
+// N+1's publishes start and N is settled. Per-key order holds across batches: N+1's rows are
+// sent only after every PubAck of N is in, and N+1 leaves alone the keys that failed in N
+// (the claim after N's settle sees them as blocked).
+func (r *Relay) pipeline(ctx context.Context) error {
+	bctx := context.WithoutCancel(ctx) // a claimed batch is always published and settled
 	poll := r.cfg.PollMin
 	outage := 0
+	var cur *inflight
 	for {
-		if ctx.Err() != nil {
-			r.log.Info("relay stopped")
-			return nil
+		stopping := ctx.Err() != nil
+		var (
+			conn *pgx.Conn
+			next []store.Claimed
+			err  error
+		)
+		if !stopping {
+			conn, next, err = r.claim(ctx, cur.ids())
 		}
-		n, err := r.runOnce(ctx)
-		var wait time.Duration
-		switch {
-		case err == nil && n > 0:
+		if cur != nil {
+			<-cur.done
+			if cur.res.brokerErr != nil {
+				next = nil // the broker is gone: publish nothing more, leave the rows ready
+			}
+			var nb *inflight
+			if len(next) > 0 {
+				nb = r.startPublish(bctx, conn, next, cur.res.heldKeys)
+			}
+			serr := r.finish(bctx, cur)
+			if serr != nil && nb != nil {
+				// The settle failed (its rows stay ready and are republished later); do not
+				// run ahead of it: finish what is in flight first.
+				<-nb.done
+				_ = r.finish(bctx, nb)
+				nb = nil
+			}
+			if err == nil {
+				err = serr
+			}
+			cur = nb
+		} else if len(next) > 0 {
+			cur = r.startPublish(bctx, conn, next, nil)
+		}
+		if stopping {
+			if cur == nil {
+				return nil
+			}
+			continue
+		}
+		if cur != nil && err == nil {
 			outage, poll = 0, r.cfg.PollMin
 			r.setHealth(healthOK, nil)
-			continue // there may be more: claim again at once
+			continue // work in flight: claim the next batch at once
+		}
+		if cur != nil {
+			// An error with a batch in flight: finish it before backing off.
+			<-cur.done
+			_ = r.finish(bctx, cur)
+			cur = nil
+		}
+		var wait time.Duration
+		switch {
 		case err == nil:
 			outage = 0
 			r.setHealth(healthOK, nil)
@@ -183,10 +267,26 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.setHealth(classifyHealth(err), err)
 			wait = backoff(outage, r.cfg.PollMin*10, r.cfg.BackoffMax, r.cfg.BackoffJitter)
 		}
-		if !r.sleep(ctx, wait) {
-			continue
+		if r.sleep(ctx, wait) {
+			poll = r.cfg.PollMin // a doorbell: work is likely to follow
 		}
 	}
+}
+
+// finish runs the fault hook, settles a published batch and reports a broker outage.
+func (r *Relay) finish(ctx context.Context, b *inflight) error {
+	if r.hooks.afterPublish != nil {
+		if err := r.hooks.afterPublish(ctx, len(b.res.published)); err != nil {
+			return err
+		}
+	}
+	if err := r.settle(ctx, b.conn, b.rows, b.res); err != nil {
+		return err
+	}
+	if b.res.brokerErr != nil {
+		return fmt.Errorf("%w: %v", ErrBrokerUnavailable, b.res.brokerErr)
+	}
+	return nil
 }
 
 // sleep waits for d, a wake-up or ctx; it reports whether it was woken early.
@@ -203,40 +303,36 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// runOnce claims one batch, publishes it and settles it. It returns how many rows it claimed.
-// Once rows are claimed, cancelling ctx no longer interrupts the batch: it is published and
-// settled (bounded by the publish timeout) so that shutdown leaves nothing half done.
-func (r *Relay) runOnce(ctx context.Context) (int, error) {
+// claim takes the next batch of due ready rows of the leased partitions, excluding rows in
+// flight.
+func (r *Relay) claim(ctx context.Context, exclude []int64) (*pgx.Conn, []store.Claimed, error) {
 	conn, parts, err := r.lease.acquire(ctx)
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions)}
+	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}
 	rows, err := r.q.Claim(ctx, conn, args)
 	if err != nil {
 		r.lease.broken(err)
-		return 0, fmt.Errorf("relay: claim: %w", err)
+		return nil, nil, fmt.Errorf("relay: claim: %w", err)
 	}
-	if len(rows) == 0 {
-		return 0, nil
+	return conn, rows, nil
+}
+
+// runOnce claims one batch, publishes it and settles it, without pipelining. It returns how
+// many rows it claimed. Once rows are claimed, cancelling ctx no longer interrupts the batch:
+// it is published and settled (bounded by the publish timeout).
+func (r *Relay) runOnce(ctx context.Context) (int, error) {
+	conn, rows, err := r.claim(ctx, nil)
+	if err != nil || len(rows) == 0 {
+		return 0, err
 	}
 	bctx := context.WithoutCancel(ctx)
-	res := r.publish(bctx, rows)
-	if r.hooks.afterPublish != nil {
-		if err := r.hooks.afterPublish(bctx, len(res.published)); err != nil {
-			return len(rows), err
-		}
-	}
-	if err := r.settle(bctx, conn, rows, res); err != nil {
-		return len(rows), err
-	}
-	if res.brokerErr != nil {
-		return len(rows), fmt.Errorf("%w: %v", ErrBrokerUnavailable, res.brokerErr)
-	}
-	return len(rows), nil
+	b := &inflight{conn: conn, rows: rows, res: r.publish(bctx, rows, nil)}
+	return len(rows), r.finish(bctx, b)
 }
 
 func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claimed, res *batchResult) error {
