@@ -59,6 +59,8 @@ type Queries struct {
 	claim          string
 	settleDelete   string
 	settleRetain   string
+
+	ops *opsQueries // relay membership, sampling and admin statements (ops.go)
 }
 
 // New builds the statements for schema.
@@ -117,6 +119,7 @@ SELECT (SELECT count(*) FROM ok),
 ), ` + settleFailed + `
 SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
+	q.ops = newOpsQueries(q)
 	return q
 }
 
