@@ -20,7 +20,7 @@ type opsQueries struct {
 	relays string // quoted, schema-qualified
 
 	register, members, locks, unregister, cleanup string
-	tryLock, unlock                                string
+	tryLock, unlock                               string
 
 	samplePartitions, sampleStates string
 	subjectStatus, partitionStatus string
@@ -116,13 +116,13 @@ type RelayRegistration struct {
 
 // RelayMember is a row of the membership table.
 type RelayMember struct {
-	Instance      uuid.UUID `json:"instance"`
-	RelayID       string    `json:"relay_id"`
-	PID           int32     `json:"backend_pid"`
-	Partitions    int       `json:"partitions"`
+	Instance      uuid.UUID     `json:"instance"`
+	RelayID       string        `json:"relay_id"`
+	PID           int32         `json:"backend_pid"`
+	Partitions    int           `json:"partitions"`
 	LeaseInterval time.Duration `json:"-"`
-	StartedAt     time.Time `json:"started_at"`
-	HeartbeatAt   time.Time `json:"heartbeat_at"`
+	StartedAt     time.Time     `json:"started_at"`
+	HeartbeatAt   time.Time     `json:"heartbeat_at"`
 	// Alive: its lease session exists and its heartbeat is recent.
 	Alive bool `json:"alive"`
 }
@@ -402,14 +402,14 @@ func SubjectRegexp(pattern string) (string, error) {
 
 // DeadRow is a dead message, for operators.
 type DeadRow struct {
-	ID           int64     `json:"id"`
-	MessageID    uuid.UUID `json:"message_id"`
-	Subject      string    `json:"subject"`
-	Key          string    `json:"key,omitempty"`
-	Attempts     int32     `json:"attempts"`
-	LastError    string    `json:"last_error"`
-	CreatedAt    time.Time `json:"created_at"`
-	PayloadBytes int       `json:"payload_bytes"`
+	ID           int64               `json:"id"`
+	MessageID    uuid.UUID           `json:"message_id"`
+	Subject      string              `json:"subject"`
+	Key          string              `json:"key,omitempty"`
+	Attempts     int32               `json:"attempts"`
+	LastError    string              `json:"last_error"`
+	CreatedAt    time.Time           `json:"created_at"`
+	PayloadBytes int                 `json:"payload_bytes"`
 	Headers      map[string][]string `json:"headers,omitempty"`
 }
 
