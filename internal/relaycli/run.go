@@ -3,17 +3,12 @@ package relaycli
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -49,6 +44,7 @@ var fieldFlags = map[string]string{
 	"MaxAttempts": "max-attempts", "Retention": "retention", "Partitions": "partitions",
 	"LeaseInterval": "lease-interval", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
 	"Subjects": "subjects", "CreateStream": "create-stream", "StreamDuplicates": "stream-duplicates",
+	"SampleInterval": "sample-interval",
 }
 
 func defineRunFlags(s *settings, f *runFlags) {
@@ -73,7 +69,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
 	s.Duration(&f.cfg.Retention, "retention", "", 0, "keep published rows this long (0 deletes them at once)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
-	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to try to take partitions nobody holds")
+	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -85,8 +81,9 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.cfg.DoorbellChannel, "doorbell-channel", "", "", "also LISTEN on this Postgres channel for rings (costs a connection)")
 
 	sec = s.Section("Operations")
-	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9090); off when empty")
+	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz, /readyz and the status page (/) on this address (e.g. 127.0.0.1:9090); off when empty")
 	sec("metrics-addr")
+	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
 }
@@ -106,7 +103,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		"batch-size": int64(f.cfg.BatchSize), "max-in-flight": int64(f.cfg.MaxInFlight), "max-attempts": int64(f.cfg.MaxAttempts),
 		"partitions": int64(f.cfg.Partitions), "publish-timeout": int64(f.cfg.PublishTimeout), "poll-min": int64(f.cfg.PollMin),
 		"poll-max": int64(f.cfg.PollMax), "backoff-base": int64(f.cfg.BackoffBase), "backoff-max": int64(f.cfg.BackoffMax),
-		"lease-interval": int64(f.cfg.LeaseInterval),
+		"lease-interval": int64(f.cfg.LeaseInterval), "sample-interval": int64(f.cfg.SampleInterval),
 	} {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
@@ -157,12 +154,12 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		return configErr(err)
 	}
 	if f.metricsAddr != "" {
-		stop, err := serveOps(f.metricsAddr, reg, c, r)
+		srv, err := serveOps(f.metricsAddr, reg, c, r, f.schema, log)
 		if err != nil {
 			return err
 		}
-		defer stop()
-		log.Info("serving metrics and health", "addr", f.metricsAddr)
+		defer srv.Close()
+		log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	}
 	if f.embedded {
 		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", c.NATSURL)
@@ -179,45 +176,6 @@ func configErr(err error) error {
 		}
 	}
 	return err
-}
-
-// serveOps serves /metrics, /healthz (the process is alive) and /readyz (PostgreSQL and NATS
-// answer, and the relay is healthy or a standby).
-func serveOps(addr string, reg *prometheus.Registry, c *conns, r *relay.Relay) (func(), error) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
-		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
-		defer cancel()
-		var problems []string
-		if err := c.Pool.Ping(ctx); err != nil {
-			problems = append(problems, "postgres: "+err.Error())
-		}
-		if st := c.NC.Status(); st != nats.CONNECTED {
-			problems = append(problems, "nats: "+st.String())
-		}
-		if h := r.Health(); h != "ok" && h != "standby" {
-			problems = append(problems, "relay: "+h)
-		}
-		if len(problems) > 0 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, strings.Join(problems, "\n"))
-			return
-		}
-		fmt.Fprintf(w, "ok: %s, partitions held %d\n", r.Health(), len(r.Partitions()))
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }
 
 // redactDSN hides a password in a URL-style DSN.
