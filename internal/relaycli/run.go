@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +34,7 @@ type runFlags struct {
 	subjects         string
 	logFormat, level string
 	metricsAddr      string
+	faultSettleDelay time.Duration
 }
 
 // fieldFlags maps relay.Config fields to the flags that set them, so that configuration
@@ -86,6 +88,8 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
+	s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
+	s.Hide("fault-settle-delay")
 }
 
 func runCmd(ctx context.Context, env *Env, args []string) error {
@@ -152,6 +156,10 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	r, err := relay.New(c.Pool, js, &cfg)
 	if err != nil {
 		return configErr(err)
+	}
+	if f.faultSettleDelay > 0 {
+		log.Warn("fault injection: every batch pauses between publish and settle", "delay", f.faultSettleDelay.String())
+		r.InjectFaults(relay.FaultInjection{SettleDelay: f.faultSettleDelay})
 	}
 	if f.metricsAddr != "" {
 		srv, err := serveOps(f.metricsAddr, reg, c, r, f.schema, log)
