@@ -211,7 +211,7 @@ td.num{text-align:right}
 <body>
 <header><h1>{{.Title}}</h1>
 {{with .Self}}<span class="badge {{if $.HealthOK}}ok{{else}}bad{{end}}">{{.Health}}</span>
-<span>holds {{len .Held}} of its share {{.Target}} &middot; {{.Relays}} relays</span>{{end}}
+<span>holds {{len .Held}} partitions (fair share {{.Target}}) &middot; {{.Relays}} live relay{{if ne .Relays 1}}s{{end}}</span>{{end}}
 <span class="meta">{{with .Snap}}schema {{.Schema}} &middot; {{end}}{{.At}} &middot; refreshes every {{.Refresh}}s</span></header>
 <main>
 {{if .Err}}<section class="err"><h2>Cannot read the outbox</h2><p>{{.Err}}</p></section>{{end}}
@@ -227,6 +227,7 @@ td.num{text-align:right}
 </table></section>
 <section><h2>Partitions ({{.Partitions}}) and their holders</h2>
 <div class="grid">{{range $.Parts}}<div class="cell{{if .Unheld}} unheld{{end}}" style="background:{{.Color}}" title="{{.Title}}">{{.N}}<small>{{.Ready}}</small></div>{{end}}</div>
+<p class="muted">Each square is a partition: its number and, below, its ready rows. Its color is its holder's; dashed means nobody holds it.</p>
 <table><tr><th>Relay</th><th>Partitions</th><th>State</th></tr>
 {{range $.Legend}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Name}}</td><td>{{.Held}}</td><td>{{.State}}</td></tr>
 {{else}}<tr><td colspan="3" class="muted">No relay has registered.</td></tr>{{end}}</table></section>
