@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -293,4 +294,40 @@ func TestTraceparentReachesTheStream(t *testing.T) {
 	if got := msgs[0].Header.Get("tracestate"); got != ts {
 		t.Fatalf("tracestate on the stream = %q, want %q", got, ts)
 	}
+}
+
+// A relay with another partition count appearing while a relay runs: the running one keeps
+// publishing but reports the mismatch (metric, Lease().Mismatch) until it is gone.
+func TestPartitionCountMismatchReportedWhileRunning(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reg := prometheus.NewRegistry()
+	a := e.start(&Config{ID: "a", Partitions: 8, LeaseInterval: 50 * time.Millisecond, Registerer: reg})
+	testsvc.Eventually(t, 5*time.Second, "a to hold every partition", func() bool { return len(a.Partitions()) == 8 })
+
+	// Another relay's registration, alive because its session is.
+	ctx := context.Background()
+	conn, err := e.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	q := store.New(e.db.Schema)
+	odd := store.RelayRegistration{Instance: uuid.New(), RelayID: "odd", Partitions: 16, LeaseInterval: time.Second}
+	if err := q.RegisterRelay(ctx, conn, odd); err != nil {
+		t.Fatal(err)
+	}
+	mismatch := func() float64 {
+		return gather(t, reg)["txoutbox_relay_partition_count_mismatch"][0].GetGauge().GetValue()
+	}
+	testsvc.Eventually(t, 5*time.Second, "a to report the mismatch", func() bool { return a.Lease().Mismatch && mismatch() == 1 })
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	testsvc.Eventually(t, 5*time.Second, "a still publishing", func() bool { return e.count("true") == 0 })
+	if got := len(a.Partitions()); got != 8 {
+		t.Fatalf("a holds %d, want 8: a relay with another count is not a member to share with", got)
+	}
+	if err := q.UnregisterRelay(ctx, conn, odd.Instance); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 5*time.Second, "the mismatch to clear", func() bool { return !a.Lease().Mismatch && mismatch() == 0 })
 }
