@@ -170,7 +170,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	}
 	if f.embedded {
-		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", c.NATSURL)
+		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", redactDSN(c.NATSURL))
 	}
 	return r.Run(ctx)
 }
@@ -186,16 +186,22 @@ func configErr(err error) error {
 	return err
 }
 
-// redactDSN hides a password in a URL-style DSN.
+// redactDSN hides the password (or a NATS token) of each URL in a comma-separated list of
+// URL-style DSNs.
 func redactDSN(dsn string) string {
-	at := strings.LastIndex(dsn, "@")
-	scheme := strings.Index(dsn, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return dsn
+	parts := strings.Split(dsn, ",")
+	for i, p := range parts {
+		at := strings.LastIndex(p, "@")
+		scheme := strings.Index(p, "://")
+		if at < 0 || scheme < 0 || at < scheme {
+			continue
+		}
+		cred := p[scheme+3 : at]
+		if user, _, ok := strings.Cut(cred, ":"); ok {
+			parts[i] = p[:scheme+3] + user + ":xxxxx" + p[at:]
+		} else if !strings.HasPrefix(p, "postgres") {
+			parts[i] = p[:scheme+3] + "xxxxx" + p[at:] // a NATS token
+		}
 	}
-	cred := dsn[scheme+3 : at]
-	if user, _, ok := strings.Cut(cred, ":"); ok {
-		return dsn[:scheme+3] + user + ":xxxxx" + dsn[at:]
-	}
-	return dsn
+	return strings.Join(parts, ",")
 }
