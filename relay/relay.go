@@ -131,7 +131,8 @@ func (r *Relay) Wake() {
 
 // Run checks the streams (see Config.Subjects), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
-// partitions and returns nil.
+// partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
+// start when a live relay of the same outbox has another partition count.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.CheckStreams(ctx); err != nil {
 		return err

@@ -150,6 +150,8 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	// One registry for the process: other components run by this command (the check-back,
+	// ...) register their collectors here too, and /metrics serves them all.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
