@@ -280,3 +280,18 @@ func TestRedactDSN(t *testing.T) {
 		}
 	}
 }
+
+// Flags that select or destroy rows are never read from the environment.
+func TestDeadFiltersAreCommandLineOnly(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t)
+	env := map[string]string{"TXOUTBOX_ALL": "true", "TXOUTBOX_ID": e.ids["adead"].String(), "TXOUTBOX_SUBJECT": "audit.log"}
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), e.args("dead", "purge"), &Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string { return env[k] }})
+	if code != 2 {
+		t.Fatalf("dead purge with filters only in the environment = %d (%s%s), want 2: nothing selected on the command line", code, out.String(), errb.String())
+	}
+	if st, _, _, found := e.row("adead"); !found || st != "dead" {
+		t.Fatal("a dead row was purged through the environment")
+	}
+}

@@ -52,6 +52,7 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	s.Bool(&all, "all", "", false, "requeue, purge: every dead row (required when no filter is given)")
 	s.Bool(&dryRun, "dry-run", "", false, "requeue, purge: say what would change, change nothing")
 	s.Bool(&asJSON, "json", "", false, "print JSON")
+	s.CommandLineOnly("subject", "older-than", "newer-than", "id", "limit", "all", "dry-run", "json")
 	if len(args) == 0 || (args[0] != "list" && args[0] != "requeue" && args[0] != "purge") {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			s.printHelp(env.Stdout)

@@ -32,6 +32,7 @@ func statusCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Int(&partitions, "partitions", "", relay.DefaultPartitions, "partition count to group the backlog by when no relay is running (otherwise the relays' count)")
 	s.Bool(&asJSON, "json", "", false, "print JSON instead of tables")
+	s.CommandLineOnly("json")
 	if err := parseSettings(s, env, args); err != nil {
 		return err
 	}
