@@ -154,7 +154,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	// ...) register their collectors here too, and /metrics serves them all.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Registerer = reg
+	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
+		cfg.Registerer = reg
+	}
 	r, err := relay.New(c.Pool, js, &cfg)
 	if err != nil {
 		return configErr(err)
