@@ -27,6 +27,8 @@ const (
 	DefaultLeaseInterval    = 2 * time.Second
 	DefaultStreamDuplicates = 2 * time.Minute
 	DefaultDoorbellSubject  = outbox.DefaultDoorbellSubject
+	DefaultSampleInterval   = 10 * time.Second
+	DefaultSampleLimit      = 100_000
 )
 
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
@@ -72,12 +74,15 @@ type Config struct {
 
 	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
 	// the id when there is no key). Each partition is published by one relay at a time, which
-	// holds a session advisory lock on it as its lease. Every relay of one outbox must use the
-	// same value. Defaults to 8.
+	// holds a session advisory lock on it as its lease; live relays share them evenly. Every
+	// relay of one outbox must use the same value: a relay that finds a live relay with another
+	// count refuses to run (ErrPartitionMismatch). Defaults to 8.
 	Partitions int
 
-	// LeaseInterval is how often the relay tries to take partitions nobody holds (a standby
-	// takes over a dead relay's partitions within about this long). Defaults to 2s.
+	// LeaseInterval is how often the relay runs a lease round: it refreshes its membership
+	// heartbeat, takes free partitions up to its fair share and releases extra ones another
+	// relay waits for. A dead relay's partitions are taken within about this long. Defaults
+	// to 2s.
 	LeaseInterval time.Duration
 
 	// DoorbellSubject is the core NATS subject producers ring after a commit (see
@@ -108,6 +113,15 @@ type Config struct {
 
 	// Registerer, when set, registers the relay's Prometheus metrics. Defaults to none.
 	Registerer prometheus.Registerer
+
+	// SampleInterval is how often the relay samples the backlog gauges (rows by state, ready
+	// backlog and oldest ready age per held partition) with a bounded query, when Registerer
+	// is set. Defaults to 10s.
+	SampleInterval time.Duration
+
+	// SampleLimit bounds the rows each sampling count reads, so sampling stays cheap however
+	// large the backlog grows; a gauge at SampleLimit means "at least". Defaults to 100000.
+	SampleLimit int
 }
 
 // ConfigError names the Config field that is invalid.
@@ -173,6 +187,12 @@ func (c *Config) WithDefaults() *Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	if out.SampleInterval == 0 {
+		out.SampleInterval = DefaultSampleInterval
+	}
+	if out.SampleLimit == 0 {
+		out.SampleLimit = DefaultSampleLimit
+	}
 	return &out
 }
 
@@ -218,6 +238,10 @@ func (c *Config) validate() error {
 		return bad("LeaseInterval", "must be at least 10ms, got %s", c.LeaseInterval)
 	case c.StreamDuplicates < 0:
 		return bad("StreamDuplicates", "must not be negative, got %s", c.StreamDuplicates)
+	case c.SampleInterval < 10*time.Millisecond:
+		return bad("SampleInterval", "must be at least 10ms, got %s", c.SampleInterval)
+	case c.SampleLimit < 1:
+		return bad("SampleLimit", "must be at least 1, got %d", c.SampleLimit)
 	}
 	if !c.DisableDoorbell {
 		if err := validateSubjectPattern(c.DoorbellSubject); err != nil {

@@ -4,42 +4,150 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/store"
 )
 
-// leaser holds the relay's partition leases: session-level advisory locks on a dedicated
-// connection. The relay also claims and settles on that connection, so when the connection
-// dies the leases and the relay's ability to claim die together.
-type leaser struct {
-	r *Relay
+// Partition leases and fair sharing.
+//
+// A partition's lease is a session-level advisory lock held on the relay's dedicated lease
+// connection, on which the relay also claims and settles: when the connection dies, the leases
+// and the relay's ability to claim die together, and another relay can take the partitions at
+// its next lease round.
+//
+// Relays share the partitions fairly. Each relay keeps a row in txoutbox_relays (migration 002),
+// refreshed every lease round on the lease connection, which records that session's backend pid.
+// A member is alive while that backend exists in pg_stat_activity (so a SIGKILLed relay stops
+// counting at the same moment its locks are released) and its heartbeat is recent. Who holds
+// what is read from pg_locks, never from the table.
+//
+// Every round each relay computes the shares from the same data: the alive members, ordered by
+// start time, get floor(P/N) partitions each and the first P mod N one more. A relay below its
+// share takes free partitions; a relay above its share releases its extra partitions, but only
+// while another member is below its own share (someone is waiting for them), so nothing is
+// released that nobody would take. Rounds run between batches, never while a batch is in
+// flight, so a released partition has nothing of it half published; and because a key's
+// messages are published one after another (the next only after the previous PubAck), order
+// per key holds across a handover.
+//
+// Relays configured with different partition counts would publish one key from two relays at
+// once. A relay that finds a live member with another count at its first round refuses to run
+// (ErrPartitionMismatch); one that finds such a member later logs an error and reports it.
 
-	mu        sync.Mutex
-	conn      *pgx.Conn
-	held      []int32 // sorted
-	lastTry   time.Time
-	heldSince time.Time
+// ErrPartitionMismatch: live relays of this outbox are configured with a different
+// Config.Partitions. To change the partition count, stop every relay first.
+var ErrPartitionMismatch = errors.New("relay: relays disagree on the partition count")
+
+// PartitionMismatchError names the relays whose partition count differs from this one's.
+type PartitionMismatchError struct {
+	Partitions int            // this relay's
+	Others     map[string]int // relay id -> its partition count
 }
 
-func newLeaser(r *Relay) *leaser { return &leaser{r: r} }
+func (e *PartitionMismatchError) Error() string {
+	var parts []string
+	for id, n := range e.Others {
+		parts = append(parts, fmt.Sprintf("%s has %d", id, n))
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("%v: this relay has --partitions %d but %s; every relay of one outbox must use the same count (stop them all to change it)",
+		ErrPartitionMismatch, e.Partitions, strings.Join(parts, ", "))
+}
 
-// acquire returns the lease connection and the partitions held, connecting and trying to take
-// free partitions when it is time to.
+func (e *PartitionMismatchError) Unwrap() error { return ErrPartitionMismatch }
+
+// LeaseStatus is what the relay last saw of the partition sharing.
+type LeaseStatus struct {
+	Held     []int32 // partitions this relay holds, sorted
+	Target   int     // its fair share
+	Relays   int     // alive relays with the same partition count, itself included
+	Mismatch bool    // a live relay has a different partition count
+	// LastRound is when the relay last looked; zero before its first round.
+	LastRound time.Time
+}
+
+type leaser struct {
+	r   *Relay
+	reg store.RelayRegistration
+
+	mu          sync.Mutex
+	conn        *pgx.Conn
+	held        []int32 // sorted
+	nextRound   time.Time
+	joined      bool  // the first round (the partition-count check) passed
+	fatal       error // a refusal to run
+	target      int
+	relays      int
+	mismatch    bool
+	lastRound   time.Time
+	lastCleanup time.Time
+}
+
+func newLeaser(r *Relay) *leaser {
+	return &leaser{r: r, reg: store.RelayRegistration{
+		Instance:      uuid.New(),
+		RelayID:       r.cfg.ID,
+		Partitions:    r.cfg.Partitions,
+		LeaseInterval: r.cfg.LeaseInterval,
+	}}
+}
+
+// acquire returns the lease connection and the partitions held, connecting and running a
+// lease round when one is due. It runs between batches only.
 func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err := l.maintainLocked(ctx); err != nil {
+		return nil, nil, err
+	}
+	if len(l.held) == 0 {
+		return nil, nil, ErrNoPartitions
+	}
+	return l.conn, l.held, nil
+}
+
+// maintain runs a lease round if one is due (the relay calls it while it sleeps, so that
+// rebalancing does not wait for the next claim). It reports whether the relay went from no
+// partition to some.
+func (l *leaser) maintain(ctx context.Context) (gained bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	before := len(l.held)
+	err = l.maintainLocked(ctx)
+	return before == 0 && len(l.held) > 0, err
+}
+
+// untilRound is how long until the next lease round is due.
+func (l *leaser) untilRound() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == nil {
+		return 0
+	}
+	return time.Until(l.nextRound)
+}
+
+func (l *leaser) maintainLocked(ctx context.Context) error {
+	if l.fatal != nil {
+		return l.fatal
+	}
 	if l.conn == nil || l.conn.IsClosed() {
 		l.dropLocked()
 		pc, err := l.r.pool.Acquire(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("relay: connect: %w", err)
+			return fmt.Errorf("relay: connect: %w", err)
 		}
 		// Hijack: a connection holding session locks must never go back to the pool.
 		l.conn = pc.Hijack()
-		l.lastTry = time.Time{}
+		l.nextRound = time.Time{}
 		// Name the session so operators (and pg_stat_activity queries) can tell it apart.
 		// force_generic_plan: on a table without statistics yet (a fresh outbox, a backlog
 		// inserted since the last analyze) the first custom plans of the claim sort the whole
@@ -51,43 +159,155 @@ func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 			set_config('plan_cache_mode', 'force_generic_plan', false),
 			set_config('synchronous_commit', 'off', false)`, l.r.appName()); err != nil {
 			l.dropLocked()
-			return nil, nil, fmt.Errorf("relay: connect: %w", err)
+			return fmt.Errorf("relay: connect: %w", err)
 		}
 	}
-	if len(l.held) < l.r.cfg.Partitions && time.Since(l.lastTry) >= l.r.cfg.LeaseInterval {
-		l.lastTry = time.Now()
-		if err := l.tryTakeLocked(ctx); err != nil {
+	if time.Now().Before(l.nextRound) {
+		return nil
+	}
+	if err := l.roundLocked(ctx); err != nil {
+		if l.fatal != nil {
+			return err
+		}
+		if l.conn != nil && l.conn.IsClosed() {
 			l.dropLocked()
-			return nil, nil, err
 		}
+		return err
 	}
-	if len(l.held) == 0 {
-		return nil, nil, ErrNoPartitions
-	}
-	return l.conn, l.held, nil
+	return nil
 }
 
-func (l *leaser) tryTakeLocked(ctx context.Context) error {
-	var free []int32
-	for p := int32(0); p < int32(l.r.cfg.Partitions); p++ {
-		if _, ok := slices.BinarySearch(l.held, p); !ok {
-			free = append(free, p)
+// roundLocked is one lease round: heartbeat, look at the members and the leases, release
+// extra partitions someone is waiting for, take free ones up to the fair share.
+func (l *leaser) roundLocked(ctx context.Context) error {
+	cfg := l.r.cfg
+	view, err := l.r.q.Membership(ctx, l.conn, &l.reg)
+	if err != nil {
+		return fmt.Errorf("relay: lease round: %w", err)
+	}
+	now := time.Now()
+	l.lastRound = now
+	l.nextRound = now.Add(cfg.LeaseInterval)
+
+	var alive []store.RelayMember
+	others := map[string]int{}
+	for _, m := range view.Members {
+		if !m.Alive {
+			continue
+		}
+		if m.Partitions != cfg.Partitions {
+			others[m.RelayID] = m.Partitions
+			continue
+		}
+		alive = append(alive, m)
+	}
+	if len(others) > 0 {
+		merr := &PartitionMismatchError{Partitions: cfg.Partitions, Others: others}
+		if !l.joined {
+			// Refuse to run: take nothing, leave the membership table.
+			l.fatal = merr
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = l.r.q.UnregisterRelay(dctx, l.conn, l.reg.Instance)
+			cancel()
+			l.r.m.mismatch.Set(1)
+			l.r.log.Error("refusing to run: relays disagree on the partition count", "err", merr.Error())
+			return merr
+		}
+		if !l.mismatch {
+			l.r.log.Error("relays disagree on the partition count; the relay with the other count must be stopped", "err", merr.Error())
+		}
+		l.mismatch = true
+		l.r.m.mismatch.Set(1)
+	} else if l.mismatch {
+		l.mismatch = false
+		l.r.m.mismatch.Set(0)
+		l.r.log.Info("relays agree on the partition count again", "partitions", cfg.Partitions)
+	}
+	l.joined = true
+
+	me := slices.IndexFunc(alive, func(m store.RelayMember) bool { return m.Instance == l.reg.Instance })
+	if me < 0 { // our own row must be there; be safe if it is not
+		alive = append(alive, store.RelayMember{Instance: l.reg.Instance})
+		me = len(alive) - 1
+	}
+	n := len(alive)
+	share := func(i int) int {
+		s := cfg.Partitions / n
+		if i < cfg.Partitions%n {
+			s++
+		}
+		return s
+	}
+	target := share(me)
+	heldBy := map[int32]int{}
+	locked := map[int32]bool{}
+	for _, lk := range view.Locks {
+		heldBy[lk.PID]++
+		locked[lk.Partition] = true
+	}
+	// What the others wait for beyond what is free already: the most we release.
+	deficit := 0
+	for i, m := range alive {
+		if i != me && heldBy[m.PID] < share(i) {
+			deficit += share(i) - heldBy[m.PID]
 		}
 	}
-	rows, err := l.conn.Query(ctx, `SELECT p FROM unnest($2::int4[]) AS u(p) WHERE pg_try_advisory_lock($1::int4, p)`,
-		l.r.q.PartitionLockClass, free)
-	if err != nil {
-		return fmt.Errorf("relay: take partitions: %w", err)
+	waiting := deficit - (cfg.Partitions - len(locked))
+	if n != l.relays || target != l.target {
+		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions)
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return fmt.Errorf("relay: take partitions: %w", err)
+	l.relays, l.target = n, target
+	l.r.m.relays.Set(float64(n))
+	l.r.m.target.Set(float64(target))
+
+	switch {
+	case len(l.held) > target && waiting > 0:
+		extra := slices.Clone(l.held[max(target, len(l.held)-waiting):])
+		released, err := l.r.q.UnlockPartitions(ctx, l.conn, extra)
+		if err != nil {
+			return fmt.Errorf("relay: release partitions: %w", err)
+		}
+		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
+		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
+		l.r.log.Info("partitions released for rebalancing", "released", released, "held", len(l.held), "target", target, "relays", n)
+	case len(l.held) < target:
+		var free []int32
+		for p := int32(0); p < int32(cfg.Partitions); p++ {
+			if !locked[p] {
+				free = append(free, p)
+			}
+		}
+		// Relays taking at the same moment start at different places.
+		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+		var taken []int32
+		for want := target - len(l.held); want > 0 && len(free) > 0; want = target - len(l.held) {
+			try := free[:min(want, len(free))]
+			free = free[len(try):]
+			got, err := l.r.q.TryLockPartitions(ctx, l.conn, try)
+			if err != nil {
+				return fmt.Errorf("relay: take partitions: %w", err)
+			}
+			taken = append(taken, got...)
+			l.held = append(l.held, got...)
+			slices.Sort(l.held)
+		}
+		if len(taken) > 0 {
+			slices.Sort(taken)
+			l.r.m.changes.WithLabelValues("taken").Add(float64(len(taken)))
+			l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
+		}
+		if len(l.held) < target {
+			// Someone is about to release what we wait for: look again soon.
+			l.nextRound = now.Add(max(cfg.LeaseInterval/4, 10*time.Millisecond))
+		}
 	}
-	if len(got) > 0 {
-		l.held = append(l.held, got...)
-		slices.Sort(l.held)
-		l.r.log.Info("partitions taken", "taken", got, "held", len(l.held), "of", l.r.cfg.Partitions)
-		l.r.m.partitions.Set(float64(len(l.held)))
+	l.r.m.partitions.Set(float64(len(l.held)))
+
+	if now.Sub(l.lastCleanup) > time.Minute {
+		l.lastCleanup = now
+		if _, err := l.r.q.CleanupRelays(ctx, l.conn, 10*time.Minute); err != nil {
+			return fmt.Errorf("relay: clean up the membership table: %w", err)
+		}
 	}
 	return nil
 }
@@ -108,6 +328,7 @@ func (l *leaser) broken(err error) {
 func (l *leaser) dropLocked() {
 	if len(l.held) > 0 {
 		l.r.log.Warn("partition leases lost with their connection", "held", len(l.held))
+		l.r.m.changes.WithLabelValues("lost").Add(float64(len(l.held)))
 	}
 	l.held = nil
 	l.r.m.partitions.Set(0)
@@ -135,17 +356,32 @@ func (r *Relay) Partitions() []int32 {
 	return slices.Clone(r.lease.held)
 }
 
-// close releases every lease by closing the connection.
+// Lease returns what the relay last saw of the partition sharing.
+func (r *Relay) Lease() LeaseStatus {
+	l := r.lease
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return LeaseStatus{Held: slices.Clone(l.held), Target: l.target, Relays: l.relays, Mismatch: l.mismatch, LastRound: l.lastRound}
+}
+
+// Instance is the relay's membership id (one per New).
+func (r *Relay) Instance() uuid.UUID { return r.lease.reg.Instance }
+
+// close leaves the membership table and releases every lease by closing the connection.
 func (l *leaser) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.held) > 0 {
 		l.r.log.Info("partitions released", "held", len(l.held))
+		l.r.m.changes.WithLabelValues("released").Add(float64(len(l.held)))
 	}
 	l.held = nil
 	l.r.m.partitions.Set(0)
 	if l.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if !l.conn.IsClosed() && l.fatal == nil {
+			_ = l.r.q.UnregisterRelay(ctx, l.conn, l.reg.Instance)
+		}
 		_ = l.conn.Close(ctx)
 		cancel()
 		l.conn = nil

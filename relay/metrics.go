@@ -1,13 +1,35 @@
 package relay
 
 import (
+	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/internal/store"
 )
 
 // metrics are the relay's Prometheus collectors. They always count; they are exported only
 // when Config.Registerer is set.
+//
+// Families (all prefixed txoutbox_):
+//
+//	relay_published_total, relay_duplicates_total, relay_publish_failures_total{kind},
+//	relay_dead_total                     counters, per batch
+//	relay_batch_size, relay_commit_to_publish_seconds
+//	                                     histograms, per batch
+//	relay_partitions_held, relay_partition_target, relay_relays,
+//	relay_partition_changes_total{change}, relay_partition_count_mismatch
+//	                                     the partition sharing, per lease round
+//	relay_ready_backlog{partition}, relay_oldest_ready_age_seconds{partition}
+//	                                     the held partitions' backlog, sampled
+//	outbox_messages{state}, outbox_oldest_ready_age_seconds
+//	                                     the whole outbox, sampled (the same on every relay:
+//	                                     aggregate with max, not sum)
+//
+// Sampled gauges come from a periodic bounded query (Config.SampleInterval,
+// Config.SampleLimit), never from the publishing path.
 type metrics struct {
 	published  prometheus.Counter
 	duplicates prometheus.Counter
@@ -16,26 +38,31 @@ type metrics struct {
 	batchSize  prometheus.Histogram
 	latency    prometheus.Histogram
 	partitions prometheus.Gauge
+	target     prometheus.Gauge
+	relays     prometheus.Gauge
+	changes    *prometheus.CounterVec
+	mismatch   prometheus.Gauge
+
+	backlog    *prometheus.GaugeVec
+	oldestPart *prometheus.GaugeVec
+	rows       *prometheus.GaugeVec
+	oldest     prometheus.Gauge
+	sampleErrs prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	relay := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "txoutbox", Subsystem: "relay", Name: name, Help: help}
+	}
 	m := &metrics{
-		published: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "txoutbox", Subsystem: "relay", Name: "published_total",
-			Help: "Outbox rows published to JetStream and settled.",
-		}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "txoutbox", Subsystem: "relay", Name: "duplicates_total",
-			Help: "PubAcks that reported a duplicate (a republish absorbed by the stream's duplicate window).",
-		}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "txoutbox", Subsystem: "relay", Name: "publish_failures_total",
-			Help: "Failed publishes by kind: message (counts an attempt) or broker (outage, no attempt counted).",
-		}, []string{"kind"}),
-		dead: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "txoutbox", Subsystem: "relay", Name: "dead_total",
-			Help: "Rows that became dead after MaxAttempts failed publishes.",
-		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts(relay("published_total",
+			"Outbox rows published to JetStream and settled."))),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts(relay("duplicates_total",
+			"PubAcks that reported a duplicate (a republish absorbed by the stream's duplicate window)."))),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts(relay("publish_failures_total",
+			"Failed publishes by kind: message (counts an attempt) or broker (outage, no attempt counted).")), []string{"kind"}),
+		dead: prometheus.NewCounter(prometheus.CounterOpts(relay("dead_total",
+			"Rows that became dead after MaxAttempts failed publishes."))),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "txoutbox", Subsystem: "relay", Name: "batch_size",
 			Help:    "Rows per claimed batch.",
@@ -46,18 +73,117 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from a row becoming ready (its insert, or a half message's commit) to its PubAck.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}),
-		partitions: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "txoutbox", Subsystem: "relay", Name: "partitions_held",
-			Help: "Partitions this relay holds the lease of.",
+		partitions: prometheus.NewGauge(prometheus.GaugeOpts(relay("partitions_held",
+			"Partitions this relay holds the lease of."))),
+		target: prometheus.NewGauge(prometheus.GaugeOpts(relay("partition_target",
+			"This relay's fair share of the partitions (partitions / live relays, rounded up for the oldest)."))),
+		relays: prometheus.NewGauge(prometheus.GaugeOpts(relay("relays",
+			"Live relays sharing the partitions, this one included, at the last lease round."))),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts(relay("partition_changes_total",
+			"Partition leases taken, released (rebalancing or shutdown) or lost (connection gone).")), []string{"change"}),
+		mismatch: prometheus.NewGauge(prometheus.GaugeOpts(relay("partition_count_mismatch",
+			"1 while a live relay is configured with another partition count (a misconfiguration), else 0."))),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("ready_backlog",
+			"Ready rows of each partition this relay holds, counted among the oldest SampleLimit ready rows.")), []string{"partition"}),
+		oldestPart: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("oldest_ready_age_seconds",
+			"Age of the oldest ready row of each partition this relay holds (0 when it has none).")), []string{"partition"}),
+		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "outbox", Name: "messages",
+			Help: "Outbox rows by state (ready, dead, prepared, check_exhausted), each counted up to SampleLimit. The whole outbox: every relay reports the same value.",
+		}, []string{"state"}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "outbox", Name: "oldest_ready_age_seconds",
+			Help: "Age of the oldest ready row of the whole outbox (0 when there is none).",
 		}),
+		sampleErrs: prometheus.NewCounter(prometheus.CounterOpts(relay("sample_errors_total",
+			"Failed backlog samples (the sampled gauges keep their last value)."))),
+	}
+	// Make the labelled families visible before their first event.
+	for _, k := range []string{"message", "broker"} {
+		m.failures.WithLabelValues(k)
+	}
+	for _, c := range []string{"taken", "released", "lost"} {
+		m.changes.WithLabelValues(c)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.failures, m.dead, m.batchSize, m.latency, m.partitions} {
+	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.failures, m.dead, m.batchSize, m.latency,
+		m.partitions, m.target, m.relays, m.changes, m.mismatch, m.backlog, m.oldestPart, m.rows, m.oldest, m.sampleErrs} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("relay: register metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// sampleLoop refreshes the sampled gauges every SampleInterval until ctx ends.
+func (r *Relay) sampleLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.SampleInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := r.sampleOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.m.sampleErrs.Inc()
+			if !failing {
+				r.log.Warn("backlog sampling failed; the backlog gauges keep their last value", "err", err)
+			}
+			failing = true
+		case failing:
+			failing = false
+			r.log.Info("backlog sampling works again")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sampleOnce runs the bounded sampling queries and sets the gauges.
+func (r *Relay) sampleOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(r.cfg.SampleInterval, 5*time.Second))
+	defer cancel()
+	st, err := r.q.SampleStates(ctx, r.pool, r.cfg.SampleLimit)
+	if err != nil {
+		return fmt.Errorf("sample states: %w", err)
+	}
+	r.m.rows.WithLabelValues(store.StateReady).Set(float64(st.Ready))
+	r.m.rows.WithLabelValues(store.StateDead).Set(float64(st.Dead))
+	r.m.rows.WithLabelValues(store.StatePrepared).Set(float64(st.Prepared))
+	r.m.rows.WithLabelValues(store.StateCheckExhausted).Set(float64(st.CheckExhausted))
+	r.m.oldest.Set(st.OldestReady.Seconds())
+
+	held := r.Partitions()
+	var parts []store.PartitionSample
+	if len(held) > 0 {
+		if parts, err = r.q.SamplePartitions(ctx, r.pool, r.cfg.Partitions, r.cfg.SampleLimit); err != nil {
+			return fmt.Errorf("sample partitions: %w", err)
+		}
+	}
+	byPart := map[int32]store.PartitionSample{}
+	for _, p := range parts {
+		byPart[p.Partition] = p
+	}
+	isHeld := map[string]bool{}
+	for _, p := range held {
+		label := strconv.Itoa(int(p))
+		isHeld[label] = true
+		s := byPart[p]
+		r.m.backlog.WithLabelValues(label).Set(float64(s.Ready))
+		r.m.oldestPart.WithLabelValues(label).Set(s.Oldest.Seconds())
+	}
+	// Partitions this relay no longer holds are another relay's to report.
+	for p := 0; p < r.cfg.Partitions; p++ {
+		if label := strconv.Itoa(p); !isHeld[label] {
+			r.m.backlog.DeleteLabelValues(label)
+			r.m.oldestPart.DeleteLabelValues(label)
+		}
+	}
+	return nil
 }

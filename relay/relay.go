@@ -132,7 +132,8 @@ func (r *Relay) Wake() {
 
 // Run checks the streams (see Config.Subjects), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
-// partitions and returns nil.
+// partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
+// start when a live relay of the same outbox has another partition count.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.CheckStreams(ctx); err != nil {
 		return err
@@ -151,6 +152,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.DoorbellChannel != "" {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(lctx) }()
+	}
+	if r.cfg.Registerer != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.sampleLoop(lctx) }()
 	}
 	defer r.lease.close()
 
@@ -260,6 +265,8 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		case errors.Is(err, ErrNoPartitions):
 			r.setHealth(healthStandby, nil)
 			wait = r.cfg.LeaseInterval
+		case errors.Is(err, ErrPartitionMismatch):
+			return err
 		case ctx.Err() != nil:
 			continue
 		default:
@@ -289,17 +296,42 @@ func (r *Relay) finish(ctx context.Context, b *inflight) error {
 	return nil
 }
 
-// sleep waits for d, a wake-up or ctx; it reports whether it was woken early.
+// sleep waits for d, a wake-up or ctx; it reports whether it was woken early. Lease rounds
+// that fall due meanwhile run (no batch is in flight while the relay sleeps), and a standby
+// that gains partitions in one wakes at once.
 func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-r.wake:
-		return true
-	case <-t.C:
-		return false
+	deadline := time.Now().Add(d)
+	rounds := true
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return false
+		}
+		round := false
+		if u := r.lease.untilRound(); rounds && u < wait {
+			wait, round = max(u, 0), true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-r.wake:
+			t.Stop()
+			return true
+		case <-t.C:
+		}
+		if !round {
+			return false
+		}
+		gained, err := r.lease.maintain(ctx)
+		if gained {
+			return true
+		}
+		if err != nil {
+			// The next claim reports the problem; sleep out the backoff without more rounds.
+			rounds = false
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
@@ -12,11 +11,9 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
-
 // cli runs the relay command with vars as its environment and returns its exit status and
 // output.
-func cli(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
+func cliEnv(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return vars[k] }})
@@ -46,7 +43,7 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 	other, _ := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: 1 << 62})
 
 	vars["TXOUTBOX_CHECK_MAX"] = "1" // settings come from the environment too
-	code, out, errOut := cli(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--log-level", "error")
+	code, out, errOut := cliEnv(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--log-level", "error")
 	if code != 0 {
 		t.Fatalf("checkback --once: exit %d: %s", code, errOut)
 	}
@@ -59,11 +56,11 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 		t.Fatalf("states after the check-back: %s %s %s", state(checked), state(fenced), state(other))
 	}
 
-	code, out, errOut = cli(t, vars, "prepared", "list")
+	code, out, errOut = cliEnv(t, vars, "prepared", "list")
 	if code != 0 || !strings.Contains(out, checked.ID.String()) || !strings.Contains(out, other.ID.String()) || !strings.Contains(out, "check_exhausted") {
 		t.Fatalf("prepared list: exit %d\n%s%s", code, out, errOut)
 	}
-	code, out, _ = cli(t, vars, "prepared", "list", "--state", "check_exhausted", "--json")
+	code, out, _ = cliEnv(t, vars, "prepared", "list", "--state", "check_exhausted", "--json")
 	var row struct {
 		MessageID string `json:"message_id"`
 		State     string `json:"state"`
@@ -76,19 +73,19 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 	}
 
 	// Resume, then commit it; roll back the other (settings after the id work too).
-	if code, out, errOut = cli(t, vars, "prepared", "resume", checked.ID.String()); code != 0 || !strings.Contains(out, "resumed") || state(checked) != "prepared" {
+	if code, out, errOut = cliEnv(t, vars, "prepared", "resume", checked.ID.String()); code != 0 || !strings.Contains(out, "resumed") || state(checked) != "prepared" {
 		t.Fatalf("resume: exit %d: %s%s (state %s)", code, out, errOut, state(checked))
 	}
-	if code, _, _ = cli(t, vars, "prepared", "resume", other.ID.String()); code != 1 {
+	if code, _, _ = cliEnv(t, vars, "prepared", "resume", other.ID.String()); code != 1 {
 		t.Fatalf("resume of a prepared row: exit %d, want 1", code)
 	}
-	if code, out, errOut = cli(t, vars, "prepared", "commit", checked.ID.String()); code != 0 || state(checked) != "ready" {
+	if code, out, errOut = cliEnv(t, vars, "prepared", "commit", checked.ID.String()); code != 0 || state(checked) != "ready" {
 		t.Fatalf("commit: exit %d: %s%s", code, out, errOut)
 	}
-	if code, out, errOut = cli(t, vars, "prepared", "rollback", other.ID.String(), "--schema", db.Schema); code != 0 || state(other) != "rolled_back" {
+	if code, out, errOut = cliEnv(t, vars, "prepared", "rollback", other.ID.String(), "--schema", db.Schema); code != 0 || state(other) != "rolled_back" {
 		t.Fatalf("rollback: exit %d: %s%s", code, out, errOut)
 	}
-	code, _, errOut = cli(t, vars, "prepared", "commit", other.ID.String())
+	code, _, errOut = cliEnv(t, vars, "prepared", "commit", other.ID.String())
 	if code != 1 || !strings.Contains(errOut, "it is rolled_back") {
 		t.Fatalf("commit of a rolled back row: exit %d: %s", code, errOut)
 	}
@@ -107,7 +104,7 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 		{"checkback", "--once", "--check-schedule", "sometimes"},
 		{"checkback", "--once", "--check-backoff-jitter", "2"},
 	} {
-		if code, _, errOut := cli(t, vars, args...); code != 2 || errOut == "" {
+		if code, _, errOut := cliEnv(t, vars, args...); code != 2 || errOut == "" {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errOut)
 		}
 	}
@@ -115,20 +112,20 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 
 func TestHelpListsCheckbackSettings(t *testing.T) {
 	t.Parallel()
-	_, out, _ := cli(t, nil, "run", "--help")
+	_, out, _ := cliEnv(t, nil, "run", "--help")
 	for _, want := range []string{"--no-checkback", "TXOUTBOX_NO_CHECKBACK", "--check-transaction-timeout", "TXOUTBOX_CHECK_TRANSACTION_TIMEOUT",
 		"default 6s", "--check-max", "default 15", "--dedup-retention", "--purge-schedule"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("relay run --help lacks %q", want)
 		}
 	}
-	_, out, _ = cli(t, nil, "checkback", "--help")
+	_, out, _ = cliEnv(t, nil, "checkback", "--help")
 	for _, want := range []string{"--once", "--retention", "TXOUTBOX_RETENTION", "--check-group-rate", "--stale-ready-after"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("relay checkback --help lacks %q", want)
 		}
 	}
-	code, _, errOut := cli(t, nil, "run", "--check-max", "0", "--database-url", "postgres://x")
+	code, _, errOut := cliEnv(t, nil, "run", "--check-max", "0", "--database-url", "postgres://x")
 	if code != 2 || !strings.Contains(errOut, "--check-max") {
 		t.Errorf("relay run --check-max 0: exit %d: %s", code, errOut)
 	}

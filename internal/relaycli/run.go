@@ -3,17 +3,13 @@ package relaycli
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -39,6 +35,7 @@ type runFlags struct {
 	subjects         string
 	logFormat, level string
 	metricsAddr      string
+	faultSettleDelay time.Duration
 
 	cb          checkback.Config
 	noCheckback bool
@@ -53,6 +50,7 @@ var fieldFlags = map[string]string{
 	"MaxAttempts": "max-attempts", "Retention": "retention", "Partitions": "partitions",
 	"LeaseInterval": "lease-interval", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
 	"Subjects": "subjects", "CreateStream": "create-stream", "StreamDuplicates": "stream-duplicates",
+	"SampleInterval": "sample-interval",
 }
 
 func defineRunFlags(s *settings, f *runFlags) {
@@ -77,7 +75,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
 	s.Duration(&f.cfg.Retention, "retention", "", 0, "keep published rows this long (0 deletes them at once)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
-	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to try to take partitions nobody holds")
+	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -92,10 +90,13 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Bool(&f.noCheckback, "no-checkback", "", false, "do not run the check-back jobs in this process (run relay checkback elsewhere instead)")
 
 	sec = s.Section("Operations")
-	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9090); off when empty")
+	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz, /readyz and the status page (/) on this address (e.g. 127.0.0.1:9090); off when empty")
 	sec("metrics-addr")
+	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
+	s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
+	s.Hide("fault-settle-delay")
 }
 
 func runCmd(ctx context.Context, env *Env, args []string) error {
@@ -113,7 +114,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		"batch-size": int64(f.cfg.BatchSize), "max-in-flight": int64(f.cfg.MaxInFlight), "max-attempts": int64(f.cfg.MaxAttempts),
 		"partitions": int64(f.cfg.Partitions), "publish-timeout": int64(f.cfg.PublishTimeout), "poll-min": int64(f.cfg.PollMin),
 		"poll-max": int64(f.cfg.PollMax), "backoff-base": int64(f.cfg.BackoffBase), "backoff-max": int64(f.cfg.BackoffMax),
-		"lease-interval": int64(f.cfg.LeaseInterval),
+		"lease-interval": int64(f.cfg.LeaseInterval), "sample-interval": int64(f.cfg.SampleInterval),
 	} {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
@@ -164,23 +165,31 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	// One registry for the process: other components run by this command (the check-back,
+	// ...) register their collectors here too, and /metrics serves them all.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Registerer = reg
+	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
+		cfg.Registerer = reg
+	}
 	r, err := relay.New(c.Pool, js, &cfg)
 	if err != nil {
 		return configErr(err)
 	}
+	if f.faultSettleDelay > 0 {
+		log.Warn("fault injection: every batch pauses between publish and settle", "delay", f.faultSettleDelay.String())
+		r.InjectFaults(relay.FaultInjection{SettleDelay: f.faultSettleDelay})
+	}
 	if f.metricsAddr != "" {
-		stop, err := serveOps(f.metricsAddr, reg, c, r)
+		srv, err := serveOps(f.metricsAddr, reg, c, r, f.schema, log)
 		if err != nil {
 			return err
 		}
-		defer stop()
-		log.Info("serving metrics and health", "addr", f.metricsAddr)
+		defer srv.Close()
+		log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	}
 	if f.embedded {
-		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", c.NATSURL)
+		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", redactDSN(c.NATSURL))
 	}
 	if f.noCheckback {
 		return r.Run(ctx)
@@ -210,55 +219,22 @@ func configErr(err error) error {
 	return err
 }
 
-// serveOps serves /metrics, /healthz (the process is alive) and /readyz (PostgreSQL and NATS
-// answer, and the relay is healthy or a standby).
-func serveOps(addr string, reg *prometheus.Registry, c *conns, r *relay.Relay) (func(), error) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
-		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
-		defer cancel()
-		var problems []string
-		if err := c.Pool.Ping(ctx); err != nil {
-			problems = append(problems, "postgres: "+err.Error())
-		}
-		if st := c.NC.Status(); st != nats.CONNECTED {
-			problems = append(problems, "nats: "+st.String())
-		}
-		if h := r.Health(); h != "ok" && h != "standby" {
-			problems = append(problems, "relay: "+h)
-		}
-		if len(problems) > 0 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, strings.Join(problems, "\n"))
-			return
-		}
-		fmt.Fprintf(w, "ok: %s, partitions held %d\n", r.Health(), len(r.Partitions()))
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
-}
-
-// redactDSN hides a password in a URL-style DSN.
+// redactDSN hides the password (or a NATS token) of each URL in a comma-separated list of
+// URL-style DSNs.
 func redactDSN(dsn string) string {
-	at := strings.LastIndex(dsn, "@")
-	scheme := strings.Index(dsn, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return dsn
+	parts := strings.Split(dsn, ",")
+	for i, p := range parts {
+		at := strings.LastIndex(p, "@")
+		scheme := strings.Index(p, "://")
+		if at < 0 || scheme < 0 || at < scheme {
+			continue
+		}
+		cred := p[scheme+3 : at]
+		if user, _, ok := strings.Cut(cred, ":"); ok {
+			parts[i] = p[:scheme+3] + user + ":xxxxx" + p[at:]
+		} else if !strings.HasPrefix(p, "postgres") {
+			parts[i] = p[:scheme+3] + "xxxxx" + p[at:] // a NATS token
+		}
 	}
-	cred := dsn[scheme+3 : at]
-	if user, _, ok := strings.Cut(cred, ":"); ok {
-		return dsn[:scheme+3] + user + ":xxxxx" + dsn[at:]
-	}
-	return dsn
+	return strings.Join(parts, ",")
 }

@@ -75,6 +75,14 @@ func (s *settings) Bool(p *bool, name, env string, def bool, usage string) {
 	s.add(name, env)
 }
 
+// CommandLineOnly keeps a setting from being read from the environment: flags that select or
+// change data (relay dead --all, --id, ...) must be typed, never inherited.
+func (s *settings) CommandLineOnly(names ...string) {
+	for _, n := range names {
+		s.env[n] = ""
+	}
+}
+
 // Hide keeps a setting out of the help (test and fault-injection knobs).
 func (s *settings) Hide(name string) { s.hidden[name] = true }
 
@@ -97,6 +105,9 @@ func (s *settings) parse(args []string) error {
 			continue
 		}
 		env := s.env[name]
+		if env == "" {
+			continue
+		}
 		v := s.getenv(env)
 		if v == "" {
 			continue
@@ -139,6 +150,10 @@ func (s *settings) printHelp(w io.Writer) {
 			left += " " + kind
 		}
 		fmt.Fprintf(w, "    %-30s %s\n", left, usage)
-		fmt.Fprintf(w, "    %-30s env %s, default %s\n", "", s.env[name], def)
+		if env := s.env[name]; env != "" {
+			fmt.Fprintf(w, "    %-30s env %s, default %s\n", "", env, def)
+		} else {
+			fmt.Fprintf(w, "    %-30s command line only, default %s\n", "", def)
+		}
 	}
 }

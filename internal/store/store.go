@@ -60,8 +60,9 @@ type Queries struct {
 	settleDelete   string
 	settleRetain   string
 
-	half  halfSQL  // half messages and the check-back (half.go)
-	dedup dedupSQL // the idempotent consumer (dedup.go)
+	half  halfSQL     // half messages and the check-back (half.go)
+	dedup dedupSQL    // the idempotent consumer (dedup.go)
+	ops   *opsQueries // relay membership, sampling and admin statements (ops.go)
 }
 
 // New builds the statements for schema.
@@ -122,6 +123,7 @@ SELECT (SELECT count(*) FROM ok),
 SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
 	q.half = newHalfSQL(q)
+	q.ops = newOpsQueries(q)
 	return q
 }
 

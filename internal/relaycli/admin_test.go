@@ -1,0 +1,297 @@
+package relaycli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/status"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+func TestMain(m *testing.M) {
+	code := testsvc.Main(m)
+	cleanupBinary()
+	os.Exit(code)
+}
+
+// cli runs the relay command in-process and returns its exit status, stdout and stderr.
+func cli(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" }})
+	return code, out.String(), errb.String()
+}
+
+type adminEnv struct {
+	t   *testing.T
+	db  *testsvc.DB
+	ids map[string]uuid.UUID
+}
+
+// newAdminEnv enqueues rows over three subjects and kills some of them:
+// orders.created: 3 ready; orders.paid: 2 ready + 2 dead (one old); audit.log: 1 dead.
+func newAdminEnv(t *testing.T) *adminEnv {
+	t.Helper()
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &adminEnv{t: t, db: db, ids: map[string]uuid.UUID{}}
+	names := []string{"c1", "c2", "c3", "p1", "p2", "pdead-old", "pdead-new", "adead"}
+	subjects := []string{"orders.created", "orders.created", "orders.created", "orders.paid", "orders.paid", "orders.paid", "orders.paid", "audit.log"}
+	var msgs []outbox.Message
+	for i, n := range names {
+		msgs = append(msgs, outbox.Message{Subject: subjects[i], Key: n, Payload: []byte(n)})
+	}
+	ctx := context.Background()
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		ids, err := c.EnqueueTx(ctx, tx, msgs...)
+		for i, id := range ids {
+			e.ids[names[i]] = id
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE txoutbox_messages SET state = 'dead', attempts = 20, last_error = 'nats: no responders available for request'
+		WHERE message_id = ANY($1)`, []uuid.UUID{e.ids["pdead-old"], e.ids["pdead-new"], e.ids["adead"]})
+	e.exec(`UPDATE txoutbox_messages SET created_at = now() - interval '3 hours' WHERE message_id = $1`, e.ids["pdead-old"])
+	return e
+}
+
+func (e *adminEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *adminEnv) row(name string) (state string, attempts int, lastErr *string, found bool) {
+	e.t.Helper()
+	err := e.db.Pool.QueryRow(context.Background(), `SELECT state, attempts, last_error FROM txoutbox_messages WHERE message_id = $1`, e.ids[name]).
+		Scan(&state, &attempts, &lastErr)
+	if err == pgx.ErrNoRows {
+		return "", 0, nil, false
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return state, attempts, lastErr, true
+}
+
+func (e *adminEnv) args(cmd ...string) []string {
+	return append(cmd, "--database-url", e.db.DSN, "--schema", e.db.Schema)
+}
+
+func TestStatusCommand(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t)
+	code, out, errOut := cli(t, e.args("status")...)
+	if code != 0 {
+		t.Fatalf("relay status = %d: %s", code, errOut)
+	}
+	t.Logf("relay status:\n%s", out)
+	for _, want := range []string{
+		"5 ready (5 due, 0 retrying)", "3 dead",
+		"SUBJECT", "orders.created", "orders.paid", "audit.log",
+		"PARTITION", "0/8", "7/8",
+		"(no relay has run yet)",
+		"no relay is running and 5 rows wait to be published",
+		"3 dead rows hold back their keys",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("relay status output lacks %q", want)
+		}
+	}
+	// The per-subject line of orders.paid: 2 ready, 2 dead.
+	var paid string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "orders.paid ") {
+			paid = strings.Join(strings.Fields(l), " ")
+		}
+	}
+	if !strings.HasPrefix(paid, "orders.paid 2 2 0 ") || !strings.HasSuffix(paid, " 2 0 0") {
+		t.Errorf("orders.paid line = %q, want 2 ready, 2 due, 0 retrying, ..., 2 dead, 0 prepared, 0 exhausted", paid)
+	}
+
+	code, out, errOut = cli(t, e.args("status", "--json", "--partitions", "4")...)
+	if code != 0 {
+		t.Fatalf("relay status --json = %d: %s", code, errOut)
+	}
+	var snap status.Snapshot
+	if err := json.Unmarshal([]byte(out), &snap); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, out)
+	}
+	if snap.Totals.Ready != 5 || snap.Totals.Dead != 3 || len(snap.Subjects) != 3 || snap.Partitions != 4 || len(snap.Partition) != 4 {
+		t.Fatalf("status --json = %+v", snap)
+	}
+	var sum int64
+	for _, p := range snap.Partition {
+		sum += p.Ready
+		if p.Holder != "" {
+			t.Fatalf("partition %d has holder %q with no relay running", p.Partition, p.Holder)
+		}
+	}
+	if sum != 5 {
+		t.Fatalf("partition backlog adds up to %d, want 5", sum)
+	}
+}
+
+func TestDeadCommands(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t)
+
+	// list, with each filter.
+	code, out, errOut := cli(t, e.args("dead", "list")...)
+	if code != 0 || !strings.Contains(out, "3 dead rows listed") || !strings.Contains(out, "no responders") {
+		t.Fatalf("dead list = %d\n%s%s", code, out, errOut)
+	}
+	t.Logf("relay dead list:\n%s", out)
+	listIDs := func(args ...string) []uuid.UUID {
+		t.Helper()
+		code, out, errOut := cli(t, e.args(append([]string{"dead", "list", "--json"}, args...)...)...)
+		if code != 0 {
+			t.Fatalf("dead list %v = %d: %s", args, code, errOut)
+		}
+		var rows []struct {
+			MessageID uuid.UUID `json:"message_id"`
+			Attempts  int       `json:"attempts"`
+		}
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var ids []uuid.UUID
+		for _, r := range rows {
+			ids = append(ids, r.MessageID)
+		}
+		return ids
+	}
+	same := func(got []uuid.UUID, names ...string) bool {
+		if len(got) != len(names) {
+			return false
+		}
+		for i, n := range names {
+			if got[i] != e.ids[n] {
+				return false
+			}
+		}
+		return true
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--subject", "orders.paid"}, []string{"pdead-old", "pdead-new"}},
+		{[]string{"--subject", "orders.*"}, []string{"pdead-old", "pdead-new"}},
+		{[]string{"--subject", ">"}, []string{"pdead-old", "pdead-new", "adead"}},
+		{[]string{"--subject", "audit.>"}, []string{"adead"}},
+		{[]string{"--subject", "orders"}, nil},
+		{[]string{"--older-than", "1h"}, []string{"pdead-old"}},
+		{[]string{"--newer-than", "1h"}, []string{"pdead-new", "adead"}},
+		{[]string{"--id", e.ids["adead"].String() + "," + e.ids["c1"].String()}, []string{"adead"}},
+		{[]string{"--limit", "1"}, []string{"pdead-old"}},
+	} {
+		if got := listIDs(c.args...); !same(got, c.want...) {
+			t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
+		}
+	}
+
+	// Bad usage exits 2 and changes nothing.
+	for _, args := range [][]string{
+		{"dead", "purge"},
+		{"dead", "requeue"},
+		{"dead", "purge", "--all", "--subject", "x"},
+		{"dead", "list", "--subject", "a..b"},
+		{"dead", "list", "--id", "not-a-uuid"},
+		{"dead", "frobnicate"},
+	} {
+		if code, _, errOut := cli(t, e.args(args...)...); code != 2 || errOut == "" {
+			t.Errorf("%v = %d (%q), want 2 with a message", args, code, errOut)
+		}
+	}
+
+	// requeue --dry-run changes nothing.
+	code, out, _ = cli(t, e.args("dead", "requeue", "--subject", "orders.paid", "--dry-run")...)
+	if code != 0 || !strings.Contains(out, "2 dead rows would be requeued") {
+		t.Fatalf("requeue --dry-run = %d: %s", code, out)
+	}
+	if st, _, _, _ := e.row("pdead-new"); st != "dead" {
+		t.Fatalf("dry run changed the row to %s", st)
+	}
+
+	// requeue: ready again, attempts 0, error cleared; only the filtered rows.
+	code, out, errOut = cli(t, e.args("dead", "requeue", "--subject", "orders.paid", "--newer-than", "1h")...)
+	if code != 0 || !strings.Contains(out, "1 dead rows requeued") || !strings.Contains(out, e.ids["pdead-new"].String()) {
+		t.Fatalf("requeue = %d: %s%s", code, out, errOut)
+	}
+	if st, att, le, _ := e.row("pdead-new"); st != "ready" || att != 0 || le != nil {
+		t.Fatalf("requeued row: state %s, attempts %d, last_error %v", st, att, le)
+	}
+	if st, _, _, _ := e.row("pdead-old"); st != "dead" {
+		t.Fatalf("a row outside the filter was requeued (%s)", st)
+	}
+
+	// purge by id, then --all.
+	code, out, _ = cli(t, e.args("dead", "purge", "--id", e.ids["pdead-old"].String(), "--json")...)
+	var res struct {
+		Action string      `json:"action"`
+		IDs    []uuid.UUID `json:"message_ids"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Action != "purge" || len(res.IDs) != 1 || res.IDs[0] != e.ids["pdead-old"] {
+		t.Fatalf("purge --id = %d: %s", code, out)
+	}
+	if _, _, _, found := e.row("pdead-old"); found {
+		t.Fatal("the purged row is still there")
+	}
+	code, out, _ = cli(t, e.args("dead", "purge", "--all")...)
+	if code != 0 || !strings.Contains(out, "1 dead rows purged") {
+		t.Fatalf("purge --all = %d: %s", code, out)
+	}
+	if _, _, _, found := e.row("adead"); found {
+		t.Fatal("purge --all left a dead row")
+	}
+	// Ready rows are never touched by dead commands.
+	var ready int
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM txoutbox_messages WHERE state = 'ready'`).Scan(&ready); err != nil || ready != 6 {
+		t.Fatalf("%d ready rows, want 6 (5 + the requeued one): %v", ready, err)
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://app:hunter2@db:5432/x?sslmode=require": "postgres://app:xxxxx@db:5432/x?sslmode=require",
+		"postgres://app@db/x":                              "postgres://app@db/x",
+		"nats://u:p@a:4222,nats://u:p@b:4222":              "nats://u:xxxxx@a:4222,nats://u:xxxxx@b:4222",
+		"nats://s3cr3ttoken@a:4222":                        "nats://xxxxx@a:4222",
+		"nats://127.0.0.1:4222":                            "nats://127.0.0.1:4222",
+	} {
+		if got := redactDSN(in); got != want {
+			t.Errorf("redactDSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Flags that select or destroy rows are never read from the environment.
+func TestDeadFiltersAreCommandLineOnly(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t)
+	env := map[string]string{"TXOUTBOX_ALL": "true", "TXOUTBOX_ID": e.ids["adead"].String(), "TXOUTBOX_SUBJECT": "audit.log"}
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), e.args("dead", "purge"), &Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string { return env[k] }})
+	if code != 2 {
+		t.Fatalf("dead purge with filters only in the environment = %d (%s%s), want 2: nothing selected on the command line", code, out.String(), errb.String())
+	}
+	if st, _, _, found := e.row("adead"); !found || st != "dead" {
+		t.Fatal("a dead row was purged through the environment")
+	}
+}

@@ -1,0 +1,102 @@
+package relaycli
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// A relay process with --metrics-addr: every metric family is on /metrics, /healthz and
+// /readyz answer, /readyz turns 503 while NATS is away, and the status page is served.
+func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	ctx := context.Background()
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.created", Key: "a"}, outbox.Message{Subject: "orders.created", Key: "b"},
+			outbox.Message{Subject: "orders.paid"}, outbox.Message{Subject: "nowhere.at.all"}, // no stream: dead at once
+		)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRelay(t, "relay-m", "run", "--database-url", db.DSN, "--nats-url", n.URL(), "--schema", db.Schema,
+		"--relay-id", "relay-m", "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
+		"--max-attempts", "1", "--sample-interval", "100ms", "--lease-interval", "200ms")
+	addr, _ := p.waitLog(t, "serving metrics, health and the status page", 10*time.Second).Fields["addr"].(string)
+	base := "http://" + addr
+
+	var metrics string
+	testsvc.Eventually(t, 15*time.Second, "published rows and sampled gauges", func() bool {
+		var code int
+		metrics, code = httpGet(t, base+"/metrics")
+		return code == 200 && strings.Contains(metrics, "txoutbox_relay_published_total 3") &&
+			strings.Contains(metrics, `txoutbox_outbox_messages{state="dead"} 1`) &&
+			strings.Contains(metrics, `txoutbox_outbox_messages{state="ready"} 0`)
+	})
+	for _, family := range []string{
+		"txoutbox_relay_published_total", "txoutbox_relay_duplicates_total", "txoutbox_relay_publish_failures_total",
+		"txoutbox_relay_dead_total", "txoutbox_relay_batch_size_bucket", "txoutbox_relay_commit_to_publish_seconds_bucket",
+		"txoutbox_relay_partitions_held", "txoutbox_relay_partition_target", "txoutbox_relay_relays",
+		"txoutbox_relay_partition_changes_total", "txoutbox_relay_partition_count_mismatch",
+		"txoutbox_relay_ready_backlog", "txoutbox_relay_oldest_ready_age_seconds",
+		"txoutbox_outbox_messages", "txoutbox_outbox_oldest_ready_age_seconds", "txoutbox_relay_sample_errors_total",
+		"go_goroutines", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(metrics, "\n"+family) {
+			t.Errorf("/metrics lacks %s", family)
+		}
+	}
+	for _, line := range []string{
+		`txoutbox_relay_publish_failures_total{kind="message"} 1`, "txoutbox_relay_dead_total 1",
+		"txoutbox_relay_partitions_held 8", `txoutbox_relay_partition_changes_total{change="taken"} 8`,
+		`txoutbox_relay_ready_backlog{partition="0"} 0`,
+	} {
+		if !strings.Contains(metrics, line) {
+			t.Errorf("/metrics lacks %q", line)
+		}
+	}
+
+	if body, code := httpGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if body, code := httpGet(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 8\n" {
+		t.Errorf("/readyz = %d %q", code, body)
+	}
+	if body, code := httpGet(t, base+"/"); code != 200 || !strings.Contains(body, "relay-m") || !strings.Contains(body, "nowhere.at.all") {
+		t.Errorf("status page = %d, lacks the relay or the dead row's subject", code)
+	}
+
+	n.Stop()
+	testsvc.Eventually(t, 10*time.Second, "/readyz to fail while NATS is away", func() bool {
+		body, code := httpGet(t, base+"/readyz")
+		return code == 503 && strings.Contains(body, "nats:")
+	})
+	if body, code := httpGet(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz while NATS is away = %d %q, want 200 (the process is alive)", code, body)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 15*time.Second, "/readyz to recover", func() bool {
+		_, code := httpGet(t, base+"/readyz")
+		return code == 200
+	})
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("relay exited %d after SIGTERM, want 0", code)
+	}
+}

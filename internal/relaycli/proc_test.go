@@ -1,0 +1,176 @@
+package relaycli
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The real relay binary, built once per test run from ./cmd/relay.
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+func relayBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "txoutbox-relay-bin-")
+		if binErr != nil {
+			return
+		}
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		binPath = filepath.Join(binDir, "relay")
+		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			binErr = err
+			binPath = string(out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("go build ./cmd/relay: %v\n%s", binErr, binPath)
+	}
+	return binPath
+}
+
+func cleanupBinary() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}
+
+// logLine is one JSON log line of a relay process, with the time the test read it.
+type logLine struct {
+	Read   time.Time
+	Fields map[string]any
+}
+
+func (l logLine) msg() string { s, _ := l.Fields["msg"].(string); return s }
+
+// proc is a relay process started by the test.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+
+	mu   sync.Mutex
+	logs []logLine
+	raw  strings.Builder
+}
+
+// startRelay runs the relay binary with args (JSON logs on stderr are collected).
+func startRelay(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, cmd: exec.Command(relayBinary(t), args...), done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), "DATABASE_URL=", "NATS_URL=")
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stdout = io.Discard
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var reading sync.WaitGroup
+	reading.Add(1)
+	go func() {
+		defer reading.Done()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			l := logLine{Read: time.Now()}
+			_ = json.Unmarshal([]byte(line), &l.Fields)
+			p.mu.Lock()
+			p.raw.WriteString(line + "\n")
+			if l.Fields != nil {
+				p.logs = append(p.logs, l)
+			}
+			p.mu.Unlock()
+		}
+	}()
+	go func() {
+		reading.Wait()
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", p.name, p.output())
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.raw.String()
+}
+
+// find returns the log lines whose msg is msg.
+func (p *proc) find(msg string) []logLine {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []logLine
+	for _, l := range p.logs {
+		if l.msg() == msg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// waitLog waits for a log line with msg.
+func (p *proc) waitLog(t *testing.T, msg string, timeout time.Duration) logLine {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if ls := p.find(msg); len(ls) > 0 {
+			return ls[0]
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited (%v) before logging %q:\n%s", p.name, p.err, msg, p.output())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s did not log %q within %s:\n%s", p.name, msg, timeout, p.output())
+	return logLine{}
+}
+
+// signal sends sig and, for SIGTERM, waits for the exit and returns its status.
+func (p *proc) stop(t *testing.T, sig syscall.Signal) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not exit after %v", p.name, sig)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}

@@ -1,0 +1,221 @@
+// Package status builds the operator's view of an outbox: backlog per subject and partition,
+// dead and prepared rows, relays and the partitions they hold. `relay status` prints it and the
+// relay's status page (package ops) renders it.
+//
+// Other subsystems add their own sections with RegisterPanel, from an init function in a file
+// of this package or of their own: the half-message check-back (prepared rows by producer
+// group, checks by outcome) and the consumer (processed, duplicates, dead-lettered) plug in
+// here, and both `relay status` and the status page show their panels.
+package status
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// Snapshot is the state of one outbox at one moment.
+type Snapshot struct {
+	Schema string    `json:"schema"`
+	At     time.Time `json:"at"`
+	// Partitions is the partition count of the live relays (or the caller's default when none
+	// is alive).
+	Partitions int         `json:"partitions"`
+	Totals     Totals      `json:"totals"`
+	Subjects   []Subject   `json:"subjects"`
+	Relays     []Relay     `json:"relays"`
+	Partition  []Partition `json:"partition_table"`
+	Panels     []Table     `json:"panels,omitempty"`
+	// Problems are things an operator should look at, in plain words.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Totals add up the subjects.
+type Totals struct {
+	Ready              int64   `json:"ready"`
+	Due                int64   `json:"due"`
+	Retrying           int64   `json:"retrying"`
+	Dead               int64   `json:"dead"`
+	Prepared           int64   `json:"prepared"`
+	CheckExhausted     int64   `json:"check_exhausted"`
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+}
+
+// Subject is one subject's unpublished rows.
+type Subject struct {
+	store.SubjectStatus
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+}
+
+// Relay is a relay of the membership table.
+type Relay struct {
+	store.RelayMember
+	LastSeenSeconds float64 `json:"last_seen_seconds"`
+	Held            []int32 `json:"held"`
+}
+
+// Partition is one partition: its holder and its ready backlog.
+type Partition struct {
+	Partition int32 `json:"partition"`
+	// Holder is the relay id of the holder, "" when nobody holds it.
+	Holder             string  `json:"holder"`
+	HolderPID          int32   `json:"holder_pid,omitempty"`
+	Ready              int64   `json:"ready"`
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+}
+
+// Table is a panel's content: a titled table.
+type Table struct {
+	Title   string     `json:"title"`
+	Columns []string   `json:"columns"`
+	Rows    [][]string `json:"rows"`
+	// Note is a line under the table (what the numbers mean, what to do).
+	Note string `json:"note,omitempty"`
+}
+
+// Panel is an extra section. Collect runs on every snapshot; keep it to cheap queries.
+type Panel struct {
+	Name    string
+	Collect func(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error)
+}
+
+var (
+	panelsMu sync.Mutex
+	panels   []Panel
+)
+
+// RegisterPanel adds a panel to every snapshot (call it from an init function).
+func RegisterPanel(p Panel) {
+	panelsMu.Lock()
+	defer panelsMu.Unlock()
+	panels = append(panels, p)
+}
+
+func registered() []Panel {
+	panelsMu.Lock()
+	defer panelsMu.Unlock()
+	return append([]Panel(nil), panels...)
+}
+
+// Options tune Collect.
+type Options struct {
+	// Partitions is the partition count to group the backlog by when no relay is alive to
+	// tell it. Defaults to 8 (the relay's default).
+	Partitions int
+}
+
+// Collect reads a snapshot of the outbox in schema q.Schema.
+func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options) (*Snapshot, error) {
+	s := &Snapshot{Schema: q.Schema, At: time.Now()}
+	subjects, err := q.SubjectStatuses(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("status: subjects: %w", err)
+	}
+	for _, st := range subjects {
+		sub := Subject{SubjectStatus: st, OldestReadySeconds: st.OldestReady.Seconds()}
+		s.Subjects = append(s.Subjects, sub)
+		s.Totals.Ready += st.Ready
+		s.Totals.Due += st.Due
+		s.Totals.Retrying += st.Retrying
+		s.Totals.Dead += st.Dead
+		s.Totals.Prepared += st.Prepared
+		s.Totals.CheckExhausted += st.CheckExhausted
+		s.Totals.OldestReadySeconds = max(s.Totals.OldestReadySeconds, sub.OldestReadySeconds)
+	}
+
+	view, err := q.Membership(ctx, db, nil)
+	if err != nil {
+		return nil, fmt.Errorf("status: relays: %w", err)
+	}
+	s.Partitions = 8
+	if opts != nil && opts.Partitions > 0 {
+		s.Partitions = opts.Partitions
+	}
+	counts := map[int]int{}
+	for _, m := range view.Members {
+		if m.Alive {
+			counts[m.Partitions]++
+		}
+	}
+	if len(counts) > 0 {
+		best := 0
+		for n, c := range counts {
+			if c > counts[best] || (c == counts[best] && n > best) {
+				best = n
+			}
+		}
+		s.Partitions = best
+	}
+	if len(counts) > 1 {
+		s.Problems = append(s.Problems, fmt.Sprintf("live relays disagree on the partition count (%v relays per count); stop the odd ones", counts))
+	}
+	byPID := map[int32]int{}
+	for _, m := range view.Members {
+		r := Relay{RelayMember: m, LastSeenSeconds: s.At.Sub(m.HeartbeatAt).Seconds()}
+		if m.Alive {
+			byPID[m.PID] = len(s.Relays)
+		}
+		s.Relays = append(s.Relays, r)
+	}
+	holder := map[int32]store.PartitionLock{}
+	for _, l := range view.Locks {
+		holder[l.Partition] = l
+		if i, ok := byPID[l.PID]; ok {
+			s.Relays[i].Held = append(s.Relays[i].Held, l.Partition)
+		}
+	}
+
+	backlog, err := q.PartitionBacklog(ctx, db, s.Partitions)
+	if err != nil {
+		return nil, fmt.Errorf("status: partitions: %w", err)
+	}
+	byPart := map[int32]store.PartitionSample{}
+	for _, b := range backlog {
+		byPart[b.Partition] = b
+	}
+	unheld := 0
+	for p := int32(0); p < int32(s.Partitions); p++ {
+		row := Partition{Partition: p, Ready: byPart[p].Ready, OldestReadySeconds: byPart[p].Oldest.Seconds()}
+		if l, ok := holder[p]; ok {
+			row.HolderPID = l.PID
+			if i, ok := byPID[l.PID]; ok {
+				row.Holder = s.Relays[i].RelayID
+			} else {
+				row.Holder = fmt.Sprintf("pid %d (not a registered relay)", l.PID)
+			}
+		} else {
+			unheld++
+		}
+		s.Partition = append(s.Partition, row)
+	}
+	alive := len(byPID)
+	switch {
+	case alive == 0 && s.Totals.Ready > 0:
+		s.Problems = append(s.Problems, fmt.Sprintf("no relay is running and %d rows wait to be published", s.Totals.Ready))
+	case alive > 0 && unheld > 0:
+		s.Problems = append(s.Problems, fmt.Sprintf("%d of %d partitions have no holder (a relay just died or joined: they are taken within a lease interval)", unheld, s.Partitions))
+	}
+	if s.Totals.Dead > 0 {
+		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `relay dead list`, then requeue or purge them", s.Totals.Dead))
+	}
+	if s.Totals.CheckExhausted > 0 {
+		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `relay prepared list`", s.Totals.CheckExhausted))
+	}
+
+	for _, p := range registered() {
+		t, err := p.Collect(ctx, db, q)
+		if err != nil {
+			s.Problems = append(s.Problems, fmt.Sprintf("panel %s: %v", p.Name, err))
+			continue
+		}
+		if t != nil {
+			s.Panels = append(s.Panels, *t)
+		}
+	}
+	sort.SliceStable(s.Relays, func(i, j int) bool { return s.Relays[i].Alive && !s.Relays[j].Alive })
+	return s, nil
+}
