@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -134,20 +135,92 @@ func TestIdleSmall(t *testing.T) {
 	}
 }
 
-func TestConsumeIsATodoHook(t *testing.T) {
+func TestConsumeSmall(t *testing.T) {
 	t.Parallel()
-	var stdout, stderr bytes.Buffer
-	code := Main(context.Background(), []string{"consume"}, &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }})
-	if code != ExitUsage || !strings.Contains(stderr.String(), "consume: needs package consumer") || stdout.Len() != 0 {
-		t.Fatalf("exit %d, stderr %q, stdout %q", code, stderr.String(), stdout.String())
+	// 250 accounts: each gets two or three messages, and the few dozen messages in flight at
+	// once still update distinct rows (fewer accounts would make concurrent batches deadlock).
+	code, kv, log := runBench(t, "consume", "--msgs", "600", "--accounts", "250", "--concurrency", "2", "--batch-size", "10")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "consume" || kv["msgs"] != "600" || kv["concurrency"] != "2" || kv["batch_size"] != "10" ||
+		kv["lost"] != "0" || kv["duplicates"] != "0" || kv["dead_letters"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	per, batch := num(t, kv, "per_message_msgs_per_s"), num(t, kv, "batch_msgs_per_s")
+	if per <= 0 || batch <= 0 {
+		t.Fatalf("rates per_message=%v batch=%v", per, batch)
+	}
+	// Both modes checked their effects in the database: 600 dedup rows, balances summing to
+	// 600 and each account at the count of messages naming it (3 for the first 100, else 2).
+	for _, mode := range []string{"per-message", "batch"} {
+		want := mode + ": check: dedup rows 600 (+0 unknown), balance sum 600, accounts off 0 (missing 0, extra 0), dead letters 0, unacked 0"
+		if !strings.Contains(log, want) {
+			t.Fatalf("progress does not show %q:\n%s", want, log)
+		}
+	}
+}
+
+func TestConsumeCheckCountsEveryKindOfFault(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	set, err := newMsgSet(6, 8, 0) // accounts 1 (messages 0, 2, 4) and 2 (1, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accounts := pgx.Identifier{db.Schema, "bench_accounts"}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, "CREATE TABLE "+accounts+" (id integer PRIMARY KEY, balance bigint NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(balances [2]int64, keys ...string) consumeResult {
+		t.Helper()
+		for _, q := range []string{"DELETE FROM txoutbox_consumer_dedup", "DELETE FROM " + accounts} {
+			if _, err := db.Pool.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, k := range keys {
+			cons, key, _ := strings.Cut(k, "/")
+			if _, err := db.Pool.Exec(ctx, "INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ($1, $2)", cons, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.Pool.Exec(ctx, "INSERT INTO "+accounts+" VALUES (1, $1), (2, $2)", balances[0], balances[1]); err != nil {
+			t.Fatal(err)
+		}
+		var res consumeResult
+		if err := checkEffects(ctx, db.Pool, db.Schema, accounts, "c", set, 2, &res); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	var all []string
+	for _, id := range set.ids {
+		all = append(all, "c/"+id.String())
+	}
+	if res := check([2]int64{3, 3}, all...); !res.ok(6) || res.lost(6) != 0 {
+		t.Fatalf("exactly-once effects fail the check: %s", res)
+	}
+	// Message 5 has no dedup row and its effect went to account 1 instead (a lost and a
+	// duplicated effect); another consumer's row and an id never sent are unknown.
+	res := check([2]int64{4, 2}, append(all[:5:5], "other/"+set.ids[5].String(), "c/never-sent")...)
+	want := consumeResult{dedupRows: 5, unknownRows: 2, balanceSum: 6, wrongAccounts: 2, missingEffects: 1, extraEffects: 1}
+	if res != want || res.ok(6) || res.lost(6) != 1 {
+		t.Fatalf("check = %+v (lost %d), want %+v, lost 1, not ok", res, res.lost(6), want)
+	}
+	// Every dedup row there but one effect applied twice.
+	if res := check([2]int64{4, 3}, all...); res.ok(6) || res.extraEffects != 1 || res.balanceSum != 7 {
+		t.Fatalf("a duplicated effect passes the check: %s", res)
 	}
 }
 
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"}} {
+	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"},
+		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}} {
 		var out bytes.Buffer
-		// --msgs 0 is refused before any service is contacted.
+		// Bad values are refused before any service is contacted.
 		code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
 		if code != ExitUsage {
 			t.Errorf("%q: exit %d, want %d\n%s", args, code, ExitUsage, out.String())

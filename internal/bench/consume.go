@@ -2,11 +2,41 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/consumer"
 )
 
 func init() {
-	register(scenario{name: "consume", summary: "idempotent consumer throughput, per-message and batch mode (TODO: needs package consumer)", flags: consumeFlags})
+	register(scenario{name: "consume", summary: "idempotent consumer throughput, per-message and batch mode", flags: consumeFlags})
+}
+
+// Yardstick C defaults.
+const (
+	DefaultConsumeMsgs = 50000
+	// DefaultConsumeConcurrency is the consumer's own default.
+	DefaultConsumeConcurrency = consumer.DefaultConcurrency
+	// DefaultConsumeBatchSize is batch mode's batch: below the 64 savepoints that overflow
+	// PostgreSQL's per-backend subtransaction cache (consumer.Config.BatchSize).
+	DefaultConsumeBatchSize = 50
+	DefaultConsumeAccounts  = 1000
+)
+
+type consumeOpts struct {
+	msgs, size, accounts, concurrency, batchSize int
+	cpuprofile                                   string
+	stall                                        time.Duration
 }
 
 // consumeFlags is the `consume` scenario of the yardstick (issue 6):
@@ -15,15 +45,408 @@ func init() {
 //	message, per-message mode and batch mode. Final line:
 //	consume msgs=50000 per_message_msgs_per_s=… batch_msgs_per_s=…
 //
-// TODO(issue 6, consumer): package consumer (issue 4) is built on a parallel branch. Once it is
-// merged, wire it here: fill BENCH_CONSUME with --msgs messages (reuse drainLoad + the ceiling
-// publisher of drain.go, which already publishes deterministic payloads with Nats-Msg-Id),
-// run the consumer once per mode against a fresh schema with a one-row business UPDATE per
-// message in the consumer's transaction, time until every message is acked, and check with
-// the dedup table and the business rows that each message took effect exactly once.
+// Each mode gets a fresh schema with an accounts table (--accounts rows at balance 0), a fresh
+// stream holding the same --msgs messages (random payloads, Nats-Msg-Id set, as the relay
+// publishes them) and a dead-letter stream. The consumer runs with its default settings except
+// Concurrency and BatchSize (1 in per-message mode); its handler adds 1 to the balance of the
+// account the message names (message i names account i mod accounts + 1) and dead-letters a
+// message whose account does not exist. Messages arrive in stream order, so with at least as
+// many accounts as messages in flight (the consumer's MaxAckPending, 1,000) concurrent
+// transactions update disjoint rows, as in consumer/bench_test.go: with fewer, concurrent
+// batches lock the same rows in different orders and deadlock (PostgreSQL aborts one after
+// deadlock_timeout, its message backs off and retries), which measures the workload rather
+// than the consumer. The clock runs from Run until the consumer's Stats
+// count every message processed. Then the database must show each message's effect exactly
+// once: one dedup row per message id and every balance equal to the number of messages naming
+// its account; no dead letters, and nothing left unacked on the JetStream consumer.
 func consumeFlags(fs *flag.FlagSet) func(context.Context, *run) error {
-	_ = fs.Int("msgs", 50000, "messages in the stream")
-	return func(ctx context.Context, r *run) error {
-		return &notWired{msg: "consume: needs package consumer"}
+	o := &consumeOpts{}
+	fs.IntVar(&o.msgs, "msgs", DefaultConsumeMsgs, "messages in the stream")
+	fs.IntVar(&o.size, "payload", DefaultPayload, "payload bytes per message (random)")
+	fs.IntVar(&o.accounts, "accounts", DefaultConsumeAccounts, "rows of the business table the messages update, round robin (fewer than the messages in flight make concurrent batches deadlock)")
+	fs.IntVar(&o.concurrency, "concurrency", DefaultConsumeConcurrency, "consumer.Config.Concurrency in both modes: messages (or batches) handled at once")
+	fs.IntVar(&o.batchSize, "batch-size", DefaultConsumeBatchSize, "consumer.Config.BatchSize in batch mode (per-message mode uses 1)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the consumer runs, one file per mode: cpu.pprof gives cpu.per-message.pprof and cpu.batch.pprof")
+	fs.DurationVar(&o.stall, "stall-timeout", time.Minute, "fail when the consumer processes nothing for this long")
+	return func(ctx context.Context, r *run) error { return consume(ctx, r, o) }
+}
+
+// consumeMode is one run of the consumer.
+type consumeMode struct {
+	name      string // per-message, batch
+	batchSize int
+}
+
+// consumeResult is one mode's measurement and check.
+type consumeResult struct {
+	dur            time.Duration
+	processed      int64
+	dedupSkips     int64 // the consumer's Stats.Duplicates: redeliveries caught by the dedup row
+	retries        int64
+	deadLettered   int64 // Stats.DeadLettered plus messages in the dead-letter stream
+	dedupRows      int   // dedup rows of known message ids
+	unknownRows    int   // dedup rows of anything else
+	balanceSum     int64
+	wrongAccounts  int   // accounts whose balance is not the number of messages naming them
+	missingEffects int64 // Σ (expected − balance) over the accounts below expectation
+	extraEffects   int64 // Σ (balance − expected) over the accounts above it
+	unacked        int   // pending or unacked on the JetStream consumer after the run
+}
+
+// lost counts messages whose effect is missing: no dedup row, or a balance short of it.
+func (c consumeResult) lost(msgs int) int64 {
+	return max(int64(msgs-c.dedupRows), c.missingEffects)
+}
+
+func (c consumeResult) ok(msgs int) bool {
+	return c.dedupRows == msgs && c.unknownRows == 0 && c.balanceSum == int64(msgs) && c.wrongAccounts == 0 &&
+		c.deadLettered == 0 && c.unacked == 0
+}
+
+func (c consumeResult) String() string {
+	return fmt.Sprintf("dedup rows %d (+%d unknown), balance sum %d, accounts off %d (missing %d, extra %d), dead letters %d, unacked %d; consumer stats processed=%d dedup_skips=%d retries=%d",
+		c.dedupRows, c.unknownRows, c.balanceSum, c.wrongAccounts, c.missingEffects, c.extraEffects, c.deadLettered, c.unacked,
+		c.processed, c.dedupSkips, c.retries)
+}
+
+func consume(ctx context.Context, r *run, o *consumeOpts) error {
+	switch {
+	case o.msgs < 1 || o.accounts < 1 || o.concurrency < 1 || o.size < 0:
+		return usageErr("--msgs, --accounts and --concurrency must be positive, --payload not negative")
+	case o.batchSize < 2 || o.batchSize > consumer.MaxBatchSize:
+		return usageErr("--batch-size must be between 2 and %d", consumer.MaxBatchSize)
 	}
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+	if o.accounts < consumer.DefaultMaxAckPending {
+		r.logf("WARNING: %d accounts, fewer than the %d messages the consumer may hold: concurrent transactions may update the same rows, and batches may deadlock", o.accounts, consumer.DefaultMaxAckPending)
+	}
+	set, err := newMsgSet(o.msgs, o.size, 0)
+	if err != nil {
+		return err
+	}
+	modes := []consumeMode{{"per-message", 1}, {"batch", o.batchSize}}
+	results := make([]consumeResult, len(modes))
+	var failed []string
+	for i, m := range modes {
+		res, err := consumeOnce(ctx, r, o, set, m)
+		if err != nil {
+			return fmt.Errorf("%s mode: %w", m.name, err)
+		}
+		results[i] = res
+		if !res.ok(o.msgs) {
+			failed = append(failed, fmt.Sprintf("%s mode: %s", m.name, res))
+		}
+	}
+	per, batch := results[0], results[1]
+	perRate, batchRate := float64(o.msgs)/per.dur.Seconds(), float64(o.msgs)/batch.dur.Seconds()
+	r.result("msgs", o.msgs,
+		"per_message_msgs_per_s", perRate,
+		"batch_msgs_per_s", batchRate,
+		"batch_speedup", batchRate/perRate,
+		"concurrency", o.concurrency,
+		"batch_size", o.batchSize,
+		"per_message_s", per.dur.Seconds(),
+		"batch_s", batch.dur.Seconds(),
+		"accounts", o.accounts,
+		"payload", o.size,
+		"lost", per.lost(o.msgs)+batch.lost(o.msgs),
+		"duplicates", per.extraEffects+batch.extraEffects,
+		"dead_letters", per.deadLettered+batch.deadLettered,
+		"dedup_skips", per.dedupSkips+batch.dedupSkips,
+		"retries", per.retries+batch.retries,
+		"load1", load1())
+	if len(failed) > 0 {
+		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// consumeOnce runs one mode on a fresh schema and fresh streams and checks its effects.
+func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m consumeMode) (consumeResult, error) {
+	const (
+		stream, subject         = streamPrefix + "CONSUME", "bench.consume.msg"
+		deadStream, deadSubject = streamPrefix + "CONSUME_DEAD", "bench.consume.dead"
+	)
+	durable := "bench-consume-" + m.name
+	var res consumeResult
+
+	// 1. A fresh schema with its accounts, a fresh stream holding every message, an empty
+	// dead-letter stream.
+	schema, err := r.NewSchema(ctx)
+	if err != nil {
+		return res, err
+	}
+	accounts := pgx.Identifier{schema, "bench_accounts"}.Sanitize()
+	if _, err := r.Admin.Exec(ctx, "CREATE TABLE "+accounts+" (id integer PRIMARY KEY, balance bigint NOT NULL)"); err != nil {
+		return res, fmt.Errorf("create accounts table: %w", err)
+	}
+	if _, err := r.Admin.Exec(ctx, "INSERT INTO "+accounts+" SELECT g, 0 FROM generate_series(1, $1::integer) g", o.accounts); err != nil {
+		return res, fmt.Errorf("fill accounts table: %w", err)
+	}
+	if _, err := r.Admin.Exec(ctx, "ANALYZE "+accounts); err != nil {
+		return res, err
+	}
+	s, err := r.ResetStream(ctx, stream, subject)
+	if err != nil {
+		return res, err
+	}
+	dead, err := r.ResetStream(ctx, deadStream, deadSubject)
+	if err != nil {
+		return res, err
+	}
+	fillDur, err := publishCeiling(ctx, r, "outbox-bench consume fill", set, subject, DefaultCeilingWindow)
+	if err != nil {
+		return res, fmt.Errorf("fill stream %s: %w", stream, err)
+	}
+	stored, err := streamMsgs(ctx, s)
+	if err != nil {
+		return res, err
+	}
+	if stored != uint64(o.msgs) {
+		return res, fmt.Errorf("%w: stream %s holds %d messages after publishing %d", ErrCheckFailed, stream, stored, o.msgs)
+	}
+	r.logf("%s: %d × %d B messages in %s (published in %s, %.0f msgs/s); schema %s, %d accounts",
+		m.name, o.msgs, o.size, stream, fillDur.Round(time.Millisecond), float64(o.msgs)/fillDur.Seconds(), schema, o.accounts)
+
+	// 2. The consumer: a pool and a NATS connection of its own, as a separate service has.
+	pool, err := r.NewPool(ctx, int32(o.concurrency+1))
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	nc, err := r.ConnectNATS("outbox-bench consumer")
+	if err != nil {
+		return res, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	update := "UPDATE " + accounts + " SET balance = balance + 1 WHERE id = $1"
+	handler := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		acct, err := accountOf(set, msg.ID, o.accounts)
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		tag, err := tx.Exec(ctx, update, acct)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return consumer.Permanent(fmt.Errorf("account %d does not exist", acct))
+		}
+		return nil
+	}
+	c, err := consumer.New(pool, js, handler, &consumer.Config{
+		Stream:            stream,
+		Durable:           durable,
+		Schema:            schema,
+		Concurrency:       o.concurrency,
+		BatchSize:         m.batchSize,
+		DeadLetterSubject: deadSubject,
+		Logger:            relayLogger(r.env.Stderr),
+	})
+	if err != nil {
+		return res, err
+	}
+	if _, err := c.Setup(ctx); err != nil {
+		return res, err
+	}
+	cfg := c.Config()
+	r.logf("%s: consumer %s: concurrency %d, batch size %d, max ack pending %d, pull buffer %d",
+		m.name, durable, cfg.Concurrency, cfg.BatchSize, cfg.MaxAckPending, cfg.PullMaxMessages)
+
+	// 3. Run it; time until every message is processed.
+	stopProfile, err := startProfile(o.cpuprofile, m.name)
+	if err != nil {
+		return res, err
+	}
+	defer stopProfile()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var runErr error
+	runDone := make(chan struct{})
+	t0 := time.Now()
+	go func() { runErr = c.Run(runCtx); close(runDone) }()
+	res.dur, err = waitForConsumer(ctx, r, m.name, c.Stats(), int64(o.msgs), t0, o.stall, runDone)
+	if err != nil {
+		stop()
+		<-runDone
+		if runErr != nil {
+			err = fmt.Errorf("%w (consumer: %v)", err, runErr)
+		}
+		return res, err
+	}
+	if path := stopProfile(); path != "" {
+		r.logf("%s: CPU profile written to %s", m.name, path)
+	}
+	r.logf("%s: %d messages processed in %s (%.0f msgs/s, %.1f µs/msg)", m.name, o.msgs, res.dur.Round(time.Millisecond),
+		float64(o.msgs)/res.dur.Seconds(), res.dur.Seconds()*1e6/float64(o.msgs))
+	stop()
+	<-runDone
+	if runErr != nil {
+		return res, fmt.Errorf("consumer: %w", runErr)
+	}
+
+	// 4. Check: every message took effect exactly once, nothing dead, nothing unacked.
+	st := c.Stats()
+	res.processed, res.dedupSkips, res.retries = st.Processed.Load(), st.Duplicates.Load(), st.Retries.Load()
+	deadMsgs, err := streamMsgs(ctx, dead)
+	if err != nil {
+		return res, err
+	}
+	res.deadLettered = max(st.DeadLettered.Load(), int64(deadMsgs))
+	cons, err := r.JS.Consumer(ctx, stream, durable)
+	if err != nil {
+		return res, err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.unacked = int(info.NumPending) + info.NumAckPending
+	if err := checkEffects(ctx, pool, schema, accounts, durable, set, o.accounts, &res); err != nil {
+		return res, err
+	}
+	r.logf("%s: check: %s", m.name, res)
+	return res, nil
+}
+
+// accountOf is the account message id names: message i names account i mod accounts + 1.
+func accountOf(set *msgSet, id string, accounts int) (int, error) {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return 0, fmt.Errorf("message id %q: %w", id, err)
+	}
+	i, ok := set.index[u]
+	if !ok {
+		return 0, fmt.Errorf("message id %s was never sent", id)
+	}
+	return int(i)%accounts + 1, nil
+}
+
+// waitForConsumer polls the consumer's stats until want messages are processed (or dead) and
+// returns the time since t0. It fails when nothing happens for stall, or when Run returns.
+func waitForConsumer(ctx context.Context, r *run, mode string, st *consumer.Stats, want int64, t0 time.Time, stall time.Duration, runDone <-chan struct{}) (time.Duration, error) {
+	done := func() int64 { return st.Processed.Load() + st.DeadLettered.Load() }
+	stopProgress := progress(r, 2*time.Second, func() string {
+		return fmt.Sprintf("%s: %d/%d processed (retries %d, dead letters %d)", mode, st.Processed.Load(), want, st.Retries.Load(), st.DeadLettered.Load())
+	})
+	defer stopProgress()
+	last, lastGain := int64(0), time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		n := done()
+		if n >= want {
+			return time.Since(t0), nil
+		}
+		if n > last {
+			last, lastGain = n, time.Now()
+		} else if time.Since(lastGain) > stall {
+			return 0, fmt.Errorf("%w: the consumer processed %d of %d messages and nothing more for %s", ErrCheckFailed, n, want, stall)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-runDone:
+			return 0, errors.New("consumer stopped early")
+		case <-tick.C:
+		}
+	}
+}
+
+// checkEffects reads the dedup rows and the balances into res.
+func checkEffects(ctx context.Context, pool *pgxpool.Pool, schema, accounts, durable string, set *msgSet, nAccounts int, res *consumeResult) error {
+	dedup := pgx.Identifier{schema, "txoutbox_consumer_dedup"}.Sanitize()
+	rows, err := pool.Query(ctx, "SELECT consumer, idempotency_key FROM "+dedup)
+	if err != nil {
+		return err
+	}
+	seen := make([]bool, len(set.ids))
+	var cons, key string
+	_, err = pgx.ForEachRow(rows, []any{&cons, &key}, func() error {
+		u, err := uuid.Parse(key)
+		i, ok := set.index[u]
+		if err != nil || !ok || cons != durable || seen[i] {
+			res.unknownRows++
+			return nil
+		}
+		seen[i] = true
+		res.dedupRows++
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read dedup rows: %w", err)
+	}
+	want := make([]int64, nAccounts+1)
+	for i := range set.ids {
+		want[i%nAccounts+1]++
+	}
+	rows, err = pool.Query(ctx, "SELECT id, balance FROM "+accounts)
+	if err != nil {
+		return err
+	}
+	var id int
+	var bal int64
+	got := make([]bool, nAccounts+1)
+	_, err = pgx.ForEachRow(rows, []any{&id, &bal}, func() error {
+		res.balanceSum += bal
+		if id < 1 || id > nAccounts {
+			return fmt.Errorf("%w: unexpected account %d", ErrCheckFailed, id)
+		}
+		got[id] = true
+		if d := bal - want[id]; d != 0 {
+			res.wrongAccounts++
+			if d > 0 {
+				res.extraEffects += d
+			} else {
+				res.missingEffects -= d
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read balances: %w", err)
+	}
+	for a := 1; a <= nAccounts; a++ {
+		if !got[a] {
+			return fmt.Errorf("%w: account %d is missing", ErrCheckFailed, a)
+		}
+	}
+	return nil
+}
+
+// startProfile starts a CPU profile of this process into base with mode inserted before its
+// extension (cpu.pprof → cpu.batch.pprof), or does nothing when base is "". The returned
+// function stops it (once) and returns the file's path.
+func startProfile(base, mode string) (func() string, error) {
+	if base == "" {
+		return func() string { return "" }, nil
+	}
+	ext := filepath.Ext(base)
+	path := strings.TrimSuffix(base, ext) + "." + mode + ext
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	stopped := false
+	return func() string {
+		if stopped {
+			return ""
+		}
+		stopped = true
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return ""
+		}
+		return path
+	}, nil
 }

@@ -108,7 +108,7 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 			return err
 		}
 		r.logf("ceiling: bare JetStream async publisher, window %d, into %s", o.window, ceilStream)
-		if ceilDur, err = publishCeiling(ctx, r, set, ceilSubject, o.window); err != nil {
+		if ceilDur, err = publishCeiling(ctx, r, "outbox-bench ceiling", set, ceilSubject, o.window); err != nil {
 			return err
 		}
 		ceilRate = float64(o.msgs) / ceilDur.Seconds()
@@ -308,10 +308,11 @@ func outboxOrder(ctx context.Context, pool *pgxpool.Pool, schema string, set *ms
 }
 
 // publishCeiling publishes set with a bare JetStream async publisher (Nats-Msg-Id set, at most
-// window PubAcks in flight, like the relay) and returns the time from the first publish to
-// the last PubAck. Messages are built before the clock starts.
-func publishCeiling(ctx context.Context, r *run, set *msgSet, subject string, window int) (time.Duration, error) {
-	nc, err := r.ConnectNATS("outbox-bench ceiling")
+// window PubAcks in flight, like the relay) on a NATS connection of its own named connName, and
+// returns the time from the first publish to the last PubAck. Messages are built before the
+// clock starts.
+func publishCeiling(ctx context.Context, r *run, connName string, set *msgSet, subject string, window int) (time.Duration, error) {
+	nc, err := r.ConnectNATS(connName)
 	if err != nil {
 		return 0, err
 	}
