@@ -145,9 +145,12 @@ const (
 	stateExhausted
 )
 
-// handleBatch runs the batch mode: one transaction for the batch, a savepoint per message (a
-// failing message rolls back only its own savepoint, its dedup row included), one commit, then
-// the acks (in parallel) and the naks or dead letters of the messages that failed.
+// handleBatch runs the batch mode: one transaction for the batch, one commit, then the acks
+// (in parallel) and the naks or dead letters of the messages that failed. It first tries the
+// fast path (every dedup row in one statement, the handlers one after another, no savepoints);
+// if a handler fails there, that transaction is rolled back — nothing of it is applied — and
+// the batch is handled again with a savepoint per message, so that a failing message rolls
+// back only its own savepoint, its dedup row included.
 func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 	results := make([]result, len(items))
 	live := make([]int, 0, len(items))
@@ -162,6 +165,75 @@ func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 	if len(live) == 0 {
 		return results
 	}
+	done, failed, ferr := c.fastBatch(ctx, items, live, results)
+	if done {
+		return results
+	}
+	return c.savepointBatch(ctx, items, live, results, failed, ferr)
+}
+
+// fastBatch is handleBatch's fast path. It reports done=false, having applied nothing, when
+// the batch needs the savepoint path: a message is out of deliveries (failed = -1), or the
+// handler of items[failed] returned ferr — that message counts as failed without running its
+// handler again; the handlers of the others run again in the savepoint path.
+func (c *Consumer) fastBatch(ctx context.Context, items []*item, live []int, results []result) (done bool, failed int, ferr error) {
+	for _, i := range live {
+		if items[i].attempt() > c.cfg.MaxDeliveries {
+			return false, -1, nil
+		}
+	}
+	putBack := func(op string, err error) (bool, int, error) {
+		for _, i := range live {
+			results[i] = c.unavailable(items[i], op, err)
+		}
+		return true, -1, nil
+	}
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return putBack("begin", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	states := make([]batchState, len(items))
+	first := make(map[string]bool, len(live))
+	rows := make([]store.DedupRow, 0, len(live))
+	for _, i := range live {
+		k := items[i].msg.IdempotencyKey
+		if first[k] {
+			states[i] = stateDuplicate // the same key twice in one batch
+			continue
+		}
+		first[k] = true
+		rows = append(rows, items[i].dedupRow(c.cfg.Durable))
+	}
+	inserted, err := c.q.InsertDedupMany(ctx, tx, c.cfg.Durable, rows)
+	if err != nil {
+		return putBack("dedup insert", err)
+	}
+	for _, i := range live {
+		if states[i] != 0 {
+			continue
+		}
+		if !inserted[items[i].msg.IdempotencyKey] {
+			states[i] = stateDuplicate
+			continue
+		}
+		if herr := c.callHandler(ctx, tx, items[i]); herr != nil {
+			if broken(ctx, tx) {
+				return putBack("handler", herr)
+			}
+			return false, i, herr
+		}
+		states[i] = stateOK
+	}
+	c.commitBatch(ctx, tx, items, live, states, make([]error, len(items)), results)
+	return true, -1, nil
+}
+
+// savepointBatch is handleBatch's careful path: a savepoint per message. items[failed] (when
+// failed >= 0) already failed with ferr in the fast path: it is settled as failed without
+// running its handler again.
+func (c *Consumer) savepointBatch(ctx context.Context, items []*item, live []int, results []result, failed int, ferr error) []result {
 	putBack := func(op string, err error, except int) []result {
 		for _, i := range live {
 			if i != except {
@@ -181,6 +253,10 @@ func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 	savepoint := false
 	for _, i := range live {
 		it := items[i]
+		if i == failed {
+			states[i], errs[i] = stateFailed, ferr
+			continue
+		}
 		// One round trip: release the previous message's savepoint, open this one's, insert
 		// its dedup row.
 		b := &pgx.Batch{}
@@ -220,6 +296,20 @@ func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 			return putBack("rollback to savepoint", err, i)
 		}
 		states[i], errs[i] = stateFailed, herr
+	}
+	return c.commitBatch(ctx, tx, items, live, states, errs, results)
+}
+
+// commitBatch commits a batch transaction and settles each message by its state: acks for the
+// processed and the duplicates, naks or dead letters for the others.
+func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, live []int, states []batchState, errs []error, results []result) []result {
+	putBack := func(op string, err error, except int) []result {
+		for _, i := range live {
+			if i != except {
+				results[i] = c.unavailable(items[i], op, err)
+			}
+		}
+		return results
 	}
 	if h := c.hooks.beforeCommit; h != nil {
 		h(ctx)
