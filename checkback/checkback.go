@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"golang.org/x/time/rate"
 
+	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -191,17 +191,6 @@ func (l cronLogger) Error(err error, msg string, kv ...any) {
 	l.l.Error("cron: "+msg, append(kv, "err", err)...)
 }
 
-// backoff is base·2^(n-1) capped at max, times a random factor in [1-jitter, 1+jitter].
-func backoff(n int, base, max time.Duration, jitter float64) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if jitter > 0 {
-		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
-	}
-	return d
-}
+// backoff is backoff.Exponential: base·2^(n-1) capped at max, times a random factor in
+// [1-jitter, 1+jitter].
+var backoff = backoffpkg.Exponential

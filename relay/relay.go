@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -397,20 +397,9 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	return nil
 }
 
-// backoff is base·2^(n-1) capped at max, times a random factor in [1-jitter, 1+jitter].
-func backoff(n int, base, max time.Duration, jitter float64) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if jitter > 0 {
-		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
-	}
-	return d
-}
+// backoff is backoff.Exponential: base·2^(n-1) capped at max, times a random factor in
+// [1-jitter, 1+jitter].
+var backoff = backoffpkg.Exponential
 
 type healthState int32
 
