@@ -158,3 +158,40 @@ func TestSchemaNameValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestExport(t *testing.T) {
+	t.Parallel()
+	ms, err := migrations.Load(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	written, err := migrations.Export(dir, migrations.FormatGoose)
+	if err != nil || len(written) != len(ms) {
+		t.Fatalf("goose export wrote %v, %v", written, err)
+	}
+	body, err := os.ReadFile(written[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, down, ok := strings.Cut(string(body), "-- +goose Down")
+	if !ok || !strings.HasPrefix(up, "-- +goose Up\n-- +goose StatementBegin\n") ||
+		!strings.Contains(up, "CREATE TABLE txoutbox_messages") || !strings.Contains(down, "DROP TABLE txoutbox_messages") {
+		t.Fatalf("goose file:\n%s", body)
+	}
+	if _, err := migrations.Export(dir, migrations.FormatGoose); err == nil {
+		t.Fatal("a second export into the same directory must refuse to overwrite")
+	}
+	gm := t.TempDir()
+	written, err = migrations.Export(gm, migrations.FormatGolangMigrate)
+	if err != nil || len(written) != 2*len(ms) {
+		t.Fatalf("golang-migrate export wrote %v, %v", written, err)
+	}
+	again, err := migrations.Load(os.DirFS(gm))
+	if err != nil || len(again) != len(ms) || again[0].Up != ms[0].Up {
+		t.Fatalf("exported golang-migrate files do not load back: %v", err)
+	}
+	if _, err := migrations.Export(t.TempDir(), "flyway"); err == nil {
+		t.Fatal("unknown format accepted")
+	}
+}

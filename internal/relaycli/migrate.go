@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	register(command{name: "migrate", summary: "apply, revert or list schema migrations (up | down | status)", run: migrateCmd})
+	register(command{name: "migrate", summary: "apply, revert, list or export schema migrations (up | down | status | export)", run: migrateCmd})
 }
 
 const migrateUsage = `
@@ -20,26 +20,44 @@ Usage:
   relay migrate up [settings]          apply every pending migration
   relay migrate down [settings]        revert the newest migration (--steps N, or --all)
   relay migrate status [settings]      list migrations and whether each is applied
+  relay migrate export --dir D [--format golang-migrate|goose]
+                                       write the migration files for another tool (no database)
 `
 
 func migrateCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, schema string
 	var steps int
 	var all bool
+	var dir, format string
 	s := newSettings("migrate", migrateUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
 	s.Int(&steps, "steps", "", 1, "down: how many migrations to revert")
 	s.Bool(&all, "all", "", false, "down: revert every migration")
-	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
+	s.String(&dir, "dir", "", "", "export: directory to write the files into")
+	s.String(&format, "format", "", migrations.FormatGolangMigrate, "export: golang-migrate (NNN_name.up/down.sql) or goose (NNN_name.sql with annotations)")
+	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "status" && args[0] != "export") {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			s.printHelp(env.Stdout)
 			return errHelp
 		}
-		return usageErr("want up, down or status (see relay migrate --help)")
+		return usageErr("want up, down, status or export (see relay migrate --help)")
 	}
 	action := args[0]
 	if err := parseSettings(s, env, args[1:]); err != nil {
+		return err
+	}
+	if action == "export" {
+		if dir == "" {
+			return usageErr("export needs --dir")
+		}
+		if format != migrations.FormatGolangMigrate && format != migrations.FormatGoose {
+			return usageErr("invalid --format %q: want %s or %s", format, migrations.FormatGolangMigrate, migrations.FormatGoose)
+		}
+		written, err := migrations.Export(dir, format)
+		for _, p := range written {
+			fmt.Fprintln(env.Stdout, "wrote", p)
+		}
 		return err
 	}
 	if dsn == "" {

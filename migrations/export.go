@@ -1,0 +1,76 @@
+package migrations
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Export formats.
+const (
+	// FormatGolangMigrate writes NNN_name.up.sql / NNN_name.down.sql, as in this package.
+	FormatGolangMigrate = "golang-migrate"
+	// FormatGoose writes one NNN_name.sql per version with goose's -- +goose Up / Down
+	// annotations (goose cannot read separate up and down files).
+	FormatGoose = "goose"
+)
+
+// Export writes the migrations into dir (created if needed) in format, for deploy tools that
+// keep their own copy. It refuses to overwrite an existing file.
+func Export(dir, format string) ([]string, error) {
+	ms, err := Load(FS)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{}
+	var order []string
+	add := func(name, body string) {
+		files[name] = body
+		order = append(order, name)
+	}
+	for _, m := range ms {
+		base := fmt.Sprintf("%03d_%s", m.Version, m.Name)
+		switch format {
+		case FormatGolangMigrate:
+			add(base+".up.sql", m.Up)
+			add(base+".down.sql", m.Down)
+		case FormatGoose:
+			add(base+".sql", GooseFile(m))
+		default:
+			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var written []string
+	for _, name := range order {
+		path := filepath.Join(dir, name)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return written, fmt.Errorf("migrations: %w", err)
+		}
+		_, err = f.WriteString(files[name])
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return written, fmt.Errorf("migrations: write %s: %w", path, err)
+		}
+		written = append(written, path)
+	}
+	return written, nil
+}
+
+// GooseFile is m as one goose migration file. Each direction is one statement block, so goose
+// runs it as written (functions, DO blocks and all).
+func GooseFile(m Migration) string {
+	var b strings.Builder
+	b.WriteString("-- +goose Up\n-- +goose StatementBegin\n")
+	b.WriteString(strings.TrimRight(m.Up, "\n"))
+	b.WriteString("\n-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n")
+	b.WriteString(strings.TrimRight(m.Down, "\n"))
+	b.WriteString("\n-- +goose StatementEnd\n")
+	return b.String()
+}
