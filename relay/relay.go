@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -230,6 +231,7 @@ func (r *Relay) runOnce(ctx context.Context) (int, error) {
 			return len(rows), err
 		}
 	}
+	fault.Point(fault.RelayBeforeSettle)
 	if err := r.settle(bctx, conn, rows, res); err != nil {
 		return len(rows), err
 	}
