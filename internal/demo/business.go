@@ -201,7 +201,9 @@ const (
 	orderWithCopy
 )
 
-func (p *producer) customer(r *rand.Rand) string { return "customer-" + strconv.Itoa(1+r.IntN(p.customers)) }
+func (p *producer) customer(r *rand.Rand) string {
+	return "customer-" + strconv.Itoa(1+r.IntN(p.customers))
+}
 
 // order creates an order: the order row and its outbox message in one transaction
 // (EnqueueTx). A rollback fate rolls the transaction back after both were written; a copy fate

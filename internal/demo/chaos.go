@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -482,11 +483,20 @@ func (c *chaos) observe(m *nats.Msg) {
 		}
 		return
 	}
-	if bytes.HasPrefix(m.Data, []byte(`{"stream":"`+streamName+`",`)) && bytes.Contains(m.Data, []byte(`"seq":`)) {
-		c.pubAcks.Add(1)
-		if bytes.Contains(m.Data, []byte(`"duplicate":true`)) {
-			c.dupAcks.Add(1)
-		}
+	if !bytes.HasPrefix(m.Data, []byte(`{"stream":"`+streamName+`",`)) {
+		return
+	}
+	var ack struct {
+		Stream    string `json:"stream"`
+		Seq       uint64 `json:"seq"`
+		Duplicate bool   `json:"duplicate"`
+	}
+	if json.Unmarshal(m.Data, &ack) != nil || ack.Stream != streamName || ack.Seq == 0 {
+		return
+	}
+	c.pubAcks.Add(1)
+	if ack.Duplicate {
+		c.dupAcks.Add(1)
 	}
 }
 

@@ -53,6 +53,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		<-ctx.Done()
 		stop() // a second Ctrl-C kills at once
 	}()
+	// A closed stdout (| head) must not kill the process before it cleans up: with SIGPIPE
+	// notified, writes fail instead, and the first failed write stops the run.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigpipe := make(chan os.Signal, 1)
+	signal.Notify(sigpipe, syscall.SIGPIPE)
+	defer signal.Stop(sigpipe)
+	go func() {
+		for range sigpipe { // broken sockets raise it too; only a failed write to out matters
+		}
+	}()
+	stdout = &cancelOnError{w: stdout, cancel: cancel}
 
 	cfg := DefaultConfig()
 	cc := ChaosConfig{}
@@ -200,4 +212,18 @@ func printUsage(fs *flag.FlagSet, w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %-22s %s%s\n", left, text, def)
 	})
+}
+
+// cancelOnError cancels the run when a write to the output fails (a closed pipe).
+type cancelOnError struct {
+	w      io.Writer
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnError) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	if err != nil {
+		c.cancel()
+	}
+	return n, err
 }

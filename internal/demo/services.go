@@ -51,10 +51,16 @@ func startServices(ctx context.Context, o serviceOptions) (*services, error) {
 		s.DSN = LocalDSN
 		s.PostgresFrom = "the PostgreSQL running on 127.0.0.1:5432 (DATABASE_URL is not set)"
 	default:
-		o.Log("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432: starting a throwaway cluster from the local binaries …")
-		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
+		_, err := embedded.FindPostgresBinaries()
+		if err == nil {
+			o.Log("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432: starting a throwaway cluster from the local binaries …")
+			var pg *embedded.Postgres
+			if pg, err = embedded.StartPostgres(ctx, embedded.PostgresOptions{}); err == nil {
+				s.pg = pg
+			}
+		}
 		if errors.Is(err, embedded.ErrNoPostgresBinaries) {
-			return nil, fmt.Errorf("no PostgreSQL to run against.\n"+
+			return nil, fmt.Errorf("no DATABASE_URL, no PostgreSQL answering on 127.0.0.1:5432, and no PostgreSQL binaries to start one.\n"+
 				"  Either set DATABASE_URL to a PostgreSQL you can create schemas in, e.g.\n"+
 				"    DATABASE_URL=postgres://user:pass@host:5432/db go run ./cmd/producer-demo\n"+
 				"  or install the PostgreSQL server binaries (initdb, pg_ctl) so the demo can start a throwaway cluster:\n"+
@@ -64,9 +70,8 @@ func startServices(ctx context.Context, o serviceOptions) (*services, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.pg = pg
-		s.DSN = pg.DSN()
-		s.PostgresFrom = fmt.Sprintf("a throwaway cluster on 127.0.0.1:%d in %s (removed at exit)", pg.Port, pg.Dir)
+		s.DSN = s.pg.DSN()
+		s.PostgresFrom = fmt.Sprintf("a throwaway cluster on 127.0.0.1:%d in %s (removed at exit)", s.pg.Port, s.pg.Dir)
 	}
 	if o.NoNATS {
 		return s, nil
