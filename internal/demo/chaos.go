@@ -399,7 +399,7 @@ func (c *chaos) close(passed bool) {
 	if c.svc != nil {
 		c.svc.Close()
 	}
-	if passed && c.workDir != "" {
+	if passed && c.workDir != "" && !c.cfg.Keep {
 		_ = os.RemoveAll(c.workDir)
 	}
 }
@@ -418,6 +418,16 @@ func childEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
+// The first incarnation of each child is armed with probability 1, so that every run kills
+// the relay between a publish and its settle, and the consumer between a commit and its ack,
+// at least once; later ones with the chaos probabilities.
+func armed(n int, point, spec string) string {
+	if n == 1 {
+		return point + "=1"
+	}
+	return spec
+}
+
 func (c *chaos) relayCmd(n int) *exec.Cmd {
 	cmd := exec.Command(c.relayBin, "run",
 		"--database-url", c.dsn, "--nats-url", c.nats.URL(), "--schema", chaosSchema,
@@ -425,9 +435,11 @@ func (c *chaos) relayCmd(n int) *exec.Cmd {
 		"--poll-max", "100ms", "--publish-timeout", "2s", "--backoff-base", "200ms", "--backoff-max", "2s",
 		"--lease-interval", "250ms", "--retention", "1h", "--no-doorbell",
 		"--check-transaction-timeout", "1s", "--check-backoff-base", "500ms", "--check-backoff-max", "2s",
-		"--check-request-timeout", "2s", "--check-max", "1000", "--check-schedule", "@every 250ms",
+		// A check-back killed mid-pass leaves the rows it claimed leased for about
+		// ceil(batch/concurrency)·request timeout + 2·request timeout: keep that short.
+		"--check-request-timeout", "1s", "--check-batch-size", "20", "--check-max", "1000", "--check-schedule", "@every 250ms",
 		"--stale-schedule", "off", "--purge-schedule", "off",
-		"--fault", chaosRelayFault)
+		"--fault", armed(n, fault.RelayBeforeSettle, chaosRelayFault))
 	cmd.Env = childEnv()
 	return cmd
 }
@@ -440,7 +452,7 @@ func (c *chaos) consumerCmd(n int) *exec.Cmd {
 	cmd := exec.Command(c.cfg.ConsumerExe, "-role", "consumer",
 		"-database-url", c.dsn, "-nats-url", c.nats.URL(), "-schema", chaosSchema,
 		"-app-name", chaosConsumerApp, "-ack-wait", chaosAckWait.String(), "-batch", batch,
-		"-fault", chaosConsumerFault)
+		"-fault", armed(n, fault.ConsumerAfterCommit, chaosConsumerFault))
 	cmd.Env = childEnv(c.cfg.ConsumerEnv...)
 	return cmd
 }
@@ -503,21 +515,38 @@ func (c *chaos) observe(m *nats.Msg) {
 // inject injects one fault every 0.5–2 s until ctx ends.
 func (c *chaos) inject(ctx context.Context) {
 	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 3))
-	for {
+	// Each kind of fault once, in random order, then at random: every run has them all.
+	first := []int{0, 3, 6, 8, 9}
+	rnd.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
+	for i := 0; ; i++ {
 		if !sleepCtx(ctx, time.Duration(500+rnd.IntN(1500))*time.Millisecond) {
 			return
 		}
-		switch x := rnd.IntN(10); {
+		x := rnd.IntN(10)
+		if i < len(first) {
+			x = first[i]
+		}
+		switch {
 		case x < 3:
-			c.relay.kill()
+			retry(ctx, c.relay.kill)
 		case x < 6:
-			c.consumer.kill()
+			retry(ctx, c.consumer.kill)
 		case x < 8:
 			c.restartNATS(ctx, time.Duration(200+rnd.IntN(1300))*time.Millisecond)
 		case x < 9:
-			c.relayTerminated.Add(c.terminate(ctx, chaosRelayApp+"%"))
+			retry(ctx, func() bool { n := c.terminate(ctx, chaosRelayApp+"%"); c.relayTerminated.Add(n); return n > 0 })
 		default:
-			c.consumerTerminated.Add(c.terminate(ctx, chaosConsumerApp))
+			retry(ctx, func() bool { n := c.terminate(ctx, chaosConsumerApp); c.consumerTerminated.Add(n); return n > 0 })
+		}
+	}
+}
+
+// retry calls f until it reports that it did something (the process it kills may be between
+// two incarnations), for up to two seconds.
+func retry(ctx context.Context, f func() bool) {
+	for range 40 {
+		if f() || !sleepCtx(ctx, 50*time.Millisecond) {
+			return
 		}
 	}
 }
@@ -540,6 +569,8 @@ func (c *chaos) restartNATS(ctx context.Context, down time.Duration) {
 
 // terminate terminates the chaos database's backends whose application_name is like app.
 func (c *chaos) terminate(ctx context.Context, app string) int64 {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	var n int64
 	err := c.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name LIKE $1 AND pid <> pg_backend_pid()`, app).Scan(&n)
@@ -588,6 +619,8 @@ func (c *chaos) producePayments(ctx context.Context, target int) error {
 	for id := int64(1); c.prod.charged.Load() < int64(target); id++ {
 		fate := fateCommit
 		switch x := rnd.Float64(); {
+		case id <= 4: // every fate at least once
+			fate = []string{fateDieBeforeCharge, fateDieAfterCharge, fateDecline, fateCommit}[id-1]
 		case x < 0.075:
 			fate = fateDieBeforeCharge
 		case x < 0.15:
@@ -607,12 +640,21 @@ func (c *chaos) producePayments(ctx context.Context, target int) error {
 }
 
 func (c *chaos) progress(ctx context.Context, started time.Time) {
-	var effects int64
-	_ = c.pool.QueryRow(ctx, `SELECT count(*) FROM demo_effects`).Scan(&effects)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // NATS may be restarting
+	defer cancel()
+	var effects, open int64
+	_ = c.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM demo_effects),
+		(SELECT count(*) FROM txoutbox_messages WHERE state IN ('ready', 'prepared', 'check_exhausted'))`).Scan(&effects, &open)
+	pending, unacked := "?", "?"
+	if cons, err := c.js.Consumer(ctx, streamName, durableName); err == nil {
+		if info, err := cons.Info(ctx); err == nil {
+			pending, unacked = strconv.FormatUint(info.NumPending, 10), strconv.Itoa(info.NumAckPending)
+		}
+	}
 	p := c.prod
 	st := c.consumerStats()
-	c.say("  [%4.0fs] committed: %d orders, %d payments · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · NATS restarts %d · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
-		time.Since(started).Seconds(), p.ordersCommitted.Load()+p.ordersPoisoned.Load(), p.charged.Load(), effects,
+	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · NATS restarts %d · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
+		time.Since(started).Seconds(), p.ordersCommitted.Load()+p.ordersPoisoned.Load(), p.charged.Load(), open, pending, unacked, effects,
 		c.relay.kills.Load(), c.relay.selfKills.Load(), c.consumer.kills.Load(), c.consumer.selfKills.Load(),
 		c.natsRestarts.Load(), c.relayTerminated.Load()+c.consumerTerminated.Load(), c.dupAcks.Load(), st[1])
 }

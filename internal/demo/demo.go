@@ -116,9 +116,23 @@ func statsOf(st *consumer.Stats) [6]int64 {
 	return [6]int64{st.Processed.Load(), st.Duplicates.Load(), st.Retries.Load(), st.DeadLettered.Load(), st.Unavailable.Load(), st.AckFailures.Load()}
 }
 
-// Run runs the demo and prints its story and summary to out. It returns the end state and
-// an error when the run itself failed (a service could not start, the timeout passed).
-func Run(ctx context.Context, cfg Config, out io.Writer) (*Tally, error) {
+// Result is what a demo run did (the counters of its components) and found (the end state).
+type Result struct {
+	*Tally
+	// LostAcks counts the relay's PubAcks lost on the wire; RelayDuplicates the relay's
+	// republishes that JetStream reported as duplicates.
+	LostAcks, RelayDuplicates int64
+	// ConsumerCrashes counts crashes between commit and ack; the others are the consumer's
+	// Stats, summed over its instances.
+	ConsumerCrashes, ConsumerProcessed, ConsumerDuplicates, ConsumerRetries, ConsumerDeadLettered int64
+	// Checker answers.
+	CheckerCommit, CheckerRollback, CheckerUnknown int64
+	Elapsed                                        time.Duration
+}
+
+// Run runs the demo and prints its story and summary to out. It returns what happened and an
+// error when the run itself failed (a service could not start, the timeout passed).
+func Run(ctx context.Context, cfg Config, out io.Writer) (*Result, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
 	}
@@ -206,7 +220,7 @@ func (r *run) close() {
 	}
 }
 
-func (r *run) main(ctx context.Context) (*Tally, error) {
+func (r *run) main(ctx context.Context) (*Result, error) {
 	cfg := r.cfg
 	r.say("")
 	r.say("The chain:")
@@ -343,7 +357,17 @@ func (r *run) main(ctx context.Context) (*Tally, error) {
 	if r.cfg.Keep {
 		r.say("The schema %s is kept (-keep): look around with psql, then DROP SCHEMA %s CASCADE.", r.schema, r.schema)
 	}
-	return t, nil
+	ct := r.cons.totals()
+	res := &Result{
+		Tally: t, RelayDuplicates: r.relay.Stats().Duplicates.Load(),
+		ConsumerCrashes: r.cons.crashes.Load(), ConsumerProcessed: ct[0], ConsumerDuplicates: ct[1], ConsumerRetries: ct[2], ConsumerDeadLettered: ct[3],
+		CheckerCommit: r.chk.commit.Load(), CheckerRollback: r.chk.rollback.Load(), CheckerUnknown: r.chk.unknown.Load(),
+		Elapsed: elapsed,
+	}
+	if r.loss != nil {
+		res.LostAcks = r.loss.Dropped()
+	}
+	return res, nil
 }
 
 func (r *run) produceOrders(ctx context.Context) error {
@@ -540,6 +564,9 @@ func (r *run) quiet(ctx context.Context) (bool, error) {
 // outbox, every expected effect applied, a dead letter for every poisoned order, and nothing
 // pending or unacked at the durable consumer.
 func drained(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream) (bool, error) {
+	// Bound every call: a request sent while NATS restarts may never be answered.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	var open, effects, expected, poisoned int64
 	if err := db.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM txoutbox_messages WHERE state IN ('ready', 'prepared', 'check_exhausted')),

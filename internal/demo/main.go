@@ -152,8 +152,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "producer-demo: %v\n", err)
 		return 2
 	}
-	t, err := Run(ctx, cfg, stdout)
-	return exitStatus(ctx, stderr, t != nil && t.OK(), err)
+	res, err := Run(ctx, cfg, stdout)
+	return exitStatus(ctx, stderr, res != nil && res.OK(), err)
 }
 
 func exitStatus(ctx context.Context, stderr io.Writer, ok bool, err error) int {

@@ -84,7 +84,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]str
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("stream %s: read %d of %d messages: %w", name, len(out), want, ctx.Err())
 		}
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(min(want-len(out), 1000), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: %w", name, err)
 		}
