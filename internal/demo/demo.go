@@ -55,7 +55,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Orders: 200, Payments: 40, Rate: 80,
-		Rollback: 0.05, Poison: 3, LoseAcks: 0.03, ConsumerCrash: 0.01, Duplicates: 0.05,
+		Rollback: 0.05, Poison: 3, LoseAcks: 0.03, ConsumerCrash: 0.02, Duplicates: 0.05,
 		PaymentDie: 0.2, Decline: 0.15,
 		Timeout: 2 * time.Minute,
 	}
@@ -312,7 +312,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	producersDone := make(chan struct{})
 	go func() { produced.Wait(); close(producersDone) }()
 
-	r.say("Progress (orders/payments made · published by the relay · consumer: applied, duplicates caught, retries, dead letters · half messages open):")
+	r.say("Progress (orders/payments made · rows the relay published and settled · consumer: effects applied, duplicates caught, retries, dead letters · half messages open):")
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	ev := &events{}
@@ -342,7 +342,6 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 			}
 		}
 	}
-	_, _ = r.progress(ctx, ev)
 	elapsed := time.Since(r.start)
 	stopComponents()
 	wg.Wait()
@@ -529,7 +528,7 @@ func (r *run) progress(ctx context.Context, ev *events) (int64, error) {
 	p := r.prod
 	ct := r.cons.totals()
 	rs := r.relay.Stats()
-	r.say("  [%5.1fs] orders %d/%d  payments %d/%d · published %d · applied %d, duplicates %d, retries %d, dead %d · half open %d",
+	r.say("  [%5.1fs] orders %d/%d  payments %d/%d · relay settled %d · applied %d, duplicates %d, retries %d, dead %d · half open %d",
 		time.Since(r.start).Seconds(),
 		p.ordersCommitted.Load()+p.ordersPoisoned.Load()+p.ordersRolledBack.Load(), r.cfg.Orders,
 		p.paymentsPrepared.Load(), r.cfg.Payments,
