@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/checkback"
@@ -187,9 +186,7 @@ type producer struct {
 	ordersRolledBack atomic.Int64
 	orderCopies      atomic.Int64
 	paymentsPrepared atomic.Int64
-	paymentsByFate   [4]atomic.Int64 // commit, decline, die-after-charge, die-before-charge
-	refunds          atomic.Int64    // charged, but the check-back had rolled the message back
-	charged          atomic.Int64    // payments charged for good: their message will be published
+	charged          atomic.Int64 // payments charged for good: their message will be published
 }
 
 type orderFate int
@@ -265,18 +262,6 @@ func (p *producer) order(ctx context.Context, r *rand.Rand, id int64, fate order
 	return nil
 }
 
-func fateIndex(f string) int {
-	switch f {
-	case fateCommit:
-		return 0
-	case fateDecline:
-		return 1
-	case fateDieAfterCharge:
-		return 2
-	}
-	return 3
-}
-
 // payment captures a payment at the provider with a half message: prepare, call the provider,
 // then commit or roll back, or die before settling and leave it to the check-back.
 func (p *producer) payment(ctx context.Context, r *rand.Rand, id int64, fate string) error {
@@ -297,7 +282,6 @@ func (p *producer) payment(ctx context.Context, r *rand.Rand, id int64, fate str
 			id, ev.Customer, ev.Amount, status)
 		return err
 	}
-	p.paymentsByFate[fateIndex(fate)].Add(1)
 	switch fate {
 	case fateCommit, fateDecline:
 		// The common case in one call: prepare, run the local transaction, settle by its answer.
@@ -323,7 +307,6 @@ func (p *producer) payment(ctx context.Context, r *rand.Rand, id int64, fate str
 			if _, err := p.pool.Exec(ctx, `UPDATE demo_charges SET status = 'refunded' WHERE payment_id = $1`, id); err != nil {
 				return fmt.Errorf("payment %d: refund: %w", id, err)
 			}
-			p.refunds.Add(1)
 			return nil
 		}
 		if errors.Is(err, outbox.ErrRolledBack) {
@@ -400,10 +383,4 @@ func (c *checker) answer(ctx context.Context, req checkback.CheckRequest) (check
 		return outbox.StateCommit, nil
 	}
 	return outbox.StateRollback, nil
-}
-
-// uuidOf parses a message id header value; zero when it is not a UUID.
-func uuidOf(s string) uuid.UUID {
-	u, _ := uuid.Parse(s)
-	return u
 }

@@ -184,8 +184,16 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 		return nil, err
 	}
 
-	// Observe PubAcks and deliveries on the wire.
-	obs, err := c.nc.Subscribe("_INBOX.>", c.observe)
+	// Observe PubAcks and deliveries on the wire, on a connection that reconnects faster than
+	// the relay's (250ms), so that it is back first after a NATS restart.
+	obsNC, err := nats.Connect(c.nats.URL(), nats.Name("txoutbox-chaos-observer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		return nil, err
+	}
+	defer obsNC.Close()
+	obs, err := obsNC.Subscribe("_INBOX.>", c.observe)
 	if err != nil {
 		return nil, err
 	}
