@@ -76,17 +76,18 @@ type run struct {
 	log *slog.Logger
 	rnd *rand.Rand
 
-	svc    *services
-	schema string
-	pool   *pgxpool.Pool // producers, checker, checks
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	relay  *relay.Relay
-	loss   *ackLoss
-	prod   *producer
-	chk    *checker
-	cons   consumerSup
-	start  time.Time
+	svc        *services
+	schema     string
+	ownStreams bool          // streams created on an external NATS, deleted at exit
+	pool       *pgxpool.Pool // producers, checker, checks
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	relay      *relay.Relay
+	loss       *ackLoss
+	prod       *producer
+	chk        *checker
+	cons       consumerSup
+	start      time.Time
 }
 
 // consumerSup runs the inventory consumer in-process and restarts it after each crash.
@@ -177,6 +178,16 @@ func (r *run) setup(ctx context.Context) error {
 	if r.js, err = jetstream.New(r.nc); err != nil {
 		return err
 	}
+	if svc.NATS == nil {
+		// Someone else's server: never touch streams the demo did not create, and remove its
+		// own at exit.
+		for _, name := range []string{streamName, deadStreamName} {
+			if _, err := r.js.Stream(ctx, name); err == nil {
+				return fmt.Errorf("stream %s already exists at NATS_URL (a previous demo run kept with -keep?): remove it, or unset NATS_URL to use an embedded server", name)
+			}
+		}
+		r.ownStreams = true
+	}
 	if err := createStreams(ctx, r.js); err != nil {
 		return err
 	}
@@ -192,7 +203,7 @@ func createStreams(ctx context.Context, js jetstream.JetStream) error {
 		return fmt.Errorf("create stream %s: %w", streamName, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + ">"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
 	}); err != nil {
 		return fmt.Errorf("create stream %s: %w", deadStreamName, err)
 	}
@@ -202,6 +213,13 @@ func createStreams(ctx context.Context, js jetstream.JetStream) error {
 func (r *run) close() {
 	fault.Reset()
 	if r.nc != nil {
+		if r.ownStreams && !r.cfg.Keep {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			for _, name := range []string{streamName, deadStreamName} {
+				_ = r.js.DeleteStream(ctx, name)
+			}
+			cancel()
+		}
 		r.nc.Close()
 	}
 	if r.loss != nil {

@@ -145,3 +145,33 @@ func TestMainUsage(t *testing.T) {
 		}
 	}
 }
+
+// With NATS_URL (someone else's server) the demo creates its streams, removes them at exit,
+// and refuses to run over a stream of the same name.
+func TestDemoOnExternalNATS(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	cfg := DefaultConfig()
+	cfg.DSN, cfg.NATSURL = testsvc.PostgresDSN(t), n.URL()
+	cfg.Orders, cfg.Payments, cfg.Rate, cfg.Poison = 40, 8, 200, 1
+	cfg.Timeout = 2 * time.Minute
+	var out bytes.Buffer
+	res, err := Run(context.Background(), cfg, &out)
+	if err != nil || !res.OK() {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	ctx := context.Background()
+	for _, name := range []string{streamName, deadStreamName} {
+		if _, err := n.JS.Stream(ctx, name); err == nil {
+			t.Errorf("stream %s is still there after the demo", name)
+		}
+	}
+	n.Stream(t, streamName, "elsewhere.>")
+	out.Reset()
+	if _, err := Run(ctx, cfg, &out); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("over an existing stream: %v", err)
+	}
+	if _, err := n.JS.Stream(ctx, streamName); err != nil {
+		t.Fatalf("the demo removed a stream it did not create: %v", err)
+	}
+}
