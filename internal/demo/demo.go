@@ -211,7 +211,6 @@ func createStreams(ctx context.Context, js jetstream.JetStream) error {
 }
 
 func (r *run) close() {
-	fault.Reset()
 	if r.nc != nil {
 		if r.ownStreams && !r.cfg.Keep {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -119,6 +119,10 @@ func TestDemo(t *testing.T) {
 		t.Errorf("effects %d, want %d orders + %d charged payments", res.Effects, res.Orders, res.Charged)
 	}
 	t.Logf("demo took %s; %d lost acks, %d consumer crashes, %d duplicates caught", res.Elapsed, res.LostAcks, res.ConsumerCrashes, res.ConsumerDuplicates)
+
+	// After it, not beside it: the consumer's crash point is process-wide, and two demos
+	// running at once in one process would crash each other's consumers.
+	demoOnExternalNATS(t)
 }
 
 func TestMainUsage(t *testing.T) {
@@ -146,10 +150,9 @@ func TestMainUsage(t *testing.T) {
 	}
 }
 
-// With NATS_URL (someone else's server) the demo creates its streams, removes them at exit,
-// and refuses to run over a stream of the same name.
-func TestDemoOnExternalNATS(t *testing.T) {
-	t.Parallel()
+// demoOnExternalNATS: with NATS_URL (someone else's server) the demo creates its streams,
+// removes them at exit, and refuses to run over a stream of the same name.
+func demoOnExternalNATS(t *testing.T) {
 	n := testsvc.NewNATS(t)
 	cfg := DefaultConfig()
 	cfg.DSN, cfg.NATSURL = testsvc.PostgresDSN(t), n.URL()
