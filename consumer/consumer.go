@@ -90,7 +90,7 @@ type Consumer struct {
 	pgDown   atomic.Bool // for one log line per state change
 	natsDown atomic.Bool
 	dlqDown  atomic.Bool
-	lastErr  atomic.Value // error: the last consume error
+	lastErr  atomic.Pointer[error] // the last consume error (errors of many types: not an atomic.Value)
 }
 
 // hooks are fault-injection and observation points for tests.
@@ -222,7 +222,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case <-cc.Closed():
 		runErr = ErrConsumeStopped
-		last, _ := c.lastErr.Load().(error)
+		var last error
+		if p := c.lastErr.Load(); p != nil {
+			last = *p
+		}
 		if last != nil {
 			runErr = fmt.Errorf("%w: %w", ErrConsumeStopped, last)
 		}
@@ -255,7 +258,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 func (c *Consumer) consumeError(err error) {
-	c.lastErr.Store(err)
+	c.lastErr.Store(&err)
 	if !c.natsDown.Swap(true) {
 		c.log.Warn("jetstream delivery interrupted", "err", err)
 	}

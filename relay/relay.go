@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -287,6 +288,7 @@ func (r *Relay) finish(ctx context.Context, b *inflight) error {
 			return err
 		}
 	}
+	fault.Point(fault.RelayBeforeSettle) // crash tests: every PubAck is in, nothing settled yet
 	if err := r.settle(ctx, b.conn, b.rows, b.res); err != nil {
 		return err
 	}

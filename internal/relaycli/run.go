@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
+	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -39,6 +40,8 @@ type runFlags struct {
 
 	cb          checkback.Config
 	noCheckback bool
+
+	faults string // testing only: fault-injection points to arm (hidden)
 }
 
 // fieldFlags maps relay.Config fields to the flags that set them, so that configuration
@@ -97,6 +100,8 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
 	s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
 	s.Hide("fault-settle-delay")
+	s.String(&f.faults, "fault", fault.EnvVar, "", "testing only: arm fault points, e.g. relay.before-settle=0.02 (SIGKILL there with that probability)")
+	s.Hide("fault")
 }
 
 func runCmd(ctx context.Context, env *Env, args []string) error {
@@ -123,6 +128,12 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	log, err := newLogger(env.Stderr, f.logFormat, f.level)
 	if err != nil {
 		return err
+	}
+	if f.faults != "" {
+		if err := fault.ArmSpec(f.faults, nil); err != nil {
+			return usageErr("invalid --fault: %v", err)
+		}
+		log.Warn("fault injection armed: this process will kill itself at these points", "points", f.faults)
 	}
 	cfg := f.cfg
 	cfg.Schema = f.schema

@@ -1,0 +1,740 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/checkback"
+	"github.com/txoutbox/txoutbox/internal/embedded"
+	"github.com/txoutbox/txoutbox/internal/fault"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// DefaultChaosMessages is the full size of the chaos proof.
+const DefaultChaosMessages = 10_000
+
+// Chaos settings.
+const (
+	chaosSchema      = "chaos"
+	chaosRelayApp    = "txoutbox-relay" // relay run names its connections so (the lease one "txoutbox-relay <id>")
+	chaosConsumerApp = "txoutbox-chaos-consumer"
+	chaosProducerApp = "txoutbox-chaos-producer"
+	// Fault points armed in the child processes: per relay batch, and per consumer commit.
+	chaosRelayFault    = fault.RelayBeforeSettle + "=0.01"
+	chaosConsumerFault = fault.ConsumerAfterCommit + "=0.003"
+	chaosAckWait       = 2 * time.Second
+	chaosGiveUp        = 10 * time.Second // the checker's patience with a payment it has never seen
+	chaosRollback      = 0.05
+)
+
+// ChaosConfig configures the chaos proof.
+type ChaosConfig struct {
+	// DSN is a PostgreSQL the run may create a database in. Empty: the local PostgreSQL on
+	// 127.0.0.1:5432, else a throwaway cluster.
+	DSN string
+	// Messages is how many messages, at least, go through the whole chain (orders and
+	// payments that commit). Defaults to DefaultChaosMessages.
+	Messages int
+	// ProduceFor spreads the producers' work over this long, while the faults are injected.
+	// Defaults to Messages/100 seconds, at least 20s.
+	ProduceFor time.Duration
+	// Timeout bounds the whole run. Defaults to ProduceFor + 10m.
+	Timeout time.Duration
+	// RelayBin is the relay binary. Defaults to building ./cmd/relay with go build (which
+	// needs the working directory inside the txoutbox module).
+	RelayBin string
+	// ConsumerExe and ConsumerEnv start a consumer process: ConsumerExe runs Main with the
+	// arguments given (the demo binary itself, or a test binary that calls Main when it finds
+	// ConsumerEnv in its environment).
+	ConsumerExe string
+	ConsumerEnv []string
+	// Seed makes the random choices repeatable (not the timing); 0 picks one.
+	Seed uint64
+	// Keep keeps the chaos database.
+	Keep bool
+	// Out receives the progress and the report. Defaults to io.Discard.
+	Out io.Writer
+}
+
+// ChaosResult is what a chaos run did and found.
+type ChaosResult struct {
+	Tally *Tally
+	// Messages counts the messages that went through the chain: committed orders (poisoned
+	// included) and charged payments.
+	Messages int64
+
+	RelayStarts, RelayKills, RelayFaultKills, RelayOtherExits             int64
+	ConsumerStarts, ConsumerKills, ConsumerFaultKills, ConsumerOtherExits int64
+	NATSRestarts                                                          int64
+	RelayBackendsTerminated, ConsumerBackendsTerminated                   int64
+
+	// Observed on the wire by a core NATS subscription: every PubAck for the stream and how
+	// many said "duplicate" (a republish the stream's duplicate window absorbed), and every
+	// delivery to the durable consumer and how many were redeliveries.
+	PubAcks, DuplicatePubAcks, Deliveries, Redeliveries int64
+	// Reported by the consumer processes (each reports every 100ms, so a killed one loses its
+	// last counts: lower bounds).
+	ConsumerProcessed, ConsumerDuplicates int64
+
+	Duration time.Duration
+	// WorkDir holds the children's logs; it is removed when the run passes.
+	WorkDir string
+}
+
+type chaos struct {
+	cfg ChaosConfig
+	out io.Writer
+	rnd *rand.Rand
+
+	workDir  string
+	relayBin string
+	svc      *services
+	nats     *embedded.NATS
+	admin    *pgxpool.Pool // on the DSN given, to create and drop the chaos database
+	dbName   string        // the chaos database, when the run could create one
+	dsn      string        // the chaos database's DSN
+	pool     *pgxpool.Pool // producers, checker, terminations, checks
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	relay    *proc
+	consumer *proc
+	prod     *producer
+	chk      *checker
+
+	natsRestarts, relayTerminated, consumerTerminated atomic.Int64
+	pubAcks, dupAcks, deliveries, redeliveries        atomic.Int64
+
+	statsMu   sync.Mutex
+	statsDone [6]int64
+	statsCur  [6]int64
+}
+
+// RunChaos runs the chaos proof: it sends at least cfg.Messages messages from producers in
+// this process through the outbox, a relay process (the real relay binary) and JetStream to a
+// consumer process, while it SIGKILLs both processes at random moments, arms their fault
+// points (the relay kills itself between publish and settle, the consumer between commit and
+// ack), restarts the NATS server and terminates their PostgreSQL backends. When everything is
+// delivered it stops them and checks the invariants from the database and the streams.
+func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
+	if cfg.Messages <= 0 {
+		cfg.Messages = DefaultChaosMessages
+	}
+	if cfg.ProduceFor <= 0 {
+		cfg.ProduceFor = max(20*time.Second, time.Duration(cfg.Messages)*10*time.Millisecond)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = cfg.ProduceFor + 10*time.Minute
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.ConsumerExe == "" {
+		return nil, fmt.Errorf("chaos: ConsumerExe is required")
+	}
+	c := &chaos{cfg: cfg, out: cfg.Out, rnd: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05))}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	res, err := c.run(ctx)
+	passed := err == nil && res != nil && res.Tally.OK()
+	c.close(passed)
+	if res != nil {
+		res.Duration = time.Since(start)
+		res.WorkDir = c.workDir
+		if passed {
+			res.WorkDir = ""
+		}
+	}
+	if err != nil && c.workDir != "" {
+		err = fmt.Errorf("%w (the children's logs are in %s)", err, c.workDir)
+	}
+	return res, err
+}
+
+func (c *chaos) say(format string, args ...any) { fmt.Fprintf(c.out, format+"\n", args...) }
+
+func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
+	var err error
+	if c.workDir, err = os.MkdirTemp("", "txoutbox-chaos-"); err != nil {
+		return nil, err
+	}
+	c.say("txoutbox chaos proof: %d messages, producers spread over %s, seed %d; logs in %s", c.cfg.Messages, c.cfg.ProduceFor, c.cfg.Seed, c.workDir)
+	if err := c.setup(ctx); err != nil {
+		return nil, err
+	}
+
+	// Observe PubAcks and deliveries on the wire, on a connection that reconnects faster than
+	// the relay's (250ms), so that it is back first after a NATS restart.
+	obsNC, err := nats.Connect(c.nats.URL(), nats.Name("txoutbox-chaos-observer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		return nil, err
+	}
+	defer obsNC.Close()
+	obs, err := obsNC.Subscribe("_INBOX.>", c.observe)
+	if err != nil {
+		return nil, err
+	}
+	_ = obs.SetPendingLimits(-1, -1)
+	defer func() { _ = obs.Unsubscribe() }()
+
+	// The checker of the payments group lives with the producers.
+	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = srv.Stop() }()
+
+	relayLog, err := c.logFile("relay.log")
+	if err != nil {
+		return nil, err
+	}
+	consumerLog, err := c.logFile("consumer.log")
+	if err != nil {
+		return nil, err
+	}
+	c.relay = &proc{name: "relay", command: c.relayCmd, log: relayLog}
+	c.consumer = &proc{name: "consumer", command: c.consumerCmd, log: consumerLog, onLine: c.consumerLine, onExit: c.consumerExit}
+	var procs sync.WaitGroup
+	procCtx, stopProcs := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopProcs()
+		c.relay.kill()
+		c.consumer.kill()
+		procs.Wait()
+	}()
+	procs.Add(2)
+	go func() { defer procs.Done(); c.relay.run(procCtx) }()
+	go func() { defer procs.Done(); c.consumer.run(procCtx) }()
+
+	// Producers, and the faults while they work.
+	ordersTarget := c.cfg.Messages - c.cfg.Messages/10
+	paymentsTarget := c.cfg.Messages / 10
+	poison := max(3, c.cfg.Messages/1000)
+	prodErr := make(chan error, 2)
+	prodCtx, stopProducers := context.WithCancel(ctx)
+	defer stopProducers()
+	var producing sync.WaitGroup
+	producing.Add(2)
+	go func() { defer producing.Done(); prodErr <- c.produceOrders(prodCtx, ordersTarget, poison) }()
+	go func() { defer producing.Done(); prodErr <- c.producePayments(prodCtx, paymentsTarget) }()
+	producersDone := make(chan struct{})
+	go func() { producing.Wait(); close(producersDone) }()
+
+	injectCtx, stopInjecting := context.WithCancel(ctx)
+	injected := make(chan struct{})
+	go func() { defer close(injected); c.inject(injectCtx) }()
+	defer func() { stopInjecting(); <-injected }()
+
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	started := time.Now()
+	var producedAt time.Time
+	c.say("producing, and injecting faults …")
+	for {
+		select {
+		case <-ctx.Done():
+			c.progress(ctx, started)
+			return nil, fmt.Errorf("chaos: not everything was delivered within %s: %w", c.cfg.Timeout, ctx.Err())
+		case err := <-prodErr:
+			if err != nil {
+				return nil, fmt.Errorf("chaos: producer: %w", err)
+			}
+			continue
+		case <-producersDone:
+			producersDone = nil
+			producedAt = time.Now()
+			c.say("producers done after %.0fs; faults go on for a few more seconds, then everything must drain", time.Since(started).Seconds())
+			continue
+		case <-tick.C:
+			c.progress(ctx, started)
+		}
+		if producedAt.IsZero() {
+			continue
+		}
+		if time.Since(producedAt) > 5*time.Second {
+			stopInjecting()
+		}
+		if time.Since(producedAt) < 6*time.Second {
+			continue
+		}
+		ok, err := drained(ctx, c.pool, c.js)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			break
+		}
+	}
+	stopInjecting()
+	<-injected
+	c.say("everything delivered after %.0fs; stopping the relay and the consumer", time.Since(started).Seconds())
+	var stopping sync.WaitGroup
+	for _, p := range []*proc{c.relay, c.consumer} {
+		stopping.Add(1)
+		go func() { defer stopping.Done(); p.stop(30 * time.Second) }()
+	}
+	stopping.Wait()
+	stopProcs()
+	procs.Wait()
+
+	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer vcancel()
+	t, err := verify(vctx, c.pool, c.js)
+	if err != nil {
+		return nil, err
+	}
+	res := c.result(t)
+	c.report(res)
+	return res, nil
+}
+
+func (c *chaos) logFile(name string) (io.Writer, error) {
+	f, err := os.Create(filepath.Join(c.workDir, name))
+	if err != nil {
+		return nil, err
+	}
+	return &syncWriter{f: f}, nil
+}
+
+func (c *chaos) setup(ctx context.Context) error {
+	var err error
+	if c.relayBin = c.cfg.RelayBin; c.relayBin == "" {
+		c.relayBin = filepath.Join(c.workDir, "relay")
+		c.say("building the relay: go build -o %s github.com/txoutbox/txoutbox/cmd/relay", c.relayBin)
+		if out, err := exec.CommandContext(ctx, goTool(), "build", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
+			return fmt.Errorf("chaos: build the relay (run from inside the txoutbox module, or pass -relay-bin): %w\n%s", err, out)
+		}
+	}
+	c.svc, err = startServices(ctx, serviceOptions{DSN: c.cfg.DSN, NoNATS: true, Log: func(f string, a ...any) { c.say(f, a...) }})
+	if err != nil {
+		return err
+	}
+	c.say("PostgreSQL: %s", c.svc.PostgresFrom)
+
+	// A database of its own, so that terminating backends by application name touches only
+	// this run's relay and consumer.
+	if c.admin, err = pgxpool.New(ctx, c.svc.DSN); err != nil {
+		return err
+	}
+	name := "txoutbox_chaos_" + randomSuffix()
+	c.dsn = c.svc.DSN
+	if _, err := c.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		c.say("could not create a database of its own (%v): using the given one; backends are terminated by application name only", err)
+	} else {
+		c.dbName = name
+		if c.dsn, err = withDatabase(c.svc.DSN, name); err != nil {
+			return err
+		}
+		c.say("database %s (dropped at the end)", name)
+	}
+	if c.pool, err = newPool(ctx, c.dsn, chaosSchema, chaosProducerApp, 16); err != nil {
+		return err
+	}
+	if err := createSchema(ctx, c.pool, chaosSchema, &businessSetup{SKUs: 50, Customers: 200}); err != nil {
+		return err
+	}
+
+	// NATS is embedded here, whatever NATS_URL says: the run restarts it.
+	if c.nats, err = embedded.StartNATS(embedded.NATSOptions{StoreDir: filepath.Join(c.workDir, "nats")}); err != nil {
+		return err
+	}
+	c.say("NATS: embedded nats-server with JetStream on %s (restarted during the run)", c.nats.URL())
+	if c.nc, err = connectNATS(c.nats.URL(), "txoutbox-chaos-orchestrator"); err != nil {
+		return err
+	}
+	if c.js, err = jetstream.New(c.nc); err != nil {
+		return err
+	}
+	if err := createStreams(ctx, c.js); err != nil {
+		return err
+	}
+	client, err := outbox.NewClient(&outbox.Config{Schema: chaosSchema}) // no doorbell: the relay polls
+	if err != nil {
+		return err
+	}
+	c.prod = &producer{pool: c.pool, client: client, customers: 200, skus: 50}
+	c.chk = &checker{pool: c.pool, giveUp: chaosGiveUp}
+	return nil
+}
+
+// close stops everything the run started; it drops the chaos database unless Keep is set and
+// removes the work directory when the run passed.
+func (c *chaos) close(passed bool) {
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	if c.pool != nil {
+		c.pool.Close()
+	}
+	if c.nats != nil {
+		c.nats.Stop()
+	}
+	if c.admin != nil {
+		if c.dbName != "" && !c.cfg.Keep {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if _, err := c.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{c.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
+				c.say("could not drop database %s: %v", c.dbName, err)
+			}
+			cancel()
+		} else if c.dbName != "" {
+			c.say("database %s kept (-keep)", c.dbName)
+		}
+		c.admin.Close()
+	}
+	if c.svc != nil {
+		c.svc.Close()
+	}
+	if passed && c.workDir != "" && !c.cfg.Keep {
+		_ = os.RemoveAll(c.workDir)
+	}
+}
+
+// childEnv is the environment of the children without the settings the orchestrator gives
+// them as flags.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "TXOUTBOX_") || k == "DATABASE_URL" || k == "NATS_URL" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// The first incarnation of each child is armed with probability 1, so that every run kills
+// the relay between a publish and its settle, and the consumer between a commit and its ack,
+// at least once; later ones with the chaos probabilities.
+func armed(n int, point, spec string) string {
+	if n == 1 {
+		return point + "=1"
+	}
+	return spec
+}
+
+func (c *chaos) relayCmd(n int) *exec.Cmd {
+	cmd := exec.Command(c.relayBin, "run",
+		"--database-url", c.dsn, "--nats-url", c.nats.URL(), "--schema", chaosSchema,
+		"--relay-id", "chaos-relay-"+strconv.Itoa(n), "--subjects", strings.Join(streamSubjects, ","),
+		"--poll-max", "100ms", "--publish-timeout", "2s", "--backoff-base", "200ms", "--backoff-max", "2s",
+		"--lease-interval", "250ms", "--retention", "1h", "--no-doorbell",
+		"--check-transaction-timeout", "1s", "--check-backoff-base", "500ms", "--check-backoff-max", "2s",
+		// A check-back killed mid-pass leaves the rows it claimed leased for about
+		// ceil(batch/concurrency)·request timeout + 2·request timeout: keep that short.
+		"--check-request-timeout", "1s", "--check-batch-size", "20", "--check-max", "1000", "--check-schedule", "@every 250ms",
+		"--stale-schedule", "off", "--purge-schedule", "off",
+		"--fault", armed(n, fault.RelayBeforeSettle, chaosRelayFault))
+	cmd.Env = childEnv()
+	return cmd
+}
+
+func (c *chaos) consumerCmd(n int) *exec.Cmd {
+	batch := "1"
+	if n%3 == 0 {
+		batch = "16" // every third incarnation runs in batch mode: one commit, then the acks
+	}
+	cmd := exec.Command(c.cfg.ConsumerExe, "-role", "consumer",
+		"-database-url", c.dsn, "-nats-url", c.nats.URL(), "-schema", chaosSchema,
+		"-app-name", chaosConsumerApp, "-ack-wait", chaosAckWait.String(), "-batch", batch,
+		"-fault", armed(n, fault.ConsumerAfterCommit, chaosConsumerFault))
+	cmd.Env = childEnv(c.cfg.ConsumerEnv...)
+	return cmd
+}
+
+func (c *chaos) consumerLine(_ int, line string) {
+	if st, ok := parseStats(line); ok {
+		c.statsMu.Lock()
+		c.statsCur = st
+		c.statsMu.Unlock()
+	}
+}
+
+func (c *chaos) consumerExit(int) {
+	c.statsMu.Lock()
+	for i, v := range c.statsCur {
+		c.statsDone[i] += v
+	}
+	c.statsCur = [6]int64{}
+	c.statsMu.Unlock()
+}
+
+func (c *chaos) consumerStats() [6]int64 {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	t := c.statsDone
+	for i, v := range c.statsCur {
+		t[i] += v
+	}
+	return t
+}
+
+// observe counts, from a core subscription on _INBOX.>, the stream's PubAcks (and those that
+// report a duplicate) and the deliveries to the durable consumer (and redeliveries).
+func (c *chaos) observe(m *nats.Msg) {
+	ackPrefix := "$JS.ACK." + streamName + "." + durableName + "."
+	if rest, ok := strings.CutPrefix(m.Reply, ackPrefix); ok {
+		c.deliveries.Add(1)
+		if d, _, _ := strings.Cut(rest, "."); d != "1" {
+			c.redeliveries.Add(1)
+		}
+		return
+	}
+	if !bytes.HasPrefix(m.Data, []byte(`{"stream":"`+streamName+`",`)) {
+		return
+	}
+	var ack struct {
+		Stream    string `json:"stream"`
+		Seq       uint64 `json:"seq"`
+		Duplicate bool   `json:"duplicate"`
+	}
+	if json.Unmarshal(m.Data, &ack) != nil || ack.Stream != streamName || ack.Seq == 0 {
+		return
+	}
+	c.pubAcks.Add(1)
+	if ack.Duplicate {
+		c.dupAcks.Add(1)
+	}
+}
+
+// inject injects one fault every 0.5–2 s until ctx ends.
+func (c *chaos) inject(ctx context.Context) {
+	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 3))
+	// Each kind of fault once, in random order, then at random: every run has them all.
+	first := []int{0, 3, 6, 8, 9}
+	rnd.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
+	for i := 0; ; i++ {
+		if !sleepCtx(ctx, time.Duration(500+rnd.IntN(1500))*time.Millisecond) {
+			return
+		}
+		x := rnd.IntN(10)
+		if i < len(first) {
+			x = first[i]
+		}
+		switch {
+		case x < 3:
+			retry(ctx, c.relay.kill)
+		case x < 6:
+			retry(ctx, c.consumer.kill)
+		case x < 8:
+			c.restartNATS(ctx, time.Duration(200+rnd.IntN(1300))*time.Millisecond)
+		case x < 9:
+			retry(ctx, func() bool { n := c.terminate(ctx, chaosRelayApp+"%"); c.relayTerminated.Add(n); return n > 0 })
+		default:
+			retry(ctx, func() bool { n := c.terminate(ctx, chaosConsumerApp); c.consumerTerminated.Add(n); return n > 0 })
+		}
+	}
+}
+
+// retry calls f until it reports that it did something (the process it kills may be between
+// two incarnations), for up to two seconds.
+func retry(ctx context.Context, f func() bool) {
+	for range 40 {
+		if f() || !sleepCtx(ctx, 50*time.Millisecond) {
+			return
+		}
+	}
+}
+
+func (c *chaos) restartNATS(ctx context.Context, down time.Duration) {
+	c.nats.Stop()
+	sleepCtx(ctx, down)
+	for {
+		err := c.nats.Start()
+		if err == nil {
+			break
+		}
+		c.say("restart NATS: %v; trying again", err)
+		if !sleepCtx(context.WithoutCancel(ctx), time.Second) {
+			return
+		}
+	}
+	c.natsRestarts.Add(1)
+}
+
+// terminate terminates the chaos database's backends whose application_name is like app.
+func (c *chaos) terminate(ctx context.Context, app string) int64 {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var n int64
+	err := c.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE $1 AND pid <> pg_backend_pid()`, app).Scan(&n)
+	if err != nil && ctx.Err() == nil {
+		c.say("terminate backends %q: %v", app, err)
+	}
+	return n
+}
+
+func (c *chaos) produceOrders(ctx context.Context, target, poison int) error {
+	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 1))
+	step := max(target/poison, 1)
+	interval := time.Duration(float64(c.cfg.ProduceFor) * (1 - chaosRollback) / float64(target))
+	next := time.Now()
+	committed, poisoned := 0, 0
+	for id := int64(1); committed < target; id++ {
+		fate := orderNormal
+		switch {
+		case poisoned < poison && committed%step == step/2:
+			fate = orderPoison
+		case rnd.Float64() < chaosRollback:
+			fate = orderRollback
+		}
+		if err := c.prod.order(ctx, rnd, id, fate); err != nil {
+			return err
+		}
+		switch fate {
+		case orderPoison:
+			poisoned++
+			committed++
+		case orderNormal:
+			committed++
+		}
+		next = next.Add(interval)
+		if err := sleepUntil(ctx, next); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *chaos) producePayments(ctx context.Context, target int) error {
+	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 2))
+	interval := time.Duration(float64(c.cfg.ProduceFor) * 0.8 / float64(max(target, 1)))
+	next := time.Now()
+	for id := int64(1); c.prod.charged.Load() < int64(target); id++ {
+		fate := fateCommit
+		switch x := rnd.Float64(); {
+		case id <= 4: // every fate at least once
+			fate = []string{fateDieBeforeCharge, fateDieAfterCharge, fateDecline, fateCommit}[id-1]
+		case x < 0.075:
+			fate = fateDieBeforeCharge
+		case x < 0.15:
+			fate = fateDieAfterCharge
+		case x < 0.25:
+			fate = fateDecline
+		}
+		if err := c.prod.payment(ctx, rnd, id, fate); err != nil {
+			return err
+		}
+		next = next.Add(interval)
+		if err := sleepUntil(ctx, next); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *chaos) progress(ctx context.Context, started time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // NATS may be restarting
+	defer cancel()
+	var effects, open int64
+	_ = c.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM demo_effects),
+		(SELECT count(*) FROM txoutbox_messages WHERE state IN ('ready', 'prepared', 'check_exhausted'))`).Scan(&effects, &open)
+	pending, unacked := "?", "?"
+	if cons, err := c.js.Consumer(ctx, streamName, durableName); err == nil {
+		if info, err := cons.Info(ctx); err == nil {
+			pending, unacked = strconv.FormatUint(info.NumPending, 10), strconv.Itoa(info.NumAckPending)
+		}
+	}
+	p := c.prod
+	st := c.consumerStats()
+	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · NATS restarts %d · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
+		time.Since(started).Seconds(), p.ordersCommitted.Load()+p.ordersPoisoned.Load(), p.charged.Load(), open, pending, unacked, effects,
+		c.relay.kills.Load(), c.relay.selfKills.Load(), c.consumer.kills.Load(), c.consumer.selfKills.Load(),
+		c.natsRestarts.Load(), c.relayTerminated.Load()+c.consumerTerminated.Load(), c.dupAcks.Load(), st[1])
+}
+
+func (c *chaos) result(t *Tally) *ChaosResult {
+	st := c.consumerStats()
+	return &ChaosResult{
+		Tally:                      t,
+		Messages:                   t.Orders + t.Poisoned + t.Charged,
+		RelayStarts:                c.relay.starts.Load(),
+		RelayKills:                 c.relay.kills.Load(),
+		RelayFaultKills:            c.relay.hits(fault.RelayBeforeSettle),
+		RelayOtherExits:            c.relay.otherExits.Load(),
+		ConsumerStarts:             c.consumer.starts.Load(),
+		ConsumerKills:              c.consumer.kills.Load(),
+		ConsumerFaultKills:         c.consumer.hits(fault.ConsumerAfterCommit),
+		ConsumerOtherExits:         c.consumer.otherExits.Load(),
+		NATSRestarts:               c.natsRestarts.Load(),
+		RelayBackendsTerminated:    c.relayTerminated.Load(),
+		ConsumerBackendsTerminated: c.consumerTerminated.Load(),
+		PubAcks:                    c.pubAcks.Load(),
+		DuplicatePubAcks:           c.dupAcks.Load(),
+		Deliveries:                 c.deliveries.Load(),
+		Redeliveries:               c.redeliveries.Load(),
+		ConsumerProcessed:          st[0],
+		ConsumerDuplicates:         st[1],
+	}
+}
+
+func (c *chaos) report(r *ChaosResult) {
+	t := r.Tally
+	line := func(label, format string, args ...any) {
+		c.say("  %-44s %s", label, fmt.Sprintf(format, args...))
+	}
+	c.say("")
+	c.say("Chaos proof (seed %d)", c.cfg.Seed)
+	line("messages through the whole chain", "%d = %d orders + %d poisoned orders + %d payments", r.Messages, t.Orders, t.Poisoned, t.Charged)
+	line("producer transactions rolled back", "%d orders; payments: %d declined, %d never charged", t.RolledBackOrders, t.Declined, t.PaymentsByFate[fateDieBeforeCharge])
+	line("half messages settled by the check-back", "%d committed, %d rolled back (checker: %d COMMIT, %d ROLLBACK, %d UNKNOWN)",
+		t.HalfCommittedByCheckback, t.HalfRolledBackByCheckback, c.chk.commit.Load(), c.chk.rollback.Load(), c.chk.unknown.Load())
+	line("relay processes SIGKILLed", "%d at random moments + %d by their fault point between publish and settle (%d starts, %d other exits)",
+		r.RelayKills, r.RelayFaultKills, r.RelayStarts, r.RelayOtherExits)
+	line("consumer processes SIGKILLed", "%d at random moments + %d by their fault point between commit and ack (%d starts, %d other exits)",
+		r.ConsumerKills, r.ConsumerFaultKills, r.ConsumerStarts, r.ConsumerOtherExits)
+	line("NATS server restarts", "%d", r.NATSRestarts)
+	line("PostgreSQL backends terminated", "%d of the relay, %d of the consumer", r.RelayBackendsTerminated, r.ConsumerBackendsTerminated)
+	line("duplicates absorbed by JetStream", "%d duplicate PubAcks of %d (republishes inside the duplicate window; seen on the wire)", r.DuplicatePubAcks, r.PubAcks)
+	line("duplicates absorbed by the dedup table", "%d or more (counted by the consumer processes)", r.ConsumerDuplicates)
+	line("deliveries to the consumer", "%d, %d of them redeliveries (seen on the wire)", r.Deliveries, r.Redeliveries)
+	line("stream", "%d messages, %d distinct message ids; dead letters %d (%d distinct)", t.StreamMsgs, t.StreamDistinctIDs, t.DeadLetters, t.DeadDistinct)
+	line("effects applied (ledger rows)", "%d = %d orders + %d payments", t.Effects, t.OrderEffects, t.PaymentEffects)
+	c.say("")
+	printInvariants(c.out, t)
+}
+
+// withDatabase returns dsn pointing at database db.
+func withDatabase(dsn, db string) (string, error) {
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("invalid DATABASE_URL: %w", err)
+		}
+		u.Path = "/" + db
+		return u.String(), nil
+	}
+	return dsn + " dbname=" + db, nil
+}
+
+// goTool is the go command that builds the relay.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}

@@ -1,0 +1,186 @@
+// Package fault holds txoutbox's named fault-injection points, for the crash tests and the
+// chaos run. A point is a call, Point(name), placed at a moment where a crash matters (between
+// a relay's publish and its settle, between a consumer's commit and its ack). Unarmed, it costs
+// one atomic load. Armed with a probability, it runs its action at that moment with that
+// probability; the default action kills the process with SIGKILL, as a crash or an OOM kill
+// would, after writing KillMarker and the point's name to stderr so that a supervisor can tell
+// an injected death from any other.
+//
+// Points are armed by the programs that want them (`relay run --fault`, the demo's consumer
+// role), never by this package on its own: a production process has nothing armed.
+package fault
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// EnvVar is the environment variable programs read a fault specification from (see ParseSpec).
+const EnvVar = "TXOUTBOX_FAULTS"
+
+// The points compiled into txoutbox.
+const (
+	// RelayBeforeSettle: every PubAck of a relay batch is in (its messages are stored in the
+	// stream), and the batch is not settled yet (its rows are still ready in the outbox).
+	RelayBeforeSettle = "relay.before-settle"
+	// ConsumerAfterCommit: a consumer transaction (dedup row and business effect) committed,
+	// and its messages are not acked yet.
+	ConsumerAfterCommit = "consumer.after-commit"
+)
+
+// KillMarker starts the line Kill writes to stderr before it kills the process; the point's
+// name follows.
+const KillMarker = "txoutbox fault: killing the process (SIGKILL) at "
+
+// Sentinel errors of Arm and ParseSpec.
+var (
+	// ErrUnknownPoint: no point of that name exists (see Points).
+	ErrUnknownPoint = errors.New("fault: unknown point")
+	// ErrBadSpec: a specification that is not name=probability[,name=probability...] with
+	// probabilities in (0, 1].
+	ErrBadSpec = errors.New("fault: invalid specification")
+)
+
+var known = []string{RelayBeforeSettle, ConsumerAfterCommit}
+
+// Points returns the names of the points compiled into txoutbox.
+func Points() []string { return slices.Clone(known) }
+
+// Action is what an armed point does when it fires.
+type Action func(point string)
+
+type armed struct {
+	prob   float64
+	action Action
+}
+
+var (
+	anyArmed atomic.Bool
+	mu       sync.RWMutex
+	table    = map[string]*armed{}
+	hits     sync.Map // name -> *atomic.Int64
+)
+
+// Point marks a fault-injection point. When name is armed it fires with the armed probability:
+// it counts a hit and runs the action (Kill unless another was given), in the caller's
+// goroutine, before the caller goes on.
+func Point(name string) {
+	if !anyArmed.Load() {
+		return
+	}
+	mu.RLock()
+	a := table[name]
+	mu.RUnlock()
+	if a == nil || (a.prob < 1 && rand.Float64() >= a.prob) {
+		return
+	}
+	counter(name).Add(1)
+	act := a.action
+	if act == nil {
+		act = Kill
+	}
+	act(name)
+}
+
+// Arm arms the point name with a probability in (0, 1] and an action (nil means Kill).
+// Arming an armed point replaces its setting.
+func Arm(name string, probability float64, action Action) error {
+	if !slices.Contains(known, name) {
+		return fmt.Errorf("%w %q (known: %s)", ErrUnknownPoint, name, strings.Join(known, ", "))
+	}
+	if !(probability > 0 && probability <= 1) {
+		return fmt.Errorf("%w: probability of %q must be in (0, 1], got %v", ErrBadSpec, name, probability)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	table[name] = &armed{prob: probability, action: action}
+	anyArmed.Store(true)
+	return nil
+}
+
+// ArmSpec arms every point of a specification (see ParseSpec) with action (nil means Kill).
+// Nothing is armed when the specification is invalid.
+func ArmSpec(spec string, action Action) error {
+	points, err := ParseSpec(spec)
+	if err != nil {
+		return err
+	}
+	for name, p := range points {
+		if err := Arm(name, p, action); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ParseSpec parses "name=probability[,name=probability...]", for example
+// "relay.before-settle=0.02". A name without "=probability" means probability 1. Spaces
+// around items are ignored; an empty specification arms nothing.
+func ParseSpec(spec string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, ps, hasP := strings.Cut(item, "=")
+		name = strings.TrimSpace(name)
+		p := 1.0
+		if hasP {
+			var err error
+			if p, err = strconv.ParseFloat(strings.TrimSpace(ps), 64); err != nil {
+				return nil, fmt.Errorf("%w: %q: probability %q is not a number", ErrBadSpec, item, ps)
+			}
+		}
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPoint, name, strings.Join(known, ", "))
+		}
+		if !(p > 0 && p <= 1) {
+			return nil, fmt.Errorf("%w: probability of %q must be in (0, 1], got %v", ErrBadSpec, name, p)
+		}
+		out[name] = p
+	}
+	return out, nil
+}
+
+// Disarm disarms one point.
+func Disarm(name string) {
+	mu.Lock()
+	defer mu.Unlock()
+	delete(table, name)
+	anyArmed.Store(len(table) > 0)
+}
+
+// Reset disarms every point and clears the hit counts.
+func Reset() {
+	mu.Lock()
+	defer mu.Unlock()
+	clear(table)
+	anyArmed.Store(false)
+	hits.Clear()
+}
+
+// Hits returns how many times the point fired since the last Reset.
+func Hits(name string) int64 { return counter(name).Load() }
+
+func counter(name string) *atomic.Int64 {
+	c, _ := hits.LoadOrStore(name, new(atomic.Int64))
+	return c.(*atomic.Int64)
+}
+
+// Kill writes KillMarker and the point's name to stderr, then kills the process with SIGKILL
+// (no deferred calls, no graceful shutdown: a crash). It does not return.
+func Kill(point string) {
+	fmt.Fprintf(os.Stderr, "%s%s\n", KillMarker, point)
+	if p, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = p.Kill()
+	}
+	select {} // the signal is on its way; never let the caller go on
+}
