@@ -188,8 +188,15 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		return configErr(err)
 	}
 	if f.faultSettleDelay > 0 {
+		// Crash tests wait for this line, then kill the relay between publish and settle.
 		log.Warn("fault injection: every batch pauses between publish and settle", "delay", f.faultSettleDelay.String())
-		r.InjectFaults(relay.FaultInjection{SettleDelay: f.faultSettleDelay})
+		d := f.faultSettleDelay
+		if err := fault.Arm(fault.RelayBeforeSettle, 1, func(string) {
+			log.Debug("fault injection: pausing before settle", "delay", d.String())
+			time.Sleep(d)
+		}); err != nil {
+			return err
+		}
 	}
 	if f.metricsAddr != "" {
 		srv, err := serveOps(f.metricsAddr, reg, c, r, f.schema, log)
