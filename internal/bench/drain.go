@@ -127,19 +127,7 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 
 	// 3. The relay: start it and time until the stream holds every message.
 	sqlt := newSQLTimer()
-	rpool, err := r.NewPool(ctx, 4, sqlt)
-	if err != nil {
-		return err
-	}
-	rnc, err := r.ConnectNATS("outbox-bench relay")
-	if err != nil {
-		return err
-	}
-	rjs, err := jetstream.New(rnc)
-	if err != nil {
-		return err
-	}
-	rl, err := relay.New(rpool, rjs, &relay.Config{Schema: schema, Subjects: []string{relaySubjects}, Logger: relayLogger(r.env.Stderr)})
+	rl, err := r.newRelay(ctx, schema, relaySubjects, sqlt)
 	if err != nil {
 		return err
 	}

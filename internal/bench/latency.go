@@ -78,19 +78,7 @@ func latency(ctx context.Context, r *run, o *latencyOpts) error {
 	}
 
 	// The relay: in process, its own pool and NATS connection, default settings.
-	rpool, err := r.NewPool(ctx, 4)
-	if err != nil {
-		return err
-	}
-	rnc, err := r.ConnectNATS("outbox-bench relay")
-	if err != nil {
-		return err
-	}
-	rjs, err := jetstream.New(rnc)
-	if err != nil {
-		return err
-	}
-	rl, err := relay.New(rpool, rjs, &relay.Config{Schema: schema, Subjects: []string{subjects}, Logger: relayLogger(r.env.Stderr)})
+	rl, err := r.newRelay(ctx, schema, subjects)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // LocalDSN is the PostgreSQL used when DATABASE_URL is unset and it answers.
@@ -396,4 +397,22 @@ func load1() string {
 		return "unknown"
 	}
 	return f[0]
+}
+
+// newRelay returns an in-process relay with the default settings (but schema and subjects), on
+// a pool and a NATS connection of its own, as a deployment would run it.
+func (r *run) newRelay(ctx context.Context, schema, subjects string, tracer ...pgx.QueryTracer) (*relay.Relay, error) {
+	pool, err := r.NewPool(ctx, 4, tracer...)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := r.ConnectNATS("outbox-bench relay")
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	return relay.New(pool, js, &relay.Config{Schema: schema, Subjects: []string{subjects}, Logger: relayLogger(r.env.Stderr)})
 }
