@@ -102,7 +102,6 @@ type ChaosResult struct {
 type chaos struct {
 	cfg ChaosConfig
 	out io.Writer
-	rnd *rand.Rand
 
 	workDir  string
 	relayBin string
@@ -152,7 +151,7 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
 	if cfg.ConsumerExe == "" {
 		return nil, fmt.Errorf("chaos: ConsumerExe is required")
 	}
-	c := &chaos{cfg: cfg, out: cfg.Out, rnd: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05))}
+	c := &chaos{cfg: cfg, out: cfg.Out}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -522,7 +521,7 @@ func (c *chaos) observe(m *nats.Msg) {
 
 // inject injects one fault every 0.5–2 s until ctx ends.
 func (c *chaos) inject(ctx context.Context) {
-	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 3))
+	rnd := rand.New(rand.NewPCG(c.cfg.Seed, 3)) // a stream of its own per goroutine
 	// Each kind of fault once, in random order, then at random: every run has them all.
 	first := []int{0, 3, 6, 8, 9}
 	rnd.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
@@ -589,7 +588,7 @@ func (c *chaos) terminate(ctx context.Context, app string) int64 {
 }
 
 func (c *chaos) produceOrders(ctx context.Context, target, poison int) error {
-	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 1))
+	rnd := rand.New(rand.NewPCG(c.cfg.Seed, 1)) // a stream of its own per goroutine
 	step := max(target/poison, 1)
 	interval := time.Duration(float64(c.cfg.ProduceFor) * (1 - chaosRollback) / float64(target))
 	next := time.Now()
@@ -621,7 +620,7 @@ func (c *chaos) produceOrders(ctx context.Context, target, poison int) error {
 }
 
 func (c *chaos) producePayments(ctx context.Context, target int) error {
-	rnd := rand.New(rand.NewPCG(c.rnd.Uint64(), 2))
+	rnd := rand.New(rand.NewPCG(c.cfg.Seed, 2)) // a stream of its own per goroutine
 	interval := time.Duration(float64(c.cfg.ProduceFor) * 0.8 / float64(max(target, 1)))
 	next := time.Now()
 	for id := int64(1); c.prod.charged.Load() < int64(target); id++ {

@@ -74,7 +74,6 @@ type run struct {
 	cfg Config
 	out io.Writer
 	log *slog.Logger
-	rnd *rand.Rand
 
 	svc        *services
 	schema     string
@@ -137,7 +136,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Result, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
 	}
-	r := &run{cfg: cfg, out: out, rnd: rand.New(rand.NewPCG(cfg.Seed, 0x7478)), start: time.Now()}
+	r := &run{cfg: cfg, out: out, start: time.Now()}
 	level := slog.LevelError + 1 // quiet: the demo tells the story itself
 	if cfg.Verbose {
 		level = slog.LevelInfo
@@ -388,11 +387,11 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 
 func (r *run) produceOrders(ctx context.Context) error {
 	n := r.cfg.Orders
+	rnd := rand.New(rand.NewPCG(r.cfg.Seed, 1)) // its own stream: the producers run concurrently
 	poison := map[int]bool{}
 	for len(poison) < min(r.cfg.Poison, n) {
-		poison[r.rnd.IntN(n)] = true
+		poison[rnd.IntN(n)] = true
 	}
-	rnd := rand.New(rand.NewPCG(r.rnd.Uint64(), 1))
 	interval := time.Duration(float64(time.Second) / r.cfg.Rate)
 	next := time.Now()
 	for i := range n {
@@ -421,7 +420,7 @@ func (r *run) producePayments(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	rnd := rand.New(rand.NewPCG(r.rnd.Uint64(), 2))
+	rnd := rand.New(rand.NewPCG(r.cfg.Seed, 2)) // its own stream: the producers run concurrently
 	interval := time.Duration(float64(time.Second) * float64(r.cfg.Orders) / r.cfg.Rate / float64(n))
 	next := time.Now()
 	for i := range n {

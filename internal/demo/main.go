@@ -47,15 +47,15 @@ var hidden = map[string]bool{"role": true, "schema": true, "app-name": true, "ba
 // status: 0 when every invariant held, 1 when one did not or the run failed, 2 on bad usage,
 // 130 when interrupted.
 func Main(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() {
-		<-ctx.Done()
+		<-sigCtx.Done()
 		stop() // a second Ctrl-C kills at once
 	}()
 	// A closed stdout (| head) must not kill the process before it cleans up: with SIGPIPE
 	// notified, writes fail instead, and the first failed write stops the run.
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 	sigpipe := make(chan os.Signal, 1)
 	signal.Notify(sigpipe, syscall.SIGPIPE)
