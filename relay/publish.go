@@ -61,7 +61,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		// only the first is about the message.
 		jsDown := false
 		for _, o := range outs {
-			if errors.Is(o.err, jetstream.ErrNoStreamResponse) || errors.Is(o.err, nats.ErrNoResponders) {
+			if isNoResponders(o.err) {
 				jsDown = !r.jetStreamAnswers(ctx)
 				break
 			}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 )
@@ -174,4 +175,33 @@ func printUsage(w io.Writer) {
 
 func usageErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
+}
+
+// startProfile starts a CPU profile of this process into path, or does nothing when path is
+// "". The returned function stops it (once, later calls do nothing) and returns the path
+// written ("" when none).
+func startProfile(path string) (func() string, error) {
+	if path == "" {
+		return func() string { return "" }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	stopped := false
+	return func() string {
+		if stopped {
+			return ""
+		}
+		stopped = true
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return ""
+		}
+		return path
+	}, nil
 }

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -260,7 +258,7 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 		m.name, durable, cfg.Concurrency, cfg.BatchSize, cfg.MaxAckPending, cfg.PullMaxMessages)
 
 	// 3. Run it; time until every message is processed.
-	stopProfile, err := startProfile(o.cpuprofile, m.name)
+	stopProfile, err := startProfile(profilePath(o.cpuprofile, m.name))
 	if err != nil {
 		return res, err
 	}
@@ -420,33 +418,11 @@ func checkEffects(ctx context.Context, pool *pgxpool.Pool, schema, accounts, dur
 	return nil
 }
 
-// startProfile starts a CPU profile of this process into base with mode inserted before its
-// extension (cpu.pprof → cpu.batch.pprof), or does nothing when base is "". The returned
-// function stops it (once) and returns the file's path.
-func startProfile(base, mode string) (func() string, error) {
+// profilePath inserts mode before base's extension (cpu.pprof → cpu.batch.pprof); "" stays "".
+func profilePath(base, mode string) string {
 	if base == "" {
-		return func() string { return "" }, nil
+		return ""
 	}
 	ext := filepath.Ext(base)
-	path := strings.TrimSuffix(base, ext) + "." + mode + ext
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	stopped := false
-	return func() string {
-		if stopped {
-			return ""
-		}
-		stopped = true
-		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			return ""
-		}
-		return path
-	}, nil
+	return strings.TrimSuffix(base, ext) + "." + mode + ext
 }

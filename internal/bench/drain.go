@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,17 +129,11 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	if err != nil {
 		return err
 	}
-	if o.cpuprofile != "" {
-		f, err := os.Create(o.cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startProfile(o.cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	rctx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
 	runErr := make(chan error, 1)
@@ -152,9 +144,8 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	if err != nil {
 		return err
 	}
-	if o.cpuprofile != "" {
-		pprof.StopCPUProfile()
-		r.logf("relay: CPU profile written to %s", o.cpuprofile)
+	if path := stopProfile(); path != "" {
+		r.logf("relay: CPU profile written to %s", path)
 	}
 	relayRate := float64(o.msgs) / relayDur.Seconds()
 	claim, settle := sqlt.get("claim"), sqlt.get("settle")

@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,17 +136,11 @@ func latency(ctx context.Context, r *run, o *latencyOpts) error {
 	if err != nil {
 		return err
 	}
-	if o.cpuprofile != "" {
-		f, err := os.Create(o.cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startProfile(o.cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	r.logf("producing: %d producers, %.0f tx/s in total (one every %s each), for %s; each tx 1 business row + 1 × %d B message, doorbell rung after commit",
 		o.producers, o.rate, interval, o.duration, o.size)
 	prod := produceSteady(ctx, r, pool, client, schema, set, subject, o, interval, perProducer, &firstSeen)
@@ -164,9 +156,7 @@ func latency(ctx context.Context, r *run, o *latencyOpts) error {
 	}
 	time.Sleep(500 * time.Millisecond)
 	cc.Stop()
-	if o.cpuprofile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	stored, err := streamMsgs(ctx, s)
 	if err != nil {
 		return err
