@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -188,7 +189,7 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	}
 	b := &pgx.Batch{}
 	if len(lockKeys) > 0 {
-		sortInt32(lockKeys)
+		slices.Sort(lockKeys)
 		b.Queue(q.lockKeys, q.KeyLockClass, lockKeys)
 	}
 	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
@@ -204,14 +205,6 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 		return err
 	}
 	return br.Close()
-}
-
-func sortInt32(s []int32) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 // Claimed is a ready row taken by the relay.
