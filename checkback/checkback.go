@@ -59,6 +59,11 @@ type CheckBack struct {
 	limMu    sync.Mutex
 	limiters map[string]*groupLimit
 
+	// busy are the groups an earlier pass is still asking; bg counts those passes' units.
+	busyMu sync.Mutex
+	busy   map[string]bool
+	bg     sync.WaitGroup
+
 	stale    staleState
 	natsDown atomic.Bool
 	hooks    hooks
@@ -100,6 +105,7 @@ func New(db outbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
 		log:      c.Logger.With("component", "checkback"),
 		m:        m,
 		limiters: map[string]*groupLimit{},
+		busy:     map[string]bool{},
 	}, nil
 }
 
@@ -119,12 +125,14 @@ type job struct {
 	run  func(ctx context.Context) error
 }
 
-func (c *CheckBack) jobs(rep *Report) []job {
+// jobs lists the jobs. With wait false (the scheduler) a resolve run does not wait for slow
+// checkers (see resolve).
+func (c *CheckBack) jobs(rep *Report, wait bool) []job {
 	if rep == nil {
 		rep = &Report{}
 	}
 	return []job{
-		{"resolve", c.cfg.ResolveSchedule, func(ctx context.Context) (err error) { rep.Resolve, err = c.resolveOnce(ctx); return }},
+		{"resolve", c.cfg.ResolveSchedule, func(ctx context.Context) (err error) { rep.Resolve, err = c.resolve(ctx, wait); return }},
 		{"stale", c.cfg.StaleSchedule, func(ctx context.Context) (err error) { rep.Stale, err = c.staleOnce(ctx); return }},
 		{"purge", c.cfg.PurgeSchedule, func(ctx context.Context) (err error) { rep.Purge, err = c.purgeOnce(ctx); return }},
 	}
@@ -135,7 +143,7 @@ func (c *CheckBack) jobs(rep *Report) []job {
 func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
 	rep := &Report{}
 	var first error
-	for _, j := range c.jobs(rep) {
+	for _, j := range c.jobs(rep, true) {
 		if j.spec == Off {
 			continue
 		}
@@ -164,7 +172,7 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 func (c *CheckBack) Run(ctx context.Context) error {
 	logger := cronLogger{c.log}
 	cr := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
-	for _, j := range c.jobs(nil) {
+	for _, j := range c.jobs(nil, false) {
 		sched, err := ParseSchedule(j.spec)
 		if err != nil {
 			return err
@@ -179,6 +187,7 @@ func (c *CheckBack) Run(ctx context.Context) error {
 	cr.Start()
 	<-ctx.Done()
 	<-cr.Stop().Done()
+	c.bg.Wait() // checks still in flight see the cancellation, give their rows back and end
 	c.log.Info("check-back stopped")
 	return nil
 }

@@ -939,3 +939,50 @@ func TestNATSDownPostponesChecks(t *testing.T) {
 		t.Fatalf("resolve with NATS back: %+v", res)
 	}
 }
+
+// A group whose checker hangs must not hold up the other groups, nor the fence: the scheduled
+// passes go on while its checks wait for their timeouts.
+func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := fastConfig()
+	cfg.RequestTimeout = 3 * time.Second // the hung group's pass waits this long per check
+	cfg.GroupConcurrency = 1
+	cfg.ResolveSchedule = "@every 50ms"
+	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cb := e.checkback(cfg)
+	release := make(chan struct{})
+	defer close(release)
+	e.serve("hung", func(CheckRequest) (State, error) { <-release; return Commit, nil })
+	e.serve("fast", answer(Rollback))
+	hung := []outbox.Half{
+		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),
+		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cb.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// Let the scheduler claim the hung group's rows, then prepare rows of others.
+	time.Sleep(cfg.TransactionTimeout + 200*time.Millisecond)
+	fast := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "fast"})
+	fenced := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+	start := time.Now()
+	testsvc.Eventually(t, 2*time.Second, "the other group's row and the fence row to be settled", func() bool {
+		a, _ := e.state(fast.ID)
+		b, _ := e.state(fenced.ID)
+		return a == "rolled_back" && b == "rolled_back"
+	})
+	// The hung group's checks are still out (each waits RequestTimeout, one at a time).
+	for _, h := range hung {
+		if st, n := e.state(h.ID); st != "prepared" || n != 0 {
+			t.Fatalf("hung group's row is %s after %d checks, want prepared and unchecked still", st, n)
+		}
+	}
+	t.Logf("other group settled %s after its prepare, while the hung group's checks were out", time.Since(start).Round(time.Millisecond))
+}

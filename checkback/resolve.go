@@ -36,12 +36,20 @@ type ResolveResult struct {
 	Released int
 }
 
-// resolveOnce runs one pass: fence-mode rows first (cheap, no network), then checker rows.
+// resolveOnce runs one pass: fence-mode rows first (cheap, no network), then checker rows. It
+// returns when the pass is complete (tests and `relay checkback --once` call it).
 func (c *CheckBack) resolveOnce(ctx context.Context) (ResolveResult, error) {
+	return c.resolve(ctx, true)
+}
+
+// resolve runs one pass. With wait false (the scheduler's runs) it returns once the checker
+// rows are claimed and being asked: a group whose checker is slow keeps working in the
+// background, and the next passes fence and check other groups meanwhile instead of waiting.
+func (c *CheckBack) resolve(ctx context.Context, wait bool) (ResolveResult, error) {
 	res := ResolveResult{Checks: map[string]int{}}
 	fenced, ferr := c.fenceOnce(ctx)
 	res.Fenced = fenced
-	cerr := c.checkOnce(ctx, &res)
+	cerr := c.checkOnce(ctx, &res, wait)
 	return res, errors.Join(ferr, cerr)
 }
 
@@ -118,40 +126,73 @@ func (l *groupLimit) acquire(ctx context.Context) bool {
 	return true
 }
 
-// checkOnce claims due checker rows (leasing them), asks their groups' checkers — each group
-// within its concurrency and rate — and records each answer.
-func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
+// checkOnce claims due checker rows (leasing them) of groups not already being asked, and asks
+// each group's checker — within the group's concurrency and rate — in a unit of its own, which
+// records each answer and gives back what it could not ask. With wait it returns when every
+// unit is done; otherwise at once (units run on, and Run waits for them on shutdown).
+func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool) error {
 	lease := c.lease()
-	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease)
+	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease, c.busyGroups())
 	if err != nil {
 		return fmt.Errorf("claim checks: %w", err)
 	}
-	if len(rows) == 0 {
+	byGroup := map[string][]store.HalfRow{}
+	for _, r := range rows {
+		byGroup[r.Group] = append(byGroup[r.Group], r)
+	}
+	var mu sync.Mutex // guards res and errs
+	var errs []error
+	var units sync.WaitGroup
+	for group, rows := range byGroup {
+		c.setBusy(group, true)
+		units.Add(1)
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			defer units.Done()
+			defer c.setBusy(group, false)
+			if err := c.askGroup(ctx, rows, lease, res, &mu); err != nil {
+				if !wait && ctx.Err() == nil {
+					c.log.Warn("check-back: recording checks failed; the rows are asked again later", "group", group, "err", err)
+				}
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	if !wait {
 		return nil
 	}
+	units.Wait()
+	return errors.Join(errs...)
+}
+
+// askGroup asks the checker of one group about its claimed rows and records the answers; rows
+// it could not ask before the lease runs out are given back.
+func (c *CheckBack) askGroup(ctx context.Context, rows []store.HalfRow, lease time.Duration, res *ResolveResult, mu *sync.Mutex) error {
 	// Stop asking before the lease runs out, so that no other pass takes the same rows.
 	pctx, cancel := context.WithTimeout(ctx, lease-c.cfg.RequestTimeout)
 	defer cancel()
-
-	var mu sync.Mutex
 	var released []uuid.UUID
 	var errs []error
+	var cmu sync.Mutex // guards released and errs
 	release := func(rows []store.HalfRow) {
-		mu.Lock()
+		cmu.Lock()
 		for _, r := range rows {
 			released = append(released, r.MessageID)
 		}
-		mu.Unlock()
+		cmu.Unlock()
 	}
 	// Rows of one key are asked one after another, oldest first, so that answers in one pass
 	// commit them in the order they were prepared; other rows are asked concurrently, within
 	// their group's concurrency and rate.
+	lim := c.limiter(rows[0].Group)
 	var wg sync.WaitGroup
 	for _, chain := range chains(rows) {
 		wg.Add(1)
 		go func(chain []store.HalfRow) {
 			defer wg.Done()
-			lim := c.limiter(chain[0].Group)
 			for i, r := range chain {
 				if !lim.acquire(pctx) {
 					release(chain[i:])
@@ -163,10 +204,10 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
 					release(chain[i:])
 					return
 				}
-				if err := c.record(ctx, r, outcome, detail, res, &mu); err != nil {
-					mu.Lock()
+				if err := c.record(ctx, r, outcome, detail, res, mu); err != nil {
+					cmu.Lock()
 					errs = append(errs, err)
-					mu.Unlock()
+					cmu.Unlock()
 				}
 			}
 		}(chain)
@@ -178,9 +219,32 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult) error {
 		if err := c.q.ReleaseChecks(rctx, c.db, released); err != nil {
 			errs = append(errs, fmt.Errorf("release claimed rows: %w", err))
 		}
+		mu.Lock()
 		res.Released += len(released)
+		mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// busyGroups lists the groups whose checkers are being asked by an earlier pass.
+func (c *CheckBack) busyGroups() []string {
+	c.busyMu.Lock()
+	defer c.busyMu.Unlock()
+	out := make([]string, 0, len(c.busy))
+	for g := range c.busy {
+		out = append(out, g)
+	}
+	return out
+}
+
+func (c *CheckBack) setBusy(group string, busy bool) {
+	c.busyMu.Lock()
+	defer c.busyMu.Unlock()
+	if busy {
+		c.busy[group] = true
+	} else {
+		delete(c.busy, group)
+	}
 }
 
 // chains splits rows into sequences to ask in order: the rows of one group and key, by id

@@ -78,6 +78,7 @@ FROM (
   SELECT id FROM ` + m + `
   WHERE state = 'prepared' AND check_mode = 'checker' AND next_check_at <= now()
     AND created_at <= now() - $1::float8 * interval '1 millisecond'
+    AND NOT (producer_group = ANY($4::text[]))
   ORDER BY next_check_at
   LIMIT $2
   FOR UPDATE SKIP LOCKED
@@ -272,9 +273,12 @@ type HalfRow struct {
 }
 
 // ClaimChecks leases up to limit checker-mode rows prepared longer than timeout whose next
-// check is due, moving their next check lease into the future.
-func (q *Queries) ClaimChecks(ctx context.Context, db DBTX, timeout time.Duration, limit int, lease time.Duration) ([]HalfRow, error) {
-	rows, err := db.Query(ctx, q.half.claimChecks, ms(timeout), limit, ms(lease))
+// check is due, outside the skip groups, moving their next check lease into the future.
+func (q *Queries) ClaimChecks(ctx context.Context, db DBTX, timeout time.Duration, limit int, lease time.Duration, skip []string) ([]HalfRow, error) {
+	if skip == nil {
+		skip = []string{}
+	}
+	rows, err := db.Query(ctx, q.half.claimChecks, ms(timeout), limit, ms(lease), skip)
 	if err != nil {
 		return nil, err
 	}
