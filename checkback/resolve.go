@@ -131,6 +131,11 @@ func (l *groupLimit) acquire(ctx context.Context) bool {
 // records each answer and gives back what it could not ask. With wait it returns when every
 // unit is done; otherwise at once (units run on, and Run waits for them on shutdown).
 func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool) error {
+	if !wait {
+		// The units outlive this call: they count into a result of their own, not the
+		// caller's (metrics and logs still see every check).
+		res = &ResolveResult{Checks: map[string]int{}}
+	}
 	lease := c.lease()
 	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease, c.busyGroups())
 	if err != nil {
