@@ -222,7 +222,7 @@ func (c *Config) validate() error {
 	case c.PurgeBatchSize < 1 || c.PurgeBatchSize > 100000:
 		return bad("PurgeBatchSize", "must be between 1 and 100000, got %d", c.PurgeBatchSize)
 	}
-	if err := validatePrefix(c.SubjectPrefix); err != nil {
+	if err := outbox.ValidateSubject(c.SubjectPrefix); err != nil {
 		return bad("SubjectPrefix", "is invalid: %v", err)
 	}
 	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
@@ -236,14 +236,6 @@ func (c *Config) validate() error {
 // ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
 // *ConfigError values naming the field.
 func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
-
-// validatePrefix accepts a literal NATS subject (no wildcards).
-func validatePrefix(p string) error {
-	if err := outbox.ValidateSubject(p); err != nil {
-		return err
-	}
-	return nil
-}
 
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 

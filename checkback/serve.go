@@ -95,7 +95,7 @@ func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*S
 	if o.SubjectPrefix == "" {
 		o.SubjectPrefix = DefaultSubjectPrefix
 	}
-	if err := validatePrefix(o.SubjectPrefix); err != nil {
+	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
 		return nil, fmt.Errorf("checkback: ServeOptions.SubjectPrefix: %w", err)
 	}
 	if o.Concurrency <= 0 {

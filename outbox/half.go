@@ -200,14 +200,18 @@ func (c *Client) Prepare(ctx context.Context, db DBTX, msg Message, opts *Prepar
 	return Half{ID: row.MessageID, Subject: msg.Subject, Key: msg.Key, Group: o.Group, Fence: o.Fence}, nil
 }
 
-// Commit commits a half message on its own: the relay publishes it. It runs in a transaction
+// Commit commits a half message on its own and rings the doorbell: the relay publishes it. It runs in a transaction
 // of its own begun on db (a savepoint when db is a pgx.Tx): it takes the message's key lock and
 // gives the message a new place in its key's order, after every message of that key committed
 // before it. A message the check-back gave up on (check_exhausted) can still be committed.
 // When the message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
 // ErrAlreadyCommitted or ErrNotFound.
 func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return c.commit(ctx, tx, id) })
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return c.commit(ctx, tx, id) })
+	if err == nil {
+		c.Ring() // the message is ready: wake the relay instead of waiting for its poll
+	}
+	return err
 }
 
 // CommitTx commits a half message inside the producer's business transaction tx, so that the
@@ -218,14 +222,15 @@ func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
 // past the transaction timeout — CommitTx returns a *SettleError wrapping ErrRolledBack (or
 // ErrNotFound) and makes tx fail: a later tx.Commit returns pgx.ErrTxCommitRollback, so the
 // business change and the message never disagree. ErrAlreadyCommitted leaves tx usable (the
-// message will be published either way).
+// message will be published either way). Call Client.Ring after tx commits.
 func (c *Client) CommitTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	err := c.commit(ctx, tx, id)
 	if err == nil || errors.Is(err, ErrAlreadyCommitted) {
 		return err
 	}
-	// Fail the transaction on the server, whatever the caller does next.
-	_, _ = tx.Exec(ctx, poisonSQL)
+	// Fail the transaction on the server, whatever the caller does next — also when ctx is
+	// already done (pgx would not even send the statement on it).
+	_, _ = tx.Exec(context.WithoutCancel(ctx), poisonSQL)
 	return err
 }
 

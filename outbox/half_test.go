@@ -327,3 +327,42 @@ func TestSendInTransaction(t *testing.T) {
 		t.Fatalf("counters: %v", got)
 	}
 }
+
+// A CommitTx whose context is already done cannot settle the message; it must still make the
+// business transaction fail, or a caller committing with another context would commit the
+// business change while the message stays prepared (and gets fenced).
+func TestCommitTxOnADoneContextFailsTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Fence: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := c.CommitTx(done, tx, h.ID); err == nil {
+		t.Fatal("CommitTx on a cancelled context succeeded")
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("tx.Commit after a failed CommitTx: %v, want pgx.ErrTxCommitRollback", err)
+	}
+	var n int
+	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+	var st string
+	_ = db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, h.ID).Scan(&st)
+	if n != 0 || st != "prepared" {
+		t.Fatalf("business rows %d, message %s: want 0 and prepared", n, st)
+	}
+}
