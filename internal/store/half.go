@@ -160,24 +160,11 @@ type PrepareArgs struct {
 // its final id (under the key's lock) when it is committed.
 func (q *Queries) InsertPrepared(ctx context.Context, db DBTX, a PrepareArgs) error {
 	r := a.Row
-	var key, hdr *string
-	part := KeyHash(r.MessageID.String())
-	if r.Key != "" {
-		k := r.Key
-		key, part = &k, KeyHash(r.Key)
-	}
-	if r.Headers != nil {
-		s := string(r.Headers)
-		hdr = &s
-	}
+	key, part, hdr, payload := r.columns()
 	var group *string
 	if a.Group != "" {
 		g := a.Group
 		group = &g
-	}
-	payload := r.Payload
-	if payload == nil {
-		payload = []byte{}
 	}
 	_, err := db.Exec(ctx, q.half.insertPrepared, r.MessageID, r.Subject, key, part, hdr, payload, group, a.Mode, ms(max(a.Immunity, 0)))
 	return err

@@ -145,6 +145,27 @@ type NewRow struct {
 	Payload   []byte
 }
 
+// columns returns the row's nullable columns as they are stored: the key (nil when none),
+// partition_key (the key's hash, the lock EnqueueTx takes; the id's hash without a key), the
+// headers (nil when none) and the payload (never NULL).
+func (r NewRow) columns() (key *string, part int32, headers *string, payload []byte) {
+	if r.Key != "" {
+		k := r.Key
+		key, part = &k, KeyHash(r.Key)
+	} else {
+		part = KeyHash(r.MessageID.String())
+	}
+	if r.Headers != nil {
+		h := string(r.Headers)
+		headers = &h
+	}
+	payload = r.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	return key, part, headers, payload
+}
+
 // UniqueViolation reports whether err is a unique violation of the message id constraint.
 func UniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
@@ -166,25 +187,10 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	for i, r := range rows {
 		ids[i] = r.MessageID
 		subjects[i] = r.Subject
-		if r.Key != "" {
-			k := r.Key
-			keys[i] = &k
-			h := KeyHash(r.Key)
-			parts[i] = h
-			if !seen[h] {
-				seen[h] = true
-				lockKeys = append(lockKeys, h)
-			}
-		} else {
-			parts[i] = KeyHash(r.MessageID.String())
-		}
-		if r.Headers != nil {
-			s := string(r.Headers)
-			headers[i] = &s
-		}
-		payloads[i] = r.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
+		keys[i], parts[i], headers[i], payloads[i] = r.columns()
+		if keys[i] != nil && !seen[parts[i]] {
+			seen[parts[i]] = true
+			lockKeys = append(lockKeys, parts[i])
 		}
 	}
 	b := &pgx.Batch{}
