@@ -55,9 +55,12 @@ type ServeOptions struct {
 type Server struct {
 	svc    micro.Service
 	sem    chan struct{}
-	wg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	mu      sync.Mutex // orders wg.Add against Stop's wg.Wait
+	stopped bool
+	wg      sync.WaitGroup
 }
 
 // Service returns the underlying micro service (for its info and stats).
@@ -66,6 +69,9 @@ func (s *Server) Service() micro.Service { return s.svc }
 // Stop stops taking checks, cancels the checks in progress and waits for them to end.
 func (s *Server) Stop() error {
 	err := s.svc.Stop()
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 	return err
@@ -118,7 +124,16 @@ func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*S
 		case <-s.ctx.Done():
 			return
 		}
+		// Requests still buffered while the service drains may arrive after Stop: drop them
+		// (the check-back asks again) instead of racing Stop's wait.
+		s.mu.Lock()
+		if s.stopped {
+			s.mu.Unlock()
+			<-s.sem
+			return
+		}
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.sem }()
