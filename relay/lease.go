@@ -33,10 +33,11 @@ import (
 // start time, get floor(P/N) partitions each and the first P mod N one more. A relay below its
 // share takes free partitions; a relay above its share releases its extra partitions, but only
 // while another member is below its own share (someone is waiting for them), so nothing is
-// released that nobody would take. Rounds run between batches, never while a batch is in
-// flight, so a released partition has nothing of it half published; and because a key's
-// messages are published one after another (the next only after the previous PubAck), order
-// per key holds across a handover.
+// released that nobody would take. Rounds run when the relay claims (the previous batch may
+// still be publishing: its old holder finishes and settles it, so two relays may publish the
+// same rows for a moment) or sleeps. Because a key's messages are published one after another
+// (the next only after the previous PubAck, whoever sent it) and deduplicated by Nats-Msg-Id,
+// order per key holds across a handover and the overlap costs only duplicate PubAcks.
 //
 // Relays configured with different partition counts would publish one key from two relays at
 // once. A relay that finds a live member with another count at its first round refuses to run
@@ -101,7 +102,7 @@ func newLeaser(r *Relay) *leaser {
 }
 
 // acquire returns the lease connection and the partitions held, connecting and running a
-// lease round when one is due. It runs between batches only.
+// lease round when one is due. It runs when the relay claims.
 func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -155,9 +156,16 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 		// synchronous_commit off: a settle lost in a PostgreSQL crash only makes its rows
 		// ready again, and they are republished and deduplicated like after a relay crash; in
 		// exchange the relay never waits for a WAL flush. It applies to this session only.
+		// TCP keepalives and user timeout: when the relay's host dies or its network is cut,
+		// PostgreSQL ends this session — and releases its partition locks — within seconds
+		// instead of the system default of about two hours, so a standby takes over.
 		if _, err := l.conn.Exec(ctx, `SELECT set_config('application_name', $1, false),
 			set_config('plan_cache_mode', 'force_generic_plan', false),
-			set_config('synchronous_commit', 'off', false)`, l.r.appName()); err != nil {
+			set_config('synchronous_commit', 'off', false),
+			set_config('tcp_keepalives_idle', '5', false),
+			set_config('tcp_keepalives_interval', '2', false),
+			set_config('tcp_keepalives_count', '3', false),
+			set_config('tcp_user_timeout', '10000', false)`, l.r.appName()); err != nil {
 			l.dropLocked()
 			return fmt.Errorf("relay: connect: %w", err)
 		}

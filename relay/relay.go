@@ -66,6 +66,8 @@ type hooks struct {
 	// afterPublish runs after every PubAck of a batch is in and before the batch is settled;
 	// an error makes runOnce return it without settling, as a crash there would.
 	afterPublish func(ctx context.Context, published int) error
+	// beforePipelinedClaim runs before a claim made while a batch is in flight.
+	beforePipelinedClaim func()
 }
 
 // Stats are running totals, for tests and the bench command.
@@ -214,7 +216,19 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			err  error
 		)
 		if !stopping {
-			conn, next, err = r.claim(ctx, cur.ids())
+			// With a batch in flight the claim must not be cancelled by shutdown: pgx closes a
+			// connection whose query is cancelled, and with it would go the leases and the
+			// settle of the batch in flight. A claim is short; shutdown waits for it.
+			cctx := ctx
+			if cur != nil {
+				cctx = bctx
+				if h := r.hooks.beforePipelinedClaim; h != nil {
+					h()
+				}
+			}
+			cctx, cancel := context.WithTimeout(cctx, claimTimeout)
+			conn, next, err = r.claim(cctx, cur.ids())
+			cancel()
 		}
 		if cur != nil {
 			<-cur.done
@@ -280,6 +294,10 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		}
 	}
 }
+
+// claimTimeout bounds a claim (with its lease round): a connection that stops answering must
+// not hang the relay.
+const claimTimeout = 30 * time.Second
 
 // finish runs the fault hook, settles a published batch and reports a broker outage.
 func (r *Relay) finish(ctx context.Context, b *inflight) error {

@@ -531,3 +531,64 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("jittered backoff(3) spans [%s, %s], want about [3.2s, 4.8s]", lo, hi)
 	}
 }
+
+// Shutdown arriving while the next batch is being claimed — and the claim is slow, here held up
+// by a lease round waiting on a lock — must not drop the lease connection under the batch in
+// flight: that batch is still settled, so nothing in the stream is left ready to be published
+// again.
+func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
+	}
+	r := e.relay(&Config{BatchSize: 2, LeaseInterval: 10 * time.Millisecond})
+	runCtx, cancel := context.WithCancel(ctx)
+	var once sync.Once
+	r.hooks.beforePipelinedClaim = func() {
+		once.Do(func() {
+			time.Sleep(20 * time.Millisecond) // a lease round is due at this claim
+			// Hold the relay's membership row: the round's heartbeat waits on it...
+			tx, err := e.db.Pool.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := tx.Exec(ctx, "SELECT 1 FROM txoutbox_relays FOR UPDATE"); err != nil {
+				t.Error(err)
+			}
+			// ...while the shutdown signal arrives; then let it go.
+			go func() {
+				time.Sleep(100 * time.Millisecond)
+				cancel()
+				time.Sleep(200 * time.Millisecond)
+				_ = tx.Rollback(ctx)
+			}()
+		})
+	}
+	if err := r.Run(runCtx); err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]bool{}
+	for _, m := range e.streamMsgs("ORDERS") {
+		stored[m.Header.Get("Nats-Msg-Id")] = true
+	}
+	if len(stored) == 0 {
+		t.Fatal("nothing was published before the shutdown")
+	}
+	rows, err := e.db.Pool.Query(ctx, "SELECT message_id::text FROM txoutbox_messages WHERE state = 'ready'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ready {
+		if stored[id] {
+			t.Fatalf("message %s is in the stream but still ready: the batch in flight was not settled at shutdown", id)
+		}
+	}
+	t.Logf("%d messages published and settled, %d left ready for the next relay", len(stored), len(ready))
+}

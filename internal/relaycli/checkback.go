@@ -83,6 +83,9 @@ func checkCheckbackFlags(c *checkback.Config) error {
 	if c.GroupRate <= 0 {
 		return usageErr("invalid --check-group-rate: must be positive")
 	}
+	if c.BackoffJitter == 0 {
+		return usageErr("invalid --check-backoff-jitter: 0 would mean the default (%g); use a small value such as 0.01", checkback.DefaultBackoffJitter)
+	}
 	return checkbackConfigErr(checkback.ValidateConfig(c))
 }
 

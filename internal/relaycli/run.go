@@ -125,6 +125,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return usageErr("invalid --%s: must be positive", name)
 		}
 	}
+	if f.cfg.BackoffJitter == 0 {
+		return usageErr("invalid --backoff-jitter: 0 would mean the default (%g); use a small value such as 0.01", relay.DefaultBackoffJitter)
+	}
 	log, err := newLogger(env.Stderr, f.logFormat, f.level)
 	if err != nil {
 		return err
