@@ -295,3 +295,25 @@ func TestDeadFiltersAreCommandLineOnly(t *testing.T) {
 		t.Fatal("a dead row was purged through the environment")
 	}
 }
+
+// `migrate down` reverts one migration unless --all is on the command line: TXOUTBOX_ALL in
+// the environment must not drop the outbox.
+func TestMigrateDownAllIsCommandLineOnly(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	env := map[string]string{"TXOUTBOX_ALL": "true", "TXOUTBOX_STEPS": "99", "DATABASE_URL": testsvc.PostgresDSN(t)}
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"migrate", "down", "--schema", db.Schema},
+		&Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string { return env[k] }})
+	if code != 0 {
+		t.Fatalf("migrate down = %d: %s%s", code, out.String(), errb.String())
+	}
+	var exists bool
+	if err := db.AdminPool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{db.Schema, "txoutbox_messages"}.Sanitize()).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if !exists || strings.Count(out.String(), "reverted") != 1 {
+		t.Fatalf("migrate down with TXOUTBOX_ALL/STEPS in the environment reverted %q; the outbox table exists: %v", out.String(), exists)
+	}
+}

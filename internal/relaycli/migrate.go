@@ -36,6 +36,9 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 	s.Bool(&all, "all", "", false, "down: revert every migration")
 	s.String(&dir, "dir", "", "", "export: directory to write the files into")
 	s.String(&format, "format", "", migrations.FormatGolangMigrate, "export: golang-migrate (NNN_name.up/down.sql) or goose (NNN_name.sql with annotations)")
+	// What to revert or write is never read from the environment: a stray TXOUTBOX_ALL must
+	// not drop the outbox.
+	s.CommandLineOnly("steps", "all", "dir", "format")
 	if len(args) == 0 || (args[0] != "up" && args[0] != "down" && args[0] != "status" && args[0] != "export") {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			s.printHelp(env.Stdout)
