@@ -71,8 +71,6 @@ type LeaseStatus struct {
 	Target   int     // its fair share
 	Relays   int     // alive relays with the same partition count, itself included
 	Mismatch bool    // a live relay has a different partition count
-	// LastRound is when the relay last looked; zero before its first round.
-	LastRound time.Time
 }
 
 type leaser struct {
@@ -88,7 +86,6 @@ type leaser struct {
 	target      int
 	relays      int
 	mismatch    bool
-	lastRound   time.Time
 	lastCleanup time.Time
 }
 
@@ -194,7 +191,6 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		return fmt.Errorf("relay: lease round: %w", err)
 	}
 	now := time.Now()
-	l.lastRound = now
 	l.nextRound = now.Add(cfg.LeaseInterval)
 
 	var alive []store.RelayMember
@@ -333,15 +329,27 @@ func (l *leaser) broken(err error) {
 	}
 }
 
-func (l *leaser) dropLocked() {
+func (l *leaser) dropLocked() { l.resetLocked("lost") }
+
+// resetLocked forgets every lease and closes the lease connection, which ends the session and
+// with it its locks. change is "lost" (the connection broke) or "released" (the relay is
+// closing: it also removes its membership row).
+func (l *leaser) resetLocked(change string) {
 	if len(l.held) > 0 {
-		l.r.log.Warn("partition leases lost with their connection", "held", len(l.held))
-		l.r.m.changes.WithLabelValues("lost").Add(float64(len(l.held)))
+		if change == "lost" {
+			l.r.log.Warn("partition leases lost with their connection", "held", len(l.held))
+		} else {
+			l.r.log.Info("partitions released", "held", len(l.held))
+		}
+		l.r.m.changes.WithLabelValues(change).Add(float64(len(l.held)))
 	}
 	l.held = nil
 	l.r.m.partitions.Set(0)
 	if l.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if change == "released" && !l.conn.IsClosed() && l.fatal == nil {
+			_ = l.r.q.UnregisterRelay(ctx, l.conn, l.reg.Instance)
+		}
 		_ = l.conn.Close(ctx)
 		cancel()
 		l.conn = nil
@@ -369,31 +377,14 @@ func (r *Relay) Lease() LeaseStatus {
 	l := r.lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return LeaseStatus{Held: slices.Clone(l.held), Target: l.target, Relays: l.relays, Mismatch: l.mismatch, LastRound: l.lastRound}
+	return LeaseStatus{Held: slices.Clone(l.held), Target: l.target, Relays: l.relays, Mismatch: l.mismatch}
 }
-
-// Instance is the relay's membership id (one per New).
-func (r *Relay) Instance() uuid.UUID { return r.lease.reg.Instance }
 
 // close leaves the membership table and releases every lease by closing the connection.
 func (l *leaser) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.held) > 0 {
-		l.r.log.Info("partitions released", "held", len(l.held))
-		l.r.m.changes.WithLabelValues("released").Add(float64(len(l.held)))
-	}
-	l.held = nil
-	l.r.m.partitions.Set(0)
-	if l.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if !l.conn.IsClosed() && l.fatal == nil {
-			_ = l.r.q.UnregisterRelay(ctx, l.conn, l.reg.Instance)
-		}
-		_ = l.conn.Close(ctx)
-		cancel()
-		l.conn = nil
-	}
+	l.resetLocked("released")
 }
 
 // Close releases the relay's partitions and its connection. Run does this on return; tests

@@ -2,7 +2,6 @@ package relaycli
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -62,9 +61,7 @@ func statusCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(env.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(snap)
+		return writeJSON(env, snap)
 	}
 	return status.WriteText(env.Stdout, snap)
 }
