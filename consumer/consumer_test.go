@@ -919,3 +919,50 @@ func TestConnectionLostAtCommit(t *testing.T) {
 		})
 	}
 }
+
+// A message whose business key is fine but whose Nats-Msg-Id PostgreSQL cannot store (it goes
+// into the dedup row too) is malformed: dead-lettered at once, not retried forever.
+func TestUnstorableMessageIDDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h := func(ctx context.Context, tx pgx.Tx, msg Message) error { return recordEffect(ctx, tx, msg) }
+	e.publish("orders.created", map[string][]string{outbox.HeaderBizKey: {"order:1"}, outbox.HeaderMsgID: {"id-\xff"}}, "bad id")
+	e.publish("orders.created", map[string][]string{outbox.HeaderBizKey: {"order:2"}, outbox.HeaderMsgID: {"id\x00nul"}}, "nul id")
+	c := e.newConsumer(nil, &Config{MaxDeliveries: 5}, h)
+	e.run(c)
+	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered.Load() == 2 })
+	for _, d := range e.deadLetters() {
+		if d.Header.Get(HeaderDeadReason) != DeadReasonMalformed || !strings.Contains(d.Header.Get(HeaderDeadError), outbox.HeaderMsgID) {
+			t.Errorf("dead letter %q: reason %q error %q", d.Data, d.Header.Get(HeaderDeadReason), d.Header.Get(HeaderDeadError))
+		}
+	}
+	if got := c.Stats().Unavailable.Load(); got != 0 {
+		t.Errorf("unavailable: %d, want 0 (the message is bad, the database is fine)", got)
+	}
+}
+
+// A message too big for the dead-letter stream (its max_msg_size, not the connection's
+// limit) is dead-lettered without its payload instead of being retried forever.
+func TestDeadLetterTooBigForItsStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	s, err := e.nats.JS.Stream(ctx, deadStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 1024
+	if _, err := e.nats.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, pgx.Tx, Message) error { return Permanent(errors.New("poison")) }
+	e.publishID("orders.created", newID(), strings.Repeat("p", 4096))
+	c := e.newConsumer(nil, &Config{MaxDeliveries: 3}, h)
+	e.run(c)
+	testsvc.Eventually(t, 10*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered.Load() == 1 })
+	dead := e.deadLetters()
+	if len(dead) != 1 || len(dead[0].Data) != 0 || dead[0].Header.Get(HeaderDeadPayloadDropped) != "true" {
+		t.Fatalf("dead letters: %d, want one without its payload", len(dead))
+	}
+}

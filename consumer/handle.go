@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -417,7 +418,8 @@ func rejected(err error) bool {
 		return true
 	}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Severity != "ERROR" || len(pgErr.Code) < 2 {
+	// SeverityUnlocalized: Severity is translated by the server's lc_messages ("FEHLER").
+	if !errors.As(err, &pgErr) || cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) != "ERROR" || len(pgErr.Code) < 2 {
 		return false // FATAL or PANIC: the session is gone
 	}
 	switch pgErr.Code[:2] {
@@ -519,7 +521,9 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 	defer cancel()
 	_, err := c.js.PublishMsg(pctx, out, opts...)
-	if errors.Is(err, nats.ErrMaxPayload) {
+	// Too big for the connection, or for the dead-letter stream's max_msg_size: send the
+	// headers alone rather than retry the same publish forever.
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
 		out.Data = nil
 		out.Header.Set(HeaderDeadPayloadDropped, "true")
 		_, err = c.js.PublishMsg(pctx, out, opts...)

@@ -76,11 +76,15 @@ func decode(raw jetstream.Msg) (Message, error) {
 	default:
 		return m, fmt.Errorf("%w: neither %s nor %s is set", ErrMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
 	}
-	if len(m.IdempotencyKey) > MaxIdempotencyKeyLength {
-		return m, fmt.Errorf("%w: idempotency key is %d bytes, more than %d", ErrMalformed, len(m.IdempotencyKey), MaxIdempotencyKeyLength)
-	}
-	if !utf8.ValidString(m.IdempotencyKey) || strings.ContainsRune(m.IdempotencyKey, 0) {
-		return m, fmt.Errorf("%w: idempotency key is not valid UTF-8 or holds a NUL byte", ErrMalformed)
+	// Both end up in text columns of the dedup row: a value PostgreSQL refuses would make the
+	// insert fail on every delivery, forever, instead of dead-lettering the message.
+	for _, v := range []struct{ what, s string }{{"idempotency key", m.IdempotencyKey}, {outbox.HeaderMsgID, m.ID}} {
+		if len(v.s) > MaxIdempotencyKeyLength {
+			return m, fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), MaxIdempotencyKeyLength)
+		}
+		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
+			return m, fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, v.what)
+		}
 	}
 	return m, nil
 }
