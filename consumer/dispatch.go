@@ -21,7 +21,29 @@ type item struct {
 	orderKey   string // the key it is ordered by, in ordered mode
 	managed    bool   // held by a dispatcher, which can retry it in place
 
-	touched time.Time // last admission or in-progress ack; dispatcher.mu
+	touched time.Time // last in-progress ack (zero: none yet); dispatcher.mu
+
+	ackMu   sync.Mutex // orders in-progress acks before the final ack, nak or term
+	settled bool       // a final ack, nak or term was sent; ackMu
+}
+
+// final sends the message's final acknowledgement (ack, nak or term) through send, after which
+// no in-progress ack is sent for it: a late one would reset the server's redelivery timer and
+// cut a NakWithDelay backoff short. An in-progress ack already being sent goes out first.
+func (it *item) final(send func() error) error {
+	it.ackMu.Lock()
+	it.settled = true
+	it.ackMu.Unlock()
+	return send()
+}
+
+// inProgress tells JetStream the message is still being worked on, unless it was settled.
+func (it *item) inProgress() {
+	it.ackMu.Lock()
+	defer it.ackMu.Unlock()
+	if !it.settled {
+		_ = it.raw.InProgress()
+	}
 }
 
 func newItem(raw jetstream.Msg, ordered bool) *item {
@@ -89,7 +111,9 @@ func (d *dispatcher) admit(raw jetstream.Msg, stopping <-chan struct{}) {
 		_ = raw.Nak()
 		return
 	}
-	it.touched = time.Now()
+	// touched stays zero: the next keepalive tick sends an in-progress ack if the message is
+	// still held then. Its AckWait started when JetStream delivered it, which may be long
+	// before this admission (it waited in the client's buffer while the consumer was full).
 	d.held[it] = struct{}{}
 	if k := it.orderKey; k != "" {
 		if q, busy := d.waiting[k]; busy {
@@ -220,7 +244,7 @@ func (d *dispatcher) keepalive() {
 			}
 			d.mu.Unlock()
 			for _, it := range due {
-				_ = it.raw.InProgress()
+				it.inProgress()
 			}
 		}
 	}
@@ -246,6 +270,6 @@ func (d *dispatcher) shutdown() {
 	d.held = map[*item]struct{}{}
 	d.mu.Unlock()
 	for it := range held {
-		_ = it.raw.Nak()
+		_ = it.final(it.raw.Nak)
 	}
 }

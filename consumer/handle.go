@@ -457,7 +457,7 @@ func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
 		it.retries++
 		return result{outcome: outcomeRetryLocal, delay: delay, err: herr}
 	}
-	if err := it.raw.NakWithDelay(delay); err != nil {
+	if err := it.final(func() error { return it.raw.NakWithDelay(delay) }); err != nil {
 		c.log.Debug("nak failed; the ack wait will redeliver", "stream_seq", it.msg.StreamSeq, "err", err)
 	}
 	return result{outcome: outcomeRetry, delay: delay, err: herr}
@@ -484,7 +484,7 @@ func (c *Consumer) unavailable(it *item, op string, err error) result {
 func (c *Consumer) ack(ctx context.Context, it *item) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 	defer cancel()
-	if err := it.raw.DoubleAck(actx); err != nil {
+	if err := it.final(func() error { return it.raw.DoubleAck(actx) }); err != nil {
 		c.stats.AckFailures.Add(1)
 		c.log.Debug("ack not confirmed; the message will come back as a duplicate",
 			"stream_seq", it.msg.StreamSeq, "err", err)
@@ -534,7 +534,7 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	if c.dlqDown.Load() && c.dlqDown.Swap(false) {
 		c.log.Info("dead-letter publishing works again")
 	}
-	if err := it.raw.TermWithReason(reason + ": " + headerValue(cause.Error())); err != nil {
+	if err := it.final(func() error { return it.raw.TermWithReason(reason + ": " + headerValue(cause.Error())) }); err != nil {
 		c.log.Debug("term failed; the message will come back and be dead-lettered again", "stream_seq", it.msg.StreamSeq, "err", err)
 	}
 	c.countDeadLettered(reason == DeadReasonMalformed)
