@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // Defaults for Config.
@@ -197,11 +198,11 @@ func (c *Config) validate() error {
 		return bad("Schema", "is invalid: %v", err)
 	}
 	for _, s := range c.FilterSubjects {
-		if err := validateSubject(s, true); err != nil {
+		if err := outbox.ValidateSubjectFilter(s); err != nil {
 			return bad("FilterSubjects", "has an invalid subject %q: %v", s, err)
 		}
 	}
-	if err := validateSubject(c.DeadLetterSubject, false); err != nil {
+	if err := outbox.ValidateSubject(c.DeadLetterSubject); err != nil {
 		return bad("DeadLetterSubject", "is invalid: %v", err)
 	}
 	for _, f := range c.FilterSubjects {
@@ -262,27 +263,6 @@ func validateName(s string) error {
 	}
 	if strings.ContainsAny(s, ".*> \t\r\n/\\") {
 		return fmt.Errorf("%q must not contain '.', '*', '>', whitespace or path separators", s)
-	}
-	return nil
-}
-
-// validateSubject accepts a NATS subject; wildcards only when pattern is set.
-func validateSubject(s string, pattern bool) error {
-	if s == "" {
-		return fmt.Errorf("empty subject")
-	}
-	toks := strings.Split(s, ".")
-	for i, tok := range toks {
-		switch {
-		case tok == "":
-			return fmt.Errorf("token %d is empty", i+1)
-		case strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }):
-			return fmt.Errorf("whitespace or control character in token %d", i+1)
-		case (tok == "*" || tok == ">") && !pattern:
-			return fmt.Errorf("wildcard token %q", tok)
-		case tok == ">" && i != len(toks)-1:
-			return fmt.Errorf("'>' must be the last token")
-		}
 	}
 	return nil
 }

@@ -292,3 +292,16 @@ func TestKeyOrderIsCommitOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateSubjectFilter(t *testing.T) {
+	t.Parallel()
+	for s, ok := range map[string]bool{
+		"orders.>": true, "orders.*.created": true, "*": true, ">": true, "orders.a*b": true,
+		"orders.>.x": false, "orders..x": false, "": false, "orders .x": false, "orders.": false,
+	} {
+		err := outbox.ValidateSubjectFilter(s)
+		if (err == nil) != ok || (err != nil && !errors.Is(err, outbox.ErrInvalidSubject)) {
+			t.Errorf("ValidateSubjectFilter(%q) = %v, want ok=%v", s, err, ok)
+		}
+	}
+}

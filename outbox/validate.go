@@ -96,6 +96,21 @@ func ValidateSubject(s string) error {
 	return nil
 }
 
+// ValidateSubjectFilter reports whether s is a valid NATS subject filter: like ValidateSubject,
+// but * may stand for any one token and a final > for one or more.
+func ValidateSubjectFilter(s string) error {
+	toks := strings.Split(s, ".")
+	for i, tok := range toks {
+		if tok == ">" && i != len(toks)-1 {
+			return fmt.Errorf("%w: '>' must be the last token", ErrInvalidSubject)
+		}
+		if tok == "*" || tok == ">" {
+			toks[i] = "x" // a wildcard token stands for a literal one
+		}
+	}
+	return ValidateSubject(strings.Join(toks, "."))
+}
+
 // validHeaderName reports whether name is an RFC 7230 token (what NATS and HTTP accept).
 func validHeaderName(name string) bool {
 	if name == "" {

@@ -244,39 +244,13 @@ func (c *Config) validate() error {
 		return bad("SampleLimit", "must be at least 1, got %d", c.SampleLimit)
 	}
 	if !c.DisableDoorbell {
-		if err := validateSubjectPattern(c.DoorbellSubject); err != nil {
+		if err := outbox.ValidateSubjectFilter(c.DoorbellSubject); err != nil {
 			return bad("DoorbellSubject", "is invalid: %v", err)
 		}
 	}
 	for _, s := range c.Subjects {
-		if err := validateSubjectPattern(s); err != nil {
+		if err := outbox.ValidateSubjectFilter(s); err != nil {
 			return bad("Subjects", "has an invalid subject %q: %v", s, err)
-		}
-	}
-	return nil
-}
-
-// validateSubjectPattern accepts a NATS subject that may contain * and > wildcard tokens.
-func validateSubjectPattern(s string) error {
-	if s == "" {
-		return fmt.Errorf("empty subject")
-	}
-	toks := 0
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i < len(s) && (s[i] <= ' ' || s[i] == 0x7f) {
-			return fmt.Errorf("whitespace or control character at byte %d", i)
-		}
-		if i == len(s) || s[i] == '.' {
-			tok := s[start:i]
-			toks++
-			if tok == "" {
-				return fmt.Errorf("token %d is empty", toks)
-			}
-			if tok == ">" && i != len(s) {
-				return fmt.Errorf("'>' must be the last token")
-			}
-			start = i + 1
 		}
 	}
 	return nil
