@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/internal/embedded"
+	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
@@ -46,7 +46,7 @@ func startServices(ctx context.Context, o serviceOptions) (*services, error) {
 		if err := embedded.Ping(ctx, s.DSN, 5*time.Second); err != nil {
 			return nil, fmt.Errorf("DATABASE_URL is set but PostgreSQL does not answer there: %w", err)
 		}
-		s.PostgresFrom = "DATABASE_URL (" + redact(s.DSN) + ")"
+		s.PostgresFrom = "DATABASE_URL (" + redact.DSN(s.DSN) + ")"
 	case embedded.Ping(ctx, LocalDSN, 2*time.Second) == nil:
 		s.DSN = LocalDSN
 		s.PostgresFrom = "the PostgreSQL running on 127.0.0.1:5432 (DATABASE_URL is not set)"
@@ -101,19 +101,6 @@ func (s *services) Close() {
 		s.pg.Stop()
 		s.pg = nil
 	}
-}
-
-// redact hides a password in a URL-style DSN.
-func redact(dsn string) string {
-	at := strings.LastIndex(dsn, "@")
-	scheme := strings.Index(dsn, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return dsn
-	}
-	if user, _, ok := strings.Cut(dsn[scheme+3:at], ":"); ok {
-		return dsn[:scheme+3] + user + ":xxxxx" + dsn[at:]
-	}
-	return dsn
 }
 
 func randomSuffix() string {

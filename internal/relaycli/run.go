@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/fault"
+	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -210,7 +211,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	}
 	if f.embedded {
-		log.Info("embedded mode", "database_url", redactDSN(c.DSN), "nats_url", redactDSN(c.NATSURL))
+		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.DSN(c.NATSURL))
 	}
 	if f.noCheckback {
 		return r.Run(ctx)
@@ -238,24 +239,4 @@ func configErr(err error) error {
 		}
 	}
 	return err
-}
-
-// redactDSN hides the password (or a NATS token) of each URL in a comma-separated list of
-// URL-style DSNs.
-func redactDSN(dsn string) string {
-	parts := strings.Split(dsn, ",")
-	for i, p := range parts {
-		at := strings.LastIndex(p, "@")
-		scheme := strings.Index(p, "://")
-		if at < 0 || scheme < 0 || at < scheme {
-			continue
-		}
-		cred := p[scheme+3 : at]
-		if user, _, ok := strings.Cut(cred, ":"); ok {
-			parts[i] = p[:scheme+3] + user + ":xxxxx" + p[at:]
-		} else if !strings.HasPrefix(p, "postgres") {
-			parts[i] = p[:scheme+3] + "xxxxx" + p[at:] // a NATS token
-		}
-	}
-	return strings.Join(parts, ",")
 }

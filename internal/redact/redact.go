@@ -1,0 +1,134 @@
+// Package redact hides credentials in connection strings before they are logged or printed.
+package redact
+
+import (
+	"strings"
+	"unicode"
+)
+
+// Mask replaces a secret.
+const Mask = "xxxxx"
+
+// DSN returns s with its credentials masked. s may be a URL (postgres://user:pass@host/db,
+// nats://token@host), a comma-separated list of URLs (a NATS server list), or a libpq
+// key=value string (host=h user=u password='p w'); in the last form the values of password,
+// sslpassword and sslkey are masked.
+func DSN(s string) string {
+	if !strings.Contains(s, "://") {
+		return keyValue(s)
+	}
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = url(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// url masks the password, or a lone token, in the userinfo of one URL, and a password given
+// as a query parameter. Like net/url, it takes the authority to end at the first '/', '?' or
+// '#', and the userinfo to end at the authority's last '@'.
+func url(p string) string {
+	scheme := strings.Index(p, "://")
+	if scheme < 0 {
+		return p
+	}
+	head, rest := p[:scheme+3], p[scheme+3:]
+	end := len(rest)
+	if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+		end = j
+	}
+	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+		cred := rest[:at]
+		if user, _, ok := strings.Cut(cred, ":"); ok {
+			cred = user + ":" + Mask
+		} else if !strings.HasPrefix(head, "postgres") {
+			cred = Mask // a NATS token
+		}
+		rest = cred + rest[at:]
+	}
+	return maskQueryIn(head + rest)
+}
+
+// maskQueryIn masks a password given as a query parameter (postgres://h/db?password=p).
+func maskQueryIn(p string) string {
+	q := strings.IndexByte(p, '?')
+	if q < 0 {
+		return p
+	}
+	params := strings.Split(p[q+1:], "&")
+	for i, kv := range params {
+		k, _, ok := strings.Cut(kv, "=")
+		if ok && secretKey(k) {
+			params[i] = k + "=" + Mask
+		}
+	}
+	return p[:q+1] + strings.Join(params, "&")
+}
+
+func secretKey(k string) bool {
+	switch strings.ToLower(k) {
+	case "password", "sslpassword", "sslkey":
+		return true
+	}
+	return false
+}
+
+// keyValue masks the secret values of a libpq key=value string; values may be single-quoted
+// with backslash escapes, and spaces may surround '='.
+func keyValue(s string) string {
+	var b strings.Builder
+	i := 0
+	for i < len(s) {
+		// Copy whitespace.
+		for i < len(s) && unicode.IsSpace(rune(s[i])) {
+			b.WriteByte(s[i])
+			i++
+		}
+		// Key.
+		start := i
+		for i < len(s) && s[i] != '=' && !unicode.IsSpace(rune(s[i])) {
+			i++
+		}
+		key := s[start:i]
+		b.WriteString(key)
+		for i < len(s) && unicode.IsSpace(rune(s[i])) {
+			b.WriteByte(s[i])
+			i++
+		}
+		if i >= len(s) || s[i] != '=' {
+			continue
+		}
+		b.WriteByte('=')
+		i++
+		for i < len(s) && unicode.IsSpace(rune(s[i])) {
+			b.WriteByte(s[i])
+			i++
+		}
+		// Value.
+		start = i
+		if i < len(s) && s[i] == '\'' {
+			i++
+			for i < len(s) && s[i] != '\'' {
+				if s[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i = min(i+1, len(s))
+		} else {
+			for i < len(s) && !unicode.IsSpace(rune(s[i])) {
+				if s[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i = min(i, len(s))
+		}
+		if secretKey(key) {
+			b.WriteString(Mask)
+		} else {
+			b.WriteString(s[start:i])
+		}
+	}
+	return b.String()
+}

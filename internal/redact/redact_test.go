@@ -1,0 +1,35 @@
+package redact
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDSN(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://u:s3cret@db:5432/app?sslmode=disable", "postgres://u:xxxxx@db:5432/app?sslmode=disable"},
+		{"postgresql://u:p@ss@db/app", "postgresql://u:xxxxx@db/app"},
+		{"postgres://u@db/app", "postgres://u@db/app"},
+		{"postgres://db/app?user=u&password=s3cret", "postgres://db/app?user=u&password=xxxxx"},
+		{"nats://tok3n@n1:4222,nats://u:pw@n2:4222", "nats://xxxxx@n1:4222,nats://u:xxxxx@n2:4222"},
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"host=db user=u password=s3cret dbname=app", "host=db user=u password=xxxxx dbname=app"},
+		{"host=db password = 's3 cr\\'et' dbname=app", "host=db password = xxxxx dbname=app"},
+		{"password=s3cret", "password=xxxxx"},
+		{"sslpassword=k3y host=db", "sslpassword=xxxxx host=db"},
+		{"postgres://app:hunter2@db:5432/x?sslmode=require", "postgres://app:xxxxx@db:5432/x?sslmode=require"},
+		{"nats://s3cr3ttoken@a:4222", "nats://xxxxx@a:4222"},
+		{"", ""},
+	} {
+		got := DSN(tc.in)
+		if got != tc.want {
+			t.Errorf("DSN(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		for _, secret := range []string{"s3cret", "tok3n", "pw@", "k3y", "hunter2", "s3cr3ttoken", "cr\\'et", "p@ss"} {
+			if strings.Contains(got, secret) {
+				t.Errorf("DSN(%q) = %q still holds %q", tc.in, got, secret)
+			}
+		}
+	}
+}
