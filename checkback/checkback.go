@@ -200,6 +200,6 @@ func (l cronLogger) Error(err error, msg string, kv ...any) {
 	l.l.Error("cron: "+msg, append(kv, "err", err)...)
 }
 
-// backoff is backoff.Exponential: base·2^(n-1) capped at max, times a random factor in
-// [1-jitter, 1+jitter].
+// backoff is backoff.Exponential: base·2^(n-1) times a random factor in [1-jitter, 1+jitter],
+// capped at max (the cap holds after the jitter).
 var backoff = backoffpkg.Exponential

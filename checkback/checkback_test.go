@@ -716,8 +716,9 @@ func TestStaleReadyRowsAreReportedNotTouched(t *testing.T) {
 	if r, err := cb.staleOnce(ctx); err != nil || r.StaleReady != 0 || r.OldestReady > time.Minute {
 		t.Fatalf("fresh rows: %+v %v", r, err)
 	}
-	// Two rows have waited 10 and 5 minutes (no relay runs).
-	for i, age := range []string{"10 minutes", "5 minutes"} {
+	// Two rows have waited 5 and 10 minutes (no relay runs): the one with the smaller id is
+	// the younger, as a dead row requeued by an operator is (it keeps its id).
+	for i, age := range []string{"5 minutes", "10 minutes"} {
 		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET ready_at = now() - $2::interval WHERE message_id = $1`, ids[i], age); err != nil {
 			t.Fatal(err)
 		}
@@ -799,6 +800,16 @@ func TestRetentionPurgesOnlyWhatIsOld(t *testing.T) {
 	}
 	if r, err := cb.purgeOnce(ctx); err != nil || r != (PurgeResult{}) {
 		t.Fatalf("second purge: %+v %v", r, err)
+	}
+
+	// A check-back that is not told the relay's retention leaves published rows alone.
+	if _, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, created_at, published_at, settled_at)
+		VALUES ($1, 'orders.x', 1, '', 'published', now() - interval '30 days', now() - interval '30 days', now() - interval '30 days')`, uuid.New()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PublishedRetention = 0
+	if r, err := e.checkback(cfg).purgeOnce(ctx); err != nil || r.Published != 0 {
+		t.Fatalf("purge without a published retention: %+v %v", r, err)
 	}
 }
 

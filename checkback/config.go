@@ -105,7 +105,10 @@ type Config struct {
 	StaleReadyAfter time.Duration
 
 	// PublishedRetention: published rows (kept by a relay with a retention) older than this
-	// are purged. Set it to the relay's retention. Defaults to 0: purge every published row.
+	// are purged. Set it to the relay's retention; `relay run` does. Defaults to 0: published
+	// rows are not purged (a relay without a retention deletes them as it publishes, so
+	// there are none; a check-back that does not know the relay's retention must not cut it
+	// short).
 	PublishedRetention time.Duration
 
 	// RolledBackRetention: rolled back half messages older than this are purged. Defaults

@@ -18,7 +18,7 @@ type PurgeResult struct {
 	Dedup      int64
 }
 
-// purgeOnce deletes published rows older than PublishedRetention, rolled back rows older than
+// purgeOnce deletes published rows older than PublishedRetention (when it is set), rolled back rows older than
 // RolledBackRetention and consumer dedup rows older than DedupRetention, in batches of
 // PurgeBatchSize. Each batch is one short statement (its own transaction) that skips locked
 // rows, so the purge never holds long locks nor waits on anyone.
@@ -41,6 +41,9 @@ func (c *CheckBack) purgeOnce(ctx context.Context) (PurgeResult, error) {
 		}},
 	}
 	for _, k := range kinds {
+		if k.name == store.StatePublished && k.older == 0 {
+			continue
+		}
 		for i := 0; i < maxPurgeBatches; i++ {
 			n, err := k.del(ctx, k.older, c.cfg.PurgeBatchSize)
 			if err != nil {

@@ -417,8 +417,8 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	return nil
 }
 
-// backoff is backoff.Exponential: base·2^(n-1) capped at max, times a random factor in
-// [1-jitter, 1+jitter].
+// backoff is backoff.Exponential: base·2^(n-1) times a random factor in [1-jitter, 1+jitter],
+// capped at max (the cap holds after the jitter).
 var backoff = backoffpkg.Exponential
 
 type healthState int32

@@ -58,7 +58,7 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
 	s.String(&c.PurgeSchedule, "purge-schedule", "", checkback.DefaultPurgeSchedule, "when to purge rows past their retention (cron spec, @every <duration>, or off)")
 	if withRetention {
-		s.Duration(&c.PublishedRetention, "retention", "", 0, "purge published rows older than this (set it to the relay's --retention)")
+		s.Duration(&c.PublishedRetention, "retention", "", 0, "purge published rows older than this (set it to the relay's --retention; 0 leaves them alone)")
 	}
 	s.Duration(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "purge rolled back half messages older than this")
 	s.Duration(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "purge consumer dedup rows older than this (keep several times the longest redelivery window)")

@@ -102,15 +102,17 @@ WHERE message_id = $1 AND state = 'prepared'
 RETURNING state, check_count`
 	h.release = `UPDATE ` + m + ` SET next_check_at = now() WHERE message_id = ANY($1::uuid[]) AND state = 'prepared'`
 	// Ready rows older than a threshold, counted up to a bound so that a huge backlog costs a
-	// bounded scan, and the age of the oldest ready row: the one with the smallest id (ids are
-	// drawn when rows become ready), found through the ready index.
-	h.staleReady = `SELECT
-  (SELECT count(*) FROM (
-     SELECT 1 FROM ` + m + `
-     WHERE state = 'ready' AND coalesce(ready_at, created_at) < now() - $1::float8 * interval '1 millisecond'
-     LIMIT $2) t),
+	// bounded scan, and the age of the oldest ready row: the older of the oldest stale row
+	// counted and the ready row with the smallest id (ids are drawn when rows become ready,
+	// so that is the oldest, except for dead rows requeued by an operator, which keep their
+	// id and count their age from the requeue).
+	h.staleReady = `SELECT count(*), greatest(
+  coalesce(extract(epoch FROM now() - min(t))::float8, 0),
   coalesce((SELECT extract(epoch FROM now() - coalesce(ready_at, created_at))::float8 FROM ` + m + `
-     WHERE state = 'ready' ORDER BY id LIMIT 1), 0)`
+     WHERE state = 'ready' ORDER BY id LIMIT 1), 0))
+FROM (SELECT coalesce(ready_at, created_at) AS t FROM ` + m + `
+      WHERE state = 'ready' AND coalesce(ready_at, created_at) < now() - $1::float8 * interval '1 millisecond'
+      LIMIT $2) stale`
 	h.countHalf = `SELECT
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'prepared' LIMIT $1) a),
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'check_exhausted' LIMIT $1) b)`
