@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -484,6 +485,18 @@ func TestCheckStreams(t *testing.T) {
 	if err := r.CheckStreams(ctx); !errors.Is(err, ErrDuplicateWindow) || !strings.Contains(err.Error(), "PAY") {
 		t.Fatalf("CheckStreams = %v, want ErrDuplicateWindow naming PAY", err)
 	}
+	// A stream that captures only part of a wildcard subject is not enough.
+	if _, err := e.nats.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "REFUNDS_CREATED", Subjects: []string{"refunds.created"}, Duplicates: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	refunds := e.relay(&Config{Subjects: []string{"refunds.>"}, CreateStream: "REFUNDS"})
+	if err := refunds.CheckStreams(ctx); !errors.Is(err, ErrNoStream) || !errors.As(err, &se) ||
+		!slices.Equal(se.Partial, []string{"REFUNDS_CREATED"}) || !strings.Contains(err.Error(), "only part") {
+		t.Fatalf("CheckStreams = %v, want ErrNoStream naming the partial stream", err)
+	}
+	if err := e.relay(&Config{Subjects: []string{"refunds.created", "orders.eu.*"}}).CheckStreams(ctx); err != nil {
+		t.Fatalf("CheckStreams = %v for subjects that ORDERS and REFUNDS_CREATED cover", err)
+	}
 	created := e.relay(&Config{Subjects: []string{"invoices.>"}, CreateStream: "INVOICES"})
 	if err := created.CheckStreams(ctx); err != nil {
 		t.Fatal(err)
@@ -494,6 +507,24 @@ func TestCheckStreams(t *testing.T) {
 	}
 	if c := s.CachedInfo().Config; c.Duplicates < created.cfg.RequiredDuplicateWindow() || c.Subjects[0] != "invoices.>" {
 		t.Fatalf("created stream config = %+v", c)
+	}
+}
+
+func TestCovers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		filter, subj string
+		want         bool
+	}{
+		{"orders.>", "orders.>", true}, {"orders.>", "orders.eu.*", true}, {"orders.>", "orders.a", true},
+		{"orders.>", "orders", false}, {">", "a.b.>", true}, {"orders.*", "orders.a", true},
+		{"orders.*", "orders.*", true}, {"orders.*", "orders.>", false}, {"orders.*", "orders.a.b", false},
+		{"orders.a", "orders.*", false}, {"orders.a", "orders.a", true}, {"orders.a", "orders.b", false},
+		{"orders.*.x", "orders.eu.x", true}, {"orders.*.x", "orders.eu.*", false}, {"a.b", "a", false},
+	} {
+		if got := covers(tc.filter, tc.subj); got != tc.want {
+			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.subj, got, tc.want)
+		}
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -16,6 +18,8 @@ type StreamError struct {
 	Err      error // ErrNoStream or ErrDuplicateWindow
 	Window   string
 	Required string
+	// Partial names the streams that capture only part of Subject (ErrNoStream).
+	Partial []string
 }
 
 func (e *StreamError) Error() string {
@@ -23,38 +27,86 @@ func (e *StreamError) Error() string {
 		return fmt.Sprintf("%v: stream %q (capturing %q) keeps duplicates for %s, but the relay may republish up to %s later "+
 			"(PublishTimeout + BackoffMax); raise the stream's duplicate window or lower BackoffMax", e.Err, e.Stream, e.Subject, e.Window, e.Required)
 	}
+	if len(e.Partial) > 0 {
+		return fmt.Sprintf("%v %q: stream(s) %s capture only part of it; give one stream a subject that covers it, or serve narrower subjects",
+			e.Err, e.Subject, strings.Join(e.Partial, ", "))
+	}
 	return fmt.Sprintf("%v %q: create a stream for it, or let the relay create one (CreateStream / --create-stream NAME)", e.Err, e.Subject)
 }
 
 func (e *StreamError) Unwrap() error { return e.Err }
 
-// CheckStreams verifies that a stream captures each of Config.Subjects and that its duplicate
-// window is at least RequiredDuplicateWindow, creating the stream Config.CreateStream names
-// when a subject has none.
+// CheckStreams verifies that one stream captures the whole of each of Config.Subjects (a
+// stream that captures only part of a wildcard subject is not enough: the rest would fail
+// message by message) and that every stream the subject's messages may land in keeps
+// duplicates at least RequiredDuplicateWindow. It creates, or extends, the stream
+// Config.CreateStream names when a subject has none.
 func (r *Relay) CheckStreams(ctx context.Context) error {
 	required := r.cfg.RequiredDuplicateWindow()
 	for _, subj := range r.cfg.Subjects {
-		name, err := r.js.StreamNameBySubject(ctx, subj)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			if r.cfg.CreateStream == "" {
-				return &StreamError{Subject: subj, Err: ErrNoStream}
+		streams, covering, err := r.streamsFor(ctx, subj)
+		if err != nil {
+			return err
+		}
+		if covering == "" {
+			if r.cfg.CreateStream == "" || len(streams) > 0 {
+				return &StreamError{Subject: subj, Err: ErrNoStream, Partial: slices.Sorted(maps.Keys(streams))}
 			}
 			if err := r.createStream(ctx, subj); err != nil {
 				return err
 			}
-			name = r.cfg.CreateStream
-		} else if err != nil {
-			return fmt.Errorf("relay: look up the stream for %q: %w", subj, err)
+			if streams, _, err = r.streamsFor(ctx, subj); err != nil {
+				return err
+			}
 		}
-		s, err := r.js.Stream(ctx, name)
-		if err != nil {
-			return fmt.Errorf("relay: stream %q: %w", name, err)
-		}
-		if w := s.CachedInfo().Config.Duplicates; w < required {
-			return &StreamError{Subject: subj, Stream: name, Err: ErrDuplicateWindow, Window: w.String(), Required: required.String()}
+		for _, name := range slices.Sorted(maps.Keys(streams)) {
+			if w := streams[name].Duplicates; w < required {
+				return &StreamError{Subject: subj, Stream: name, Err: ErrDuplicateWindow, Window: w.String(), Required: required.String()}
+			}
 		}
 	}
 	return nil
+}
+
+// streamsFor returns the configurations of the streams whose subjects overlap subj, and the
+// name of the one whose subjects cover all of subj ("" if none does).
+func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstream.StreamConfig, string, error) {
+	streams := make(map[string]jetstream.StreamConfig)
+	covering := ""
+	list := r.js.ListStreams(ctx, jetstream.WithStreamListSubject(subj))
+	for info := range list.Info() {
+		streams[info.Config.Name] = info.Config
+		for _, f := range info.Config.Subjects {
+			if covers(f, subj) {
+				covering = info.Config.Name
+			}
+		}
+	}
+	if err := list.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, "", fmt.Errorf("relay: look up the streams for %q: %w", subj, err)
+	}
+	return streams, covering, nil
+}
+
+// covers reports whether every subject that subj matches is also matched by filter.
+func covers(filter, subj string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subj, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return i < len(s)
+		}
+		if i >= len(s) {
+			return false
+		}
+		switch st := s[i]; {
+		case st == ">":
+			return false
+		case ft == "*":
+		case ft != st:
+			return false
+		}
+	}
+	return len(f) == len(s)
 }
 
 func (r *Relay) createStream(ctx context.Context, subj string) error {
