@@ -2,13 +2,16 @@ package relaycli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/internal/embedded"
+	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
@@ -137,6 +140,10 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}),
 	)
 	if err != nil {
+		// A URL that does not parse comes back whole in the error: mask its credentials.
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			ue.URL = redact.DSN(ue.URL)
+		}
 		return fail(fmt.Errorf("connect to NATS: %w", err))
 	}
 	c.NC = nc

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/internal/fault"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
 // --fault (TXOUTBOX_FAULTS) is for crash tests: hidden from the help, and an invalid
@@ -27,6 +28,18 @@ func TestFaultSettingIsHiddenAndValidated(t *testing.T) {
 		code, _, errOut := cliEnv(t, c.vars, c.args...)
 		if code != 2 || !strings.Contains(errOut, "--fault") {
 			t.Errorf("%v %q: exit %d, %s; want 2 naming --fault", c.vars, c.args, code, errOut)
+		}
+	}
+}
+
+// A NATS URL that does not parse is reported without its password.
+func TestBadNATSURLErrorHidesThePassword(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{"DATABASE_URL": testsvc.PostgresDSN(t), "NATS_URL": "nats://user:NatsPw1@127.0.0.1:4x22"}
+	for _, cmd := range []string{"run", "checkback"} {
+		code, _, errOut := cliEnv(t, vars, cmd)
+		if code == 0 || !strings.Contains(errOut, "connect to NATS") || strings.Contains(errOut, "NatsPw1") {
+			t.Errorf("%s with a bad NATS URL: exit %d, %s; want an error without the password", cmd, code, errOut)
 		}
 	}
 }
