@@ -77,6 +77,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 					r.m.duplicates.Inc()
 				}
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
+				r.failing.succeeded(r.log, row.Subject)
 				if row.Key != "" {
 					pos[row.Key]++
 					if p := pos[row.Key]; p < len(chains[row.Key]) {
@@ -95,10 +96,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 					Delay: backoff(int(row.Attempts)+1, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.BackoffJitter),
 				})
 				r.m.failures.WithLabelValues("message").Inc()
-				if row.Attempts+1 < int32(r.cfg.MaxAttempts) {
-					r.log.Warn("publish failed; will retry", "message_id", row.MessageID.String(), "subject", row.Subject,
-						"attempt", row.Attempts+1, "err", o.err)
-				}
+				r.failing.failed(r.log, row, o.err, row.Attempts+1 < int32(r.cfg.MaxAttempts))
 			}
 		}
 		if res.brokerErr != nil {

@@ -56,9 +56,10 @@ type Relay struct {
 	lease *leaser
 	wake  chan struct{}
 
-	health atomic.Int32 // a healthState
-	hooks  hooks
-	stats  Stats
+	health  atomic.Int32 // a healthState
+	failing failingSubjects
+	hooks   hooks
+	stats   Stats
 }
 
 // hooks are fault-injection points for tests.
@@ -344,7 +345,9 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 		if !round {
 			return false
 		}
-		gained, err := r.lease.maintain(ctx)
+		mctx, cancel := context.WithTimeout(ctx, claimTimeout)
+		gained, err := r.lease.maintain(mctx)
+		cancel()
 		if gained {
 			return true
 		}

@@ -274,10 +274,24 @@ func TestFailedKeyRecoversInOrder(t *testing.T) {
 		outbox.Message{Subject: "orders.d", Key: "k", Payload: []byte("4")},
 		outbox.Message{Subject: "orders.x", Key: "other", Payload: []byte("x")},
 	)
-	r := e.relay(&Config{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	logs := &recordLog{}
+	r := e.relay(&Config{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Logger: slog.New(logs)})
 	drain(t, r)
 	if got := e.streamMsgs("ORDERS"); len(got) != 1 || string(got[0].Data) != "x" {
 		t.Fatalf("before the stream exists only the other key may pass, got %d messages", len(got))
+	}
+	// Keep failing a while: one warning for the subject, however many retries.
+	for range 5 {
+		time.Sleep(60 * time.Millisecond)
+		if _, err := r.runOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.count("attempts >= 2"); n == 0 {
+		t.Fatal("the failing row was not retried")
+	}
+	if w := logs.count(slog.LevelWarn, "later.a"); w != 1 {
+		t.Fatalf("%d warnings for subject later.a over several failed attempts, want 1", w)
 	}
 	// The operator adds the missing subjects to the stream; the key drains in order.
 	ctx := context.Background()
@@ -300,6 +314,50 @@ func TestFailedKeyRecoversInOrder(t *testing.T) {
 	if strings.Join(order, ",") != "x,1,2,3,4" {
 		t.Fatalf("stream order %v, want x,1,2,3,4", order)
 	}
+	if w, i := logs.count(slog.LevelWarn, "later.a"), logs.count(slog.LevelInfo, "later.a"); w != 1 || i != 1 {
+		t.Fatalf("subject later.a: %d warnings, %d recovery lines; want 1 and 1", w, i)
+	}
+}
+
+// recordLog is a slog.Handler that counts records by level and "subject" attribute.
+type recordLog struct {
+	mu   sync.Mutex
+	recs []struct {
+		level   slog.Level
+		subject string
+	}
+}
+
+func (h *recordLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordLog) WithGroup(string) slog.Handler            { return h }
+func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
+	subject := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "subject" {
+			subject = a.Value.String()
+		}
+		return true
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, struct {
+		level   slog.Level
+		subject string
+	}{r.Level, subject})
+	return nil
+}
+
+func (h *recordLog) count(level slog.Level, subject string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.recs {
+		if r.level == level && r.subject == subject {
+			n++
+		}
+	}
+	return n
 }
 
 func TestNATSRestartWhileRowsWait(t *testing.T) {
