@@ -67,6 +67,10 @@ type CheckBack struct {
 	stale    staleState
 	natsDown atomic.Bool
 	hooks    hooks
+
+	// failing are the jobs whose last run failed, with how many runs failed in a row.
+	failMu  sync.Mutex
+	failing map[string]int
 }
 
 // hooks are fault-injection points for tests.
@@ -154,15 +158,37 @@ func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
 	return rep, first
 }
 
-// runJob runs one job, timing it and counting its errors. Errors are logged, except
-// cancellation.
+// runJob runs one job, timing it and counting its errors. A job that starts failing is
+// logged once as a warning, the failed runs that follow at debug level, and the first run
+// that succeeds again at info level (an outage is one line, not one per tick). Cancellation
+// is not logged.
 func (c *CheckBack) runJob(ctx context.Context, j job) error {
 	start := time.Now()
 	err := j.run(ctx)
 	c.m.jobDuration.WithLabelValues(j.name).Observe(time.Since(start).Seconds())
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() != nil {
+		return err
+	}
+	c.failMu.Lock()
+	n := c.failing[j.name]
+	if err != nil {
+		if c.failing == nil {
+			c.failing = make(map[string]int)
+		}
+		c.failing[j.name] = n + 1
+	} else {
+		delete(c.failing, j.name)
+	}
+	c.failMu.Unlock()
+	switch {
+	case err != nil && n == 0:
 		c.m.jobErrors.WithLabelValues(j.name).Inc()
-		c.log.Warn("check-back job failed; retrying at its next run", "job", j.name, "err", err)
+		c.log.Warn("check-back job failed; retrying at its next runs (further failures are logged at debug level until one succeeds)", "job", j.name, "err", err)
+	case err != nil:
+		c.m.jobErrors.WithLabelValues(j.name).Inc()
+		c.log.Debug("check-back job failed again", "job", j.name, "failed_runs", n+1, "err", err)
+	case n > 0:
+		c.log.Info("check-back job succeeds again", "job", j.name, "failed_runs", n)
 	}
 	return err
 }

@@ -1,6 +1,7 @@
 package checkback
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -996,4 +997,37 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 		}
 	}
 	t.Logf("other group settled %s after its prepare, while the hung group's checks were out", time.Since(start).Round(time.Millisecond))
+}
+
+// A job that keeps failing (an outage) is one warning, not one per run; its recovery is one
+// info line.
+func TestFailingJobLogsOncePerStateChange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var buf bytes.Buffer
+	cfg := fastConfig()
+	cfg.Logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cb := e.checkback(cfg)
+	fail := true
+	j := job{name: "resolve", run: func(context.Context) error {
+		if fail {
+			return errors.New("postgres is away")
+		}
+		return nil
+	}}
+	for range 4 {
+		if err := cb.runJob(context.Background(), j); err == nil {
+			t.Fatal("the failing job returned no error")
+		}
+	}
+	fail = false
+	for range 2 {
+		if err := cb.runJob(context.Background(), j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := buf.String()
+	if w, i := strings.Count(out, `"level":"WARN"`), strings.Count(out, `"msg":"check-back job succeeds again"`); w != 1 || i != 1 {
+		t.Fatalf("%d warnings and %d recovery lines, want 1 and 1:\n%s", w, i, out)
+	}
 }

@@ -114,6 +114,10 @@ func Start(cfg *Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ops: listen on %s: %w", c.Addr, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		c.Logger.Warn("the operations listener is reachable from other hosts: its status page and /status.json "+
+			"have no authentication (listen on 127.0.0.1, or put it behind a proxy)", "addr", ln.Addr().String())
+	}
 	s := &Server{cfg: c, ln: ln, stop: make(chan struct{}), done: make(chan struct{})}
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()

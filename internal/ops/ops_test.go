@@ -1,11 +1,13 @@
 package ops
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"image"
 	"image/png"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -327,4 +329,20 @@ func abs(x int) int {
 		return -x
 	}
 	return x
+}
+
+// Listening beyond loopback is allowed, with a warning; loopback is quiet.
+func TestNonLoopbackListenerWarns(t *testing.T) {
+	t.Parallel()
+	for addr, warn := range map[string]bool{"127.0.0.1:0": false, ":0": true} {
+		var buf bytes.Buffer
+		srv, err := Start(&Config{Addr: addr, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Close()
+		if got := strings.Contains(buf.String(), "reachable from other hosts"); got != warn {
+			t.Errorf("listen on %s: warned %v, want %v (log: %s)", addr, got, warn, buf.String())
+		}
+	}
 }

@@ -2,10 +2,9 @@
 // dead and prepared rows, relays and the partitions they hold. `relay status` prints it and the
 // relay's status page (package ops) renders it.
 //
-// Other subsystems add their own sections with RegisterPanel, from an init function in a file
-// of this package or of their own: the half-message check-back (prepared rows by producer
-// group, checks by outcome) and the consumer (processed, duplicates, dead-lettered) plug in
-// here, and both `relay status` and the status page show their panels.
+// Extra sections are panels added with RegisterPanel from an init function; this package
+// registers one, the open half messages per producer group (half.go). `relay status` and the
+// status page show every panel.
 package status
 
 import (

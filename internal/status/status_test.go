@@ -125,3 +125,51 @@ func TestAgeAndRanges(t *testing.T) {
 		}
 	}
 }
+
+// Open half messages show up per producer group, with a note when some ran out of checks.
+func TestHalfMessagePanel(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	q := store.New(db.Schema)
+	find := func() *Table {
+		s, err := Collect(ctx, db.Pool, q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range s.Panels {
+			if s.Panels[i].Title == "Half messages by producer group" {
+				return &s.Panels[i]
+			}
+		}
+		return nil
+	}
+	if p := find(); p != nil {
+		t.Fatalf("panel shown with no half messages: %+v", p)
+	}
+	for _, r := range []struct {
+		group, state, age string
+		checks            int
+	}{
+		{"payments", "prepared", "2 minutes", 3}, {"payments", "prepared", "1 minute", 1},
+		{"payments", "check_exhausted", "1 hour", 15}, {"refunds", "prepared", "5 seconds", 0},
+		{"refunds", "ready", "1 hour", 0}, // not a half message any more
+	} {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, producer_group, check_mode, check_count, created_at, next_check_at)
+			VALUES ($1, 'orders.x', 1, '', $2, $3, 'checker', $4, now() - $5::interval, now())`, uuid.New(), r.state, r.group, r.checks, r.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := find()
+	if p == nil {
+		t.Fatal("no half-message panel")
+	}
+	got := make([]string, len(p.Rows))
+	for i, row := range p.Rows {
+		got[i] = strings.Join(row, " ")
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[0], "payments 2 2m") || !strings.HasSuffix(got[0], " 3 1") ||
+		!strings.HasPrefix(got[1], "refunds 1 ") || !strings.HasSuffix(got[1], " 0 0") || !strings.Contains(p.Note, "check_exhausted") {
+		t.Fatalf("panel rows %q, note %q", got, p.Note)
+	}
+}

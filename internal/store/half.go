@@ -44,6 +44,7 @@ type halfSQL struct {
 	recordCheck     string
 	release         string
 	staleReady      string
+	byGroup         string
 	countHalf       string
 	purgePublished  string
 	purgeRolledBack string
@@ -113,6 +114,15 @@ RETURNING state, check_count`
 FROM (SELECT coalesce(ready_at, created_at) AS t FROM ` + m + `
       WHERE state = 'ready' AND coalesce(ready_at, created_at) < now() - $1::float8 * interval '1 millisecond'
       LIMIT $2) stale`
+	// Open half messages per producer group: prepared (with the oldest and the most checks)
+	// and check_exhausted. Both states are few and have partial indexes.
+	h.byGroup = `SELECT coalesce(producer_group, ''),
+  count(*) FILTER (WHERE state = 'prepared'),
+  count(*) FILTER (WHERE state = 'check_exhausted'),
+  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'prepared'))::float8, 0),
+  coalesce(max(check_count) FILTER (WHERE state = 'prepared'), 0)
+FROM ` + m + ` WHERE state = 'prepared' OR state = 'check_exhausted'
+GROUP BY 1 ORDER BY 1 LIMIT $1`
 	h.countHalf = `SELECT
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'prepared' LIMIT $1) a),
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'check_exhausted' LIMIT $1) b)`
@@ -364,6 +374,35 @@ func (q *Queries) PurgeMessages(ctx context.Context, db DBTX, state string, olde
 func (q *Queries) PurgeDedup(ctx context.Context, db DBTX, olderThan time.Duration, limit int) (int64, error) {
 	ct, err := db.Exec(ctx, q.half.purgeDedup, ms(olderThan), limit)
 	return ct.RowsAffected(), err
+}
+
+// GroupHalf is the open half messages of one producer group.
+type GroupHalf struct {
+	Group          string
+	Prepared       int64
+	Exhausted      int64
+	OldestPrepared time.Duration
+	MaxChecks      int32 // the most checks a prepared row of the group has had
+}
+
+// HalfByGroup returns the open half messages of up to limit producer groups, by group name.
+func (q *Queries) HalfByGroup(ctx context.Context, db DBTX, limit int) ([]GroupHalf, error) {
+	rows, err := db.Query(ctx, q.half.byGroup, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []GroupHalf
+	for rows.Next() {
+		var g GroupHalf
+		var oldest float64
+		if err := rows.Scan(&g.Group, &g.Prepared, &g.Exhausted, &oldest, &g.MaxChecks); err != nil {
+			return nil, err
+		}
+		g.OldestPrepared = time.Duration(oldest * float64(time.Second))
+		out = append(out, g)
+	}
+	return out, rows.Err()
 }
 
 // ListHalf returns up to limit rows in the given states (of group, unless ""), oldest first.
