@@ -127,6 +127,7 @@ func Load(fsys fs.FS) ([]Migration, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidFiles, err)
 	}
 	byVersion := map[int]*Migration{}
+	seen := map[string]bool{} // version.direction: an empty file counts too
 	for _, e := range entries {
 		if e.IsDir() {
 			continue
@@ -150,11 +151,16 @@ func Load(fsys fs.FS) ([]Migration, error) {
 		} else if mig.Name != m[2] {
 			return nil, fmt.Errorf("%w: version %d is used by both %q and %q", ErrInvalidFiles, v, mig.Name, m[2])
 		}
-		if m[3] == "up" {
-			mig.Up = string(body)
-		} else {
-			mig.Down = string(body)
+		dir := &mig.Up
+		if m[3] == "down" {
+			dir = &mig.Down
 		}
+		key := strconv.Itoa(v) + "." + m[3]
+		if seen[key] {
+			return nil, fmt.Errorf("%w: version %d has two %s files (%s is one)", ErrInvalidFiles, v, m[3], e.Name())
+		}
+		seen[key] = true
+		*dir = string(body)
 	}
 	out := make([]Migration, 0, len(byVersion))
 	for _, m := range byVersion {

@@ -22,12 +22,13 @@ func TestLoadRefusesBadFiles(t *testing.T) {
 	t.Parallel()
 	f := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
 	cases := map[string]fstest.MapFS{
-		"version 1 is used by both": {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "001_b.up.sql": f("x"), "001_b.down.sql": f("x")},
-		"expected version 2":        {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "003_c.up.sql": f("x"), "003_c.down.sql": f("x")},
-		"has no .down.sql":          {"001_a.up.sql": f("x")},
-		"has no .up.sql":            {"001_a.down.sql": f("x")},
-		"is not named":              {"001_a.sql": f("x")},
-		"expected version 1":        {"002_a.up.sql": f("x"), "002_a.down.sql": f("x")},
+		"version 1 is used by both":  {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "001_b.up.sql": f("x"), "001_b.down.sql": f("x")},
+		"expected version 2":         {"001_a.up.sql": f("x"), "001_a.down.sql": f("x"), "003_c.up.sql": f("x"), "003_c.down.sql": f("x")},
+		"has no .down.sql":           {"001_a.up.sql": f("x")},
+		"has no .up.sql":             {"001_a.down.sql": f("x")},
+		"is not named":               {"001_a.sql": f("x")},
+		"expected version 1":         {"002_a.up.sql": f("x"), "002_a.down.sql": f("x")},
+		"version 1 has two up files": {"001_a.up.sql": f("x"), "1_a.up.sql": f("y"), "001_a.down.sql": f("x")},
 	}
 	for want, fsys := range cases {
 		_, err := migrations.Load(fsys)
