@@ -155,7 +155,11 @@ func (c *Client) EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]uui
 		ids[i] = row.MessageID
 	}
 	if err := c.q.InsertMessages(ctx, tx, rows); err != nil {
-		if store.UniqueViolation(err) {
+		if id, dup := store.DuplicateMessageID(err); dup {
+			if i, ok := seen[id]; ok {
+				return nil, &MessageError{Index: i, ID: id, Subject: msgs[i].Subject, Err: ErrDuplicateID,
+					Detail: "a message with this id is already in the outbox"}
+			}
 			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
 		}
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)

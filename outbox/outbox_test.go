@@ -111,13 +111,15 @@ func TestEnqueueTxCallerID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The same id again is refused with ErrDuplicateID, and the caller's tx aborts.
+	// The same id again (second in the call) is refused with ErrDuplicateID naming the
+	// message, and the caller's tx aborts.
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		_, err := c.EnqueueTx(ctx, tx, outbox.Message{ID: id, Subject: "a.b"})
+		_, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "a.c"}, outbox.Message{ID: id, Subject: "a.b"})
 		return err
 	})
-	if !errors.Is(err, outbox.ErrDuplicateID) {
-		t.Fatalf("err = %v, want ErrDuplicateID", err)
+	var me *outbox.MessageError
+	if !errors.Is(err, outbox.ErrDuplicateID) || !errors.As(err, &me) || me.Index != 1 || me.ID != id || me.Subject != "a.b" {
+		t.Fatalf("err = %v, want a *MessageError for message 1 wrapping ErrDuplicateID", err)
 	}
 	if n := count(t, db, "true"); n != 1 {
 		t.Fatalf("rows = %d, want 1", n)

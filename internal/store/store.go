@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -168,8 +169,22 @@ func (r NewRow) columns() (key *string, part int32, headers *string, payload []b
 
 // UniqueViolation reports whether err is a unique violation of the message id constraint.
 func UniqueViolation(err error) bool {
+	_, ok := DuplicateMessageID(err)
+	return ok
+}
+
+// DuplicateMessageID reports whether err is a unique violation on the outbox's message id,
+// and which id it was, when the server said (uuid.Nil otherwise).
+func DuplicateMessageID(err error) (uuid.UUID, bool) {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "txoutbox_messages_message_id_key"
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" || pgErr.ConstraintName != "txoutbox_messages_message_id_key" {
+		return uuid.Nil, false
+	}
+	// Detail: Key (message_id)=(0192…) already exists.
+	_, rest, _ := strings.Cut(pgErr.Detail, ")=(")
+	v, _, _ := strings.Cut(rest, ")")
+	id, _ := uuid.Parse(v)
+	return id, true
 }
 
 // InsertMessages locks the keys of rows (sorted, so concurrent callers cannot deadlock on
