@@ -12,7 +12,12 @@ import (
 func (r *Relay) listen(ctx context.Context) {
 	fails := 0
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx)
+		err := r.listenOnce(ctx, func() {
+			if fails > 0 {
+				r.log.Info("doorbell listener back", "channel", r.cfg.DoorbellChannel)
+			}
+			fails = 0
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -30,7 +35,8 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
+// listenOnce listens on one connection until it fails; listening runs once LISTEN succeeded.
+func (r *Relay) listenOnce(ctx context.Context, listening func()) error {
 	pc, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -40,6 +46,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.DoorbellChannel}.Sanitize()); err != nil {
 		return err
 	}
+	listening()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err

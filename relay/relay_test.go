@@ -323,8 +323,8 @@ func TestFailedKeyRecoversInOrder(t *testing.T) {
 type recordLog struct {
 	mu   sync.Mutex
 	recs []struct {
-		level   slog.Level
-		subject string
+		level        slog.Level
+		subject, msg string
 	}
 }
 
@@ -342,10 +342,22 @@ func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.recs = append(h.recs, struct {
-		level   slog.Level
-		subject string
-	}{r.Level, subject})
+		level        slog.Level
+		subject, msg string
+	}{r.Level, subject, r.Message})
 	return nil
+}
+
+func (h *recordLog) countMsg(level slog.Level, msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.recs {
+		if r.level == level && r.msg == msg {
+			n++
+		}
+	}
+	return n
 }
 
 func (h *recordLog) count(level slog.Level, subject string) int {
@@ -358,6 +370,45 @@ func (h *recordLog) count(level slog.Level, subject string) int {
 		}
 	}
 	return n
+}
+
+// The Postgres doorbell listener reconnects after each loss, and each loss is one warning.
+func TestDoorbellListenerReconnects(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logs := &recordLog{}
+	channel := "txoutbox_bell_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	r := e.relay(&Config{DoorbellChannel: channel, Logger: slog.New(logs), BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	listener := func() int {
+		var pids []int
+		rows, _ := e.db.Pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = $1`, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+		pids, _ = pgx.CollectRows(rows, pgx.RowTo[int])
+		if len(pids) != 1 {
+			return 0
+		}
+		return pids[0]
+	}
+	for round := 1; round <= 2; round++ {
+		var pid int
+		testsvc.Eventually(t, 10*time.Second, "the doorbell listener", func() bool { pid = listener(); return pid != 0 })
+		if _, err := e.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		testsvc.Eventually(t, 10*time.Second, "the listener to come back", func() bool {
+			return logs.countMsg(slog.LevelInfo, "doorbell listener back") == round
+		})
+		// A ring reaches the relay again.
+		if _, err := e.db.Pool.Exec(context.Background(), `SELECT pg_notify($1, '')`, channel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := logs.countMsg(slog.LevelWarn, "doorbell listener lost; reconnecting"); w != 2 {
+		t.Fatalf("%d loss warnings for 2 losses, want 2", w)
+	}
 }
 
 func TestNATSRestartWhileRowsWait(t *testing.T) {
