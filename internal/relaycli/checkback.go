@@ -136,7 +136,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	cfg.Logger = log
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log, AppName: "txoutbox-checkback"})
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log, AppName: "txoutbox-checkback", Wait: !once})
 	if err != nil {
 		return err
 	}

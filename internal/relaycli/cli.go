@@ -76,7 +76,7 @@ func Main(ctx context.Context, args []string, env *Env) int {
 		switch {
 		case err == nil:
 			return 0
-		case errors.Is(err, errHelp):
+		case errors.Is(err, errHelp), errors.Is(err, errStoppedWaiting):
 			return 0
 		case errors.Is(err, ErrUsage):
 			fmt.Fprintf(env.Stderr, "relay %s: %v\n", c.name, err)

@@ -57,6 +57,9 @@ type connectOptions struct {
 	Migrate bool
 	Log     *slog.Logger
 	AppName string
+	// Wait makes a daemon that starts while PostgreSQL or NATS does not answer wait for them
+	// (saying so once) instead of exiting; a one-shot command fails at once.
+	Wait bool
 }
 
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
@@ -147,7 +150,56 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		return fail(fmt.Errorf("connect to NATS: %w", err))
 	}
 	c.NC = nc
+	if o.Wait {
+		if err := waitReady(ctx, c, log); err != nil {
+			return fail(err)
+		}
+	}
 	return c, nil
+}
+
+// errStoppedWaiting is returned when the command is stopped (ctx ends) while it waits for its
+// dependencies: a clean stop, exit status 0.
+var errStoppedWaiting = errors.New("stopped while waiting for PostgreSQL and NATS")
+
+// waitReady waits until PostgreSQL answers a ping and NATS is connected, or ctx ends. It logs
+// one warning per dependency it waits for, and one line when both answer.
+func waitReady(ctx context.Context, c *conns, log *slog.Logger) error {
+	waited := map[string]bool{}
+	delay := 100 * time.Millisecond
+	for {
+		missing, where := "", ""
+		var why error
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.Pool.Ping(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return errStoppedWaiting
+		case err != nil:
+			missing, where, why = "PostgreSQL", redact.DSN(c.DSN), err
+		case c.NC != nil && !c.NC.IsConnected():
+			missing, where, why = "NATS", redact.DSN(c.NATSURL), c.NC.LastError()
+		}
+		if missing == "" {
+			if len(waited) > 0 {
+				log.Info("PostgreSQL and NATS answer; starting")
+			}
+			return nil
+		}
+		if !waited[missing] {
+			waited[missing] = true
+			log.Warn("waiting for "+missing+" to answer", "at", where, "err", why)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errStoppedWaiting
+		case <-t.C:
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
 }
 
 // checkSchema refuses to run against a schema that is not migrated to this binary's version.

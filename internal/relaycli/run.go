@@ -167,7 +167,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 
 	c, err := connect(ctx, connectOptions{
 		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
-		Schema: f.schema, Log: log, AppName: "txoutbox-relay",
+		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true,
 	})
 	if err != nil {
 		return err
