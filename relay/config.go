@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -251,6 +252,11 @@ func (c *Config) validate() error {
 	for _, s := range c.Subjects {
 		if err := outbox.ValidateSubjectFilter(s); err != nil {
 			return bad("Subjects", "has an invalid subject %q: %v", s, err)
+		}
+	}
+	if c.CreateStream != "" {
+		if len(c.CreateStream) > 255 || strings.ContainsAny(c.CreateStream, " \t\r\n.*>/\\") {
+			return bad("CreateStream", "%q is not a valid stream name (at most 255 bytes; no whitespace, '.', '*', '>', '/' or '\\')", c.CreateStream)
 		}
 	}
 	return nil

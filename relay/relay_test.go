@@ -646,6 +646,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Partitions":    {Partitions: -3},
 		"Subjects":      {Subjects: []string{"a..b"}},
 		"Schema":        {Schema: strings.Repeat("x", 70)},
+		"CreateStream":  {CreateStream: "my.stream"},
 	} {
 		err := cfg.WithDefaults().validate()
 		var ce *ConfigError
