@@ -124,6 +124,9 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if len(s.Args()) > 0 {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
+	if err := checkNATSURL(natsURL); err != nil {
+		return err
+	}
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
 	}

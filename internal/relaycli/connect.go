@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,6 +157,28 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}
 	}
 	return c, nil
+}
+
+// checkNATSURL refuses a NATS URL (or comma-separated list) that does not parse, before
+// anything connects; the message masks its credentials.
+func checkNATSURL(s string) error {
+	for _, u := range strings.Split(s, ",") {
+		u = strings.TrimSpace(u)
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u
+		}
+		p, err := url.Parse(u)
+		if err == nil && p.Hostname() == "" {
+			err = errors.New("no host")
+		}
+		if err != nil {
+			if ue := (*url.Error)(nil); errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return usageErr("invalid --nats-url %q: %v", redact.DSN(u), err)
+		}
+	}
+	return nil
 }
 
 // errStoppedWaiting is returned when the command is stopped (ctx ends) while it waits for its

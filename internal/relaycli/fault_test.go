@@ -32,14 +32,14 @@ func TestFaultSettingIsHiddenAndValidated(t *testing.T) {
 	}
 }
 
-// A NATS URL that does not parse is reported without its password.
+// A NATS URL that does not parse is a usage error, reported without its password.
 func TestBadNATSURLErrorHidesThePassword(t *testing.T) {
 	t.Parallel()
 	vars := map[string]string{"DATABASE_URL": testsvc.PostgresDSN(t), "NATS_URL": "nats://user:NatsPw1@127.0.0.1:4x22"}
 	for _, cmd := range []string{"run", "checkback"} {
 		code, _, errOut := cliEnv(t, vars, cmd)
-		if code == 0 || !strings.Contains(errOut, "connect to NATS") || strings.Contains(errOut, "NatsPw1") {
-			t.Errorf("%s with a bad NATS URL: exit %d, %s; want an error without the password", cmd, code, errOut)
+		if code != 2 || !strings.Contains(errOut, "invalid --nats-url") || strings.Contains(errOut, "NatsPw1") {
+			t.Errorf("%s with a bad NATS URL: exit %d, %s; want exit 2 naming --nats-url, without the password", cmd, code, errOut)
 		}
 	}
 }

@@ -159,6 +159,11 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
+	if f.natsURL != "" {
+		if err := checkNATSURL(f.natsURL); err != nil {
+			return err
+		}
+	}
 	if f.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
 			return usageErr("invalid --metrics-addr %q: %v", f.metricsAddr, err)
