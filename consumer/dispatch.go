@@ -66,6 +66,7 @@ type dispatcher struct {
 	sem   chan struct{} // one slot per held message
 	ready chan *item    // capacity = cap(sem), so sends never block
 	stop  chan struct{} // closed by quit: workers return
+	done  chan struct{} // closed by shutdown, once the workers returned: keepalive returns
 
 	mu      sync.Mutex
 	held    map[*item]struct{}
@@ -81,6 +82,7 @@ func newDispatcher(c *Consumer) *dispatcher {
 		sem:     make(chan struct{}, n),
 		ready:   make(chan *item, n),
 		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 		held:    make(map[*item]struct{}, n),
 		waiting: make(map[string][]*item),
 	}
@@ -223,7 +225,8 @@ func (d *dispatcher) release(it *item) {
 
 // keepalive sends an in-progress ack for every held message not touched for
 // InProgressInterval, so that JetStream does not redeliver messages that are running, waiting
-// for their key or waiting for an in-place retry.
+// for their key or waiting for an in-place retry. It runs until shutdown, not just until quit:
+// handlers still running during a graceful stop are kept alive until they finish.
 func (d *dispatcher) keepalive() {
 	every := d.c.cfg.InProgressInterval
 	t := time.NewTicker(max(every/2, time.Millisecond))
@@ -231,7 +234,7 @@ func (d *dispatcher) keepalive() {
 	var due []*item
 	for {
 		select {
-		case <-d.stop:
+		case <-d.done:
 			return
 		case now := <-t.C:
 			due = due[:0]
@@ -261,10 +264,14 @@ func (d *dispatcher) quit() {
 }
 
 // shutdown naks every message still held (queued, waiting for its key or for a retry) so
-// that JetStream redelivers it at once, to another instance if there is one.
+// that JetStream redelivers it at once, to another instance if there is one, and stops the
+// keepalive. Call it once the workers have returned.
 func (d *dispatcher) shutdown() {
 	d.quit()
 	d.mu.Lock()
+	if !d.closed {
+		close(d.done)
+	}
 	d.closed = true
 	held := d.held
 	d.held = map[*item]struct{}{}
