@@ -102,6 +102,8 @@ type hooks struct {
 	afterCommit func(ctx context.Context, msgs []Message) error
 	// onRetry observes the delay chosen after a handler failure.
 	onRetry func(msg Message, delay time.Duration)
+	// stopping runs when Run's graceful stop begins, before it drains the subscription.
+	stopping func()
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
@@ -232,8 +234,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Error("jetstream stopped delivering; stopping", "err", last)
 	}
 
-	// Graceful stop: no new pulls; messages still arriving are nak'ed at once.
+	// Graceful stop: no new pulls, messages still arriving are nak'ed at once, and no handler
+	// starts any more (the workers return after their current batch; the messages they leave
+	// queued are nak'ed by shutdown). The keepalive goes on until shutdown.
 	close(stopping)
+	d.quit()
+	if h := c.hooks.stopping; h != nil {
+		h()
+	}
 	cc.Drain()
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), c.cfg.StopTimeout)
 	defer cancelStop()
@@ -241,7 +249,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case <-cc.Closed():
 	case <-stopCtx.Done():
 	}
-	d.quit()
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
 	select {

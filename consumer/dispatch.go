@@ -169,11 +169,12 @@ func (d *dispatcher) take() []*item {
 	return batch
 }
 
-// work is one worker: it handles batches until the dispatcher quits.
+// work is one worker: it handles batches until the dispatcher quits. A batch taken as it
+// quits is not started: its messages stay held, and shutdown naks them.
 func (d *dispatcher) work(ctx context.Context) {
 	for {
 		batch := d.take()
-		if batch == nil {
+		if batch == nil || d.quitting() {
 			return
 		}
 		var results []result
@@ -250,6 +251,16 @@ func (d *dispatcher) keepalive() {
 				it.inProgress()
 			}
 		}
+	}
+}
+
+// quitting reports whether quit was called.
+func (d *dispatcher) quitting() bool {
+	select {
+	case <-d.stop:
+		return true
+	default:
+		return false
 	}
 }
 
