@@ -101,7 +101,9 @@ type Config struct {
 
 	// InProgressInterval is how often a message the consumer holds (running, waiting for its
 	// key, or waiting to be retried in place) is kept alive with an in-progress ack, so that
-	// long handlers are not redelivered to another instance. Defaults to AckWait/3.
+	// long handlers are not redelivered to another instance. The keepalive checks every
+	// InProgressInterval/2, so two in-progress acks can be up to 1.5·InProgressInterval apart:
+	// it must be at most AckWait/2. Defaults to AckWait/3.
 	InProgressInterval time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acked, across all instances of
@@ -227,8 +229,8 @@ func (c *Config) validate() error {
 		return bad("BackoffJitter", "must be in [0, 1], got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)
-	case c.InProgressInterval <= 0 || c.InProgressInterval >= c.AckWait:
-		return bad("InProgressInterval", "must be positive and below AckWait (%s), got %s", c.AckWait, c.InProgressInterval)
+	case c.InProgressInterval <= 0 || c.InProgressInterval > c.AckWait/2:
+		return bad("InProgressInterval", "must be positive and at most AckWait/2 (%s), got %s", c.AckWait/2, c.InProgressInterval)
 	case c.MaxAckPending < 1:
 		return bad("MaxAckPending", "must be at least 1, got %d", c.MaxAckPending)
 	case c.PullMaxMessages < 1:
