@@ -70,7 +70,8 @@ type dispatcher struct {
 
 	mu      sync.Mutex
 	held    map[*item]struct{}
-	waiting map[string][]*item // busy keys and their queued messages (ordered mode)
+	waiting map[string][]*item       // busy keys and their queued messages (ordered mode)
+	timers  map[*time.Timer]struct{} // pending in-place retries; shutdown stops them
 	closed  bool
 	quitted bool
 }
@@ -85,6 +86,7 @@ func newDispatcher(c *Consumer) *dispatcher {
 		done:    make(chan struct{}),
 		held:    make(map[*item]struct{}, n),
 		waiting: make(map[string][]*item),
+		timers:  make(map[*time.Timer]struct{}),
 	}
 }
 
@@ -193,13 +195,21 @@ func (d *dispatcher) work(ctx context.Context) {
 func (d *dispatcher) settle(it *item, r result) {
 	switch r.outcome {
 	case outcomeRetryLocal, outcomeUnavailable:
-		time.AfterFunc(r.delay, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.closed {
+			return // shutdown nak'ed it
+		}
+		var t *time.Timer
+		t = time.AfterFunc(r.delay, func() {
 			d.mu.Lock()
 			defer d.mu.Unlock()
+			delete(d.timers, t) // t is set: settle held d.mu until it was
 			if !d.closed {
 				d.ready <- it
 			}
 		})
+		d.timers[t] = struct{}{}
 	default:
 		d.release(it)
 	}
@@ -276,7 +286,7 @@ func (d *dispatcher) quit() {
 
 // shutdown naks every message still held (queued, waiting for its key or for a retry) so
 // that JetStream redelivers it at once, to another instance if there is one, and stops the
-// keepalive. Call it once the workers have returned.
+// keepalive and the retry timers. Call it once the workers have returned.
 func (d *dispatcher) shutdown() {
 	d.quit()
 	d.mu.Lock()
@@ -286,6 +296,10 @@ func (d *dispatcher) shutdown() {
 	d.closed = true
 	held := d.held
 	d.held = map[*item]struct{}{}
+	for t := range d.timers {
+		t.Stop() // one already firing finds the dispatcher closed
+	}
+	clear(d.timers)
 	d.mu.Unlock()
 	for it := range held {
 		_ = it.final(it.raw.Nak)
