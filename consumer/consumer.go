@@ -21,6 +21,17 @@
 // themselves (begin, dedup insert, commit, a dead connection) never ack and never count as an
 // attempt: the message is held and retried, so an outage does not fill the dead letters.
 //
+// A message the consumer holds (running, queued for a worker, waiting for its ordering key or
+// for an in-place retry) is kept alive with an in-progress ack every
+// Config.InProgressInterval, so JetStream does not redeliver it while it is being worked on;
+// a graceful stop keeps this up until its last handler returns. Messages the JetStream
+// client has pulled into its buffer but the consumer has not yet taken in (it was full) get
+// none: keep Config.PullMaxMessages small enough that they are taken in well within
+// Config.AckWait.
+//
+// In batch mode (Config.BatchSize above 1) a handler can run more than once for one delivery
+// (see Config.BatchSize): keep every side effect inside the transaction.
+//
 // Dedup rows must outlive every redelivery of their message: keep them several times longer
 // than the longest redelivery window (MaxDeliveries × BackoffMax, plus the relay's worst
 // republish delay, plus the longest outage you ride out). Purging them is the check-back's job.
