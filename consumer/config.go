@@ -54,12 +54,22 @@ type Config struct {
 	Concurrency int
 
 	// BatchSize, when above 1, switches to batch mode: up to BatchSize messages are handled
-	// in one Postgres transaction, each inside its own savepoint (a failing message rolls
-	// back only its savepoint), and acked after the commit. This saves one commit (and its
-	// WAL flush) per message. Keep it at or below 64: every savepoint that writes takes a
-	// subtransaction id, and a transaction with more than 64 of them overflows PostgreSQL's
-	// per-backend subtransaction cache, which slows every other session's snapshots while it
-	// runs. Defaults to 1 (one transaction per message). At most 1000.
+	// in one Postgres transaction and acked after its commit. This saves one commit (and its
+	// WAL flush) per message.
+	//
+	// Handlers may run more than once per delivery in batch mode. The batch first runs without
+	// savepoints; if a handler fails, that transaction is rolled back and the batch runs again
+	// with a savepoint per message (the failing message, not run again, rolls back alone), so
+	// the handlers of the other messages run twice. If the server refuses the batch's commit
+	// (a deferred constraint, a serialization failure), every handler of the batch runs again,
+	// each message in its own transaction. Handlers must therefore keep all their side effects
+	// inside the transaction, and Stats.HandlerCalls, Stats.HandlerNanos and the handler
+	// latency metric count these reruns.
+	//
+	// Keep it at or below 64: every savepoint that writes takes a subtransaction id, and a
+	// transaction with more than 64 of them overflows PostgreSQL's per-backend subtransaction
+	// cache, which slows every other session's snapshots while it runs. Defaults to 1 (one
+	// transaction per message). At most 1000.
 	BatchSize int
 
 	// BatchWait is how long a batch waits for more messages once it has one. Defaults to 0:
@@ -101,7 +111,9 @@ type Config struct {
 
 	// InProgressInterval is how often a message the consumer holds (running, waiting for its
 	// key, or waiting to be retried in place) is kept alive with an in-progress ack, so that
-	// long handlers are not redelivered to another instance. Defaults to AckWait/3.
+	// long handlers are not redelivered to another instance. The keepalive checks every
+	// InProgressInterval/2, so two in-progress acks can be up to 1.5·InProgressInterval apart:
+	// it must be at most AckWait/2. Defaults to AckWait/3.
 	InProgressInterval time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acked, across all instances of
@@ -109,7 +121,12 @@ type Config struct {
 	MaxAckPending int
 
 	// PullMaxMessages is how many messages the JetStream client buffers ahead of the workers.
-	// Defaults to 2·Concurrency·BatchSize, at least 16.
+	// The consumer takes in at most Concurrency·BatchSize + PullMaxMessages messages; while it
+	// is full, up to PullMaxMessages more wait in the client's buffer, and those get no
+	// in-progress ack: their AckWait runs from their delivery. Keep it small enough that the
+	// workers get through PullMaxMessages messages well within AckWait, or JetStream
+	// redelivers them (a duplicate, caught by its dedup row, and a delivery that counts
+	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16.
 	PullMaxMessages int
 
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
@@ -227,8 +244,8 @@ func (c *Config) validate() error {
 		return bad("BackoffJitter", "must be in [0, 1], got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)
-	case c.InProgressInterval <= 0 || c.InProgressInterval >= c.AckWait:
-		return bad("InProgressInterval", "must be positive and below AckWait (%s), got %s", c.AckWait, c.InProgressInterval)
+	case c.InProgressInterval <= 0 || c.InProgressInterval > c.AckWait/2:
+		return bad("InProgressInterval", "must be positive and at most AckWait/2 (%s), got %s", c.AckWait/2, c.InProgressInterval)
 	case c.MaxAckPending < 1:
 		return bad("MaxAckPending", "must be at least 1, got %d", c.MaxAckPending)
 	case c.PullMaxMessages < 1:

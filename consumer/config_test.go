@@ -17,6 +17,11 @@ func TestConfigValidation(t *testing.T) {
 		d.StopTimeout != DefaultAckWait || d.PullMaxMessages != 16 || d.BatchSize != 1 {
 		t.Fatalf("defaults: %+v", d)
 	}
+	half := ok()
+	half.AckWait, half.InProgressInterval = time.Second, 500*time.Millisecond
+	if err := ValidateConfig(half); err != nil {
+		t.Fatalf("InProgressInterval = AckWait/2: %v", err)
+	}
 	cases := []struct {
 		field  string
 		mutate func(*Config)
@@ -40,6 +45,8 @@ func TestConfigValidation(t *testing.T) {
 		{"BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
 		{"BackoffJitter", func(c *Config) { c.BackoffJitter = 1.5 }},
 		{"InProgressInterval", func(c *Config) { c.AckWait, c.InProgressInterval = time.Second, 2*time.Second }},
+		{"InProgressInterval", func(c *Config) { c.AckWait, c.InProgressInterval = time.Second, 501*time.Millisecond }},
+		{"InProgressInterval", func(c *Config) { c.InProgressInterval = -time.Second }},
 		{"MaxAckPending", func(c *Config) { c.MaxAckPending = -1 }},
 		{"StopTimeout", func(c *Config) { c.StopTimeout = -time.Second }},
 	}

@@ -21,6 +21,17 @@
 // themselves (begin, dedup insert, commit, a dead connection) never ack and never count as an
 // attempt: the message is held and retried, so an outage does not fill the dead letters.
 //
+// A message the consumer holds (running, queued for a worker, waiting for its ordering key or
+// for an in-place retry) is kept alive with an in-progress ack every
+// Config.InProgressInterval, so JetStream does not redeliver it while it is being worked on;
+// a graceful stop keeps this up until its last handler returns. Messages the JetStream
+// client has pulled into its buffer but the consumer has not yet taken in (it was full) get
+// none: keep Config.PullMaxMessages small enough that they are taken in well within
+// Config.AckWait.
+//
+// In batch mode (Config.BatchSize above 1) a handler can run more than once for one delivery
+// (see Config.BatchSize): keep every side effect inside the transaction.
+//
 // Dedup rows must outlive every redelivery of their message: keep them several times longer
 // than the longest redelivery window (MaxDeliveries × BackoffMax, plus the relay's worst
 // republish delay, plus the longest outage you ride out). Purging them is the check-back's job.
@@ -102,6 +113,8 @@ type hooks struct {
 	afterCommit func(ctx context.Context, msgs []Message) error
 	// onRetry observes the delay chosen after a handler failure.
 	onRetry func(msg Message, delay time.Duration)
+	// stopping runs when Run's graceful stop begins, before it drains the subscription.
+	stopping func()
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
@@ -232,8 +245,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Error("jetstream stopped delivering; stopping", "err", last)
 	}
 
-	// Graceful stop: no new pulls; messages still arriving are nak'ed at once.
+	// Graceful stop: no new pulls, messages still arriving are nak'ed at once, and no handler
+	// starts any more (the workers return after their current batch; the messages they leave
+	// queued are nak'ed by shutdown). The keepalive goes on until shutdown.
 	close(stopping)
+	d.quit()
+	if h := c.hooks.stopping; h != nil {
+		h()
+	}
 	cc.Drain()
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), c.cfg.StopTimeout)
 	defer cancelStop()
@@ -241,7 +260,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case <-cc.Closed():
 	case <-stopCtx.Done():
 	}
-	d.quit()
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
 	select {

@@ -66,10 +66,12 @@ type dispatcher struct {
 	sem   chan struct{} // one slot per held message
 	ready chan *item    // capacity = cap(sem), so sends never block
 	stop  chan struct{} // closed by quit: workers return
+	done  chan struct{} // closed by shutdown, once the workers returned: keepalive returns
 
 	mu      sync.Mutex
 	held    map[*item]struct{}
-	waiting map[string][]*item // busy keys and their queued messages (ordered mode)
+	waiting map[string][]*item       // busy keys and their queued messages (ordered mode)
+	timers  map[*time.Timer]struct{} // pending in-place retries; shutdown stops them
 	closed  bool
 	quitted bool
 }
@@ -81,8 +83,10 @@ func newDispatcher(c *Consumer) *dispatcher {
 		sem:     make(chan struct{}, n),
 		ready:   make(chan *item, n),
 		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 		held:    make(map[*item]struct{}, n),
 		waiting: make(map[string][]*item),
+		timers:  make(map[*time.Timer]struct{}),
 	}
 }
 
@@ -167,11 +171,12 @@ func (d *dispatcher) take() []*item {
 	return batch
 }
 
-// work is one worker: it handles batches until the dispatcher quits.
+// work is one worker: it handles batches until the dispatcher quits. A batch taken as it
+// quits is not started: its messages stay held, and shutdown naks them.
 func (d *dispatcher) work(ctx context.Context) {
 	for {
 		batch := d.take()
-		if batch == nil {
+		if batch == nil || d.quitting() {
 			return
 		}
 		var results []result
@@ -190,13 +195,21 @@ func (d *dispatcher) work(ctx context.Context) {
 func (d *dispatcher) settle(it *item, r result) {
 	switch r.outcome {
 	case outcomeRetryLocal, outcomeUnavailable:
-		time.AfterFunc(r.delay, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.closed {
+			return // shutdown nak'ed it
+		}
+		var t *time.Timer
+		t = time.AfterFunc(r.delay, func() {
 			d.mu.Lock()
 			defer d.mu.Unlock()
+			delete(d.timers, t) // t is set: settle held d.mu until it was
 			if !d.closed {
 				d.ready <- it
 			}
 		})
+		d.timers[t] = struct{}{}
 	default:
 		d.release(it)
 	}
@@ -223,7 +236,8 @@ func (d *dispatcher) release(it *item) {
 
 // keepalive sends an in-progress ack for every held message not touched for
 // InProgressInterval, so that JetStream does not redeliver messages that are running, waiting
-// for their key or waiting for an in-place retry.
+// for their key or waiting for an in-place retry. It runs until shutdown, not just until quit:
+// handlers still running during a graceful stop are kept alive until they finish.
 func (d *dispatcher) keepalive() {
 	every := d.c.cfg.InProgressInterval
 	t := time.NewTicker(max(every/2, time.Millisecond))
@@ -231,7 +245,7 @@ func (d *dispatcher) keepalive() {
 	var due []*item
 	for {
 		select {
-		case <-d.stop:
+		case <-d.done:
 			return
 		case now := <-t.C:
 			due = due[:0]
@@ -250,6 +264,16 @@ func (d *dispatcher) keepalive() {
 	}
 }
 
+// quitting reports whether quit was called.
+func (d *dispatcher) quitting() bool {
+	select {
+	case <-d.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // quit makes the workers return after their current batch.
 func (d *dispatcher) quit() {
 	d.mu.Lock()
@@ -261,13 +285,21 @@ func (d *dispatcher) quit() {
 }
 
 // shutdown naks every message still held (queued, waiting for its key or for a retry) so
-// that JetStream redelivers it at once, to another instance if there is one.
+// that JetStream redelivers it at once, to another instance if there is one, and stops the
+// keepalive and the retry timers. Call it once the workers have returned.
 func (d *dispatcher) shutdown() {
 	d.quit()
 	d.mu.Lock()
+	if !d.closed {
+		close(d.done)
+	}
 	d.closed = true
 	held := d.held
 	d.held = map[*item]struct{}{}
+	for t := range d.timers {
+		t.Stop() // one already firing finds the dispatcher closed
+	}
+	clear(d.timers)
 	d.mu.Unlock()
 	for it := range held {
 		_ = it.final(it.raw.Nak)

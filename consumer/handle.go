@@ -153,7 +153,8 @@ const (
 // fast path (every dedup row in one statement, the handlers one after another, no savepoints);
 // if a handler fails there, that transaction is rolled back — nothing of it is applied — and
 // the batch is handled again with a savepoint per message, so that a failing message rolls
-// back only its own savepoint, its dedup row included.
+// back only its own savepoint, its dedup row included. The other messages' handlers thus run
+// twice, and all of them run again (one transaction each) when the batch commit is refused.
 func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
 	results := make([]result, len(items))
 	live := make([]int, 0, len(items))

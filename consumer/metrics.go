@@ -28,7 +28,8 @@ type Stats struct {
 	// AckFailures counts acks that got no server confirmation after a commit; the message
 	// comes back and is skipped as a duplicate.
 	AckFailures atomic.Int64
-	// HandlerCalls and HandlerNanos sum the handler's runs and their duration.
+	// HandlerCalls and HandlerNanos sum the handler's runs and their duration; in batch mode
+	// they include the reruns (see Config.BatchSize).
 	HandlerCalls atomic.Int64
 	HandlerNanos atomic.Int64
 }
