@@ -138,7 +138,9 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Registerer, when set, registers the consumer's Prometheus metrics (labelled with the
-	// durable name). The same counts are always available from Consumer.Stats. Defaults to none.
+	// durable name). Consumers of one durable sharing a registry (several in a process, or one
+	// restarted) share the counters. The same counts, per Consumer, are always available from
+	// Consumer.Stats. Defaults to none.
 	Registerer prometheus.Registerer
 }
 

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -68,12 +69,33 @@ func newMetrics(reg prometheus.Registerer, durable string) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.retries, m.deadLettered, m.unavailable, m.latency} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("consumer: register metrics: %w", err)
+	for _, p := range []*prometheus.Counter{&m.processed, &m.duplicates, &m.retries, &m.deadLettered, &m.unavailable} {
+		if err := register(reg, p); err != nil {
+			return nil, err
 		}
 	}
+	if err := register(reg, &m.latency); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// register registers *c with reg. Consumers of one durable on one registry (several in a
+// process, or one restarted after a failure) share the collectors: *c becomes the one
+// registered first.
+func register[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
+	err := reg.Register(*c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			*c = existing
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("consumer: register metrics: %w", err)
+	}
+	return nil
 }
 
 func (c *Consumer) countProcessed(n int) {

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/embedded"
+	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -163,7 +164,7 @@ func (r *run) start(ctx context.Context) error {
 	if r.JS, err = jetstream.New(r.NC); err != nil {
 		return err
 	}
-	r.logf("nats %s (%s)", r.NATSURL, r.natsDesc)
+	r.logf("nats %s (%s)", redact.DSN(r.NATSURL), r.natsDesc)
 	return nil
 }
 
@@ -195,7 +196,7 @@ func (r *run) NewPool(ctx context.Context, maxConns int32, tracer ...pgx.QueryTr
 func (r *run) ConnectNATS(name string) (*nats.Conn, error) {
 	nc, err := nats.Connect(r.NATSURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", r.NATSURL, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.DSN(r.NATSURL), err)
 	}
 	r.atExit(nc.Close)
 	return nc, nil

@@ -15,9 +15,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/fault"
+	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -49,6 +52,14 @@ type Config struct {
 	Verbose bool
 	// Seed makes the random choices repeatable; 0 picks one.
 	Seed uint64
+
+	// MetricsAddr, when set, serves /metrics (one registry with every component's families:
+	// relay, check-back, consumer, the producers' outbox client, and the Go and process
+	// collectors), /healthz, /readyz and the status page there, e.g. 127.0.0.1:9090.
+	MetricsAddr string
+	// Linger keeps serving MetricsAddr this long after the summary, or until the context
+	// passed to Run ends (Ctrl-C), so that a person can look at the metrics of the run.
+	Linger time.Duration
 }
 
 // DefaultConfig is what `go run ./cmd/producer-demo` runs.
@@ -87,6 +98,9 @@ type run struct {
 	chk        *checker
 	cons       consumerSup
 	start      time.Time
+
+	reg *prometheus.Registry // nil without MetricsAddr
+	ops *ops.Server
 }
 
 // consumerSup runs the inventory consumer in-process and restarts it after each crash.
@@ -142,13 +156,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Result, error) {
 		level = slog.LevelInfo
 	}
 	r.log = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	defer r.close()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
 	}
-	return r.main(ctx)
+	res, err := r.main(ctx)
+	if err == nil {
+		r.linger(parent)
+	}
+	return res, err
 }
 
 func (r *run) say(format string, args ...any) { fmt.Fprintf(r.out, format+"\n", args...) }
@@ -210,6 +229,9 @@ func createStreams(ctx context.Context, js jetstream.JetStream) error {
 }
 
 func (r *run) close() {
+	if r.ops != nil {
+		r.ops.Close()
+	}
 	if r.nc != nil {
 		if r.ownStreams && !r.cfg.Keep {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -256,7 +278,11 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	r.say("")
 
 	// Producers' client: rings the relay's doorbell after each commit.
-	client, err := outbox.NewClient(&outbox.Config{Schema: r.schema, Doorbell: outbox.NewNATSDoorbell(r.nc, "")})
+	if cfg.MetricsAddr != "" {
+		r.reg = prometheus.NewRegistry()
+		r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	client, err := outbox.NewClient(&outbox.Config{Schema: r.schema, Doorbell: outbox.NewNATSDoorbell(r.nc, ""), Registerer: r.registerer()})
 	if err != nil {
 		return nil, err
 	}
@@ -296,6 +322,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 		ID: "demo-relay", Schema: r.schema, Retention: time.Hour, PublishTimeout: demoPublishTimeout,
 		PollMax: 200 * time.Millisecond, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second,
 		LeaseInterval: 200 * time.Millisecond, Subjects: streamSubjects, Logger: r.log,
+		Registerer: r.registerer(), SampleInterval: time.Second,
 	})
 	if err != nil {
 		return nil, err
@@ -303,8 +330,12 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	cb, err := checkback.New(relayPool, r.nc, &checkback.Config{
 		Schema: r.schema, TransactionTimeout: demoTransactionTimeout, BackoffBase: 500 * time.Millisecond, BackoffMax: 2 * time.Second,
 		RequestTimeout: time.Second, ResolveSchedule: "@every 250ms", StaleSchedule: "off", PurgeSchedule: "off", Logger: r.log,
+		Registerer: r.registerer(),
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := r.serveMetrics(); err != nil {
 		return nil, err
 	}
 
@@ -491,7 +522,7 @@ func (r *run) superviseConsumer(ctx context.Context) {
 		c, err := consumer.New(pool, js, inv.handle, &consumer.Config{
 			Stream: streamName, Durable: durableName, Schema: r.schema, Concurrency: 4,
 			MaxDeliveries: 5, BackoffBase: 200 * time.Millisecond, BackoffMax: time.Second,
-			AckWait: demoAckWait, Logger: r.log,
+			AckWait: demoAckWait, Logger: r.log, Registerer: r.registerer(),
 		})
 		if err != nil {
 			nc.Close()

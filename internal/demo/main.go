@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -89,6 +90,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the demo schema (or the chaos database) to look around")
 	fs.BoolVar(&cfg.Verbose, "v", false, "show the components' own logs")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed (0: pick one)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve /metrics (every component), /healthz, /readyz and the status page on this address, e.g. 127.0.0.1:9090 (default off)")
+	fs.DurationVar(&cfg.Linger, "linger", 0, "with -metrics-addr: keep serving this long after the summary (Ctrl-C stops)")
 	fs.BoolVar(&chaos, "chaos", false, "run the chaos proof instead of the demo")
 	fs.IntVar(&cc.Messages, "messages", DefaultChaosMessages, "chaos: messages to send (at least)")
 	fs.DurationVar(&cc.ProduceFor, "produce-for", 0, "chaos: spread the messages over this long (default: messages/100 per second, at least 20s)")
@@ -138,6 +141,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 
 	if chaos {
+		if cfg.MetricsAddr != "" || cfg.Linger != 0 {
+			fmt.Fprintln(stderr, "producer-demo: -metrics-addr and -linger are for the demo, not -chaos")
+			return 2
+		}
 		cc.DSN, cc.Seed, cc.Keep, cc.Out = cfg.DSN, cfg.Seed, cfg.Keep, stdout
 		self, err := os.Executable()
 		if err != nil {
@@ -153,6 +160,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	res, err := Run(ctx, cfg, stdout)
+	if res != nil && err == nil && cfg.Linger > 0 {
+		ctx = context.WithoutCancel(ctx) // Ctrl-C ended the linger, not the run
+	}
 	return exitStatus(ctx, stderr, res != nil && res.OK(), err)
 }
 
@@ -191,6 +201,15 @@ func (c *Config) validate() error {
 		return fmt.Errorf("the fault fractions leave too few healthy messages")
 	case c.Timeout <= 0:
 		return fmt.Errorf("-timeout must be positive")
+	case c.Linger < 0:
+		return fmt.Errorf("-linger must not be negative")
+	case c.Linger > 0 && c.MetricsAddr == "":
+		return fmt.Errorf("-linger keeps the metrics listener serving: it needs -metrics-addr")
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return fmt.Errorf("invalid -metrics-addr %q: %w", c.MetricsAddr, err)
+		}
 	}
 	return nil
 }
@@ -207,7 +226,7 @@ func printUsage(fs *flag.FlagSet, w io.Writer) {
 			left += " " + kind
 		}
 		def := ""
-		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && !strings.Contains(text, "default") {
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && !strings.Contains(text, "default") {
 			def = " (default " + f.DefValue + ")"
 		}
 		fmt.Fprintf(w, "  %-22s %s%s\n", left, text, def)

@@ -101,7 +101,7 @@ func checkbackConfigErr(err error) error {
 }
 
 func checkbackCmd(ctx context.Context, env *Env, args []string) error {
-	var dsn, natsURL, schema, logFormat, level string
+	var dsn, natsURL, schema, metricsAddr, logFormat, level string
 	var once bool
 	var cfg checkback.Config
 	s := newSettings("checkback", checkbackUsage, env.Stderr, env.Getenv)
@@ -114,9 +114,8 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	s.Bool(&once, "once", "", false, "run each job once (those not scheduled off), print what they did, and exit")
 	sec("once")
 	defineCheckbackFlags(s, &cfg, true)
-	sec = s.Section("Logging")
+	defineMetricsAddr(s, &metricsAddr)
 	s.String(&logFormat, "log-format", "", "text", "log format: text or json")
-	sec("log-format")
 	s.String(&level, "log-level", "", "info", "log level: debug, info, warn or error")
 	if err := parseSettings(s, env, args); err != nil {
 		return err
@@ -134,6 +133,9 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkCheckbackFlags(&cfg); err != nil {
 		return err
 	}
+	if err := checkMetricsAddr(metricsAddr); err != nil {
+		return err
+	}
 	log, err := newLogger(env.Stderr, logFormat, level)
 	if err != nil {
 		return err
@@ -147,11 +149,26 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkSchema(ctx, c.Pool, schema); err != nil {
 		return err
 	}
+	serve := metricsAddr != "" && !once
+	if metricsAddr != "" && once {
+		log.Info("--metrics-addr is ignored with --once")
+	}
+	reg := newRegistry()
+	if serve {
+		cfg.Registerer = reg
+	}
 	cb, err := checkback.New(c.Pool, c.NC, &cfg)
 	if err != nil {
 		return checkbackConfigErr(err)
 	}
 	if !once {
+		if serve {
+			srv, err := serveCheckbackOps(metricsAddr, reg, c, schema, log)
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+		}
 		return cb.Run(ctx)
 	}
 	rep, err := cb.RunOnce(ctx)

@@ -100,3 +100,54 @@ func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
 		t.Fatalf("relay exited %d after SIGTERM, want 0", code)
 	}
 }
+
+// `relay checkback` run on its own with --metrics-addr: the check-back's families (with the
+// check it made) and the Go and process collectors are on /metrics, and /readyz answers.
+func TestCheckbackServesMetricsAndHealth(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	ctx := context.Background()
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nobody serves the group "orders": its one allowed check finds no responders.
+	if _, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	p := startRelay(t, "checkback-m", "checkback", "--database-url", db.DSN, "--nats-url", n.URL(), "--schema", db.Schema,
+		"--metrics-addr", "127.0.0.1:0", "--log-format", "json",
+		"--check-transaction-timeout", "1ms", "--check-max", "1", "--check-schedule", "@every 100ms")
+	addr, _ := p.waitLog(t, "serving metrics, health and the status page", 10*time.Second).Fields["addr"].(string)
+	base := "http://" + addr
+
+	var metrics string
+	testsvc.Eventually(t, 10*time.Second, "the check counted", func() bool {
+		var code int
+		metrics, code = httpGet(t, base+"/metrics")
+		return code == 200 && strings.Contains(metrics, `txoutbox_checkback_checks_total{outcome="no_responders"} 1`)
+	})
+	for _, family := range []string{
+		"txoutbox_checkback_checks_total", "txoutbox_checkback_resolved_total", "txoutbox_checkback_exhausted_total",
+		"txoutbox_checkback_job_duration_seconds_bucket", "go_goroutines", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(metrics, "\n"+family) {
+			t.Errorf("/metrics lacks %s", family)
+		}
+	}
+	if body, code := httpGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if body, code := httpGet(t, base+"/readyz"); code != 200 || body != "ok\n" {
+		t.Errorf("/readyz = %d %q", code, body)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("checkback exited %d after SIGTERM, want 0", code)
+	}
+
+	// A bad address is a usage error, as for relay run.
+	if code, _, errOut := cliEnv(t, nil, "checkback", "--database-url", db.DSN, "--metrics-addr", "9090"); code != 2 || !strings.Contains(errOut, "--metrics-addr") {
+		t.Errorf("checkback --metrics-addr 9090: exit %d: %s", code, errOut)
+	}
+}

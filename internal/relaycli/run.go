@@ -3,13 +3,10 @@ package relaycli
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/redact"
@@ -93,9 +90,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	defineCheckbackFlags(s, &f.cb, false)
 	s.Bool(&f.noCheckback, "no-checkback", "", false, "do not run the check-back jobs in this process (run relay checkback elsewhere instead)")
 
-	sec = s.Section("Operations")
-	s.String(&f.metricsAddr, "metrics-addr", "", "", "serve /metrics, /healthz, /readyz and the status page (/) on this address (e.g. 127.0.0.1:9090); off when empty")
-	sec("metrics-addr")
+	defineMetricsAddr(s, &f.metricsAddr)
 	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
@@ -164,10 +159,8 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
-	if f.metricsAddr != "" {
-		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
-			return usageErr("invalid --metrics-addr %q: %v", f.metricsAddr, err)
-		}
+	if err := checkMetricsAddr(f.metricsAddr); err != nil {
+		return err
 	}
 
 	c, err := connect(ctx, connectOptions{
@@ -187,8 +180,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	}
 	// One registry for the process: other components run by this command (the check-back,
 	// ...) register their collectors here too, and /metrics serves them all.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
 		cfg.Registerer = reg
 	}
@@ -213,7 +205,6 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 		defer srv.Close()
-		log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	}
 	if f.embedded {
 		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.DSN(c.NATSURL))

@@ -1,0 +1,170 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+)
+
+// A small demo with -metrics-addr and -linger: after the summary, /metrics serves the
+// families of every component (relay, check-back, consumer, the producers' outbox client, Go
+// and process), with the counts the run made; Ctrl-C (the context) ends the linger.
+//
+// Not parallel: the consumer's crash point is process-wide, and a demo running beside this
+// one (TestDemo) would crash its consumer.
+func TestDemoServesMetrics(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DSN = testsvc.PostgresDSN(t)
+	cfg.Orders, cfg.Payments, cfg.Rate, cfg.Poison = 40, 12, 200, 1
+	cfg.PaymentDie, cfg.Decline = 0.5, 0.1 // at least one dead producer: the check-back checks
+	cfg.Timeout = 2 * time.Minute
+	cfg.MetricsAddr, cfg.Linger = "127.0.0.1:0", time.Minute
+	out := &syncBuffer{}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	type result struct {
+		res *Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { res, err := Run(ctx, cfg, out); done <- result{res, err} }()
+
+	lingering := regexp.MustCompile(`Serving the run's metrics for 1m0s \(Ctrl-C to stop\): curl -s http://(127\.0\.0\.1:\d+)/metrics`)
+	var addr string
+	testsvc.Eventually(t, cfg.Timeout, "the demo to finish and linger", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the demo returned before lingering: %v\n%s", r.err, out.String())
+		default:
+		}
+		if m := lingering.FindStringSubmatch(out.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	})
+	if !strings.Contains(out.String(), "Metrics:  http://"+addr+"/metrics") {
+		t.Errorf("the output does not say where the metrics are served:\n%s", out.String())
+	}
+	metrics, code := get(t, "http://"+addr+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	if body, code := get(t, "http://"+addr+"/readyz"); code != 200 {
+		t.Errorf("/readyz: %d %q", code, body)
+	}
+	for _, family := range []string{
+		// relay
+		"txoutbox_relay_published_total", "txoutbox_relay_duplicates_total", "txoutbox_relay_dead_total",
+		"txoutbox_relay_batch_size_bucket", "txoutbox_relay_commit_to_publish_seconds_bucket", "txoutbox_relay_partitions_held",
+		"txoutbox_relay_ready_backlog", "txoutbox_outbox_messages",
+		// check-back
+		"txoutbox_checkback_checks_total", "txoutbox_checkback_resolved_total", "txoutbox_checkback_job_duration_seconds_bucket",
+		// consumer
+		"txoutbox_consumer_processed_total", "txoutbox_consumer_duplicates_total", "txoutbox_consumer_retries_total",
+		"txoutbox_consumer_dead_lettered_total", "txoutbox_consumer_handler_seconds_bucket",
+		// producers' outbox client
+		"txoutbox_outbox_half_prepared_total", "txoutbox_outbox_half_committed_total", "txoutbox_outbox_half_rolled_back_total",
+		// Go and process
+		"go_goroutines", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(metrics, "\n"+family) {
+			t.Errorf("/metrics lacks %s", family)
+		}
+	}
+	for _, name := range []string{"txoutbox_relay_published_total", "txoutbox_relay_partition_changes_total", "txoutbox_checkback_checks_total",
+		"txoutbox_checkback_resolved_total", "txoutbox_consumer_processed_total", "txoutbox_consumer_retries_total",
+		"txoutbox_consumer_dead_lettered_total", "txoutbox_outbox_half_committed_total"} {
+		if v := sum(metrics, name); v <= 0 {
+			t.Errorf("%s = %g, want some after the run", name, v)
+		}
+	}
+	if v := sum(metrics, "txoutbox_outbox_half_prepared_total"); v != float64(cfg.Payments) {
+		t.Errorf("txoutbox_outbox_half_prepared_total = %g, want %d (one per payment)", v, cfg.Payments)
+	}
+
+	stop() // Ctrl-C
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the linger did not end with the context")
+	}
+	if r.err != nil || !r.res.OK() {
+		t.Fatalf("demo: %v\n%s", r.err, out.String())
+	}
+	// The consumer's counters go on over its restarts: the metric is every instance's sum.
+	if v := sum(metrics, "txoutbox_consumer_processed_total"); v != float64(r.res.ConsumerProcessed) {
+		t.Errorf("txoutbox_consumer_processed_total = %g, the consumers' stats say %d (%d crashes)", v, r.res.ConsumerProcessed, r.res.ConsumerCrashes)
+	}
+	if v := sum(metrics, "txoutbox_relay_duplicates_total"); v != float64(r.res.RelayDuplicates) {
+		t.Errorf("txoutbox_relay_duplicates_total = %g, the relay's stats say %d", v, r.res.RelayDuplicates)
+	}
+}
+
+// The demo's flags: -linger needs -metrics-addr, which must be host:port; neither is for -chaos.
+func TestMainMetricsFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-linger", "1m"}, {"-metrics-addr", "9090"}, {"-metrics-addr", "127.0.0.1:0", "-linger", "-1s"}, {"-chaos", "-metrics-addr", "127.0.0.1:0"}} {
+		var out, errOut bytes.Buffer
+		if code := Main(args, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "-") {
+			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
+		}
+	}
+}
+
+func get(t *testing.T, u string) (string, int) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
+}
+
+// sum adds up the samples of name (every label set) in a text exposition.
+func sum(exposition, name string) float64 {
+	var total float64
+	for _, line := range strings.Split(exposition, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (!strings.HasPrefix(rest, " ") && !strings.HasPrefix(rest, "{")) {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[0], 64); err == nil {
+			total += v
+		}
+	}
+	return total
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
