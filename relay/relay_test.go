@@ -553,6 +553,74 @@ func TestPerKeyOrderUnderConcurrency(t *testing.T) {
 	}
 }
 
+// Many transactions enqueue on the same keys at once: the stream holds each key's messages in
+// the order their transactions committed. The commit order is recorded by a sequence drawn in
+// each transaction after EnqueueTx, while the key's lock is held (so for one key, sequence
+// order is commit order).
+func TestSameKeyConcurrentTransactionsPublishInCommitOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE commit_log (seq bigserial PRIMARY KEY, msg_key text NOT NULL, payload text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.relay(&Config{BatchSize: 5, Partitions: 2})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+
+	const writers, perWriter = 8, 15
+	keys := []string{"hot-a", "hot-b"}
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < perWriter; i++ {
+				key, payload := keys[(w+i)%len(keys)], fmt.Sprintf("w%d-%d", w, i)
+				err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+					if _, err := e.client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.hot", Key: key, Payload: []byte(payload)}); err != nil {
+						return err
+					}
+					time.Sleep(time.Duration(i%3) * time.Millisecond) // widen the window between enqueue and commit
+					_, err := tx.Exec(ctx, `INSERT INTO commit_log (msg_key, payload) VALUES ($1, $2)`, key, payload)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	testsvc.Eventually(t, 30*time.Second, "everything published", func() bool { return e.count("true") == 0 })
+	cancel()
+	<-done
+
+	want := map[string][]string{}
+	rows, _ := e.db.Pool.Query(ctx, `SELECT msg_key, payload FROM commit_log ORDER BY seq`)
+	for rows.Next() {
+		var k, p string
+		if err := rows.Scan(&k, &p); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = append(want[k], p)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, m := range e.streamMsgs("ORDERS") {
+		got[m.Header.Get(outbox.HeaderKey)] = append(got[m.Header.Get(outbox.HeaderKey)], string(m.Data))
+	}
+	for _, k := range keys {
+		if len(want[k]) == 0 || !slices.Equal(got[k], want[k]) {
+			t.Fatalf("key %s: stream order %v, commit order %v", k, got[k], want[k])
+		}
+	}
+}
+
 func TestStandbyTakesOverPartitions(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
