@@ -222,7 +222,11 @@ func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
 // past the transaction timeout — CommitTx returns a *SettleError wrapping ErrRolledBack (or
 // ErrNotFound) and makes tx fail: a later tx.Commit returns pgx.ErrTxCommitRollback, so the
 // business change and the message never disagree. ErrAlreadyCommitted leaves tx usable (the
-// message will be published either way). Call Client.Ring after tx commits.
+// message will be published either way). ErrNotFound also fails tx, although it may mean the
+// message was committed, published and (without a retention) deleted: do not CommitTx a
+// message twice. Under REPEATABLE READ or SERIALIZABLE, a fence that committed after tx took
+// its snapshot surfaces as the server's serialization failure (SQLSTATE 40001) instead of
+// ErrRolledBack: tx fails all the same. Call Client.Ring after tx commits.
 func (c *Client) CommitTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	err := c.commit(ctx, tx, id)
 	if err == nil || errors.Is(err, ErrAlreadyCommitted) {
