@@ -87,6 +87,7 @@ type leaser struct {
 	relays      int
 	mismatch    bool
 	lastCleanup time.Time
+	fenceFailed bool // a fence was refused (logged once)
 }
 
 func newLeaser(r *Relay) *leaser {
@@ -257,6 +258,9 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		}
 	}
 	waiting := deficit - (cfg.Partitions - len(locked))
+	if len(l.held) < target {
+		l.fenceStaleLocked(ctx, view.Members, heldBy)
+	}
 	if n != l.relays || target != l.target {
 		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions)
 	}
@@ -314,6 +318,33 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fenceStaleLocked ends the lease session of each member that still holds partitions while
+// its heartbeat is stale: a frozen (SIGSTOP) or hung relay would otherwise keep its partitions
+// until its session died, and their messages would wait. Its locks go with its session; the
+// partitions are free at the next round. If the relay comes back it finds its lease
+// connection gone and starts over, and what it publishes late is a duplicate that JetStream
+// drops (the new holder published those rows first, in order).
+func (l *leaser) fenceStaleLocked(ctx context.Context, members []store.RelayMember, heldBy map[int32]int) {
+	for _, m := range members {
+		if m.Alive || m.Instance == l.reg.Instance || heldBy[m.PID] == 0 {
+			continue
+		}
+		fenced, err := l.r.q.FenceRelay(ctx, l.conn, m.Instance)
+		switch {
+		case err != nil:
+			if !l.fenceFailed {
+				l.fenceFailed = true
+				l.r.log.Error("cannot end the session of a relay that stopped heartbeating; its partitions stay blocked until it dies "+
+					"(the relay's role needs pg_signal_backend, or to be the same role)", "relay_id", m.RelayID, "backend_pid", m.PID, "err", err)
+			}
+		case fenced:
+			l.r.m.changes.WithLabelValues("fenced").Add(float64(heldBy[m.PID]))
+			l.r.log.Warn("ended the lease session of a relay that stopped heartbeating; its partitions are free",
+				"relay_id", m.RelayID, "backend_pid", m.PID, "partitions", heldBy[m.PID], "last_heartbeat", m.HeartbeatAt)
+		}
+	}
 }
 
 // broken is called when a statement on the lease connection failed: if the connection is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -330,4 +331,41 @@ func TestPartitionCountMismatchReportedWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsvc.Eventually(t, 5*time.Second, "the mismatch to clear", func() bool { return !a.Lease().Mismatch && mismatch() == 0 })
+}
+
+// A relay that stops heartbeating while its session lives on (frozen: SIGSTOP, a hung
+// process) is fenced: another relay ends its session and takes its partitions, and the rows
+// waiting there are published.
+func TestFrozenRelayIsFenced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	frozen := e.relay(&Config{ID: "frozen", Partitions: 4, LeaseInterval: 50 * time.Millisecond})
+	if _, err := frozen.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(frozen.Partitions()) != 4 {
+		t.Fatalf("the first relay holds %v, want all 4", frozen.Partitions())
+	}
+	// It never runs again; make its heartbeat stale (as 10 lease intervals, at least 30s, of
+	// silence would).
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_relays SET heartbeat_at = now() - interval '1 minute' WHERE relay_id LIKE '%/frozen'`); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("waiting")})
+	logs := &recordLog{}
+	other := e.start(&Config{ID: "other", Partitions: 4, LeaseInterval: 50 * time.Millisecond, Logger: slog.New(logs)})
+	testsvc.Eventually(t, 10*time.Second, "the other relay to take all 4", func() bool { return len(other.Partitions()) == 4 })
+	testsvc.Eventually(t, 10*time.Second, "the waiting row to be published", func() bool { return e.count("true") == 0 })
+	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
+		t.Fatalf("%d fence lines, want 1", n)
+	}
+	// The frozen relay comes back: its lease connection is gone, so it holds nothing.
+	_, _ = frozen.runOnce(ctx)
+	if got := frozen.Partitions(); len(got) != 0 {
+		t.Fatalf("the fenced relay still holds %v", got)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 1 {
+		t.Fatalf("stream holds %d, want 1", got)
+	}
 }

@@ -19,7 +19,7 @@ const RelaysTable = "txoutbox_relays"
 type opsQueries struct {
 	relays string // quoted, schema-qualified
 
-	register, members, locks, unregister, cleanup string
+	register, members, locks, fence, unregister, cleanup string
 	tryLock, unlock                               string
 
 	samplePartitions, sampleStates string
@@ -53,6 +53,16 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.classid = $1::int8::oid
   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
 ORDER BY 1`
+	// Fence a member whose session lives on but whose heartbeat went stale (a frozen or hung
+	// process): end its session, so its locks (its partitions) are released. Checked again
+	// here, atomically: a member that heartbeat meanwhile, or a pid another live member now
+	// uses, is left alone.
+	o.fence = `SELECT pg_terminate_backend(r.backend_pid) FROM ` + o.relays + ` r
+WHERE r.instance = $1
+  AND r.heartbeat_at <= now() - greatest(r.lease_interval_ms * 10, 30000) * interval '1 millisecond'
+  AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid)
+  AND NOT EXISTS (SELECT 1 FROM ` + o.relays + ` f WHERE f.backend_pid = r.backend_pid
+      AND f.heartbeat_at > now() - greatest(f.lease_interval_ms * 10, 30000) * interval '1 millisecond')`
 	o.unregister = `DELETE FROM ` + o.relays + ` WHERE instance = $1`
 	o.cleanup = `DELETE FROM ` + o.relays + ` WHERE heartbeat_at < now() - $1::float8 * interval '1 second'`
 	o.tryLock = `SELECT p FROM unnest($2::int4[]) AS u(p) WHERE pg_try_advisory_lock($1::int4, p)`
@@ -146,6 +156,17 @@ type Membership struct {
 func (q *Queries) RegisterRelay(ctx context.Context, db DBTX, r RelayRegistration) error {
 	_, err := db.Exec(ctx, q.ops.register, r.Instance, r.RelayID, int32(r.Partitions), int32(r.LeaseInterval/time.Millisecond))
 	return err
+}
+
+// FenceRelay ends the lease session of the member instance if its heartbeat is stale while
+// its session lives on; it reports whether it did.
+func (q *Queries) FenceRelay(ctx context.Context, db DBTX, instance uuid.UUID) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, q.ops.fence, instance).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return ok, err
 }
 
 // Membership reads the members and the partition leases; with heartbeat set it first
