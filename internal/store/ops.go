@@ -20,7 +20,7 @@ type opsQueries struct {
 	relays string // quoted, schema-qualified
 
 	register, members, locks, fence, unregister, cleanup string
-	tryLock, unlock                               string
+	tryLock, unlock                                      string
 
 	samplePartitions, sampleStates string
 	subjectStatus, partitionStatus string
