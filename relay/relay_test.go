@@ -348,24 +348,22 @@ func (h *recordLog) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// countMsg counts the records of level with message msg.
 func (h *recordLog) countMsg(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.level == level && r.msg == msg {
-			n++
-		}
-	}
-	return n
+	return h.countWhere(func(l slog.Level, _, m string) bool { return l == level && m == msg })
 }
 
+// count counts the records of level with attribute subject=subject.
 func (h *recordLog) count(level slog.Level, subject string) int {
+	return h.countWhere(func(l slog.Level, s, _ string) bool { return l == level && s == subject })
+}
+
+func (h *recordLog) countWhere(match func(level slog.Level, subject, msg string) bool) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
 	for _, r := range h.recs {
-		if r.level == level && r.subject == subject {
+		if match(r.level, r.subject, r.msg) {
 			n++
 		}
 	}

@@ -3,8 +3,6 @@ package demo
 import (
 	"bytes"
 	"context"
-	"io"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -54,11 +52,11 @@ func TestDemoServesMetrics(t *testing.T) {
 	if !strings.Contains(out.String(), "Metrics:  http://"+addr+"/metrics") {
 		t.Errorf("the output does not say where the metrics are served:\n%s", out.String())
 	}
-	metrics, code := get(t, "http://"+addr+"/metrics")
+	metrics, code := testsvc.HTTPGet(t, "http://"+addr+"/metrics")
 	if code != 200 {
 		t.Fatalf("/metrics: %d", code)
 	}
-	if body, code := get(t, "http://"+addr+"/readyz"); code != 200 {
+	if body, code := testsvc.HTTPGet(t, "http://"+addr+"/readyz"); code != 200 {
 		t.Errorf("/readyz: %d %q", code, body)
 	}
 	for _, family := range []string{
@@ -119,17 +117,6 @@ func TestMainMetricsFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 	}
-}
-
-func get(t *testing.T, u string) (string, int) {
-	t.Helper()
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b), resp.StatusCode
 }
 
 // sum adds up the samples of name (every label set) in a text exposition.

@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"image"
 	"image/png"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,17 +27,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 func TestHealthReadyAndMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
@@ -59,20 +46,20 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 	}
 	defer srv.Close()
 	base := "http://" + srv.Addr()
-	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz = %d %q", code, body)
 	}
-	if code, body := get(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 2\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 2\n" {
 		t.Fatalf("/readyz = %d %q", code, body)
 	}
 	problems.Store([]string{"nats: RECONNECTING"})
-	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "nats: RECONNECTING") {
+	if body, code := testsvc.HTTPGet(t, base+"/readyz"); code != 503 || !strings.Contains(body, "nats: RECONNECTING") {
 		t.Fatalf("/readyz while NATS is away = %d %q, want 503 naming it", code, body)
 	}
-	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "txoutbox_test_gauge 42") {
+	if body, code := testsvc.HTTPGet(t, base+"/metrics"); code != 200 || !strings.Contains(body, "txoutbox_test_gauge 42") {
 		t.Fatalf("/metrics = %d %q", code, body)
 	}
-	if code, _ := get(t, base+"/nope"); code != 404 {
+	if _, code := testsvc.HTTPGet(t, base+"/nope"); code != 404 {
 		t.Fatalf("/nope = %d, want 404", code)
 	}
 }
@@ -149,7 +136,7 @@ func TestStatusPageAndJSON(t *testing.T) {
 		t.Fatalf("snapshot = %+v", snap)
 	}
 	base := "http://" + srv.Addr()
-	code, page := get(t, base+"/")
+	page, code := testsvc.HTTPGet(t, base+"/")
 	if code != 200 {
 		t.Fatalf("/ = %d", code)
 	}
@@ -162,7 +149,7 @@ func TestStatusPageAndJSON(t *testing.T) {
 	if strings.Contains(page, "ZgotmplZ") {
 		t.Error("the template rejected a value (ZgotmplZ in the page)")
 	}
-	code, body := get(t, base+"/status.json")
+	body, code := testsvc.HTTPGet(t, base+"/status.json")
 	var js struct {
 		Self       Self             `json:"self"`
 		Throughput float64          `json:"throughput_per_second"`

@@ -3,8 +3,6 @@ package relaycli
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -221,11 +219,11 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 	}
 	var dupTotal float64
 	for _, name := range names[1:] {
-		body, code := httpGet(t, "http://"+metricsAddr[name]+"/readyz")
+		body, code := testsvc.HTTPGet(t, "http://"+metricsAddr[name]+"/readyz")
 		if code != 200 || !strings.HasPrefix(body, "ok: ok, partitions held 6") {
 			t.Errorf("%s /readyz = %d %q, want 200 with 6 partitions", name, code, body)
 		}
-		body, _ = httpGet(t, "http://"+metricsAddr[name]+"/metrics")
+		body, _ = testsvc.HTTPGet(t, "http://"+metricsAddr[name]+"/metrics")
 		for _, l := range strings.Split(body, "\n") {
 			if strings.HasPrefix(l, "txoutbox_relay_duplicates_total ") {
 				v, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
@@ -304,15 +302,4 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 	if d := allRetaken.Sub(killAt); d > 3*lease+time.Second {
 		t.Errorf("takeover took %s, want within about a lease interval (%s)", d, lease)
 	}
-}
-
-func httpGet(t *testing.T, u string) (string, int) {
-	t.Helper()
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b), resp.StatusCode
 }

@@ -43,7 +43,7 @@ func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
 	var metrics string
 	testsvc.Eventually(t, 15*time.Second, "published rows and sampled gauges", func() bool {
 		var code int
-		metrics, code = httpGet(t, base+"/metrics")
+		metrics, code = testsvc.HTTPGet(t, base+"/metrics")
 		return code == 200 && strings.Contains(metrics, "txoutbox_relay_published_total 3") &&
 			strings.Contains(metrics, `txoutbox_outbox_messages{state="dead"} 1`) &&
 			strings.Contains(metrics, `txoutbox_outbox_messages{state="ready"} 0`)
@@ -71,29 +71,29 @@ func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
 		}
 	}
 
-	if body, code := httpGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
-	if body, code := httpGet(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 8\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 8\n" {
 		t.Errorf("/readyz = %d %q", code, body)
 	}
-	if body, code := httpGet(t, base+"/"); code != 200 || !strings.Contains(body, "relay-m") || !strings.Contains(body, "nowhere.at.all") {
+	if body, code := testsvc.HTTPGet(t, base+"/"); code != 200 || !strings.Contains(body, "relay-m") || !strings.Contains(body, "nowhere.at.all") {
 		t.Errorf("status page = %d, lacks the relay or the dead row's subject", code)
 	}
 
 	n.Stop()
 	testsvc.Eventually(t, 10*time.Second, "/readyz to fail while NATS is away", func() bool {
-		body, code := httpGet(t, base+"/readyz")
+		body, code := testsvc.HTTPGet(t, base+"/readyz")
 		return code == 503 && strings.Contains(body, "nats:")
 	})
-	if body, code := httpGet(t, base+"/healthz"); code != 200 {
+	if body, code := testsvc.HTTPGet(t, base+"/healthz"); code != 200 {
 		t.Errorf("/healthz while NATS is away = %d %q, want 200 (the process is alive)", code, body)
 	}
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}
 	testsvc.Eventually(t, 15*time.Second, "/readyz to recover", func() bool {
-		_, code := httpGet(t, base+"/readyz")
+		_, code := testsvc.HTTPGet(t, base+"/readyz")
 		return code == 200
 	})
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
@@ -125,7 +125,7 @@ func TestCheckbackServesMetricsAndHealth(t *testing.T) {
 	var metrics string
 	testsvc.Eventually(t, 10*time.Second, "the check counted", func() bool {
 		var code int
-		metrics, code = httpGet(t, base+"/metrics")
+		metrics, code = testsvc.HTTPGet(t, base+"/metrics")
 		return code == 200 && strings.Contains(metrics, `txoutbox_checkback_checks_total{outcome="no_responders"} 1`)
 	})
 	for _, family := range []string{
@@ -136,10 +136,10 @@ func TestCheckbackServesMetricsAndHealth(t *testing.T) {
 			t.Errorf("/metrics lacks %s", family)
 		}
 	}
-	if body, code := httpGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
-	if body, code := httpGet(t, base+"/readyz"); code != 200 || body != "ok\n" {
+	if body, code := testsvc.HTTPGet(t, base+"/readyz"); code != 200 || body != "ok\n" {
 		t.Errorf("/readyz = %d %q", code, body)
 	}
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
