@@ -369,3 +369,18 @@ func TestFrozenRelayIsFenced(t *testing.T) {
 		t.Fatalf("stream holds %d, want 1", got)
 	}
 }
+
+// A relay is "starting" (not ready) until its first round ends, then "ok".
+func TestHealthStartsAsStarting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	if h := r.Health(); h != "starting" {
+		t.Fatalf("health before Run = %q, want starting", h)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testsvc.Eventually(t, 10*time.Second, "health ok", func() bool { return r.Health() == "ok" })
+}

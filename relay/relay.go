@@ -427,7 +427,8 @@ var backoff = backoffpkg.Exponential
 type healthState int32
 
 const (
-	healthOK healthState = iota
+	healthStarting healthState = iota // no round has ended yet
+	healthOK
 	healthStandby
 	healthPostgresDown
 	healthNATSDown
@@ -435,6 +436,8 @@ const (
 
 func (h healthState) String() string {
 	switch h {
+	case healthStarting:
+		return "starting"
 	case healthOK:
 		return "ok"
 	case healthStandby:
@@ -461,6 +464,8 @@ func (r *Relay) setHealth(h healthState, err error) {
 		return
 	}
 	switch {
+	case h == healthOK && prev == healthStarting:
+		r.log.Info("relay publishing")
 	case h == healthOK:
 		r.log.Info("relay healthy", "previous", prev.String())
 	case h == healthStandby:
@@ -471,6 +476,6 @@ func (r *Relay) setHealth(h healthState, err error) {
 	}
 }
 
-// Health reports the relay's state: "ok", "standby", "postgres_unavailable" or
-// "nats_unavailable".
+// Health reports the relay's state: "starting" (until its first round ends), "ok",
+// "standby", "postgres_unavailable" or "nats_unavailable".
 func (r *Relay) Health() string { return healthState(r.health.Load()).String() }
