@@ -26,6 +26,7 @@ const (
 	DefaultMaxAttempts      = 20
 	DefaultPartitions       = 8
 	DefaultLeaseInterval    = 2 * time.Second
+	DefaultHandoverAfter    = 10 * time.Second
 	DefaultStreamDuplicates = 2 * time.Minute
 	DefaultDoorbellSubject  = outbox.DefaultDoorbellSubject
 	DefaultSampleInterval   = 10 * time.Second
@@ -85,6 +86,13 @@ type Config struct {
 	// relay waits for. A dead relay's partitions are taken within about this long. Defaults
 	// to 2s.
 	LeaseInterval time.Duration
+
+	// HandoverAfter: once JetStream has been unreachable from this relay this long, the relay
+	// hands its partitions to the relays that can still publish: it releases them and leaves
+	// the membership, then rejoins when JetStream answers it again (it asks every lease
+	// round). When JetStream is down for everyone, nobody publishes either way. Defaults to
+	// 10s; negative: never hand over.
+	HandoverAfter time.Duration
 
 	// DoorbellSubject is the core NATS subject producers ring after a commit (see
 	// outbox.NATSDoorbell). Defaults to "txoutbox.doorbell". DisableDoorbell turns it off.
@@ -178,6 +186,9 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if out.LeaseInterval == 0 {
 		out.LeaseInterval = DefaultLeaseInterval
+	}
+	if out.HandoverAfter == 0 {
+		out.HandoverAfter = DefaultHandoverAfter
 	}
 	if out.DoorbellSubject == "" {
 		out.DoorbellSubject = DefaultDoorbellSubject

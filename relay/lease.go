@@ -88,6 +88,7 @@ type leaser struct {
 	mismatch    bool
 	lastCleanup time.Time
 	fenceFailed bool // a fence was refused (logged once)
+	handedOver  bool // JetStream is unreachable: partitions released, membership left
 }
 
 func newLeaser(r *Relay) *leaser {
@@ -187,6 +188,9 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 // extra partitions someone is waiting for, take free ones up to the fair share.
 func (l *leaser) roundLocked(ctx context.Context) error {
 	cfg := l.r.cfg
+	if out, err := l.handoverLocked(ctx); out || err != nil {
+		return err
+	}
 	view, err := l.r.q.Membership(ctx, l.conn, &l.reg)
 	if err != nil {
 		return fmt.Errorf("relay: lease round: %w", err)
@@ -318,6 +322,50 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// handoverLocked hands the relay's partitions over when JetStream has been unreachable from
+// it for Config.HandoverAfter (its partitions' messages would wait for it while other relays
+// can publish them), and rejoins once JetStream answers. It reports whether the relay is out
+// of the shares (the round is over).
+func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
+	cfg := l.r.cfg
+	if cfg.HandoverAfter < 0 || !l.joined {
+		return false, nil
+	}
+	now := time.Now()
+	if l.handedOver {
+		l.nextRound = now.Add(cfg.LeaseInterval)
+		if !l.r.jetStreamAnswers(ctx) {
+			return true, nil
+		}
+		l.handedOver = false
+		l.r.natsDownSince.Store(0)
+		l.r.log.Info("JetStream answers again: rejoining the partition shares")
+		return false, nil
+	}
+	since := l.r.natsDownSince.Load()
+	if since == 0 || now.Sub(time.Unix(0, since)) < cfg.HandoverAfter {
+		return false, nil
+	}
+	released := []int32{}
+	if len(l.held) > 0 {
+		var err error
+		if released, err = l.r.q.UnlockPartitions(ctx, l.conn, l.held); err != nil {
+			return false, fmt.Errorf("relay: hand partitions over: %w", err)
+		}
+		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
+		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
+		l.r.m.partitions.Set(float64(len(l.held)))
+	}
+	if err := l.r.q.UnregisterRelay(ctx, l.conn, l.reg.Instance); err != nil {
+		return false, fmt.Errorf("relay: leave the membership: %w", err)
+	}
+	l.handedOver = true
+	l.nextRound = now.Add(cfg.LeaseInterval)
+	l.r.log.Warn("JetStream unreachable from this relay: its partitions are handed over to the relays that can publish; "+
+		"it rejoins when JetStream answers", "down_for", now.Sub(time.Unix(0, since)).Round(time.Millisecond).String(), "released", released)
+	return true, nil
 }
 
 // fenceStaleLocked ends the lease session of each member that still holds partitions while

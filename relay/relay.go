@@ -56,10 +56,12 @@ type Relay struct {
 	lease *leaser
 	wake  chan struct{}
 
-	health  atomic.Int32 // a healthState
-	failing failingSubjects
-	hooks   hooks
-	stats   Stats
+	health atomic.Int32 // a healthState
+	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
+	natsDownSince atomic.Int64
+	failing       failingSubjects
+	hooks         hooks
+	stats         Stats
 }
 
 // hooks are fault-injection points for tests.
@@ -231,6 +233,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			conn, next, err = r.claim(cctx, cur.ids())
 			cancel()
 		}
+		progressed := false // a batch was published and settled in this iteration
 		if cur != nil {
 			<-cur.done
 			if cur.res.brokerErr != nil {
@@ -241,6 +244,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 				nb = r.startPublish(bctx, conn, next, cur.res.heldKeys)
 			}
 			serr := r.finish(bctx, cur)
+			progressed = serr == nil
 			if serr != nil && nb != nil {
 				// The settle failed (its rows stay ready and are republished later); do not
 				// run ahead of it: finish what is in flight first.
@@ -262,9 +266,13 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			continue
 		}
 		if cur != nil && err == nil {
-			outage, poll = 0, r.cfg.PollMin
-			r.setHealth(healthOK, nil)
-			continue // work in flight: claim the next batch at once
+			// Work in flight: claim the next batch at once. Only a batch that went through
+			// ends an outage; one merely started (after a backoff) proves nothing yet.
+			if progressed {
+				outage, poll = 0, r.cfg.PollMin
+				r.setHealth(healthOK, nil)
+			}
+			continue
 		}
 		if cur != nil {
 			// An error with a batch in flight: finish it before backing off.
@@ -462,6 +470,12 @@ func (r *Relay) setHealth(h healthState, err error) {
 	prev := healthState(r.health.Swap(int32(h)))
 	if prev == h {
 		return
+	}
+	switch h {
+	case healthNATSDown:
+		r.natsDownSince.Store(time.Now().UnixNano())
+	case healthOK:
+		r.natsDownSince.Store(0)
 	}
 	switch {
 	case h == healthOK && prev == healthStarting:

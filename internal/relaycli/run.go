@@ -77,6 +77,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.Retention, "retention", "", 0, "keep published rows this long (0 deletes them at once)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
 	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
+	s.Duration(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "hand this relay's partitions to the others once JetStream has been unreachable from it this long; 0: never")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -109,6 +110,11 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	}
 	if len(s.Args()) > 0 {
 		return usageErr("unexpected arguments %q", s.Args())
+	}
+	if f.cfg.HandoverAfter == 0 {
+		f.cfg.HandoverAfter = -1 // never
+	} else if f.cfg.HandoverAfter < 0 {
+		return usageErr("invalid --handover-after: must not be negative (0 turns the handover off)")
 	}
 	// Zero would silently mean "the default" to relay.Config; on the command line it is a mistake.
 	for name, v := range map[string]int64{

@@ -1,0 +1,161 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// A relay that cannot reach JetStream while others can hands its partitions over after
+// HandoverAfter; their rows are published by the others; it rejoins when JetStream answers.
+func TestHandoverWhenOnlyThisRelayLosesJetStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
+	nc, err := testsvc.Connect("nats://" + proxy.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &recordLog{}
+	cfg := func(id string, log *slog.Logger) *Config {
+		return &Config{ID: id, Schema: e.db.Schema, Partitions: 4, LeaseInterval: 50 * time.Millisecond, HandoverAfter: 300 * time.Millisecond,
+			PublishTimeout: 200 * time.Millisecond, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: log}
+	}
+	cut, err := New(e.db.Pool, js, cfg("cut", slog.New(logs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cut.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cut.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testsvc.Eventually(t, 10*time.Second, "the first relay to hold all 4", func() bool { return len(cut.Partitions()) == 4 })
+	other := e.start(cfg("other", quietLogger()))
+	testsvc.Eventually(t, 10*time.Second, "2/2", func() bool { return len(cut.Partitions()) == 2 && len(other.Partitions()) == 2 })
+
+	proxy.cut()
+	msgs := make([]outbox.Message, 40)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Subject: "orders.created", Key: string(rune('a' + i%20))}
+	}
+	e.enqueue(msgs...)
+	testsvc.Eventually(t, 15*time.Second, "the other relay to hold all 4 and publish everything", func() bool {
+		return len(other.Partitions()) == 4 && e.count("true") == 0
+	})
+	if n := logs.countMsg(slog.LevelWarn, "JetStream unreachable from this relay: its partitions are handed over to the relays that can publish; it rejoins when JetStream answers"); n != 1 {
+		t.Fatalf("%d handover lines, want 1", n)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 40 {
+		t.Fatalf("stream holds %d, want 40", got)
+	}
+
+	proxy.restore(t)
+	testsvc.Eventually(t, 15*time.Second, "the relay to rejoin: 2/2 again", func() bool {
+		return len(cut.Partitions()) == 2 && len(other.Partitions()) == 2
+	})
+	if n := logs.countMsg(slog.LevelInfo, "JetStream answers again: rejoining the partition shares"); n != 1 {
+		t.Fatalf("%d rejoin lines, want 1", n)
+	}
+}
+
+// tcpProxy forwards connections to target until cut, which closes them all and stops
+// listening; restore listens on the same address again.
+type tcpProxy struct {
+	target, addr string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{target: target, addr: ln.Addr().String(), ln: ln}
+	go p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *tcpProxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) { _, _ = io.Copy(dst, src); dst.Close(); src.Close() }
+		go pipe(c, u)
+		go pipe(u, c)
+	}
+}
+
+func (p *tcpProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *tcpProxy) restore(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go p.serve(ln)
+}
+
+// While JetStream is down and rows wait, the relay reports the outage once (it does not flap
+// to healthy each time it starts a publish after a backoff), and once when it is over.
+func TestOutageIsOneStateChange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logs := &recordLog{}
+	r := e.start(&Config{PublishTimeout: 100 * time.Millisecond, PollMin: 5 * time.Millisecond,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: slog.New(logs)})
+	testsvc.Eventually(t, 10*time.Second, "the relay to run", func() bool { return r.Health() == "ok" })
+	e.nats.Stop()
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k"}, outbox.Message{Subject: "orders.created"})
+	time.Sleep(1500 * time.Millisecond) // several publish attempts and backoffs
+	if d, h := logs.countMsg(slog.LevelWarn, "relay degraded; backing off and retrying"), logs.countMsg(slog.LevelInfo, "relay healthy"); d != 1 || h != 0 {
+		t.Fatalf("during the outage: %d degraded and %d healthy lines, want 1 and 0", d, h)
+	}
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 15*time.Second, "the rows to be published", func() bool { return e.count("true") == 0 })
+	testsvc.Eventually(t, 5*time.Second, "one recovery line", func() bool { return logs.countMsg(slog.LevelInfo, "relay healthy") == 1 })
+}
