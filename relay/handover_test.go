@@ -159,3 +159,23 @@ func TestOutageIsOneStateChange(t *testing.T) {
 	testsvc.Eventually(t, 15*time.Second, "the rows to be published", func() bool { return e.count("true") == 0 })
 	testsvc.Eventually(t, 5*time.Second, "one recovery line", func() bool { return logs.countMsg(slog.LevelInfo, "relay healthy") == 1 })
 }
+
+// A relay whose outage backoff has grown long wakes as soon as its NATS connection is back.
+func TestOutageBackoffEndsWhenNATSReconnects(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.start(&Config{PublishTimeout: 100 * time.Millisecond, PollMin: 100 * time.Millisecond,
+		BackoffBase: time.Second, BackoffMax: time.Minute, DisableDoorbell: true})
+	testsvc.Eventually(t, 10*time.Second, "the relay to run", func() bool { return r.Health() == "ok" })
+	e.nats.Stop()
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	time.Sleep(4 * time.Second) // outage waits of 1s, 2s, then 4s and more
+	if err := e.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	testsvc.Eventually(t, 30*time.Second, "the row to be published", func() bool { return e.count("true") == 0 })
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("published %s after NATS came back, want within a few hundred ms of the reconnect", d)
+	}
+}

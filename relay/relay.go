@@ -298,11 +298,19 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			r.setHealth(classifyHealth(err), err)
 			wait = backoff(outage, r.cfg.PollMin*10, r.cfg.BackoffMax, r.cfg.BackoffJitter)
 		}
+		wasDown := !r.pub.Conn().IsConnected()
 		if r.sleep(ctx, wait) {
 			poll = r.cfg.PollMin // a doorbell: work is likely to follow
 		}
+		if wasDown && r.pub.Conn().IsConnected() {
+			outage = 0 // NATS reconnected: the backoff starts over (JetStream may need a moment)
+		}
 	}
 }
+
+// reconnectCheck is how often a relay sleeping with its NATS connection down looks whether it
+// is back.
+const reconnectCheck = 250 * time.Millisecond
 
 // claimTimeout bounds a claim (with its lease round): a connection that stops answering must
 // not hang the relay.
@@ -331,14 +339,21 @@ func (r *Relay) finish(ctx context.Context, b *inflight) error {
 func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	rounds := true
+	// A relay backing off from a NATS outage wakes as soon as its connection is back, rather
+	// than sleeping out a backoff that may have grown to BackoffMax.
+	nc := r.pub.Conn()
+	disconnected := !nc.IsConnected()
 	for {
 		wait := time.Until(deadline)
 		if wait <= 0 {
 			return false
 		}
-		round := false
+		round, check := false, false
 		if u := r.lease.untilRound(); rounds && u < wait {
 			wait, round = max(u, 0), true
+		}
+		if disconnected && wait > reconnectCheck {
+			wait, round, check = reconnectCheck, false, true
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -349,6 +364,12 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 			t.Stop()
 			return true
 		case <-t.C:
+		}
+		if disconnected && nc.IsConnected() {
+			return true
+		}
+		if check {
+			continue
 		}
 		if !round {
 			return false
