@@ -87,11 +87,13 @@ type Config struct {
 	// to 2s.
 	LeaseInterval time.Duration
 
-	// HandoverAfter: once JetStream has been unreachable from this relay this long, the relay
-	// hands its partitions to the relays that can still publish: it releases them and leaves
-	// the membership, then rejoins when JetStream answers it again (it asks every lease
-	// round). When JetStream is down for everyone, nobody publishes either way. Defaults to
-	// 10s; negative: never hand over.
+	// HandoverAfter: once this relay's own NATS connection has been down this long while it
+	// had messages to publish, the relay hands its partitions to the relays that can still
+	// publish: it releases them and leaves the membership, then rejoins when its connection
+	// is back and JetStream answers (it looks every lease round). A broker failing everyone
+	// with the connections up is no reason to hand over. It needs a connection that does not
+	// buffer publishes while it reconnects (nats.ReconnectBufSize(-1)); on any other, New
+	// turns it off. Defaults to 10s; negative: never hand over.
 	HandoverAfter time.Duration
 
 	// DoorbellSubject is the core NATS subject producers ring after a commit (see

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -20,7 +21,8 @@ func TestHandoverWhenOnlyThisRelayLosesJetStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
-	nc, err := testsvc.Connect("nats://" + proxy.addr)
+	// No reconnect buffer: the relay hands over only on such a connection.
+	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,18 +58,25 @@ func TestHandoverWhenOnlyThisRelayLosesJetStream(t *testing.T) {
 	testsvc.Eventually(t, 15*time.Second, "the other relay to hold all 4 and publish everything", func() bool {
 		return len(other.Partitions()) == 4 && e.count("true") == 0
 	})
-	if n := logs.countMsg(slog.LevelWarn, "JetStream unreachable from this relay: its partitions are handed over to the relays that can publish; it rejoins when JetStream answers"); n != 1 {
+	if n := logs.countMsg(slog.LevelWarn, "this relay's NATS connection is down: its partitions are handed over to the relays that can publish; it rejoins when the connection is back"); n != 1 {
 		t.Fatalf("%d handover lines, want 1", n)
 	}
 	if got := len(e.streamMsgs("ORDERS")); got != 40 {
 		t.Fatalf("stream holds %d, want 40", got)
+	}
+	if h := cut.Health(); h != "nats_unavailable" {
+		t.Fatalf("health of the relay that handed over = %q, want nats_unavailable (not ready)", h)
+	}
+	// A relay whose connection buffers publishes while reconnecting never hands over.
+	if h := e.relay(nil).Config().HandoverAfter; h >= 0 {
+		t.Fatalf("HandoverAfter = %s on a buffering connection, want off", h)
 	}
 
 	proxy.restore(t)
 	testsvc.Eventually(t, 15*time.Second, "the relay to rejoin: 2/2 again", func() bool {
 		return len(cut.Partitions()) == 2 && len(other.Partitions()) == 2
 	})
-	if n := logs.countMsg(slog.LevelInfo, "JetStream answers again: rejoining the partition shares"); n != 1 {
+	if n := logs.countMsg(slog.LevelInfo, "NATS is back: rejoining the partition shares"); n != 1 {
 		t.Fatalf("%d rejoin lines, want 1", n)
 	}
 }

@@ -109,6 +109,9 @@ func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 		return nil, nil, err
 	}
 	if len(l.held) == 0 {
+		if l.handedOver {
+			return nil, nil, errHandedOver
+		}
 		return nil, nil, ErrNoPartitions
 	}
 	return l.conn, l.held, nil
@@ -324,28 +327,40 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	return nil
 }
 
-// handoverLocked hands the relay's partitions over when JetStream has been unreachable from
-// it for Config.HandoverAfter (its partitions' messages would wait for it while other relays
-// can publish them), and rejoins once JetStream answers. It reports whether the relay is out
-// of the shares (the round is over).
+// errHandedOver: the relay handed its partitions over (its NATS connection is down).
+var errHandedOver = fmt.Errorf("%w: this relay's NATS connection is down; its partitions are handed over", ErrBrokerUnavailable)
+
+// handoverLocked hands the relay's partitions over when its own NATS connection has been down
+// for Config.HandoverAfter while it had messages to publish (their messages would wait for it
+// while other relays can publish them), and rejoins once the connection is back and
+// JetStream answers. A broker that fails everyone (JetStream down, a stream without quorum)
+// with the connection up is not a reason: handing over would only move the waiting. It
+// reports whether the relay is out of the shares (the round is over).
+//
+// Publishes made while the connection is down must fail rather than wait in the client's
+// reconnect buffer (nats.ReconnectBufSize(-1)): a buffered publish would reach the stream
+// when the connection comes back, possibly after the relays that took over have published
+// later messages of its key, and after the duplicate window. New refuses a handover
+// otherwise.
 func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 	cfg := l.r.cfg
 	if cfg.HandoverAfter < 0 || !l.joined {
 		return false, nil
 	}
+	nc := l.r.pub.Conn()
 	now := time.Now()
 	if l.handedOver {
 		l.nextRound = now.Add(cfg.LeaseInterval)
-		if !l.r.jetStreamAnswers(ctx) {
+		if !nc.IsConnected() || !l.r.jetStreamAnswers(ctx) {
 			return true, nil
 		}
 		l.handedOver = false
 		l.r.natsDownSince.Store(0)
-		l.r.log.Info("JetStream answers again: rejoining the partition shares")
+		l.r.log.Info("NATS is back: rejoining the partition shares")
 		return false, nil
 	}
 	since := l.r.natsDownSince.Load()
-	if since == 0 || now.Sub(time.Unix(0, since)) < cfg.HandoverAfter {
+	if since == 0 || nc.IsConnected() || now.Sub(time.Unix(0, since)) < cfg.HandoverAfter {
 		return false, nil
 	}
 	released := []int32{}
@@ -363,8 +378,8 @@ func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 	}
 	l.handedOver = true
 	l.nextRound = now.Add(cfg.LeaseInterval)
-	l.r.log.Warn("JetStream unreachable from this relay: its partitions are handed over to the relays that can publish; "+
-		"it rejoins when JetStream answers", "down_for", now.Sub(time.Unix(0, since)).Round(time.Millisecond).String(), "released", released)
+	l.r.log.Warn("this relay's NATS connection is down: its partitions are handed over to the relays that can publish; "+
+		"it rejoins when the connection is back", "down_for", now.Sub(time.Unix(0, since)).Round(time.Millisecond).String(), "released", released)
 	return true, nil
 }
 
@@ -372,8 +387,9 @@ func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 // its heartbeat is stale: a frozen (SIGSTOP) or hung relay would otherwise keep its partitions
 // until its session died, and their messages would wait. Its locks go with its session; the
 // partitions are free at the next round. If the relay comes back it finds its lease
-// connection gone and starts over, and what it publishes late is a duplicate that JetStream
-// drops (the new holder published those rows first, in order).
+// connection gone and starts over; a wave it was sending when it froze may still go out,
+// which the duplicate window absorbs if it comes back within it (and the consumer's dedup
+// table if not).
 func (l *leaser) fenceStaleLocked(ctx context.Context, members []store.RelayMember, heldBy map[int32]int) {
 	for _, m := range members {
 		if m.Alive || m.Instance == l.reg.Instance || heldBy[m.PID] == 0 {

@@ -347,14 +347,22 @@ func TestFrozenRelayIsFenced(t *testing.T) {
 	if len(frozen.Partitions()) != 4 {
 		t.Fatalf("the first relay holds %v, want all 4", frozen.Partitions())
 	}
-	// It never runs again; make its heartbeat stale (as 10 lease intervals, at least 30s, of
-	// silence would).
-	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_relays SET heartbeat_at = now() - interval '1 minute' WHERE relay_id LIKE '%/frozen'`); err != nil {
-		t.Fatal(err)
+	// It never runs again. Stale for a while (not alive, not yet fenced): the other relay
+	// waits. Then stale for long (30 lease intervals, at least 90s, of silence).
+	stale := func(ago string) {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_relays SET heartbeat_at = now() - $1::interval WHERE relay_id LIKE '%/frozen'`, ago); err != nil {
+			t.Fatal(err)
+		}
 	}
+	stale("1 minute")
 	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("waiting")})
 	logs := &recordLog{}
 	other := e.start(&Config{ID: "other", Partitions: 4, LeaseInterval: 50 * time.Millisecond, Logger: slog.New(logs)})
+	time.Sleep(300 * time.Millisecond) // several lease rounds
+	if n := len(other.Partitions()); n != 0 {
+		t.Fatalf("the other relay took %d partitions of a relay stale for only a minute", n)
+	}
+	stale("2 minutes")
 	testsvc.Eventually(t, 10*time.Second, "the other relay to take all 4", func() bool { return len(other.Partitions()) == 4 })
 	testsvc.Eventually(t, 10*time.Second, "the waiting row to be published", func() bool { return e.count("true") == 0 })
 	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {

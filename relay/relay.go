@@ -118,6 +118,12 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 	if r.m, err = newMetrics(c.Registerer); err != nil {
 		return nil, err
 	}
+	if c.HandoverAfter >= 0 && js.Conn().Opts.ReconnectBufSize != -1 {
+		// See leaser.handoverLocked: a publish buffered during a reconnect could reach the
+		// stream after the relays that took over published later messages of its key.
+		c.HandoverAfter = -1
+		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
+	}
 	r.lease = newLeaser(r)
 	return r, nil
 }
@@ -492,10 +498,9 @@ func (r *Relay) setHealth(h healthState, err error) {
 	if prev == h {
 		return
 	}
-	switch h {
-	case healthNATSDown:
+	if h == healthNATSDown {
 		r.natsDownSince.Store(time.Now().UnixNano())
-	case healthOK:
+	} else {
 		r.natsDownSince.Store(0)
 	}
 	switch {

@@ -71,19 +71,29 @@ func (r *Relay) CheckStreams(ctx context.Context) error {
 // streamsFor returns the configurations of the streams whose subjects overlap subj, and the
 // name of the one whose subjects cover all of subj ("" if none does).
 func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstream.StreamConfig, string, error) {
-	streams := make(map[string]jetstream.StreamConfig)
+	// STREAM.NAMES and STREAM.INFO, not STREAM.LIST: the permissions a relay is likely given.
+	names := r.js.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
+	var list []string
+	for n := range names.Name() {
+		list = append(list, n)
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, "", fmt.Errorf("relay: look up the streams for %q: %w", subj, err)
+	}
+	streams := make(map[string]jetstream.StreamConfig, len(list))
 	covering := ""
-	list := r.js.ListStreams(ctx, jetstream.WithStreamListSubject(subj))
-	for info := range list.Info() {
-		streams[info.Config.Name] = info.Config
-		for _, f := range info.Config.Subjects {
+	for _, n := range list {
+		s, err := r.js.Stream(ctx, n)
+		if err != nil {
+			return nil, "", fmt.Errorf("relay: stream %q: %w", n, err)
+		}
+		cfg := s.CachedInfo().Config
+		streams[n] = cfg
+		for _, f := range cfg.Subjects {
 			if covers(f, subj) {
-				covering = info.Config.Name
+				covering = n
 			}
 		}
-	}
-	if err := list.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
-		return nil, "", fmt.Errorf("relay: look up the streams for %q: %w", subj, err)
 	}
 	return streams, covering, nil
 }

@@ -6,7 +6,9 @@ import (
 	"time"
 )
 
-// Exponential is base·2^(n-1) times a random factor in [1-jitter, 1+jitter], capped at max:
+// Exponential is base·2^(n-1), capped at max, times a random factor in [1-jitter, 1+jitter];
+// a jittered delay above max is reflected below it, so that it never exceeds max and delays
+// at the cap stay as spread as the others:
 // the delay before attempt n+1 after n failures. The jitter spreads retries so that a
 // recovering broker or producer is not stormed.
 func Exponential(n int, base, max time.Duration, jitter float64) time.Duration {
@@ -14,8 +16,12 @@ func Exponential(n int, base, max time.Duration, jitter float64) time.Duration {
 	for i := 1; i < n && d < max; i++ {
 		d *= 2
 	}
+	d = min(d, max)
 	if jitter > 0 {
 		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
+		if d > max {
+			d = 2*max - d // reflected below the cap: delays at the cap stay spread
+		}
 	}
-	return min(d, max)
+	return d
 }

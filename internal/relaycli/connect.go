@@ -127,6 +127,9 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.RetryOnFailedConnect(true),
+		// Publishes fail while the connection is down instead of waiting in a buffer to go out
+		// late: the relay retries them itself, and may hand its partitions over meanwhile.
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)
