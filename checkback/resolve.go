@@ -372,44 +372,33 @@ func (c *CheckBack) record(ctx context.Context, r store.HalfRow, outcome, detail
 	res.Checks[outcome]++
 	mu.Unlock()
 	log := c.log.With("message_id", r.MessageID.String(), "group", r.Group, "check", r.CheckCount+1)
-	switch outcome {
-	case OutcomeCommit:
+	if outcome == OutcomeCommit || outcome == OutcomeRollback {
+		commit := outcome == OutcomeCommit
+		verb, result, done, answer, count := "roll back", "rolled_back", "rolled back", "ROLLBACK", &res.RolledBack
+		if commit {
+			verb, result, done, answer, count = "commit", "committed", "committed", "COMMIT", &res.Committed
+		}
+		// A transaction: a commit takes the key's lock and draws the message's new id.
 		var ok bool
 		var state string
 		err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 			var err error
-			ok, state, err = c.q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: r.MessageID, Commit: true,
+			ok, state, err = c.q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: r.MessageID, Commit: commit,
 				By: store.SettledByChecker, From: []string{store.StatePrepared}, CountCheck: true})
 			return err
 		})
 		if err != nil && !errors.Is(err, store.ErrNoRow) {
-			return fmt.Errorf("commit %s: %w", r.MessageID, err)
+			return fmt.Errorf("%s %s: %w", verb, r.MessageID, err)
 		}
-		if ok {
-			c.m.resolved.WithLabelValues("committed").Inc()
-			mu.Lock()
-			res.Committed++
-			mu.Unlock()
-			log.Info("half message committed: its checker answered COMMIT")
-		} else {
-			log.Debug("checker answered COMMIT but the message was settled meanwhile", "state", state)
+		if !ok {
+			log.Debug("checker answered "+answer+" but the message was settled meanwhile", "state", state)
+			return nil
 		}
-		return nil
-	case OutcomeRollback:
-		ok, state, err := c.q.SettleHalf(ctx, c.db, store.HalfSettle{MessageID: r.MessageID, Commit: false,
-			By: store.SettledByChecker, From: []string{store.StatePrepared}, CountCheck: true})
-		if err != nil && !errors.Is(err, store.ErrNoRow) {
-			return fmt.Errorf("roll back %s: %w", r.MessageID, err)
-		}
-		if ok {
-			c.m.resolved.WithLabelValues("rolled_back").Inc()
-			mu.Lock()
-			res.RolledBack++
-			mu.Unlock()
-			log.Info("half message rolled back: its checker answered ROLLBACK")
-		} else {
-			log.Debug("checker answered ROLLBACK but the message was settled meanwhile", "state", state)
-		}
+		c.m.resolved.WithLabelValues(result).Inc()
+		mu.Lock()
+		*count++
+		mu.Unlock()
+		log.Info("half message " + done + ": its checker answered " + answer)
 		return nil
 	}
 	n := int(r.CheckCount) + 1
