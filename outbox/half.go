@@ -209,7 +209,8 @@ func (c *Client) Prepare(ctx context.Context, db DBTX, msg Message, opts *Prepar
 func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return c.commit(ctx, tx, id) })
 	if err == nil {
-		c.Ring() // the message is ready: wake the relay instead of waiting for its poll
+		c.half.committed.Inc() // counted once its transaction committed
+		c.Ring()               // the message is ready: wake the relay instead of waiting for its poll
 	}
 	return err
 }
@@ -229,6 +230,9 @@ func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
 // ErrRolledBack: tx fails all the same. Call Client.Ring after tx commits.
 func (c *Client) CommitTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	err := c.commit(ctx, tx, id)
+	if err == nil {
+		c.half.committed.Inc() // tx may still roll back: the counter cannot know
+	}
 	if err == nil || errors.Is(err, ErrAlreadyCommitted) {
 		return err
 	}
@@ -249,7 +253,6 @@ func (c *Client) commit(ctx context.Context, tx DBTX, id uuid.UUID) error {
 	if !ok {
 		return settleError("commit", id, state, err)
 	}
-	c.half.committed.Inc()
 	return nil
 }
 
@@ -339,7 +342,7 @@ func newHalfMetrics(reg prometheus.Registerer) (*halfMetrics, error) {
 	}
 	m := &halfMetrics{
 		prepared:   counter("half_prepared_total", "Half messages prepared by this process."),
-		committed:  counter("half_committed_total", "Half messages this process committed (Commit, CommitTx, SendInTransaction)."),
+		committed:  counter("half_committed_total", "Half messages this process committed (Commit, SendInTransaction once their transaction committed; CommitTx when it succeeded, before the caller's transaction ends)."),
 		rolledBack: counter("half_rolled_back_total", "Half messages this process rolled back."),
 	}
 	if reg == nil {
