@@ -74,8 +74,16 @@ func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
 	if body, code := testsvc.HTTPGet(t, base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
-	if body, code := testsvc.HTTPGet(t, base+"/readyz"); code != 200 || body != "ok: ok, partitions held 8\n" {
-		t.Errorf("/readyz = %d %q", code, body)
+	// The rows are settled before the relay records its first round as done (health
+	// "starting" until then): give it that moment.
+	var ready string
+	var readyCode int
+	testsvc.Eventually(t, 5*time.Second, "/readyz", func() bool {
+		ready, readyCode = testsvc.HTTPGet(t, base+"/readyz")
+		return readyCode == 200
+	})
+	if ready != "ok: ok, partitions held 8\n" {
+		t.Errorf("/readyz = %d %q", readyCode, ready)
 	}
 	if body, code := testsvc.HTTPGet(t, base+"/"); code != 200 || !strings.Contains(body, "relay-m") || !strings.Contains(body, "nowhere.at.all") {
 		t.Errorf("status page = %d, lacks the relay or the dead row's subject", code)
