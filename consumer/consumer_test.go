@@ -966,31 +966,3 @@ func TestDeadLetterTooBigForItsStream(t *testing.T) {
 		t.Fatalf("dead letters: %d, want one without its payload", len(dead))
 	}
 }
-
-// Idempotency keys are used exactly as they arrive: business keys that differ only in white
-// space at an end (NATS carries Unicode white space such as NBSP or U+3000 there; the outbox
-// producer refuses such keys, other publishers may not) are different business events, and
-// each runs its handler once.
-func TestIdempotencyKeysAreByteExact(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	h := func(ctx context.Context, tx pgx.Tx, msg Message) error { return recordEffect(ctx, tx, msg) }
-	keys := []string{"order-1", "order-1\u00a0", "\u00a0order-1", "order-1\u3000", "\u2003", "order-1\u200a"}
-	for _, k := range keys {
-		e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID()}, outbox.HeaderBizKey: {k}}, k)
-	}
-	c := e.newConsumer(nil, nil, h)
-	e.run(c)
-	e.waitEffects(len(keys))
-	for _, k := range keys {
-		if n := e.effectsOf(k); n != 1 {
-			t.Errorf("business key %q: %d effects, want 1", k, n)
-		}
-	}
-	if d := c.Stats().Duplicates.Load(); d != 0 {
-		t.Errorf("duplicates: %d, want 0 (the keys are all different)", d)
-	}
-	if m := c.Stats().Malformed.Load(); m != 0 {
-		t.Errorf("malformed: %d, want 0 (a white-space key from another publisher is still a key)", m)
-	}
-}

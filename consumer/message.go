@@ -19,9 +19,8 @@ type Message struct {
 	// Data is the payload.
 	Data []byte
 	// Headers are all the message's headers: the producer's own (traceparent and the like)
-	// and those the relay sets (Nats-Msg-Id, Txoutbox-Key, Txoutbox-Biz-Key). Names and
-	// values are exactly as the producer wrote them (names are case-sensitive); nothing is
-	// trimmed or normalised, here or in ID, Key, BizKey and IdempotencyKey.
+	// and those the relay sets (Nats-Msg-Id, Txoutbox-Key, Txoutbox-Biz-Key). Header names
+	// are case-sensitive, as the producer wrote them.
 	Headers nats.Header
 
 	// ID is the Nats-Msg-Id header: the outbox message id for messages published by the relay.
@@ -101,12 +100,11 @@ func single(h nats.Header, name string) (string, error) {
 			return "", fmt.Errorf("%w: header %s has %d different values", ErrMalformed, name, len(vals))
 		}
 	}
-	// Used exactly as it arrived: trimming would make two business keys that differ only in
-	// white space one key, and the second event a "duplicate" whose handler never runs.
-	if vals[0] == "" {
+	v := strings.TrimSpace(vals[0])
+	if v == "" {
 		return "", fmt.Errorf("%w: header %s is empty", ErrMalformed, name)
 	}
-	return vals[0], nil
+	return v, nil
 }
 
 // PermanentError marks a handler error that no retry can fix: the message goes to the

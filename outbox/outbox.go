@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,20 +175,27 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	if err := ValidateSubject(m.Subject); err != nil {
 		return fail(ErrInvalidSubject, strings.TrimPrefix(err.Error(), ErrInvalidSubject.Error()+": "))
 	}
-	if p := keyProblem(m.Key); p != "" {
-		return fail(ErrInvalidKey, "Key "+p)
+	if len(m.Key) > MaxKeyLength {
+		return fail(ErrInvalidKey, fmt.Sprintf("key is %d bytes, the limit is %d", len(m.Key), MaxKeyLength))
 	}
-	if p := keyProblem(m.BizKey); p != "" {
-		return fail(ErrInvalidKey, "BizKey "+p)
+	if strings.ContainsAny(m.Key, "\x00\r\n") || !utf8.ValidString(m.Key) {
+		return fail(ErrInvalidKey, "key contains NUL, CR, LF or invalid UTF-8")
 	}
-	hlines, p := headerLines(m.Headers)
-	if p != "" {
-		return fail(ErrInvalidHeader, p)
+	if strings.ContainsAny(m.BizKey, "\x00\r\n") || !utf8.ValidString(m.BizKey) || len(m.BizKey) > MaxKeyLength {
+		return fail(ErrInvalidHeader, fmt.Sprintf("BizKey must be valid UTF-8 without NUL, CR or LF, at most %d bytes", MaxKeyLength))
 	}
-	if hsize := headerBlockSize(m, hlines); hsize > MaxHeaderBytes {
-		return fail(ErrMessageTooLarge, fmt.Sprintf("the header block is %d bytes on the wire (the relay's headers included), over JetStream's limit of %d bytes",
-			hsize, MaxHeaderBytes))
-	} else if size := len(m.Payload) + hsize; size > c.cfg.MaxMessageBytes {
+	hsize, err := validateHeaders(m.Headers)
+	if err != nil {
+		return fail(ErrInvalidHeader, strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
+	}
+	for name, values := range m.Headers {
+		for _, v := range values {
+			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+				return fail(ErrInvalidHeader, fmt.Sprintf("value of %q contains a NUL byte or invalid UTF-8", name))
+			}
+		}
+	}
+	if size := encodedSize(m, hsize); size > c.cfg.MaxMessageBytes {
 		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",
 			len(m.Payload), size, c.cfg.MaxMessageBytes))
 	}
@@ -207,7 +215,6 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 		if m.BizKey != "" {
 			h[HeaderBizKey] = []string{m.BizKey}
 		}
-		var err error
 		if hdr, err = json.Marshal(h); err != nil {
 			return store.NewRow{}, fmt.Errorf("outbox: encode headers: %w", err)
 		}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -13,21 +12,17 @@ import (
 // Validation sentinels. Every error EnqueueTx returns for a bad message wraps one of these
 // (test with errors.Is) inside a *MessageError that says which message and what was wrong.
 var (
-	// ErrInvalidSubject: empty, whitespace, an empty token, a wildcard token (* or >), a first
-	// token reserved for NATS itself ($JS, $JSC, $SYS, $NRG), or too long.
+	// ErrInvalidSubject: empty, whitespace, an empty token, a wildcard token (* or >), or too long.
 	ErrInvalidSubject = errors.New("invalid subject")
 	// ErrMessageTooLarge: payload plus headers (as NATS counts them, including the headers the
-	// relay adds) exceed Config.MaxMessageBytes, or the header block alone exceeds
-	// MaxHeaderBytes.
+	// relay adds) exceed Config.MaxMessageBytes.
 	ErrMessageTooLarge = errors.New("message too large")
-	// ErrInvalidHeader: a header name that is not an RFC 7230 token or has no value, a value
-	// that would not arrive as given (see ValidateHeaderValue), or a reserved name (see
-	// ReservedHeader).
+	// ErrInvalidHeader: a header name that is not an RFC 7230 token, a value with CR or LF, or
+	// a header the relay owns (Nats-Msg-Id, Txoutbox-Key).
 	ErrInvalidHeader = errors.New("invalid header")
 	// ErrDuplicateID: two messages of one call share an id, or the id is already in the outbox.
 	ErrDuplicateID = errors.New("duplicate message id")
-	// ErrInvalidKey: a Key or BizKey that would not arrive as given (see ValidateKey) or is
-	// longer than MaxKeyLength.
+	// ErrInvalidKey: an ordering key that is too long or holds a NUL byte.
 	ErrInvalidKey = errors.New("invalid key")
 )
 
@@ -71,15 +66,6 @@ const (
 	MaxKeyLength     = 1024
 )
 
-// MaxHeaderBytes is the largest header block JetStream stores (the server refuses a longer one
-// with "header size exceeds maximum allowed", whatever max_payload says): "NATS/1.0\r\n", one
-// "Name: value\r\n" line per value, the relay's own headers and the final "\r\n".
-const MaxHeaderBytes = 65535
-
-// reservedSubjectTokens are first subject tokens that belong to NATS itself: a message there
-// would be a JetStream API call, an ack or a system request made with the relay's credentials.
-var reservedSubjectTokens = []string{"$JS", "$JSC", "$SYS", "$NRG"}
-
 // ValidateSubject reports whether s is a valid NATS publish subject: non-empty, at most
 // MaxSubjectLength bytes, no whitespace or control characters, no empty token (leading,
 // trailing or doubled dots) and no wildcard token (* or >).
@@ -105,13 +91,6 @@ func ValidateSubject(s string) error {
 			return fmt.Errorf("%w: token %d is empty", ErrInvalidSubject, i+1)
 		case "*", ">":
 			return fmt.Errorf("%w: token %d is the wildcard %q; publish subjects must be literal", ErrInvalidSubject, i+1, tok)
-		}
-		if i == 0 {
-			for _, r := range reservedSubjectTokens {
-				if strings.EqualFold(tok, r) {
-					return fmt.Errorf("%w: subjects starting with %q are reserved for NATS itself", ErrInvalidSubject, r+".")
-				}
-			}
 		}
 	}
 	return nil
@@ -149,111 +128,30 @@ func validHeaderName(name string) bool {
 	return true
 }
 
-// ReservedHeader reports whether a producer may not set the header name, and why. Header
-// names are compared without regard to case. Reserved are:
-//   - every name starting with "Nats-": NATS's own namespace, where JetStream reads
-//     publish-time controls (Nats-Expected-*, Nats-Rollup, Nats-TTL, Nats-Incr, Nats-Batch-*,
-//     Nats-Schedule*, Nats-Trace-Dest, …) and refuses or acts on what it finds; Nats-Msg-Id
-//     is the message id (set Message.ID);
-//   - every name starting with "Txoutbox-": txoutbox's own (Txoutbox-Key is Message.Key,
-//     Txoutbox-Biz-Key is Message.BizKey, Txoutbox-Dead-* are set on dead letters);
-//   - Status and Description: nats.go reads a message with an empty payload and a Status
-//     header as a server status message, and never delivers it.
-func ReservedHeader(name string) (reason string, reserved bool) {
-	switch {
-	case strings.EqualFold(name, HeaderMsgID):
-		return HeaderMsgID + " is set by the relay to the message id; set Message.ID instead", true
-	case strings.EqualFold(name, HeaderKey):
-		return HeaderKey + " is set by the relay; set Message.Key instead", true
-	case strings.EqualFold(name, HeaderBizKey):
-		return HeaderBizKey + " is set from Message.BizKey; set that instead", true
-	case hasPrefixFold(name, "Nats-"):
-		return "names starting with Nats- belong to NATS (JetStream reads them as publish controls)", true
-	case hasPrefixFold(name, "Txoutbox-"):
-		return "names starting with Txoutbox- belong to txoutbox", true
-	case strings.EqualFold(name, "Status"), strings.EqualFold(name, "Description"):
-		return "Status and Description are NATS status headers (a consumer would drop the message as a status message)", true
-	}
-	return "", false
-}
-
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
-}
-
-// ValidateKey reports whether k (a Message.Key or BizKey) reaches a consumer exactly as given:
-// valid UTF-8, no control character (C0, DEL or C1), no white space (ASCII or Unicode, such
-// as NBSP) at either end, and at most MaxKeyLength bytes. White space at the ends would be
-// lost on the wire (NATS trims header values), so two keys differing only there would become
-// one; such keys, and keys of white space only, are refused. The empty key means "none".
-func ValidateKey(k string) error {
-	if p := keyProblem(k); p != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidKey, p)
-	}
-	return nil
-}
-
-// ValidateHeaderValue reports whether v reaches a consumer exactly as given: valid UTF-8, no
-// control character but a tab inside the value, and no white space (ASCII or Unicode) at
-// either end. The empty value is valid.
-func ValidateHeaderValue(v string) error {
-	if p := textProblem(v, true); p != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidHeader, p)
-	}
-	return nil
-}
-
-func keyProblem(k string) string {
-	if len(k) > MaxKeyLength {
-		return fmt.Sprintf("%d bytes, the limit is %d", len(k), MaxKeyLength)
-	}
-	return textProblem(k, false)
-}
-
-// textProblem is the rule keys and header values share; it says what is wrong, or "".
-func textProblem(s string, innerTab bool) string {
-	if !utf8.ValidString(s) {
-		return "not valid UTF-8"
-	}
-	for i, r := range s {
-		if unicode.IsControl(r) && !(innerTab && r == '\t' && i > 0 && i < len(s)-1) {
-			return fmt.Sprintf("control character %U at byte %d", r, i)
-		}
-	}
-	if first, _ := utf8.DecodeRuneInString(s); s != "" && isSpace(first) {
-		return fmt.Sprintf("begins with white space (%U), which NATS does not carry", first)
-	}
-	if last, _ := utf8.DecodeLastRuneInString(s); s != "" && isSpace(last) {
-		return fmt.Sprintf("ends with white space (%U), which NATS does not carry", last)
-	}
-	return ""
-}
-
-// isSpace is Unicode's White_Space property, plus the zero width no-break space (U+FEFF,
-// which trimming code in other languages strips).
-func isSpace(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' }
-
-// headerLines checks names and values and returns the size of their lines as NATS encodes
-// them ("Name: value\r\n" per value), or what is wrong.
-func headerLines(h map[string][]string) (size int, problem string) {
+// validateHeaders checks names and values and returns the encoded size NATS will count:
+// "NATS/1.0\r\n" + "Name: value\r\n" per value + "\r\n".
+func validateHeaders(h map[string][]string) (int, error) {
+	size := 0
 	for name, values := range h {
 		if !validHeaderName(name) {
-			return 0, fmt.Sprintf("name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+			return 0, fmt.Errorf("%w: name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, name)
 		}
-		if reason, reserved := ReservedHeader(name); reserved {
-			return 0, fmt.Sprintf("%q is reserved: %s", name, reason)
+		switch {
+		case strings.EqualFold(name, HeaderMsgID):
+			return 0, fmt.Errorf("%w: %s is set by the relay to the message id; set Message.ID instead", ErrInvalidHeader, HeaderMsgID)
+		case strings.EqualFold(name, HeaderKey):
+			return 0, fmt.Errorf("%w: %s is set by the relay; set Message.Key instead", ErrInvalidHeader, HeaderKey)
+		case strings.EqualFold(name, HeaderBizKey):
+			return 0, fmt.Errorf("%w: %s is set from Message.BizKey; set that instead", ErrInvalidHeader, HeaderBizKey)
 		}
-		if len(values) == 0 {
-			return 0, fmt.Sprintf("%q has no value (it would not arrive at all)", name)
-		}
-		for j, v := range values {
-			if p := textProblem(v, true); p != "" {
-				return 0, fmt.Sprintf("value %d of %q: %s", j+1, name, p)
+		for _, v := range values {
+			if strings.ContainsAny(v, "\r\n") {
+				return 0, fmt.Errorf("%w: value of %q contains CR or LF", ErrInvalidHeader, name)
 			}
 			size += len(name) + 2 + len(v) + 2
 		}
 	}
-	return size, ""
+	return size, nil
 }
 
 // headerOverhead is what a header block costs beyond its lines: "NATS/1.0\r\n" and the final "\r\n".
@@ -272,19 +170,12 @@ func relayHeaderSize(key string) int {
 // EncodedSize is the size NATS counts against max_payload for a message once the relay has
 // added its headers: payload plus the encoded header block.
 func EncodedSize(m *Message) int {
-	hs, _ := headerLines(m.Headers)
-	return len(m.Payload) + headerBlockSize(m, hs)
+	hs, _ := validateHeaders(m.Headers)
+	return encodedSize(m, hs)
 }
 
-// HeaderSize is the size of the message's header block on the wire once the relay has added
-// its headers; JetStream refuses one over MaxHeaderBytes.
-func HeaderSize(m *Message) int {
-	hs, _ := headerLines(m.Headers)
-	return headerBlockSize(m, hs)
-}
-
-func headerBlockSize(m *Message, headerLines int) int {
-	n := headerOverhead + headerLines + relayHeaderSize(m.Key)
+func encodedSize(m *Message, headerLines int) int {
+	n := len(m.Payload) + headerOverhead + headerLines + relayHeaderSize(m.Key)
 	if m.BizKey != "" {
 		n += len(HeaderBizKey) + 2 + len(m.BizKey) + 2
 	}
