@@ -90,6 +90,17 @@ const (
 // the whole message is below max_payload.
 const MaxHeaderBytes = 65535
 
+// What else nats-server (its client parser and stream.go's processJetStreamMsg) refuses for a
+// message by itself under default limits, and how each is closed:
+//   - payload plus header block over max_payload or the stream's max_msg_size: Config.MaxMessageBytes;
+//   - a file store record over 32 MiB: Config.MaxMessageBytes is at most MaxMessageBytesLimit;
+//   - headers the server interprets or strips (Nats-Expected-*, Nats-Rollup, Nats-TTL,
+//     Nats-Incr, Nats-Batch-*, Nats-Schedule*, Nats-Request-Info, …): all of Nats-* is reserved;
+//   - the protocol line (max_control_line, 4096 bytes) holds the subject (at most
+//     MaxSubjectLength), the relay's reply inbox (about 40 bytes: it sets no inbox prefix)
+//     and two numbers, so it cannot reach the limit; the file store keeps subject lengths in
+//     16 bits, far above MaxSubjectLength.
+
 // reservedSubjectTokens are the first subject tokens of NATS's own subjects: the JetStream
 // API and its internals, the system account, and the Raft groups of a cluster. A message
 // published there is a request to the server, made with the relay's credentials.
