@@ -12,7 +12,9 @@
 // The idempotency key is the producer's business key (the Txoutbox-Biz-Key header, set by
 // outbox.Message.BizKey) when there is one, else the message id (Nats-Msg-Id, the outbox
 // message id the relay publishes). The business key also catches the same business event
-// enqueued twice under two message ids.
+// enqueued twice under two message ids. Keys, like everything else of a message, are used
+// byte for byte as they arrived, never trimmed or normalised: two keys that differ in any byte
+// are two keys. An empty one is malformed.
 //
 // A handler error rolls the transaction back (the dedup row with it) and naks the message with
 // an exponential, jittered delay; after Config.MaxDeliveries attempts, or at once for a

@@ -12,7 +12,10 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// Message is a delivered message as the handler sees it.
+// Message is a delivered message as the handler sees it. Every field is byte-exact: the
+// consumer never trims or normalises what arrived. For a message enqueued with package outbox,
+// Subject, Data, Key, BizKey and every header name and value are exactly what the producer gave
+// (the producer refuses, at enqueue, anything NATS would not carry exactly).
 type Message struct {
 	// Subject is the subject the message was published on.
 	Subject string
@@ -20,7 +23,8 @@ type Message struct {
 	Data []byte
 	// Headers are all the message's headers: the producer's own (traceparent and the like)
 	// and those the relay sets (Nats-Msg-Id, Txoutbox-Key, Txoutbox-Biz-Key). Header names
-	// are case-sensitive, as the producer wrote them.
+	// are case-sensitive, as the producer wrote them (names differing only in case are two
+	// headers); a name's values are in the producer's order; an empty value arrives empty.
 	Headers nats.Header
 
 	// ID is the Nats-Msg-Id header: the outbox message id for messages published by the relay.
@@ -29,7 +33,8 @@ type Message struct {
 	Key string
 	// BizKey is the producer's business idempotency key (Txoutbox-Biz-Key), or "".
 	BizKey string
-	// IdempotencyKey is what the dedup table records: BizKey when set, else ID.
+	// IdempotencyKey is what the dedup table records: BizKey when set, else ID, byte for
+	// byte: keys differing in any byte (white space included) are two keys.
 	IdempotencyKey string
 
 	// Stream and StreamSeq locate the message in JetStream.
@@ -43,8 +48,9 @@ type Message struct {
 }
 
 // ErrMalformed is wrapped by the errors of messages that cannot be decoded: no idempotency key
-// (neither Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous or invalid one, or no JetStream
-// metadata. Such messages go to the dead-letter subject at once.
+// (neither Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous one (several different values), an
+// empty Nats-Msg-Id, Txoutbox-Key or Txoutbox-Biz-Key, one PostgreSQL cannot store, or no
+// JetStream metadata. Such messages go to the dead-letter subject at once.
 var ErrMalformed = errors.New("consumer: malformed message")
 
 // MaxIdempotencyKeyLength bounds the idempotency key (it is stored in a btree index).
@@ -89,7 +95,8 @@ func decode(raw jetstream.Msg) (Message, error) {
 	return m, nil
 }
 
-// single returns the only value of header name; several different values are ambiguous.
+// single returns the only value of header name, exactly as it arrived; several different
+// values are ambiguous, and an empty one is malformed.
 func single(h nats.Header, name string) (string, error) {
 	vals := h.Values(name)
 	if len(vals) == 0 {
@@ -100,7 +107,9 @@ func single(h nats.Header, name string) (string, error) {
 			return "", fmt.Errorf("%w: header %s has %d different values", ErrMalformed, name, len(vals))
 		}
 	}
-	v := strings.TrimSpace(vals[0])
+	// Byte-exact: never trimmed nor normalised, so that "order-1" and "order-1 " stay two
+	// keys (the producer refuses the second one; another publisher may send it).
+	v := vals[0]
 	if v == "" {
 		return "", fmt.Errorf("%w: header %s is empty", ErrMalformed, name)
 	}

@@ -11,6 +11,13 @@
 //	if err != nil { _ = tx.Rollback(ctx); return err }
 //	if err := tx.Commit(ctx); err != nil { return err }
 //	client.Ring() // optional: wake the relay now instead of at its next poll
+//
+// EnqueueTx and Prepare accept a message only if JetStream can store it under the server's
+// default limits and the consumer receives it exactly as it was given: subject, Key, BizKey,
+// header names (with their case) and values (several per name, in order) and payload arrive
+// byte for byte. Anything the wire would drop, change, refuse or act on is refused at enqueue
+// with a *MessageError (see the Err* sentinels, ValidateSubject, ValidateKey,
+// ValidateHeaderValue, IsReservedHeader, MaxHeaderBytes), never normalised on the way.
 package outbox
 
 import (
@@ -18,7 +25,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +34,11 @@ import (
 
 // DefaultMaxMessageBytes is NATS's default max_payload (1 MiB), which counts headers too.
 const DefaultMaxMessageBytes = 1 << 20
+
+// MaxMessageBytesLimit is the largest Config.MaxMessageBytes: JetStream's file store refuses a
+// message record over 32 MiB, and a record holds, besides payload and headers, 34 bytes of
+// framing and the subject (at most MaxSubjectLength bytes).
+const MaxMessageBytesLimit = 32<<20 - 34 - MaxSubjectLength
 
 // DefaultSchema is the Postgres schema used when Config.Schema is empty.
 const DefaultSchema = "public"
@@ -39,7 +50,8 @@ type Config struct {
 
 	// MaxMessageBytes bounds payload plus headers, counted as NATS counts them (including the
 	// headers the relay adds). Keep it at or below the NATS server's max_payload and the
-	// stream's max_msg_size. Defaults to DefaultMaxMessageBytes (1 MiB).
+	// stream's max_msg_size. Defaults to DefaultMaxMessageBytes (1 MiB); at least 1024, at
+	// most MaxMessageBytesLimit. The header block alone is bounded by MaxHeaderBytes.
 	MaxMessageBytes int
 
 	// Doorbell, when set, is rung by Client.Ring to wake the relay right after a commit.
@@ -71,8 +83,8 @@ func (c *Config) validate() error {
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return fmt.Errorf("outbox: Config.Schema: %w", err)
 	}
-	if c.MaxMessageBytes < 1024 {
-		return fmt.Errorf("outbox: Config.MaxMessageBytes must be at least 1024, got %d", c.MaxMessageBytes)
+	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > MaxMessageBytesLimit {
+		return fmt.Errorf("outbox: Config.MaxMessageBytes must be between 1024 and %d (what JetStream's file store keeps), got %d", MaxMessageBytesLimit, c.MaxMessageBytes)
 	}
 	return nil
 }
@@ -108,13 +120,19 @@ type Message struct {
 	Subject string
 	// Key, when set, orders messages: messages of one key reach JetStream in commit order and
 	// a message that cannot be published holds back the later messages of its key only.
-	// Typically an aggregate id. Sent as the Txoutbox-Key header.
+	// Typically an aggregate id. Sent as the Txoutbox-Key header. It must pass ValidateKey
+	// (no control characters, no white space at either end, at most MaxKeyLength bytes).
 	Key string
 	// BizKey is an optional business idempotency key (for example "order:42:created"). When
-	// set, idempotent consumers deduplicate on it instead of the message id. Sent as the
-	// Txoutbox-Biz-Key header.
+	// set, idempotent consumers deduplicate on it instead of the message id, byte for byte:
+	// two BizKeys that differ in any byte are two events. Sent as the Txoutbox-Biz-Key header.
+	// It must pass ValidateKey, as Key.
 	BizKey string
-	// Headers are sent with the message. A traceparent header travels as it is.
+	// Headers are sent with the message and arrive exactly as given: names with their case
+	// (names differing only in case are distinct headers), every value of a name in order, an
+	// empty value as empty. Names must be RFC 7230 tokens, not reserved (IsReservedHeader:
+	// Nats-*, Txoutbox-*, Status, Description), with at least one value each; values must pass
+	// ValidateHeaderValue. A traceparent header travels as it is.
 	Headers map[string][]string
 	// Payload is the message body.
 	Payload []byte
@@ -126,8 +144,10 @@ type DBTX = store.DBTX
 // EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
 // is written: if one message is invalid, none is written and the error (a *MessageError
-// wrapping ErrInvalidSubject, ErrMessageTooLarge, ErrInvalidHeader, ErrInvalidKey or
-// ErrDuplicateID) names the message. It returns the message ids in the order of msgs.
+// wrapping ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
+// ErrInvalidKey or ErrDuplicateID) names the message. A message it accepts can be stored by
+// JetStream under the server's default limits and reaches the consumer byte for byte (see
+// the package documentation). It returns the message ids in the order of msgs.
 //
 // A keyed message takes a transaction-scoped advisory lock on its key before its row id is
 // drawn, so concurrent transactions enqueueing one key serialise and, for one key, id order
@@ -175,33 +195,28 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	if err := ValidateSubject(m.Subject); err != nil {
 		return fail(ErrInvalidSubject, strings.TrimPrefix(err.Error(), ErrInvalidSubject.Error()+": "))
 	}
-	if len(m.Key) > MaxKeyLength {
-		return fail(ErrInvalidKey, fmt.Sprintf("key is %d bytes, the limit is %d", len(m.Key), MaxKeyLength))
+	if what := checkKey(m.Key); what != "" {
+		return fail(ErrInvalidKey, "Key "+what)
 	}
-	if strings.ContainsAny(m.Key, "\x00\r\n") || !utf8.ValidString(m.Key) {
-		return fail(ErrInvalidKey, "key contains NUL, CR, LF or invalid UTF-8")
+	if what := checkKey(m.BizKey); what != "" {
+		return fail(ErrInvalidKey, "BizKey "+what)
 	}
-	if strings.ContainsAny(m.BizKey, "\x00\r\n") || !utf8.ValidString(m.BizKey) || len(m.BizKey) > MaxKeyLength {
-		return fail(ErrInvalidHeader, fmt.Sprintf("BizKey must be valid UTF-8 without NUL, CR or LF, at most %d bytes", MaxKeyLength))
+	hsize, what := validateHeaders(m.Headers)
+	if what != "" {
+		return fail(ErrInvalidHeader, what)
 	}
-	hsize, err := validateHeaders(m.Headers)
-	if err != nil {
-		return fail(ErrInvalidHeader, strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
+	block := headerOverhead + hsize + relayHeaderSize(m)
+	if block > MaxHeaderBytes {
+		return fail(ErrHeadersTooLarge, fmt.Sprintf("the header block NATS stores (the headers, the relay's %s, %s and %s, and framing) is %d bytes, the limit is %d bytes (nats-server refuses a larger header block whatever the payload)",
+			HeaderMsgID, HeaderKey, HeaderBizKey, block, MaxHeaderBytes))
 	}
-	for name, values := range m.Headers {
-		for _, v := range values {
-			if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
-				return fail(ErrInvalidHeader, fmt.Sprintf("value of %q contains a NUL byte or invalid UTF-8", name))
-			}
-		}
-	}
-	if size := encodedSize(m, hsize); size > c.cfg.MaxMessageBytes {
+	if size := len(m.Payload) + block; size > c.cfg.MaxMessageBytes {
 		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",
 			len(m.Payload), size, c.cfg.MaxMessageBytes))
 	}
 	id := m.ID
+	var err error
 	if id == uuid.Nil {
-		var err error
 		if id, err = uuid.NewV7(); err != nil {
 			return store.NewRow{}, fmt.Errorf("outbox: new message id: %w", err)
 		}

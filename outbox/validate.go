@@ -3,26 +3,42 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
 
-// Validation sentinels. Every error EnqueueTx returns for a bad message wraps one of these
-// (test with errors.Is) inside a *MessageError that says which message and what was wrong.
+// Validation sentinels. Every error EnqueueTx and Prepare return for a bad message wraps one of
+// these (test with errors.Is) inside a *MessageError that says which message and what was wrong.
+//
+// The rule behind them: a message is accepted only if JetStream stores it under the server's
+// default limits and the consumer receives its subject, key, business key, header names and
+// values and payload exactly as they were given, byte for byte. What the wire would drop,
+// change, refuse or act on is refused here, never normalised on the way.
 var (
-	// ErrInvalidSubject: empty, whitespace, an empty token, a wildcard token (* or >), or too long.
+	// ErrInvalidSubject: empty, white space or a control character, invalid UTF-8, an empty
+	// token, a wildcard token (* or >), too long, or a first token reserved for NATS ($JS,
+	// $JSC, $SYS, $NRG).
 	ErrInvalidSubject = errors.New("invalid subject")
 	// ErrMessageTooLarge: payload plus headers (as NATS counts them, including the headers the
-	// relay adds) exceed Config.MaxMessageBytes.
+	// relay adds) exceed Config.MaxMessageBytes. ErrHeadersTooLarge wraps it.
 	ErrMessageTooLarge = errors.New("message too large")
-	// ErrInvalidHeader: a header name that is not an RFC 7230 token, a value with CR or LF, or
-	// a header the relay owns (Nats-Msg-Id, Txoutbox-Key).
+	// ErrHeadersTooLarge: the header block NATS stores (the message's headers plus the
+	// relay's, see HeaderBlockSize) exceeds MaxHeaderBytes, whatever the payload. It wraps
+	// ErrMessageTooLarge, so errors.Is(err, ErrMessageTooLarge) holds for it too.
+	ErrHeadersTooLarge = fmt.Errorf("%w: header block too large", ErrMessageTooLarge)
+	// ErrInvalidHeader: a header name that is not an RFC 7230 token or is reserved (see
+	// IsReservedHeader), a name with no value, or a value that is not valid UTF-8, holds a
+	// control character other than a tab inside it, or begins or ends with white space (see
+	// ValidateHeaderValue).
 	ErrInvalidHeader = errors.New("invalid header")
 	// ErrDuplicateID: two messages of one call share an id, or the id is already in the outbox.
 	ErrDuplicateID = errors.New("duplicate message id")
-	// ErrInvalidKey: an ordering key that is too long or holds a NUL byte.
+	// ErrInvalidKey: a Key or BizKey that is too long, not valid UTF-8, holds a control
+	// character, or begins or ends with white space (see ValidateKey).
 	ErrInvalidKey = errors.New("invalid key")
 )
 
@@ -60,15 +76,41 @@ const (
 	HeaderBizKey = "Txoutbox-Biz-Key"
 )
 
-// MaxSubjectLength and MaxKeyLength bound subjects and keys.
+// MaxSubjectLength and MaxKeyLength bound subjects and keys (Key and BizKey), in bytes.
 const (
 	MaxSubjectLength = 1024
 	MaxKeyLength     = 1024
 )
 
+// MaxHeaderBytes bounds the header block of a message as NATS stores it: "NATS/1.0\r\n", one
+// "Name: value\r\n" line per value (the message's headers and the relay's Nats-Msg-Id,
+// Txoutbox-Key and Txoutbox-Biz-Key) and a final "\r\n". nats-server refuses to store a
+// message whose header block is longer than math.MaxUint16 bytes
+// (JSStreamHeaderExceedsMaximumErr, "header size exceeds maximum allowed of 64k"), even when
+// the whole message is below max_payload.
+const MaxHeaderBytes = 65535
+
+// What else nats-server (its client parser and stream.go's processJetStreamMsg) refuses for a
+// message by itself under default limits, and how each is closed:
+//   - payload plus header block over max_payload or the stream's max_msg_size: Config.MaxMessageBytes;
+//   - a file store record over 32 MiB: Config.MaxMessageBytes is at most MaxMessageBytesLimit;
+//   - headers the server interprets or strips (Nats-Expected-*, Nats-Rollup, Nats-TTL,
+//     Nats-Incr, Nats-Batch-*, Nats-Schedule*, Nats-Request-Info, …): all of Nats-* is reserved;
+//   - the protocol line (max_control_line, 4096 bytes) holds the subject (at most
+//     MaxSubjectLength), the relay's reply inbox (about 40 bytes: it sets no inbox prefix)
+//     and two numbers, so it cannot reach the limit; the file store keeps subject lengths in
+//     16 bits, far above MaxSubjectLength.
+
+// reservedSubjectTokens are the first subject tokens of NATS's own subjects: the JetStream
+// API and its internals, the system account, and the Raft groups of a cluster. A message
+// published there is a request to the server, made with the relay's credentials.
+var reservedSubjectTokens = [...]string{"$JS", "$JSC", "$SYS", "$NRG"}
+
 // ValidateSubject reports whether s is a valid NATS publish subject: non-empty, at most
-// MaxSubjectLength bytes, no whitespace or control characters, no empty token (leading,
-// trailing or doubled dots) and no wildcard token (* or >).
+// MaxSubjectLength bytes, valid UTF-8, no ASCII white space or control characters, no empty
+// token (leading, trailing or doubled dots), no wildcard token (* or >), and a first token
+// that is not reserved for NATS: $JS (the JetStream API), $JSC, $SYS (the system account) or
+// $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token.
 func ValidateSubject(s string) error {
 	if s == "" {
 		return fmt.Errorf("%w: subject is empty", ErrInvalidSubject)
@@ -85,7 +127,8 @@ func ValidateSubject(s string) error {
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%w: subject is not valid UTF-8", ErrInvalidSubject)
 	}
-	for i, tok := range strings.Split(s, ".") {
+	toks := strings.Split(s, ".")
+	for i, tok := range toks {
 		switch tok {
 		case "":
 			return fmt.Errorf("%w: token %d is empty", ErrInvalidSubject, i+1)
@@ -93,11 +136,19 @@ func ValidateSubject(s string) error {
 			return fmt.Errorf("%w: token %d is the wildcard %q; publish subjects must be literal", ErrInvalidSubject, i+1, tok)
 		}
 	}
+	for _, r := range reservedSubjectTokens {
+		if toks[0] == r {
+			return fmt.Errorf("%w: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server", ErrInvalidSubject, r)
+		}
+	}
 	return nil
 }
 
 // ValidateSubjectFilter reports whether s is a valid NATS subject filter: like ValidateSubject,
-// but * may stand for any one token and a final > for one or more.
+// but * may stand for any one token and a final > for one or more. A filter whose first token
+// is literally reserved for NATS ($JS, $JSC, $SYS, $NRG) is refused too: the relay never
+// publishes there, so neither the relay nor a consumer has anything to select there; a
+// wildcard first token (">", "*.x") is fine.
 func ValidateSubjectFilter(s string) error {
 	toks := strings.Split(s, ".")
 	for i, tok := range toks {
@@ -128,56 +179,166 @@ func validHeaderName(name string) bool {
 	return true
 }
 
-// validateHeaders checks names and values and returns the encoded size NATS will count:
-// "NATS/1.0\r\n" + "Name: value\r\n" per value + "\r\n".
-func validateHeaders(h map[string][]string) (int, error) {
-	size := 0
-	for name, values := range h {
+// IsReservedHeader reports whether producers may not set the header name, compared without
+// regard to case:
+//
+//   - every name starting with "Nats-": the NATS namespace. nats-server acts on many such
+//     headers at publish (Nats-Expected-*, Nats-Rollup, Nats-TTL, Nats-Incr, Nats-Batch-*,
+//     Nats-Schedule*, Nats-Trace-Dest, …) and the relay sets Nats-Msg-Id from Message.ID;
+//   - every name starting with "Txoutbox-": txoutbox's own. The relay sets Txoutbox-Key from
+//     Message.Key and Txoutbox-Biz-Key from Message.BizKey; consumers set Txoutbox-Dead-* on
+//     dead letters;
+//   - "Status" and "Description": nats.go reads them as a server status, and never delivers a
+//     message with an empty payload and a Status header to a JetStream pull consumer.
+func IsReservedHeader(name string) bool {
+	return reservedHeader(name) != ""
+}
+
+// reservedHeader returns what to do instead of setting the reserved header name, or "".
+func reservedHeader(name string) string {
+	hasPrefix := func(p string) bool { return len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) }
+	switch {
+	case strings.EqualFold(name, HeaderMsgID):
+		return HeaderMsgID + " is set by the relay to the message id; set Message.ID instead"
+	case strings.EqualFold(name, HeaderKey):
+		return HeaderKey + " is set by the relay; set Message.Key instead"
+	case strings.EqualFold(name, HeaderBizKey):
+		return HeaderBizKey + " is set from Message.BizKey; set that instead"
+	case hasPrefix("Nats-"):
+		return "Nats-* headers are reserved for NATS (the server acts on them at publish: expectations, rollups, TTLs, schedules, counters); use a name of your own"
+	case hasPrefix("Txoutbox-"):
+		return "Txoutbox-* headers are reserved for txoutbox (the relay sets Txoutbox-Key and Txoutbox-Biz-Key, consumers set Txoutbox-Dead-* on dead letters); use a name of your own"
+	case strings.EqualFold(name, "Status"), strings.EqualFold(name, "Description"):
+		return "Status and Description are NATS status headers (nats.go takes a message with an empty payload and a Status header for a server status and never delivers it); use another name"
+	}
+	return ""
+}
+
+// edgeSpace reports whether r may not begin or end a key or a header value: Unicode
+// White_Space (unicode.IsSpace: ASCII space, tab, CR, LF, VT, FF, and U+0085, U+00A0, U+1680,
+// U+2000–U+200A, U+2028, U+2029, U+202F, U+205F, U+3000) or an invisible zero-width character
+// (U+200B, U+200C, U+200D, U+2060, U+FEFF).
+func edgeSpace(r rune) bool {
+	switch r {
+	case '\u200b', '\u200c', '\u200d', '\u2060', '\ufeff':
+		return true
+	}
+	return unicode.IsSpace(r)
+}
+
+// checkText returns what is wrong with s as a key (tabInside false) or header value
+// (tabInside true), or "" when nothing is.
+func checkText(s string, tabInside bool) string {
+	if !utf8.ValidString(s) {
+		return "is not valid UTF-8"
+	}
+	if r, _ := utf8.DecodeRuneInString(s); edgeSpace(r) {
+		return fmt.Sprintf("begins with white space (%U): trim it (NATS drops white space at the ends of a header value, and values that differ only there look alike)", r)
+	}
+	if r, _ := utf8.DecodeLastRuneInString(s); edgeSpace(r) {
+		return fmt.Sprintf("ends with white space (%U): trim it (NATS drops white space at the ends of a header value, and values that differ only there look alike)", r)
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) && !(tabInside && r == '\t') {
+			return fmt.Sprintf("holds the control character %U at byte %d", r, i)
+		}
+	}
+	return ""
+}
+
+// ValidateKey reports whether k can be a Message.Key or Message.BizKey: at most MaxKeyLength
+// bytes, valid UTF-8, no control character at all (unicode.IsControl: C0, DEL, C1), and no
+// white space or zero-width character at its start or end (see ValidateHeaderValue for the
+// characters). White space inside a key is fine. The empty key is valid (no key); a key of
+// white space only is not. Errors wrap ErrInvalidKey.
+func ValidateKey(k string) error {
+	if what := checkKey(k); what != "" {
+		return fmt.Errorf("%w: key %s", ErrInvalidKey, what)
+	}
+	return nil
+}
+
+// checkKey returns what is wrong with k as a key, or "".
+func checkKey(k string) string {
+	if len(k) > MaxKeyLength {
+		return fmt.Sprintf("is %d bytes, the limit is %d", len(k), MaxKeyLength)
+	}
+	return checkText(k, false)
+}
+
+// ValidateHeaderValue reports whether v can be a header value: valid UTF-8, no control
+// character (unicode.IsControl: C0, DEL, C1) except a tab strictly inside it, and no white
+// space at its start or end: Unicode White_Space (unicode.IsSpace: ASCII space, tab, CR, LF,
+// VT, FF, and U+0085, U+00A0, U+1680, U+2000–U+200A, U+2028, U+2029, U+202F, U+205F, U+3000)
+// or a zero-width character (U+200B, U+200C, U+200D, U+2060, U+FEFF). NATS drops ASCII white
+// space at the edges of a value and turns CR and LF into spaces; the rest is refused so that
+// values differing only in invisible edges are never confused. The empty value is valid and
+// arrives empty. Errors wrap ErrInvalidHeader.
+func ValidateHeaderValue(v string) error {
+	if what := checkText(v, true); what != "" {
+		return fmt.Errorf("%w: value %s", ErrInvalidHeader, what)
+	}
+	return nil
+}
+
+// validateHeaders checks names and values and returns the size of their lines as NATS encodes
+// them, "Name: value\r\n" per value, or what is wrong. Names are checked in sorted order, so that the error is
+// the same from run to run.
+func validateHeaders(h map[string][]string) (size int, problem string) {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		values := h[name]
 		if !validHeaderName(name) {
-			return 0, fmt.Errorf("%w: name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, name)
+			return 0, fmt.Sprintf("name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
 		}
-		switch {
-		case strings.EqualFold(name, HeaderMsgID):
-			return 0, fmt.Errorf("%w: %s is set by the relay to the message id; set Message.ID instead", ErrInvalidHeader, HeaderMsgID)
-		case strings.EqualFold(name, HeaderKey):
-			return 0, fmt.Errorf("%w: %s is set by the relay; set Message.Key instead", ErrInvalidHeader, HeaderKey)
-		case strings.EqualFold(name, HeaderBizKey):
-			return 0, fmt.Errorf("%w: %s is set from Message.BizKey; set that instead", ErrInvalidHeader, HeaderBizKey)
+		if what := reservedHeader(name); what != "" {
+			return 0, fmt.Sprintf("%q is reserved: %s", name, what)
 		}
-		for _, v := range values {
-			if strings.ContainsAny(v, "\r\n") {
-				return 0, fmt.Errorf("%w: value of %q contains CR or LF", ErrInvalidHeader, name)
+		if len(values) == 0 {
+			return 0, fmt.Sprintf("%q has no value and would not arrive; give it one (\"\" if need be) or leave it out", name)
+		}
+		for j, v := range values {
+			if what := checkText(v, true); what != "" {
+				return 0, fmt.Sprintf("value %d of %q %s", j+1, name, what)
 			}
 			size += len(name) + 2 + len(v) + 2
 		}
 	}
-	return size, nil
+	return size, ""
 }
 
 // headerOverhead is what a header block costs beyond its lines: "NATS/1.0\r\n" and the final "\r\n".
 const headerOverhead = len("NATS/1.0\r\n") + len("\r\n")
 
-// relayHeaderSize is what the relay adds: Nats-Msg-Id (a 36-character UUID) and, for keyed
-// messages, Txoutbox-Key.
-func relayHeaderSize(key string) int {
+// relayHeaderSize is the size of the lines the relay adds: Nats-Msg-Id (a 36-character UUID),
+// Txoutbox-Key for keyed messages, and Txoutbox-Biz-Key (stored with the message's headers)
+// when BizKey is set.
+func relayHeaderSize(m *Message) int {
 	n := len(HeaderMsgID) + 2 + 36 + 2
-	if key != "" {
-		n += len(HeaderKey) + 2 + len(key) + 2
+	if m.Key != "" {
+		n += len(HeaderKey) + 2 + len(m.Key) + 2
 	}
-	return n
-}
-
-// EncodedSize is the size NATS counts against max_payload for a message once the relay has
-// added its headers: payload plus the encoded header block.
-func EncodedSize(m *Message) int {
-	hs, _ := validateHeaders(m.Headers)
-	return encodedSize(m, hs)
-}
-
-func encodedSize(m *Message, headerLines int) int {
-	n := len(m.Payload) + headerOverhead + headerLines + relayHeaderSize(m.Key)
 	if m.BizKey != "" {
 		n += len(HeaderBizKey) + 2 + len(m.BizKey) + 2
 	}
 	return n
+}
+
+// HeaderBlockSize is the size of the header block NATS stores for m once the relay has added
+// its headers: "NATS/1.0\r\n", a "Name: value\r\n" line per value of m.Headers, Nats-Msg-Id,
+// Txoutbox-Key (keyed messages) and Txoutbox-Biz-Key (when BizKey is set), and a final "\r\n".
+// EnqueueTx refuses a message whose header block exceeds MaxHeaderBytes.
+func HeaderBlockSize(m *Message) int {
+	hs, _ := validateHeaders(m.Headers)
+	return headerOverhead + hs + relayHeaderSize(m)
+}
+
+// EncodedSize is the size NATS counts against max_payload for a message once the relay has
+// added its headers: payload plus HeaderBlockSize.
+func EncodedSize(m *Message) int {
+	return len(m.Payload) + HeaderBlockSize(m)
 }
