@@ -37,6 +37,10 @@ var (
 	// ErrDuplicateWindow: a stream's duplicate window is shorter than the relay's worst
 	// republish delay, so a republish could be stored twice.
 	ErrDuplicateWindow = errors.New("relay: stream duplicate window too short")
+	// ErrStreamUnusable: a stream that captures a subject the relay must serve cannot take
+	// its publishes (no_ack, sealed, a mirror, a counter stream). The *StreamError wrapping
+	// it names the stream, the subject and the setting.
+	ErrStreamUnusable = errors.New("relay: stream unusable")
 	// ErrBrokerUnavailable: NATS or JetStream did not answer (timeouts, lost connection).
 	// Rows are left as they are and retried; no attempt is counted.
 	ErrBrokerUnavailable = errors.New("relay: broker unavailable")

@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func (e *env) createStream(cfg jetstream.StreamConfig) {
+	e.t.Helper()
+	if cfg.Mirror == nil && cfg.Duplicates == 0 {
+		cfg.Duplicates = 2 * time.Minute
+	}
+	if _, err := e.nats.JS.CreateStream(context.Background(), cfg); err != nil {
+		e.t.Fatalf("create stream %s: %v", cfg.Name, err)
+	}
+}
+
+// The start check refuses a stream the relay cannot publish to, naming the stream, the
+// subject and the setting; a stream that also sources others is fine; a max_msg_size below
+// what producers may enqueue is a warning.
+func TestCheckStreamsRefusesUnusableStreams(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.createStream(jetstream.StreamConfig{Name: "NOACK", Subjects: []string{"noack.>"}, NoAck: true})
+	e.createStream(jetstream.StreamConfig{Name: "SEALED", Subjects: []string{"sealed.>"}})
+	s, err := e.nats.JS.Stream(ctx, "SEALED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := s.CachedInfo().Config
+	sealed.Sealed = true
+	if _, err := e.nats.JS.UpdateStream(ctx, sealed); err != nil {
+		t.Fatal(err)
+	}
+	e.createStream(jetstream.StreamConfig{Name: "MIRROR", Mirror: &jetstream.StreamSource{Name: "ORDERS"}})
+	e.createStream(jetstream.StreamConfig{Name: "COUNTER", Subjects: []string{"counter.>"}, AllowMsgCounter: true})
+
+	for _, tc := range []struct {
+		subject, create, stream, setting string
+	}{
+		{"noack.>", "", "NOACK", "no_ack"},
+		{"sealed.>", "", "SEALED", "sealed"},
+		// A mirror captures no subject: it is met when the relay is told to extend it.
+		{"mirrored.>", "MIRROR", "MIRROR", "mirror"},
+		{"counter.>", "", "COUNTER", "allow_msg_counter"},
+	} {
+		r := e.relay(&Config{Subjects: []string{"orders.>", tc.subject}, CreateStream: tc.create})
+		err := r.CheckStreams(ctx)
+		var se *StreamError
+		if !errors.Is(err, ErrStreamUnusable) || !errors.As(err, &se) || se.Stream != tc.stream || se.Setting != tc.setting || se.Subject != tc.subject {
+			t.Errorf("%s: CheckStreams = %v, want ErrStreamUnusable for stream %s, setting %s", tc.subject, err, tc.stream, tc.setting)
+			continue
+		}
+		for _, want := range []string{`"` + tc.stream + `"`, `"` + tc.subject + `"`, tc.setting} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not name %s", tc.subject, err, want)
+			}
+		}
+		// Run refuses to start the same way.
+		if err := r.Run(ctx); !errors.Is(err, ErrStreamUnusable) {
+			t.Errorf("%s: Run = %v, want ErrStreamUnusable", tc.subject, err)
+		}
+	}
+
+	// Fine: a stream with subjects that also sources another, deny_delete; a warning for a
+	// max_msg_size below the producers' default limit.
+	e.createStream(jetstream.StreamConfig{Name: "AGG", Subjects: []string{"agg.>"}, Sources: []*jetstream.StreamSource{{Name: "ORDERS"}}, DenyDelete: true})
+	e.createStream(jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 4096})
+	logs := &recordLog{}
+	r := e.relay(&Config{Subjects: []string{"agg.>", "small.>"}, Logger: slog.New(logs)})
+	if err := r.CheckStreams(ctx); err != nil {
+		t.Fatalf("CheckStreams = %v for a sourcing stream and a small-message stream", err)
+	}
+	if w := logs.count(slog.LevelWarn, "small.>"); w != 1 {
+		t.Fatalf("%d warnings about SMALL's max_msg_size, want 1", w)
+	}
+	if w := logs.count(slog.LevelWarn, "agg.>"); w != 0 {
+		t.Fatalf("%d warnings about AGG, want 0", w)
+	}
+}
