@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -90,13 +91,14 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				}
 				r.m.failures.WithLabelValues("broker").Inc()
 			default:
+				text := lastError(describe(row, o.err))
 				res.failed = append(res.failed, store.Failed{
 					ID:    row.ID,
-					Err:   describe(row, o.err),
+					Err:   text,
 					Delay: backoff(int(row.Attempts)+1, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.BackoffJitter),
 				})
 				r.m.failures.WithLabelValues("message").Inc()
-				r.failing.failed(r.log, row, o.err, row.Attempts+1 < int32(r.cfg.MaxAttempts))
+				r.failing.failed(r.log, row, text, row.Attempts+1 < int32(r.cfg.MaxAttempts))
 			}
 		}
 		if res.brokerErr != nil {
@@ -113,6 +115,14 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	}
 	return res
 }
+
+// LastErrorMaxBytes bounds the error text the relay stores in a failed row's last_error (and
+// logs): longer texts are cut on a character boundary and end with "…". Texts from JetStream
+// are made storable first (valid UTF-8, no NUL bytes; see internal/safetext).
+const LastErrorMaxBytes = 1024
+
+// lastError makes s storable in last_error.
+func lastError(s string) string { return safetext.Text(s, LastErrorMaxBytes) }
 
 func describe(row *store.Claimed, err error) string {
 	if isNoResponders(err) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -83,5 +84,16 @@ func TestCheckStreamsRefusesUnusableStreams(t *testing.T) {
 	}
 	if w := logs.count(slog.LevelWarn, "agg.>"); w != 0 {
 		t.Fatalf("%d warnings about AGG, want 0", w)
+	}
+}
+
+// What the relay stores in last_error is storable text of bounded length, whatever it came
+// from.
+func TestLastErrorIsStorable(t *testing.T) {
+	t.Parallel()
+	long := "bad \x00 bytes \xff\xfe " + strings.Repeat("é", 1000)
+	got := lastError(long)
+	if len(got) > LastErrorMaxBytes || !utf8.ValidString(got) || strings.ContainsRune(got, 0) || !strings.HasPrefix(got, "bad \uFFFD bytes") {
+		t.Fatalf("lastError = %d bytes %q", len(got), got[:min(len(got), 40)])
 	}
 }
