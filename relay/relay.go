@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -454,6 +455,10 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	r.m.batchSize.Observe(float64(len(rows)))
 	r.m.dead.Add(float64(len(out.Dead)))
 	for _, id := range out.Dead {
+		if slices.Contains(res.permanent, id) {
+			r.log.Error("message is dead: it can never be published as it is (see its last_error)", "message_id", id.String())
+			continue
+		}
 		r.log.Error("message is dead: publishing failed too many times", "message_id", id.String(), "max_attempts", r.cfg.MaxAttempts)
 	}
 	return nil

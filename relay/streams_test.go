@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 func (e *env) createStream(cfg jetstream.StreamConfig) {
@@ -20,6 +21,36 @@ func (e *env) createStream(cfg jetstream.StreamConfig) {
 	if _, err := e.nats.JS.CreateStream(context.Background(), cfg); err != nil {
 		e.t.Fatalf("create stream %s: %v", cfg.Name, err)
 	}
+}
+
+// testRow is one outbox row as a test sees it.
+type testRow struct {
+	state    string
+	attempts int
+	lastErr  string
+}
+
+func (e *env) row(payload string) testRow {
+	e.t.Helper()
+	var r testRow
+	var lastErr *string
+	err := e.db.Pool.QueryRow(context.Background(),
+		"SELECT state, attempts, last_error FROM txoutbox_messages WHERE payload = $1", []byte(payload)).Scan(&r.state, &r.attempts, &lastErr)
+	if err != nil {
+		e.t.Fatalf("row %q: %v", payload, err)
+	}
+	if lastErr != nil {
+		r.lastErr = *lastErr
+	}
+	return r
+}
+
+func payloads(msgs []*jetstream.RawStreamMsg) string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, string(m.Data))
+	}
+	return strings.Join(out, ",")
 }
 
 // The start check refuses a stream the relay cannot publish to, naming the stream, the
@@ -84,6 +115,59 @@ func TestCheckStreamsRefusesUnusableStreams(t *testing.T) {
 	}
 	if w := logs.count(slog.LevelWarn, "agg.>"); w != 0 {
 		t.Fatalf("%d warnings about AGG, want 0", w)
+	}
+}
+
+// A message a stream can never store (larger than its max_msg_size; a sealed stream) is dead
+// at once with a last_error saying why, and holds back its key.
+func TestNeverStorableMessageIsDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.createStream(jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 1024})
+	e.createStream(jetstream.StreamConfig{Name: "SEAL", Subjects: []string{"seal.>"}})
+	ctx := context.Background()
+	s, err := e.nats.JS.Stream(ctx, "SEAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Sealed = true
+	if _, err := e.nats.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(
+		outbox.Message{Subject: "small.x", Key: "k", Payload: make([]byte, 2000)},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("after")},
+		outbox.Message{Subject: "seal.x", Payload: []byte("sealed")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("fine")},
+	)
+	logs := &recordLog{}
+	r := e.relay(&Config{Logger: slog.New(logs)})
+	if _, err := r.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var big testRow
+	var lastErr string
+	if err := e.db.Pool.QueryRow(ctx, "SELECT state, attempts, last_error FROM txoutbox_messages WHERE subject = 'small.x'").Scan(&big.state, &big.attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if big.state != "dead" || big.attempts != 1 || !strings.Contains(lastErr, `stream "SMALL"`) || !strings.Contains(lastErr, "max_msg_size") {
+		t.Fatalf("too large: %s after %d attempts, last_error %q", big.state, big.attempts, lastErr)
+	}
+	if row := e.row("sealed"); row.state != "dead" || row.attempts != 1 || !strings.Contains(row.lastErr, "sealed") || !strings.Contains(row.lastErr, `"SEAL"`) {
+		t.Fatalf("sealed: %+v", row)
+	}
+	if row := e.row("after"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("after: %+v, want held behind the dead row of its key", row)
+	}
+	if got := payloads(e.streamMsgs("ORDERS")); got != "fine" {
+		t.Fatalf("ORDERS holds %q", got)
+	}
+	if n := logs.countMsg(slog.LevelError, "message is dead: it can never be published as it is (see its last_error)"); n != 2 {
+		t.Fatalf("%d dead-for-good lines, want 2", n)
+	}
+	if d := r.Stats().Dead.Load(); d != 2 {
+		t.Fatalf("dead = %d, want 2", d)
 	}
 }
 
