@@ -62,6 +62,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	streamNames := map[string]string{} // subject → the stream capturing it, for describePermanent
 	for len(wave) > 0 {
 		outs := r.publishWave(ctx, rows, wave)
+		r.explainTimeouts(ctx, rows, wave, outs)
 		// No responders means no stream captures the subject, or JetStream itself is down;
 		// only the first is about the message.
 		jsDown := false
@@ -163,7 +164,8 @@ var permanentCodes = map[jetstream.ErrorCode]string{
 
 // isPermanent reports errors that retrying cannot help with.
 func isPermanent(err error) bool {
-	if errors.Is(err, errBadHeaders) {
+	var se *StreamError
+	if errors.Is(err, errBadHeaders) || errors.As(err, &se) && se.Setting == "sealed" {
 		return true
 	}
 	var apiErr *jetstream.APIError
@@ -178,6 +180,10 @@ func isPermanent(err error) bool {
 // that refused it when JetStream says which one (names caches its answers for one batch, by
 // subject).
 func (r *Relay) describePermanent(ctx context.Context, row *store.Claimed, err error, names map[string]string) string {
+	var se *StreamError
+	if errors.As(err, &se) {
+		return "can never be published as it is, dead at once (retrying cannot help): " + err.Error()
+	}
 	why := "the stored headers cannot be decoded"
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
@@ -265,6 +271,10 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		for len(queue) >= r.cfg.MaxInFlight {
 			await(queue[0])
 			queue = queue[1:]
+		}
+		if err := r.knownUnusable(ctx, rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: its stream cannot take it (see explainTimeouts)
+			continue
 		}
 		msg, err := buildMsg(&rows[i])
 		if err != nil {

@@ -42,8 +42,9 @@ var (
 	// its publishes (no_ack, sealed, a mirror, a counter stream). The *StreamError wrapping
 	// it names the stream, the subject and the setting.
 	ErrStreamUnusable = errors.New("relay: stream unusable")
-	// ErrBrokerUnavailable: NATS or JetStream did not answer (timeouts, lost connection).
-	// Rows are left as they are and retried; no attempt is counted.
+	// ErrBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
+	// timeouts that JetStream gives no other reason for, see explainTimeouts). Rows are left
+	// as they are and retried; no attempt is counted.
 	ErrBrokerUnavailable = errors.New("relay: broker unavailable")
 	// ErrNoPartitions: the relay holds no partition lease (others hold them all).
 	ErrNoPartitions = errors.New("relay: no partition held")
@@ -65,6 +66,7 @@ type Relay struct {
 	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
 	natsDownSince atomic.Int64
 	failing       failingSubjects
+	unusable      unusableStreams
 	hooks         hooks
 	stats         Stats
 }

@@ -9,7 +9,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -115,6 +117,146 @@ func TestCheckStreamsRefusesUnusableStreams(t *testing.T) {
 	}
 	if w := logs.count(slog.LevelWarn, "agg.>"); w != 0 {
 		t.Fatalf("%d warnings about AGG, want 0", w)
+	}
+}
+
+// A subject captured by a no_ack stream created after the start fails alone: the healthy
+// subjects of the batch are published in the same pass, without a broker outage; the no_ack
+// rows count an attempt, say why, and hold back their key's later rows (on any subject).
+// Their retries fail at once, unsent, instead of holding up their batch for a publish timeout.
+func TestNoAckStreamFailsItsSubjectOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const publishTimeout = time.Second
+	r := e.relay(&Config{PublishTimeout: publishTimeout, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond})
+	e.createStream(jetstream.StreamConfig{Name: "NOACK", Subjects: []string{"noack.>"}, NoAck: true})
+	e.enqueue(
+		outbox.Message{Subject: "noack.created", Key: "k", Payload: []byte("noack-k")},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("orders-k")}, // held behind noack-k
+		outbox.Message{Subject: "orders.created", Payload: []byte("orders-unkeyed")},
+		outbox.Message{Subject: "orders.created", Key: "other", Payload: []byte("orders-other")},
+		outbox.Message{Subject: "noack.created", Payload: []byte("noack-unkeyed")},
+	)
+	ctx := context.Background()
+	if _, err := r.runOnce(ctx); err != nil {
+		t.Fatalf("runOnce = %v, want nil: a no_ack stream is not a broker outage", err)
+	}
+	if got := payloads(e.streamMsgs("ORDERS")); got != "orders-unkeyed,orders-other" {
+		t.Fatalf("ORDERS holds %q after the first pass, want the healthy rows", got)
+	}
+	for _, p := range []string{"noack-k", "noack-unkeyed"} {
+		row := e.row(p)
+		if row.state != "ready" || row.attempts != 1 || !strings.Contains(row.lastErr, `stream "NOACK"`) || !strings.Contains(row.lastErr, "no_ack") {
+			t.Fatalf("%s: %+v, want ready, 1 attempt, an error naming NOACK and no_ack", p, row)
+		}
+	}
+	if row := e.row("orders-k"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("orders-k: %+v, want ready and never attempted (held behind noack-k)", row)
+	}
+
+	// The retries: the rows fail at once without being sent, and orders-k stays held.
+	testsvc.Eventually(t, 10*time.Second, "the no_ack rows' second attempt", func() bool {
+		start := time.Now()
+		if _, err := r.runOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d >= publishTimeout {
+			t.Fatalf("a pass took %s: a row of a stream known to be unusable must not wait for a PubAck", d)
+		}
+		return e.count("attempts >= 2") == 2
+	})
+	if row := e.row("orders-k"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("orders-k: %+v, want still held", row)
+	}
+	if got := payloads(e.streamMsgs("ORDERS")); got != "orders-unkeyed,orders-other" {
+		t.Fatalf("ORDERS holds %q, want only the healthy rows", got)
+	}
+	if r.Health() == healthNATSDown.String() {
+		t.Fatal("health is nats_unavailable")
+	}
+}
+
+// The same with the daemon loop: no outage state, no backoff, the healthy subject keeps
+// flowing while the no_ack subject fails.
+func TestNoAckStreamDoesNotStallTheRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logs := &recordLog{}
+	r := e.relay(&Config{Subjects: []string{"orders.>"}, PublishTimeout: 300 * time.Millisecond,
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: slog.New(logs)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	testsvc.Eventually(t, 10*time.Second, "the relay's first round", func() bool { return r.Health() == "ok" })
+	// Created after the start check: only the run time can find it.
+	e.createStream(jetstream.StreamConfig{Name: "NOACK", Subjects: []string{"noack.>"}, NoAck: true})
+	e.enqueue(
+		outbox.Message{Subject: "noack.created", Key: "k", Payload: []byte("noack-k")},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("orders-k")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("orders-1")},
+	)
+	testsvc.Eventually(t, 15*time.Second, "orders-1 published and noack-k retried", func() bool {
+		return e.count("payload = 'orders-1'") == 0 && e.count("payload = 'noack-k' AND attempts >= 2") == 1
+	})
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("orders-2")})
+	r.Wake()
+	testsvc.Eventually(t, 15*time.Second, "orders-2 published", func() bool { return e.count("payload = 'orders-2'") == 0 })
+	if h := r.Health(); h != "ok" {
+		t.Fatalf("health %q, want ok", h)
+	}
+	if n := logs.countMsg(slog.LevelWarn, "relay degraded; backing off and retrying"); n != 0 {
+		t.Fatalf("%d outage warnings, want 0", n)
+	}
+	if n := logs.countMsg(slog.LevelWarn, "stream cannot take publishes: the rows of its subjects fail without being sent (retried with backoff) until it is fixed"); n != 1 {
+		t.Fatalf("%d warnings about NOACK, want 1", n)
+	}
+	if row := e.row("orders-k"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("orders-k: %+v, want held behind noack-k", row)
+	}
+
+	// The operator turns no_ack off: the key drains, in order.
+	s, err := e.nats.JS.Stream(context.Background(), "NOACK")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := s.CachedInfo().Config
+	fixed.NoAck = false
+	if _, err := e.nats.JS.UpdateStream(context.Background(), fixed); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 15*time.Second, "key k to drain", func() bool { return e.count("true") == 0 })
+	if got := payloads(e.streamMsgs("ORDERS")); got != "orders-1,orders-2,orders-k" {
+		t.Fatalf("ORDERS holds %q", got)
+	}
+}
+
+// A subject with no stream but a core NATS subscriber that never answers: every publish times
+// out, nothing in the batch is acknowledged, yet JetStream answers that no stream captures it:
+// the subject's failure, not an outage.
+func TestSilentNonStreamSubscriberFailsItsSubject(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	sub, err := e.nats.Conn.Subscribe("ghost.>", func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := e.nats.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(outbox.Message{Subject: "ghost.x", Payload: []byte("ghost")})
+	r := e.relay(&Config{PublishTimeout: 200 * time.Millisecond})
+	if _, err := r.runOnce(context.Background()); err != nil {
+		t.Fatalf("runOnce = %v, want nil", err)
+	}
+	if row := e.row("ghost"); row.attempts != 1 || !strings.Contains(row.lastErr, `no JetStream stream captures it`) || !strings.Contains(row.lastErr, `"ghost.x"`) {
+		t.Fatalf("ghost: %+v", row)
 	}
 }
 
