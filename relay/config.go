@@ -106,8 +106,10 @@ type Config struct {
 	DoorbellChannel string
 
 	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
-	// Run checks that a stream captures each of them and that its duplicate window covers
-	// the relay's worst republish delay (PublishTimeout + BackoffMax). Defaults to none.
+	// Run checks that a stream captures each of them, that the stream can take publishes (not
+	// no_ack, sealed, a mirror or a counter stream: ErrStreamUnusable) and that its duplicate
+	// window covers the relay's worst republish delay (PublishTimeout + BackoffMax). See
+	// CheckStreams. Defaults to none.
 	Subjects []string
 
 	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no

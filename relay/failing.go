@@ -21,7 +21,8 @@ type failingSubjects struct {
 	m  map[string]int64 // subject → failures since it started failing
 }
 
-func (f *failingSubjects) failed(log *slog.Logger, row *store.Claimed, err error, willRetry bool) {
+// failed records a failure of row; errText is the error as stored in last_error.
+func (f *failingSubjects) failed(log *slog.Logger, row *store.Claimed, errText string, willRetry bool) {
 	f.mu.Lock()
 	if f.m == nil {
 		f.m = make(map[string]int64)
@@ -32,7 +33,7 @@ func (f *failingSubjects) failed(log *slog.Logger, row *store.Claimed, err error
 		f.n.Store(int32(len(f.m)))
 	}
 	f.mu.Unlock()
-	attrs := []any{"subject", row.Subject, "message_id", row.MessageID.String(), "attempt", row.Attempts + 1, "will_retry", willRetry, "err", err}
+	attrs := []any{"subject", row.Subject, "message_id", row.MessageID.String(), "attempt", row.Attempts + 1, "will_retry", willRetry, "err", errText}
 	if known {
 		log.Debug("publish failed", attrs...)
 		return

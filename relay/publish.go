@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -23,6 +25,8 @@ type batchResult struct {
 	// heldKeys are the keys with a row that was not published (failed, or never sent because
 	// an earlier row of the key failed): the next batch must not publish their later rows.
 	heldKeys map[string]bool
+	// permanent lists the message ids of the failed rows that become dead at once.
+	permanent []uuid.UUID
 }
 
 type outcome struct {
@@ -55,8 +59,10 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		chains[k] = append(chains[k], i)
 	}
 	pos := map[string]int{}
+	streamNames := map[string]string{} // subject → the stream capturing it, for describePermanent
 	for len(wave) > 0 {
 		outs := r.publishWave(ctx, rows, wave)
+		r.explainTimeouts(ctx, rows, wave, outs)
 		// No responders means no stream captures the subject, or JetStream itself is down;
 		// only the first is about the message.
 		jsDown := false
@@ -90,13 +96,21 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				}
 				r.m.failures.WithLabelValues("broker").Inc()
 			default:
+				perm := isPermanent(o.err)
+				text := describe(row, o.err)
+				if perm {
+					text = r.describePermanent(ctx, row, o.err, streamNames)
+					res.permanent = append(res.permanent, row.MessageID)
+				}
+				text = lastError(text)
 				res.failed = append(res.failed, store.Failed{
-					ID:    row.ID,
-					Err:   describe(row, o.err),
-					Delay: backoff(int(row.Attempts)+1, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.BackoffJitter),
+					ID:        row.ID,
+					Err:       text,
+					Delay:     backoff(int(row.Attempts)+1, r.cfg.BackoffBase, r.cfg.BackoffMax, r.cfg.BackoffJitter),
+					Permanent: perm,
 				})
 				r.m.failures.WithLabelValues("message").Inc()
-				r.failing.failed(r.log, row, o.err, row.Attempts+1 < int32(r.cfg.MaxAttempts))
+				r.failing.failed(r.log, row, text, !perm && row.Attempts+1 < int32(r.cfg.MaxAttempts))
 			}
 		}
 		if res.brokerErr != nil {
@@ -114,11 +128,81 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	return res
 }
 
+// LastErrorMaxBytes bounds the error text the relay stores in a failed row's last_error (and
+// logs): longer texts are cut on a character boundary and end with "…". Texts from JetStream
+// are made storable first (valid UTF-8, no NUL bytes; see internal/safetext).
+const LastErrorMaxBytes = 1024
+
+// lastError makes s storable in last_error.
+func lastError(s string) string { return safetext.Text(s, LastErrorMaxBytes) }
+
 func describe(row *store.Claimed, err error) string {
 	if isNoResponders(err) {
 		return fmt.Sprintf("no JetStream stream captures subject %q (%v)", row.Subject, err)
 	}
 	return err.Error()
+}
+
+// permanentCodes are the JetStream API errors of a PubAck that say this message can never be
+// stored as it is: retrying cannot help, so its row becomes dead at once (an operator can
+// requeue it once the stream, or the message, is fixed). Errors about the stream's state
+// (full under discard-new, insufficient resources, no leader) are not here: they pass.
+var permanentCodes = map[jetstream.ErrorCode]string{
+	10054: "the message is larger than the stream's max_msg_size (or the server's max_payload)",
+	10097: "the message's headers exceed JetStream's 64 KiB limit",
+	10109: "the stream is sealed",
+	10060: "the message's Nats-Expected-Stream header names another stream",
+	10165: "the message's Nats-TTL header is invalid",
+	10166: "the message has a Nats-TTL header, and the stream does not allow per-message TTLs (allow_msg_ttl)",
+	10168: "the message has a Nats-Incr header, and the stream is not a counter stream",
+	10169: "the stream is a counter stream (allow_msg_counter) and the message has no Nats-Incr header",
+	10170: "the message has a Nats-Incr header and a payload",
+	10171: "the message's Nats-Incr header is invalid",
+	10188: "the message is scheduled, and the stream does not allow schedules (allow_msg_schedules)",
+	10227: "the message has a Nats-Stream-Source header, which publishers may not set",
+}
+
+// isPermanent reports errors that retrying cannot help with.
+func isPermanent(err error) bool {
+	var se *StreamError
+	if errors.Is(err, errBadHeaders) || errors.As(err, &se) && se.Setting == "sealed" {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		_, ok := permanentCodes[apiErr.ErrorCode]
+		return ok
+	}
+	return false
+}
+
+// describePermanent says why a message can never be published as it is, naming the stream
+// that refused it when JetStream says which one (names caches its answers for one batch, by
+// subject).
+func (r *Relay) describePermanent(ctx context.Context, row *store.Claimed, err error, names map[string]string) string {
+	var se *StreamError
+	if errors.As(err, &se) {
+		return "can never be published as it is, dead at once (retrying cannot help): " + err.Error()
+	}
+	why := "the stored headers cannot be decoded"
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		why = permanentCodes[apiErr.ErrorCode]
+	}
+	where := fmt.Sprintf("subject %q", row.Subject)
+	if apiErr != nil {
+		name, ok := names[row.Subject]
+		if !ok {
+			lctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
+			name, _ = r.pub.StreamNameBySubject(lctx, row.Subject)
+			cancel()
+			names[row.Subject] = name
+		}
+		if name != "" {
+			where = fmt.Sprintf("stream %q (capturing %q)", name, row.Subject)
+		}
+	}
+	return fmt.Sprintf("can never be published as it is, dead at once (retrying cannot help): %s: %s (%v)", where, why, err)
 }
 
 func isNoResponders(err error) bool {
@@ -146,10 +230,13 @@ func isBrokerError(err error) bool {
 
 var errAckWaitExpired = errors.New("relay: no PubAck within the publish timeout")
 
+// probeTimeout bounds a question asked to JetStream about the broker, a subject or a stream.
+func (r *Relay) probeTimeout() time.Duration { return min(r.cfg.PublishTimeout, 2*time.Second) }
+
 // jetStreamAnswers asks JetStream for account info, to tell "no stream for this subject" from
 // "JetStream is not there".
 func (r *Relay) jetStreamAnswers(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.PublishTimeout, 2*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
 	defer cancel()
 	_, err := r.pub.AccountInfo(ctx)
 	return err == nil
@@ -184,6 +271,10 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		for len(queue) >= r.cfg.MaxInFlight {
 			await(queue[0])
 			queue = queue[1:]
+		}
+		if err := r.knownUnusable(ctx, rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: its stream cannot take it (see explainTimeouts)
+			continue
 		}
 		msg, err := buildMsg(&rows[i])
 		if err != nil {

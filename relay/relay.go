@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +38,13 @@ var (
 	// ErrDuplicateWindow: a stream's duplicate window is shorter than the relay's worst
 	// republish delay, so a republish could be stored twice.
 	ErrDuplicateWindow = errors.New("relay: stream duplicate window too short")
-	// ErrBrokerUnavailable: NATS or JetStream did not answer (timeouts, lost connection).
-	// Rows are left as they are and retried; no attempt is counted.
+	// ErrStreamUnusable: a stream that captures a subject the relay must serve cannot take
+	// its publishes (no_ack, sealed, a mirror, a counter stream). The *StreamError wrapping
+	// it names the stream, the subject and the setting.
+	ErrStreamUnusable = errors.New("relay: stream unusable")
+	// ErrBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
+	// timeouts that JetStream gives no other reason for, see explainTimeouts). Rows are left
+	// as they are and retried; no attempt is counted.
 	ErrBrokerUnavailable = errors.New("relay: broker unavailable")
 	// ErrNoPartitions: the relay holds no partition lease (others hold them all).
 	ErrNoPartitions = errors.New("relay: no partition held")
@@ -60,6 +66,7 @@ type Relay struct {
 	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
 	natsDownSince atomic.Int64
 	failing       failingSubjects
+	unusable      unusableStreams
 	hooks         hooks
 	stats         Stats
 }
@@ -450,6 +457,10 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	r.m.batchSize.Observe(float64(len(rows)))
 	r.m.dead.Add(float64(len(out.Dead)))
 	for _, id := range out.Dead {
+		if slices.Contains(res.permanent, id) {
+			r.log.Error("message is dead: it can never be published as it is (see its last_error)", "message_id", id.String())
+			continue
+		}
 		r.log.Error("message is dead: publishing failed too many times", "message_id", id.String(), "max_attempts", r.cfg.MaxAttempts)
 	}
 	return nil

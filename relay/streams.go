@@ -9,20 +9,29 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// StreamError says which subject lacks a stream, or which stream's duplicate window is short.
+// StreamError says which subject lacks a stream, which stream's duplicate window is short, or
+// which stream cannot take the relay's publishes and why.
 type StreamError struct {
 	Subject  string
 	Stream   string
-	Err      error // ErrNoStream or ErrDuplicateWindow
+	Err      error // ErrNoStream, ErrDuplicateWindow or ErrStreamUnusable
 	Window   string
 	Required string
 	// Partial names the streams that capture only part of Subject (ErrNoStream).
 	Partial []string
+	// Setting is the stream setting that makes it unusable, as JetStream names it ("no_ack",
+	// "sealed", "mirror", "allow_msg_counter"), and Reason what it does (ErrStreamUnusable).
+	Setting string
+	Reason  string
 }
 
 func (e *StreamError) Error() string {
+	if errors.Is(e.Err, ErrStreamUnusable) {
+		return fmt.Sprintf("%v: stream %q (capturing %q) %s", e.Err, e.Stream, e.Subject, e.Reason)
+	}
 	if errors.Is(e.Err, ErrDuplicateWindow) {
 		return fmt.Sprintf("%v: stream %q (capturing %q) keeps duplicates for %s, but the relay may republish up to %s later "+
 			"(PublishTimeout + BackoffMax); raise the stream's duplicate window or lower BackoffMax", e.Err, e.Stream, e.Subject, e.Window, e.Required)
@@ -36,11 +45,38 @@ func (e *StreamError) Error() string {
 
 func (e *StreamError) Unwrap() error { return e.Err }
 
+// unusable reports whether a stream with cfg cannot take the relay's publishes: the setting
+// responsible, as JetStream names it, and what it does ("" when the stream is usable).
+//
+// Settings that are fine: sources (a stream with subjects and sources takes publishes too),
+// deny_delete, deny_purge, retention policies, placement, replicas, compression, TTLs,
+// schedules, atomic and batch publishes. Discard-new with limits (max_msgs, max_bytes,
+// max_msgs_per_subject) is operational, not a configuration error: a full stream refuses
+// publishes with an error the relay stores, and the rows retry with backoff until it has
+// room (or become dead after MaxAttempts). max_msg_size below what producers may enqueue and
+// a subject_transform are logged as warnings by CheckStreams.
+func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
+	switch {
+	case cfg.Mirror != nil:
+		return "mirror", "is a mirror: it only copies another stream and refuses publishes; capture the subject with another stream"
+	case cfg.Sealed:
+		return "sealed", "is sealed: it refuses every new message, for good; capture the subject with another stream"
+	case cfg.NoAck:
+		return "no_ack", "has no_ack set: it stores messages without acknowledging them, so no publish can be confirmed " +
+			"(each one times out, and its message may be stored anyway); turn no_ack off"
+	case cfg.AllowMsgCounter:
+		return "allow_msg_counter", "is a counter stream (allow_msg_counter): it accepts only Nats-Incr increments; capture the subject with another stream"
+	}
+	return "", ""
+}
+
 // CheckStreams verifies that one stream captures the whole of each of Config.Subjects (a
 // stream that captures only part of a wildcard subject is not enough: the rest would fail
-// message by message) and that every stream the subject's messages may land in keeps
+// message by message), that every stream the subject's messages may land in can take
+// publishes (ErrStreamUnusable: no_ack, sealed, a mirror, a counter stream) and keeps
 // duplicates at least RequiredDuplicateWindow. It creates, or extends, the stream
-// Config.CreateStream names when a subject has none.
+// Config.CreateStream names when a subject has none. It logs a warning for a stream whose
+// max_msg_size is below what producers may enqueue, or that rewrites subjects.
 func (r *Relay) CheckStreams(ctx context.Context) error {
 	required := r.cfg.RequiredDuplicateWindow()
 	for _, subj := range r.cfg.Subjects {
@@ -60,12 +96,30 @@ func (r *Relay) CheckStreams(ctx context.Context) error {
 			}
 		}
 		for _, name := range slices.Sorted(maps.Keys(streams)) {
-			if w := streams[name].Duplicates; w < required {
+			cfg := streams[name]
+			if setting, reason := unusable(&cfg); setting != "" {
+				return &StreamError{Subject: subj, Stream: name, Err: ErrStreamUnusable, Setting: setting, Reason: reason}
+			}
+			if w := cfg.Duplicates; w < required {
 				return &StreamError{Subject: subj, Stream: name, Err: ErrDuplicateWindow, Window: w.String(), Required: required.String()}
 			}
+			r.warnStream(subj, &cfg)
 		}
 	}
 	return nil
+}
+
+// warnStream logs what makes a usable stream a risk for some messages.
+func (r *Relay) warnStream(subj string, cfg *jetstream.StreamConfig) {
+	if cfg.MaxMsgSize > 0 && int(cfg.MaxMsgSize) < outbox.DefaultMaxMessageBytes {
+		r.log.Warn("stream accepts smaller messages than producers may enqueue: larger ones are refused and become dead at once; "+
+			"set the producers' outbox.Config.MaxMessageBytes to at most the stream's max_msg_size, or raise it",
+			"stream", cfg.Name, "subject", subj, "max_msg_size", cfg.MaxMsgSize, "producer_default_max_bytes", outbox.DefaultMaxMessageBytes)
+	}
+	if cfg.SubjectTransform != nil {
+		r.log.Warn("stream rewrites the subjects it stores (subject_transform): consumers see other subjects than the producers gave",
+			"stream", cfg.Name, "subject", subj, "transform_source", cfg.SubjectTransform.Source, "transform_destination", cfg.SubjectTransform.Destination)
+	}
 }
 
 // streamsFor returns the configurations of the streams whose subjects overlap subj, and the
@@ -137,6 +191,9 @@ func (r *Relay) createStream(ctx context.Context, subj string) error {
 		return fmt.Errorf("relay: stream %q: %w", r.cfg.CreateStream, err)
 	default:
 		cfg := s.CachedInfo().Config
+		if setting, reason := unusable(&cfg); setting != "" {
+			return &StreamError{Subject: subj, Stream: cfg.Name, Err: ErrStreamUnusable, Setting: setting, Reason: reason}
+		}
 		if !slices.Contains(cfg.Subjects, subj) {
 			cfg.Subjects = append(cfg.Subjects, subj)
 		}

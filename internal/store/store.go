@@ -106,8 +106,8 @@ LIMIT $1`
   SET attempts = o.attempts + 1,
       last_error = f.err,
       next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
-      state = CASE WHEN o.attempts + 1 >= $5::int4 THEN 'dead' ELSE 'ready' END
-  FROM unnest($2::int8[], $3::text[], $4::float8[]) AS f(id, err, delay_ms)
+      state = CASE WHEN f.permanent OR o.attempts + 1 >= $5::int4 THEN 'dead' ELSE 'ready' END
+  FROM unnest($2::int8[], $3::text[], $4::float8[], $6::bool[]) AS f(id, err, delay_ms, permanent)
   WHERE o.id = f.id AND o.state = 'ready'
   RETURNING o.id, o.message_id, o.state
 )`
@@ -117,7 +117,7 @@ LIMIT $1`
 SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
 	q.settleRetain = `WITH okv AS (
-  SELECT * FROM unnest($1::int8[], $6::text[], $7::int8[]) AS v(id, stream, seq)
+  SELECT * FROM unnest($1::int8[], $7::text[], $8::int8[]) AS v(id, stream, seq)
 ), ok AS (
   UPDATE ` + q.Messages + ` o SET state = 'published', published_at = now(), stream = okv.stream, stream_seq = okv.seq
   FROM okv WHERE o.id = okv.id AND o.state = 'ready' RETURNING o.id
@@ -293,6 +293,8 @@ type Failed struct {
 	Err string
 	// Delay until the next attempt, counted from the database's clock.
 	Delay time.Duration
+	// Permanent makes the row dead at once, whatever its attempts: retrying cannot help.
+	Permanent bool
 }
 
 // SettleArgs is one batch's outcome.
@@ -313,7 +315,8 @@ type SettleResult struct {
 
 // Settle applies a batch's outcome in one statement: published rows are deleted (or marked
 // published), failed rows get attempts+1, their error and their next attempt time, and become
-// dead when they reach MaxAttempts. Only rows still ready are touched.
+// dead when they reach MaxAttempts or their failure is Permanent. Only rows still ready are
+// touched.
 func (q *Queries) Settle(ctx context.Context, db DBTX, a SettleArgs) (SettleResult, error) {
 	okIDs := make([]int64, len(a.Published))
 	streams := make([]string, len(a.Published))
@@ -324,15 +327,16 @@ func (q *Queries) Settle(ctx context.Context, db DBTX, a SettleArgs) (SettleResu
 	fIDs := make([]int64, len(a.Failed))
 	fErrs := make([]string, len(a.Failed))
 	fNext := make([]float64, len(a.Failed))
+	fPerm := make([]bool, len(a.Failed))
 	for i, f := range a.Failed {
-		fIDs[i], fErrs[i], fNext[i] = f.ID, f.Err, float64(f.Delay)/float64(time.Millisecond)
+		fIDs[i], fErrs[i], fNext[i], fPerm[i] = f.ID, f.Err, float64(f.Delay)/float64(time.Millisecond), f.Permanent
 	}
 	var res SettleResult
 	var err error
 	if a.Retain {
-		err = db.QueryRow(ctx, q.settleRetain, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts), streams, seqs).Scan(&res.Published, &res.Dead)
+		err = db.QueryRow(ctx, q.settleRetain, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts), fPerm, streams, seqs).Scan(&res.Published, &res.Dead)
 	} else {
-		err = db.QueryRow(ctx, q.settleDelete, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts)).Scan(&res.Published, &res.Dead)
+		err = db.QueryRow(ctx, q.settleDelete, okIDs, fIDs, fErrs, fNext, int32(a.MaxAttempts), fPerm).Scan(&res.Published, &res.Dead)
 	}
 	return res, err
 }
