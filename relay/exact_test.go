@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -54,5 +55,43 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 	}
 	if n := e.count(`true`); n != 0 {
 		t.Fatalf("%d rows written", n)
+	}
+}
+
+// A stored row that would not arrive as stored (written before the producer's rules, or not
+// by package outbox) is never altered on the wire: it is dead at once, saying why, and holds
+// its key back; the rows next to it are published.
+func TestStoredRowThatWouldBeAlteredIsDead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	bad := []struct{ key, headers, why string }{
+		{"k1 ", `{}`, "white space"},
+		{"k2", `{"X-V": ["trailing "]}`, "white space"},
+		{"k3", `{"X-V": ["a\u00a0"]}`, "white space"},
+		{"k4", `{"Nats-Expected-Stream": ["OTHER"]}`, "reserved"},
+		{"k5", `{"Txoutbox-Biz-Key": [" biz"]}`, "white space"},
+		{"k6", `{"Status": ["404"]}`, "reserved"},
+	}
+	for i, b := range bad {
+		_, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, ready_at)
+VALUES ($1, 'orders.created', $2, 0, $3::jsonb, $4, now())`, uuid.New(), b.key, b.headers, []byte(fmt.Sprint("bad-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("fine")})
+	r := e.relay(nil)
+	if _, err := r.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range bad {
+		row := e.row(fmt.Sprint("bad-", i))
+		if row.state != "dead" || row.attempts != 1 || !strings.Contains(row.lastErr, b.why) {
+			t.Errorf("row with key %q headers %s: %+v, want dead after 1 attempt saying %q", b.key, b.headers, row, b.why)
+		}
+	}
+	if got := payloads(e.streamMsgs("ORDERS")); got != "fine" {
+		t.Fatalf("ORDERS holds %q, want only the good row", got)
 	}
 }

@@ -184,7 +184,7 @@ func (r *Relay) describePermanent(ctx context.Context, row *store.Claimed, err e
 	if errors.As(err, &se) {
 		return "can never be published as it is, dead at once (retrying cannot help): " + err.Error()
 	}
-	why := "the stored headers cannot be decoded"
+	why := "the stored row would not arrive as it is stored"
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		why = permanentCodes[apiErr.ErrorCode]
@@ -298,19 +298,56 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	return outs
 }
 
-// errBadHeaders marks a row whose stored headers cannot be decoded.
-var errBadHeaders = errors.New("relay: stored headers are not a JSON object of string lists")
+// errBadHeaders marks a stored row that cannot be published as it is: headers that are not a
+// JSON object of string lists, or a key or header that would not reach the consumer exactly
+// as stored (a row written before the producer's rules, or not by package outbox). The
+// relay never lets the wire alter a message: such a row is dead at once, with the reason.
+var errBadHeaders = errors.New("relay: stored row cannot be published as it is")
 
 func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 	h := nats.Header{}
 	if len(row.Headers) > 0 {
 		if err := json.Unmarshal(row.Headers, (*map[string][]string)(&h)); err != nil {
-			return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
+			return nil, fmt.Errorf("%w: the stored headers are not a JSON object of string lists: %v", errBadHeaders, err)
 		}
+	}
+	if err := checkStored(row.Key, h); err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
 	}
 	h.Set(outbox.HeaderMsgID, row.MessageID.String())
 	if row.Key != "" {
 		h.Set(outbox.HeaderKey, row.Key)
 	}
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Payload}, nil
+}
+
+// checkStored applies the producer's rules (package outbox) to a stored key and headers, so
+// that what the relay publishes arrives exactly as stored.
+func checkStored(key string, h nats.Header) error {
+	if err := outbox.ValidateKey(key); err != nil {
+		return err
+	}
+	for name, values := range h {
+		if name == outbox.HeaderBizKey { // stored with the headers by the producer
+			if len(values) != 1 {
+				return fmt.Errorf("%w: %s has %d values", outbox.ErrInvalidKey, name, len(values))
+			}
+			if err := outbox.ValidateKey(values[0]); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			continue
+		}
+		if outbox.IsReservedHeader(name) {
+			return fmt.Errorf("%w: %q is reserved", outbox.ErrInvalidHeader, name)
+		}
+		if len(values) == 0 {
+			return fmt.Errorf("%w: %q has no value", outbox.ErrInvalidHeader, name)
+		}
+		for _, v := range values {
+			if err := outbox.ValidateHeaderValue(v); err != nil {
+				return fmt.Errorf("%q: %w", name, err)
+			}
+		}
+	}
+	return nil
 }
