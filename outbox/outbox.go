@@ -153,8 +153,9 @@ type DBTX = store.DBTX
 //
 // Within one call, locks are taken in one order, so concurrent calls cannot deadlock on them.
 // A transaction that enqueues keys in several calls can deadlock with another one, as with
-// row locks (PostgreSQL detects it and aborts one of them, SQLSTATE 40P01): within one
-// transaction, enqueue keys in a consistent order, or in one call.
+// row locks (PostgreSQL detects it and aborts one of them, SQLSTATE 40P01), and once past its
+// budget even without a common key (a common bucket suffices): within one transaction,
+// enqueue keys in a consistent order, bulk in one call.
 func (c *Client) EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil

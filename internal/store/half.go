@@ -34,7 +34,7 @@ var SettleableStates = []string{StatePrepared, StateCheckExhausted}
 // halfSQL holds the half-message and check-back statements of one schema.
 type halfSQL struct {
 	insertPrepared  string
-	lockKey         keyLockSQL
+	lockKey         string
 	commit          string
 	rollback        string
 	state           string
@@ -60,8 +60,8 @@ func newHalfSQL(q *Queries) halfSQL {
     producer_group, check_mode, next_check_at)
 VALUES ($1, $2, $3, $4, $5, $6, 'prepared', $7, $8, now() + $9::float8 * interval '1 millisecond')`
 	// The key's lock, taken before the new id is drawn (see commit), as EnqueueTx takes it.
-	h.lockKey = newKeyLockSQL(q, `SELECT partition_key AS h FROM `+m+`
-WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[])`)
+	h.lockKey = keyLockSQL(q, `ARRAY(SELECT partition_key FROM `+m+`
+  WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[]))`)
 	// Committing draws a new id: for one key, id order must be commit order, and the id this
 	// row got at prepare time is older than messages of its key committed since.
 	h.commit = `UPDATE ` + m + ` SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(),
@@ -214,10 +214,10 @@ func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settle
 	}
 	if a.Commit {
 		b := &pgx.Batch{}
-		q.half.lockKey.queue(b, a.MessageID, from)
+		b.Queue(q.half.lockKey, a.MessageID, from)
 		b.Queue(q.half.commit, a.MessageID, a.By, from, inc)
 		br := tx.SendBatch(ctx, b)
-		if err := q.half.lockKey.results(br); err != nil {
+		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return false, "", fmt.Errorf("lock key: %w", err)
 		}

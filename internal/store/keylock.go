@@ -1,10 +1,6 @@
 package store
 
-import (
-	"strconv"
-
-	"github.com/jackc/pgx/v5"
-)
+import "strconv"
 
 // Key locks. For one key, id order must be commit order: two transactions that write a row of
 // one key serialise on a transaction-scoped advisory lock taken before the row's id is drawn.
@@ -13,7 +9,8 @@ import (
 // (max_connections + max_prepared_transactions) entries): a transaction writing some 10,000
 // keys fails with "out of shared memory", and a few thousand already starve other sessions.
 // So key locks are intention locks over KeyLockBuckets buckets of key hashes
-// (bucket = hash % KeyLockBuckets), and each transaction has a budget of KeyLockBudget exact key locks:
+// (bucket = hash % KeyLockBuckets), and each transaction has a budget of KeyLockBudget exact
+// key locks:
 //
 //   - exact mode, while the transaction stays within its budget: a shared lock on each of the
 //     keys' buckets (sorted), then an exclusive lock on each key hash (sorted). Two exact-mode
@@ -30,13 +27,14 @@ import (
 //
 // Within one call the locks are taken in one order (buckets before keys, each sorted), so
 // calls cannot deadlock each other; a transaction that locks keys in several calls can
-// deadlock with another one (PostgreSQL detects it and aborts one), as with row locks.
+// deadlock with another one (PostgreSQL detects it and aborts one), as with row locks, and
+// once in bucket mode even without a common key (a common bucket suffices).
 //
 // The count of exact key locks a transaction took lives in a transaction-local setting
 // (set_config(…, true)), so it spans every call in the transaction, of every client, and the
-// mode is decided in SQL: locking stays in the caller's round trip. A rollback to a savepoint
-// restores the count as it was at the savepoint and releases the advisory locks taken since,
-// so the two stay in step.
+// mode is decided in SQL, in the statement that takes the locks: locking stays in the
+// caller's round trip. A rollback to a savepoint restores the count as it was at the savepoint
+// and releases the advisory locks taken since, so the two stay in step.
 const (
 	// KeyLockBuckets is the number of buckets key hashes fall into for bucket-mode locks.
 	KeyLockBuckets = 256
@@ -44,62 +42,34 @@ const (
 	// take more locks buckets instead.
 	KeyLockBudget = 256
 
-	// Transaction-local settings: how many exact key locks the transaction holds, and the
-	// mode of the current call (exact or bucket).
+	// keyLockCountSetting is the transaction-local setting counting the exact key locks the
+	// transaction took.
 	keyLockCountSetting = "txoutbox.key_locks"
-	keyLockModeSetting  = "txoutbox.key_lock_mode"
 )
 
-// keyLockSQL holds the statements that lock the keys a source query yields.
-type keyLockSQL struct {
-	decide  string // counts the call's keys against the budget and records the mode
-	buckets string // shared (exact mode) or exclusive (bucket mode) bucket locks, sorted
-	keys    string // exclusive key locks, sorted, in exact mode only
-}
-
-// newKeyLockSQL builds the statements locking the key hashes of src, a query whose column h
-// yields them (duplicates allowed) and whose parameters, if any, are every statement's.
-func newKeyLockSQL(q *Queries, src string) keyLockSQL {
+// keyLockSQL returns the statement that locks the key hashes of keys, an SQL int4[]
+// expression (duplicates and any order allowed) over the statement's parameters.
+//
+// x reads the count once; c decides the mode and sets the new count, once (both are
+// MATERIALIZED: inlined, the count could be read after it is set); the locks are then taken
+// in array order: the buckets, sorted, and in exact mode the keys, sorted.
+func keyLockSQL(q *Queries, keys string) string {
 	budget := strconv.Itoa(KeyLockBudget)
 	buckets := strconv.Itoa(KeyLockBuckets)
 	keyClass := strconv.Itoa(int(q.KeyLockClass)) + "::int4"
 	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
-	exact := `current_setting('` + keyLockModeSetting + `', true) = 'exact'`
-	var k keyLockSQL
-	// n: exact key locks taken so far in this transaction ('' once a setting made local in an
-	// earlier transaction of the session was reset); k: distinct keys of this call. c is
-	// MATERIALIZED so that n is read once, before the count is set (inlined, the mode's
-	// expression would read the new count).
-	k.decide = `WITH c AS MATERIALIZED (
+	return `WITH x AS MATERIALIZED (
   SELECT coalesce(nullif(current_setting('` + keyLockCountSetting + `', true), ''), '0')::int4 AS n,
-         (SELECT count(DISTINCT s.h)::int4 FROM (` + src + `) s) AS k
+         ARRAY(SELECT DISTINCT h FROM unnest(` + keys + `) AS h ORDER BY 1) AS k
+), c AS MATERIALIZED (
+  SELECT x.n + cardinality(x.k) <= ` + budget + ` AS exact, x.k,
+         ARRAY(SELECT DISTINCT h % ` + buckets + ` FROM unnest(x.k) AS h ORDER BY 1) AS b,
+         set_config('` + keyLockCountSetting + `',
+           (x.n + CASE WHEN x.n + cardinality(x.k) <= ` + budget + ` THEN cardinality(x.k) ELSE 0 END)::text, true) AS n
+  FROM x
 )
-SELECT set_config('` + keyLockCountSetting + `', (c.n + CASE WHEN c.n + c.k <= ` + budget + ` THEN c.k ELSE 0 END)::text, true),
-       set_config('` + keyLockModeSetting + `', CASE WHEN c.n + c.k <= ` + budget + ` THEN 'exact' ELSE 'bucket' END, true)
-FROM c`
-	// ARRAY(… ORDER BY) and unnest keep the order: locks are taken in it.
-	k.buckets = `SELECT count(CASE WHEN ` + exact + ` THEN pg_advisory_xact_lock_shared(` + bucketClass + `, u.b)
-    ELSE pg_advisory_xact_lock(` + bucketClass + `, u.b) END)
-FROM unnest(ARRAY(SELECT DISTINCT s.h % ` + buckets + ` FROM (` + src + `) s ORDER BY 1)) AS u(b)`
-	k.keys = `SELECT count(pg_advisory_xact_lock(` + keyClass + `, u.h))
-FROM unnest(ARRAY(SELECT DISTINCT s.h FROM (` + src + `) s ORDER BY 1)) AS u(h)
-WHERE ` + exact
-	return k
-}
-
-// queue adds the lock statements to b; args are src's parameters.
-func (k *keyLockSQL) queue(b *pgx.Batch, args ...any) {
-	b.Queue(k.decide, args...)
-	b.Queue(k.buckets, args...)
-	b.Queue(k.keys, args...)
-}
-
-// results reads the results of the statements queue added.
-func (k *keyLockSQL) results(br pgx.BatchResults) error {
-	for range 3 {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-	}
-	return nil
+SELECT count(CASE WHEN u.i > cardinality(c.b) THEN pg_advisory_xact_lock(` + keyClass + `, u.v)
+                  WHEN c.exact THEN pg_advisory_xact_lock_shared(` + bucketClass + `, u.v)
+                  ELSE pg_advisory_xact_lock(` + bucketClass + `, u.v) END)
+FROM c CROSS JOIN LATERAL unnest(CASE WHEN c.exact THEN c.b || c.k ELSE c.b END) WITH ORDINALITY AS u(v, i)`
 }

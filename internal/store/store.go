@@ -58,7 +58,7 @@ type Queries struct {
 	Dedup    string // quoted, schema-qualified dedup table
 
 	insertMessages string
-	lockKeys       keyLockSQL
+	lockKeys       string
 	claim          string
 	settleDelete   string
 	settleRetain   string
@@ -80,7 +80,7 @@ func New(schema string) *Queries {
 		PartitionLockClass: KeyHash("txoutbox.partition:" + schema),
 	}
 	q.dedup = newDedupSQL(q.Dedup)
-	q.lockKeys = newKeyLockSQL(q, `SELECT unnest($1::int4[]) AS h`)
+	q.lockKeys = keyLockSQL(q, `$1::int4[]`)
 	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
 	// and therefore publish order, follow the caller's order within one call.
 	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
@@ -213,12 +213,12 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	}
 	b := &pgx.Batch{}
 	if len(lockKeys) > 0 {
-		q.lockKeys.queue(b, lockKeys)
+		b.Queue(q.lockKeys, lockKeys)
 	}
 	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
 	br := db.SendBatch(ctx, b)
 	if len(lockKeys) > 0 {
-		if err := q.lockKeys.results(br); err != nil {
+		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return fmt.Errorf("lock keys: %w", err)
 		}
