@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -60,8 +61,10 @@ func newHalfSQL(q *Queries) halfSQL {
     producer_group, check_mode, next_check_at)
 VALUES ($1, $2, $3, $4, $5, $6, 'prepared', $7, $8, now() + $9::float8 * interval '1 millisecond')`
 	// The key's lock, taken before the new id is drawn (see commit), as EnqueueTx takes it.
-	h.lockKey = keyLockSQL(q, `ARRAY(SELECT partition_key FROM `+m+`
-  WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[]))`)
+	// (Message ids are unique: one key at most, sorted.)
+	row := ` FROM ` + m + ` WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[])`
+	h.lockKey = keyLockSQL(q, `ARRAY(SELECT partition_key`+row+`)`,
+		`ARRAY(SELECT partition_key % `+strconv.Itoa(KeyLockBuckets)+row+`)`)
 	// Committing draws a new id: for one key, id order must be commit order, and the id this
 	// row got at prepare time is older than messages of its key committed since.
 	h.commit = `UPDATE ` + m + ` SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(),

@@ -1,6 +1,9 @@
 package store
 
-import "strconv"
+import (
+	"slices"
+	"strconv"
+)
 
 // Key locks. For one key, id order must be commit order: two transactions that write a row of
 // one key serialise on a transaction-scoped advisory lock taken before the row's id is drawn.
@@ -47,29 +50,41 @@ const (
 	keyLockCountSetting = "txoutbox.key_locks"
 )
 
-// keyLockSQL returns the statement that locks the key hashes of keys, an SQL int4[]
-// expression (duplicates and any order allowed) over the statement's parameters.
+// keyLockSQL returns the statement that locks the key hashes of keys, given with their
+// buckets: both SQL int4[] expressions over the statement's parameters, sorted and without
+// duplicates (keyLockArgs makes them).
 //
-// x reads the count once; c decides the mode and sets the new count, once (both are
-// MATERIALIZED: inlined, the count could be read after it is set); the locks are then taken
-// in array order: the buckets, sorted, and in exact mode the keys, sorted.
-func keyLockSQL(q *Queries, keys string) string {
+// x reads the count (OFFSET 0: evaluated once, not inlined); c decides the mode and sets the
+// new count, once (MATERIALIZED); the locks are then taken in array order: the buckets, and
+// in exact mode the keys after them.
+func keyLockSQL(q *Queries, keys, buckets string) string {
 	budget := strconv.Itoa(KeyLockBudget)
-	buckets := strconv.Itoa(KeyLockBuckets)
 	keyClass := strconv.Itoa(int(q.KeyLockClass)) + "::int4"
 	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
-	return `WITH x AS MATERIALIZED (
-  SELECT coalesce(nullif(current_setting('` + keyLockCountSetting + `', true), ''), '0')::int4 AS n,
-         ARRAY(SELECT DISTINCT h FROM unnest(` + keys + `) AS h ORDER BY 1) AS k
-), c AS MATERIALIZED (
-  SELECT x.n + cardinality(x.k) <= ` + budget + ` AS exact, x.k,
-         ARRAY(SELECT DISTINCT h % ` + buckets + ` FROM unnest(x.k) AS h ORDER BY 1) AS b,
+	return `WITH c AS MATERIALIZED (
+  SELECT x.n + cardinality(x.k) <= ` + budget + ` AS exact, x.k, x.b,
          set_config('` + keyLockCountSetting + `',
            (x.n + CASE WHEN x.n + cardinality(x.k) <= ` + budget + ` THEN cardinality(x.k) ELSE 0 END)::text, true) AS n
-  FROM x
+  FROM (SELECT coalesce(nullif(current_setting('` + keyLockCountSetting + `', true), ''), '0')::int4 AS n,
+               ` + keys + ` AS k, ` + buckets + ` AS b
+        OFFSET 0) x
 )
 SELECT count(CASE WHEN u.i > cardinality(c.b) THEN pg_advisory_xact_lock(` + keyClass + `, u.v)
                   WHEN c.exact THEN pg_advisory_xact_lock_shared(` + bucketClass + `, u.v)
                   ELSE pg_advisory_xact_lock(` + bucketClass + `, u.v) END)
 FROM c CROSS JOIN LATERAL unnest(CASE WHEN c.exact THEN c.b || c.k ELSE c.b END) WITH ORDINALITY AS u(v, i)`
+}
+
+// keyLockArgs returns the sorted distinct key hashes of hashes (which it sorts) and their
+// sorted distinct buckets. Sorting here, not in SQL, keeps a one-key call as cheap as it was
+// with one lock per key.
+func keyLockArgs(hashes []int32) (keys, buckets []int32) {
+	slices.Sort(hashes)
+	keys = slices.Compact(hashes)
+	buckets = make([]int32, len(keys))
+	for i, h := range keys {
+		buckets[i] = h % KeyLockBuckets
+	}
+	slices.Sort(buckets)
+	return keys, slices.Compact(buckets)
 }

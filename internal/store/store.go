@@ -80,7 +80,7 @@ func New(schema string) *Queries {
 		PartitionLockClass: KeyHash("txoutbox.partition:" + schema),
 	}
 	q.dedup = newDedupSQL(q.Dedup)
-	q.lockKeys = keyLockSQL(q, `$1::int4[]`)
+	q.lockKeys = keyLockSQL(q, `$1::int4[]`, `$2::int4[]`)
 	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
 	// and therefore publish order, follow the caller's order within one call.
 	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
@@ -201,19 +201,18 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	headers := make([]*string, n)
 	payloads := make([][]byte, n)
 	var lockKeys []int32
-	seen := map[int32]bool{}
 	for i, r := range rows {
 		ids[i] = r.MessageID
 		subjects[i] = r.Subject
 		keys[i], parts[i], headers[i], payloads[i] = r.columns()
-		if keys[i] != nil && !seen[parts[i]] {
-			seen[parts[i]] = true
+		if keys[i] != nil {
 			lockKeys = append(lockKeys, parts[i])
 		}
 	}
 	b := &pgx.Batch{}
 	if len(lockKeys) > 0 {
-		b.Queue(q.lockKeys, lockKeys)
+		sorted, buckets := keyLockArgs(lockKeys)
+		b.Queue(q.lockKeys, sorted, buckets)
 	}
 	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
 	br := db.SendBatch(ctx, b)
