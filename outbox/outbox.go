@@ -142,7 +142,7 @@ type DBTX = store.DBTX
 // drawn, so concurrent transactions enqueueing one key serialise and, for one key, id order
 // is commit order. There is no limit on the number of keys, in one call or in one
 // transaction: a transaction locks up to KeyLockBudget distinct keys exactly (each key, plus a
-// shared lock on its bucket, KeyHash % KeyLockBuckets), and a call that would take it past
+// shared lock on its bucket, its hash modulo KeyLockBuckets), and a call that would take it past
 // that budget locks the buckets of its keys exclusively instead. A transaction so holds at
 // most KeyLockBuckets + 2×KeyLockBudget advisory locks per outbox, of PostgreSQL's lock table
 // shared by all sessions (max_locks_per_transaction × max_connections entries). Until it
