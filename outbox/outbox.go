@@ -138,6 +138,15 @@ type Message struct {
 	Payload []byte
 }
 
+// Key lock limits (see EnqueueTx).
+const (
+	// KeyLockBudget is how many distinct keys one transaction locks exactly; past it, calls
+	// lock the buckets of their keys.
+	KeyLockBudget = store.KeyLockBudget
+	// KeyLockBuckets is the number of buckets keys fall into (by hash) for bucket locks.
+	KeyLockBuckets = store.KeyLockBuckets
+)
+
 // DBTX is what EnqueueTx needs from the caller's transaction: pgx.Tx satisfies it.
 type DBTX = store.DBTX
 
@@ -149,10 +158,24 @@ type DBTX = store.DBTX
 // JetStream under the server's default limits and reaches the consumer byte for byte (see
 // the package documentation). It returns the message ids in the order of msgs.
 //
-// A keyed message takes a transaction-scoped advisory lock on its key before its row id is
+// A keyed message locks its key (transaction-scoped advisory locks) before its row id is
 // drawn, so concurrent transactions enqueueing one key serialise and, for one key, id order
-// is commit order. Within one transaction, enqueue keys in a consistent order (as with row
-// locks) to avoid deadlocks between transactions that enqueue several keys in several calls.
+// is commit order. There is no limit on the number of keys, in one call or in one
+// transaction: a transaction locks up to KeyLockBudget distinct keys exactly (each key, plus a
+// shared lock on its bucket, its hash modulo KeyLockBuckets), and a call that would take it past
+// that budget locks the buckets of its keys exclusively instead. A transaction so holds at
+// most KeyLockBuckets + 2×KeyLockBudget advisory locks per outbox, of PostgreSQL's lock table
+// shared by all sessions (max_locks_per_transaction × max_connections entries). Until it
+// commits or rolls back, a transaction that locked buckets also blocks every other
+// transaction enqueueing a key of those buckets — one call with a few thousand keys covers
+// them all: keep bulk enqueues short. Half messages committed with Commit or CommitTx take
+// their key's lock the same way.
+//
+// Within one call, locks are taken in one order, so concurrent calls cannot deadlock on them.
+// A transaction that enqueues keys in several calls can deadlock with another one, as with
+// row locks (PostgreSQL detects it and aborts one of them, SQLSTATE 40P01), and once past its
+// budget even without a common key (a common bucket suffices): within one transaction,
+// enqueue keys in a consistent order, bulk in one call.
 func (c *Client) EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil

@@ -8,6 +8,9 @@ package bench
 //
 //	go test ./internal/bench -run '^$' -bench Enqueue -benchtime 2000x
 //
+// enqueue_N_keys gives each of the N messages a key of its own, never seen before (no waiting on
+// another producer): the cost of the key locks.
+//
 // plain_insert_N inserts the same N rows (id, message id, subject, 512 B payload) into a plain
 // table with only a primary key, in one statement: the cost of EnqueueTx is the difference.
 // notify_in_tx adds a pg_notify inside the transaction, which the doorbell avoids: PostgreSQL
@@ -17,6 +20,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,6 +39,7 @@ type enqueueBench struct {
 	business string
 	plain    string
 	payload  []byte
+	keySeq   atomic.Int64 // distinct keys for the keyed variants
 }
 
 func newEnqueueBench(b *testing.B) *enqueueBench {
@@ -105,6 +110,18 @@ func (e *enqueueBench) messages(n int) []outbox.Message {
 	return msgs
 }
 
+// keyed returns a variant's statement enqueueing n messages with n keys never used before.
+func (e *enqueueBench) keyed(n int) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		msgs := e.messages(n)
+		for i := range msgs {
+			msgs[i].Key = "k" + strconv.FormatInt(e.keySeq.Add(1), 10)
+		}
+		_, err := e.client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}
+}
+
 // plainInsert inserts n rows like the outbox's into the plain table in one statement.
 func (e *enqueueBench) plainInsert(ctx context.Context, tx pgx.Tx, n int) error {
 	if n == 1 {
@@ -143,6 +160,7 @@ func (e *enqueueBench) variants() []variant {
 		{name: "business_only", stmt: func(context.Context, pgx.Tx) error { return nil }},
 		{name: "plain_insert_1", stmt: func(ctx context.Context, tx pgx.Tx) error { return e.plainInsert(ctx, tx, 1) }},
 		{name: "enqueue_1", stmt: enqueue(e.client, one)},
+		{name: "enqueue_1_key", stmt: e.keyed(1)},
 		{name: "enqueue_1_ring", stmt: enqueue(e.ringing, one), after: e.ringing.Ring},
 		{name: "enqueue_1_notify_in_tx", stmt: func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := e.client.EnqueueTx(ctx, tx, one...); err != nil {
@@ -153,6 +171,8 @@ func (e *enqueueBench) variants() []variant {
 		}},
 		{name: "plain_insert_100", stmt: func(ctx context.Context, tx pgx.Tx) error { return e.plainInsert(ctx, tx, 100) }},
 		{name: "enqueue_100", stmt: enqueue(e.client, hundred)},
+		{name: "enqueue_100_keys", stmt: e.keyed(100)},
+		{name: "enqueue_300_keys", stmt: e.keyed(300)},
 	}
 }
 
@@ -201,7 +221,8 @@ func BenchmarkEnqueue(b *testing.B) {
 		})
 	}
 	for _, v := range e.variants() {
-		if v.name == "plain_insert_100" || v.name == "enqueue_100" || v.name == "plain_insert_1" {
+		if v.name == "plain_insert_100" || v.name == "enqueue_100" || v.name == "plain_insert_1" ||
+			v.name == "enqueue_100_keys" || v.name == "enqueue_300_keys" {
 			continue
 		}
 		b.Run("parallel/"+v.name, func(b *testing.B) {

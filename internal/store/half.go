@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,9 +60,11 @@ func newHalfSQL(q *Queries) halfSQL {
 	h.insertPrepared = `INSERT INTO ` + m + ` (message_id, subject, msg_key, partition_key, headers, payload, state,
     producer_group, check_mode, next_check_at)
 VALUES ($1, $2, $3, $4, $5, $6, 'prepared', $7, $8, now() + $9::float8 * interval '1 millisecond')`
-	// The key's advisory lock, taken before the new id is drawn (see commit).
-	h.lockKey = `SELECT count(pg_advisory_xact_lock($1::int4, partition_key)) FROM ` + m + `
-WHERE message_id = $2 AND msg_key IS NOT NULL AND state = ANY($3::text[])`
+	// The key's lock, taken before the new id is drawn (see commit), as EnqueueTx takes it.
+	// (Message ids are unique: one key at most, sorted.)
+	row := ` FROM ` + m + ` WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[])`
+	h.lockKey = keyLockSQL(q, `ARRAY(SELECT partition_key`+row+`)`,
+		`ARRAY(SELECT partition_key % `+strconv.Itoa(KeyLockBuckets)+row+`)`)
 	// Committing draws a new id: for one key, id order must be commit order, and the id this
 	// row got at prepare time is older than messages of its key committed since.
 	h.commit = `UPDATE ` + m + ` SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(),
@@ -197,11 +200,12 @@ type HalfSettle struct {
 }
 
 // SettleHalf commits or rolls back a half message. tx must be a transaction when committing:
-// the key's advisory lock is held until it ends. It reports whether the row was settled and,
-// when it was not, the state the row is in (ErrNoRow when there is none).
+// the key's lock is held until it ends. It reports whether the row was settled and, when it
+// was not, the state the row is in (ErrNoRow when there is none).
 //
-// Committing takes the key's transaction-scoped advisory lock and then draws a new id, so that
-// for one key id order is commit order, as with EnqueueTx.
+// Committing locks the key as InsertMessages does (keylock.go: exact or bucket mode, counted
+// in the transaction's budget) and then draws a new id, so that for one key id order is commit
+// order, as with EnqueueTx.
 func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settled bool, state string, err error) {
 	from := a.From
 	if from == nil {
@@ -213,7 +217,7 @@ func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settle
 	}
 	if a.Commit {
 		b := &pgx.Batch{}
-		b.Queue(q.half.lockKey, q.KeyLockClass, a.MessageID, from)
+		b.Queue(q.half.lockKey, a.MessageID, from)
 		b.Queue(q.half.commit, a.MessageID, a.By, from, inc)
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {

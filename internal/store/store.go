@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"strings"
 	"time"
 
@@ -48,8 +47,10 @@ type Queries struct {
 	// Advisory lock classes (first int of the two-int form, which never conflicts with the
 	// single-bigint form applications commonly use), derived from the schema so that two
 	// outboxes in one database do not block each other.
-	// KeyLockClass serialises enqueuers of one key so that id order is commit order.
-	KeyLockClass int32
+	// KeyLockClass and KeyBucketLockClass serialise the writers of one key so that id order is
+	// commit order (keylock.go): exact locks on key hashes, and locks on their buckets.
+	KeyLockClass       int32
+	KeyBucketLockClass int32
 	// PartitionLockClass is the relay's session-level lease on a partition (second int).
 	PartitionLockClass int32
 
@@ -75,10 +76,11 @@ func New(schema string) *Queries {
 		Dedup:    pgx.Identifier{schema, DedupTable}.Sanitize(),
 
 		KeyLockClass:       KeyHash("txoutbox.key:" + schema),
+		KeyBucketLockClass: KeyHash("txoutbox.keybucket:" + schema),
 		PartitionLockClass: KeyHash("txoutbox.partition:" + schema),
 	}
 	q.dedup = newDedupSQL(q.Dedup)
-	q.lockKeys = `SELECT count(pg_advisory_xact_lock($1::int4, k)) FROM unnest($2::int4[]) AS u(k)`
+	q.lockKeys = keyLockSQL(q, `$1::int4[]`, `$2::int4[]`)
 	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
 	// and therefore publish order, follow the caller's order within one call.
 	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
@@ -130,7 +132,8 @@ SELECT (SELECT count(*) FROM ok),
 }
 
 // KeyHash is the 31-bit hash of an ordering key (or of a message id for unkeyed messages): it
-// is both the advisory lock that orders a key's enqueuers and the row's partition_key.
+// is both the advisory lock that orders a key's enqueuers (KeyHash % KeyLockBuckets is its
+// bucket) and the row's partition_key.
 func KeyHash(s string) int32 {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(s))
@@ -187,8 +190,8 @@ func DuplicateMessageID(err error) (uuid.UUID, bool) {
 	return id, true
 }
 
-// InsertMessages locks the keys of rows (sorted, so concurrent callers cannot deadlock on
-// them) and inserts the rows, in one round trip.
+// InsertMessages locks the keys of rows (see keylock.go: in one order, so that concurrent
+// calls cannot deadlock on them) and inserts the rows, in one round trip.
 func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) error {
 	n := len(rows)
 	ids := make([][16]byte, n) // [16]byte encodes natively; uuid.UUID would go through driver.Valuer and text
@@ -198,20 +201,18 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	headers := make([]*string, n)
 	payloads := make([][]byte, n)
 	var lockKeys []int32
-	seen := map[int32]bool{}
 	for i, r := range rows {
 		ids[i] = r.MessageID
 		subjects[i] = r.Subject
 		keys[i], parts[i], headers[i], payloads[i] = r.columns()
-		if keys[i] != nil && !seen[parts[i]] {
-			seen[parts[i]] = true
+		if keys[i] != nil {
 			lockKeys = append(lockKeys, parts[i])
 		}
 	}
 	b := &pgx.Batch{}
 	if len(lockKeys) > 0 {
-		slices.Sort(lockKeys)
-		b.Queue(q.lockKeys, q.KeyLockClass, lockKeys)
+		sorted, buckets := keyLockArgs(lockKeys)
+		b.Queue(q.lockKeys, sorted, buckets)
 	}
 	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
 	br := db.SendBatch(ctx, b)
