@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -194,16 +194,6 @@ func (s *Server) answer(req micro.Request, check CheckFunc, def time.Duration, l
 	}
 }
 
-// oneLine makes s fit in a header value.
-func oneLine(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '\r' || r == '\n' {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > 1024 {
-		s = s[:1024]
-	}
-	return s
-}
+// oneLine makes s, an error text of the checker's, a header value that arrives as sent
+// (valid UTF-8, one line, at most 1024 bytes cut on a character boundary).
+func oneLine(s string) string { return safetext.Header(s, 1024) }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
@@ -964,5 +965,37 @@ func TestDeadLetterTooBigForItsStream(t *testing.T) {
 	dead := e.deadLetters()
 	if len(dead) != 1 || len(dead[0].Data) != 0 || dead[0].Header.Get(HeaderDeadPayloadDropped) != "true" {
 		t.Fatalf("dead letters: %d, want one without its payload", len(dead))
+	}
+}
+
+// A handler's error text, whatever it holds, becomes a dead letter's Txoutbox-Dead-Error that
+// arrives as sent: valid UTF-8, one line, within the limit, cut on a character boundary.
+func TestDeadLetterErrorTextIsAlwaysSendable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	texts := map[string]string{
+		"nul":     "bad \x00 value",
+		"invalid": "bad \xff\xfe bytes",
+		"crlf":    "line 1\r\nline 2\ttabbed",
+		"long":    "x" + strings.Repeat("é", 2000),
+	}
+	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
+		return Permanent(errors.New(texts[string(msg.Data)]))
+	}
+	for name := range texts {
+		e.publishID("orders.created", newID(), name)
+	}
+	c := e.newConsumer(nil, nil, h)
+	e.run(c)
+	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered.Load() == int64(len(texts)) })
+	dead := e.deadLetters()
+	if len(dead) != len(texts) {
+		t.Fatalf("dead letters: %d, want %d", len(dead), len(texts))
+	}
+	for _, d := range dead {
+		v := d.Header.Get(HeaderDeadError)
+		if v == "" || len(v) > maxErrorHeader || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\r\n\t") {
+			t.Errorf("dead letter %q: error header %d bytes %q", d.Data, len(v), v[:min(len(v), 60)])
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/fault"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -544,26 +545,9 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	return result{outcome: outcomeDeadLettered, err: cause}
 }
 
-// headerValue makes s a single-line header value of at most maxErrorHeader bytes.
-func headerValue(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '\r' || r == '\n' || r == 0 {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > maxErrorHeader {
-		cut := 0
-		for i := range s { // rune boundaries
-			if i > maxErrorHeader {
-				break
-			}
-			cut = i
-		}
-		s = s[:cut]
-	}
-	return s
-}
+// headerValue makes s, which may quote a handler or the server, a header value that arrives
+// as sent: valid UTF-8, one line, at most maxErrorHeader bytes cut on a character boundary.
+func headerValue(s string) string { return safetext.Header(s, maxErrorHeader) }
 
 func (it *item) dedupRow(consumer string) store.DedupRow {
 	return store.DedupRow{

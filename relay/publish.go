@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -131,10 +130,10 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 // LastErrorMaxBytes bounds the error text the relay stores in a failed row's last_error (and
 // logs): longer texts are cut on a character boundary and end with "…". Texts from JetStream
 // are made storable first (valid UTF-8, no NUL bytes; see internal/safetext).
-const LastErrorMaxBytes = 1024
+const LastErrorMaxBytes = store.MaxErrorText
 
 // lastError makes s storable in last_error.
-func lastError(s string) string { return safetext.Text(s, LastErrorMaxBytes) }
+func lastError(s string) string { return store.ErrorText(s) }
 
 func describe(row *store.Claimed, err error) string {
 	if isNoResponders(err) {

@@ -329,7 +329,9 @@ func (q *Queries) Fence(ctx context.Context, tx DBTX, ids []int64) ([]uuid.UUID,
 // delay, or, when this was check number maxChecks, the row becomes check_exhausted. It returns
 // the row's new state and check count; ok is false when the row is no longer prepared.
 func (q *Queries) RecordCheck(ctx context.Context, db DBTX, id uuid.UUID, detail string, delay time.Duration, maxChecks int) (state string, count int32, ok bool, err error) {
-	err = db.QueryRow(ctx, q.half.recordCheck, id, detail, ms(delay), int32(maxChecks)).Scan(&state, &count)
+	// detail quotes the checker (its error text, its reply): made storable here, so that a
+	// NUL, invalid UTF-8 or a cut character can never make recording the check fail.
+	err = db.QueryRow(ctx, q.half.recordCheck, id, ErrorText(detail), ms(delay), int32(maxChecks)).Scan(&state, &count)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", 0, false, nil
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
 // Table names, unqualified. The schema comes from the Queries.
@@ -40,6 +41,14 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
+
+// MaxErrorText bounds every error text stored in last_error, in bytes.
+const MaxErrorText = 1024
+
+// ErrorText makes s, which may come from outside the process (a checker, JetStream, a
+// handler), storable in last_error: valid UTF-8, no NUL, at most MaxErrorText bytes, cut on a
+// character boundary. Every statement that stores an error text applies it.
+func ErrorText(s string) string { return safetext.Text(s, MaxErrorText) }
 
 // Queries holds the statements for one schema.
 type Queries struct {
@@ -330,7 +339,7 @@ func (q *Queries) Settle(ctx context.Context, db DBTX, a SettleArgs) (SettleResu
 	fNext := make([]float64, len(a.Failed))
 	fPerm := make([]bool, len(a.Failed))
 	for i, f := range a.Failed {
-		fIDs[i], fErrs[i], fNext[i], fPerm[i] = f.ID, f.Err, float64(f.Delay)/float64(time.Millisecond), f.Permanent
+		fIDs[i], fErrs[i], fNext[i], fPerm[i] = f.ID, ErrorText(f.Err), float64(f.Delay)/float64(time.Millisecond), f.Permanent
 	}
 	var res SettleResult
 	var err error
