@@ -192,7 +192,10 @@ type Status struct {
 	Version   int
 	Name      string
 	Applied   bool
-	AppliedAt time.Time
+	AppliedAt time.Time // zero when the version was read from another tool's table
+	// Source says where Applied was read: VersionTable, golang-migrate's or goose's version
+	// table (see GolangMigrateTable, GooseTable); "" when nothing is recorded.
+	Source string
 }
 
 func (m *Migrator) qschema() string { return pgx.Identifier{m.schema}.Sanitize() }
@@ -247,9 +250,50 @@ type applied struct {
 	at      time.Time
 }
 
-func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.qtable()).Scan(&exists); err != nil {
+// Version tables of the deploy tools the README offers, read when txoutbox's own records
+// nothing, so that a schema golang-migrate or goose brought up to date is accepted as it is.
+const (
+	// GolangMigrateTable is golang-migrate's: one row, the current version and a dirty flag.
+	GolangMigrateTable = "schema_migrations"
+	// GooseTable is goose's: one row per applied (or reverted) version.
+	GooseTable = "goose_db_version"
+)
+
+// ErrManagedElsewhere: the schema's versions are recorded by another tool (golang-migrate or
+// goose), so `relay migrate up|down` leave it to that tool.
+var ErrManagedElsewhere = errors.New("migrations: schema managed by another migration tool")
+
+// applied returns the applied versions, in order, and where they were read from: txoutbox's
+// VersionTable, else golang-migrate's or goose's version table in the same schema, else none
+// ("").
+func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, string, error) {
+	out, err := m.readOwn(ctx, tx)
+	if err != nil || len(out) > 0 {
+		return out, VersionTable, err
+	}
+	var v int
+	var src string
+	switch v, src, err = m.readForeign(ctx, tx); {
+	case err != nil:
+		return nil, "", err
+	case src == "":
+		return nil, "", nil
+	}
+	for i := 1; i <= v; i++ {
+		out = append(out, applied{version: i})
+	}
+	return out, src, m.checkOrder(out, src)
+}
+
+func (m *Migrator) exists(ctx context.Context, tx pgx.Tx, table string) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{m.schema, table}.Sanitize()).Scan(&ok)
+	return ok, err
+}
+
+func (m *Migrator) readOwn(ctx context.Context, tx pgx.Tx) ([]applied, error) {
+	exists, err := m.exists(ctx, tx, VersionTable)
+	if err != nil {
 		return nil, fmt.Errorf("migrations: read versions: %w", err)
 	}
 	if !exists {
@@ -270,27 +314,72 @@ func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("migrations: read versions: %w", err)
 	}
+	return out, m.checkOrder(out, VersionTable)
+}
+
+func (m *Migrator) checkOrder(out []applied, src string) error {
 	for i, a := range out {
 		if a.version != i+1 {
-			return nil, fmt.Errorf("%w: schema %q records version %d where %d was expected (a version was skipped)", ErrInconsistentDatabase, m.schema, a.version, i+1)
+			return fmt.Errorf("%w: schema %q records version %d where %d was expected in %s (a version was skipped)", ErrInconsistentDatabase, m.schema, a.version, i+1, src)
 		}
 		if a.version > len(m.migrations) {
-			return nil, fmt.Errorf("%w: schema %q is at version %d, newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, a.version, len(m.migrations))
+			return fmt.Errorf("%w: schema %q is at version %d (%s), newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, a.version, src, len(m.migrations))
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// readForeign reads golang-migrate's or goose's version table: the current version and a
+// description of where it came from ("" when neither table exists).
+func (m *Migrator) readForeign(ctx context.Context, tx pgx.Tx) (int, string, error) {
+	if ok, err := m.exists(ctx, tx, GolangMigrateTable); err != nil {
+		return 0, "", fmt.Errorf("migrations: read versions: %w", err)
+	} else if ok {
+		src := fmt.Sprintf("golang-migrate's %s.%s", m.schema, GolangMigrateTable)
+		var v int64
+		var dirty bool
+		err := tx.QueryRow(ctx, "SELECT version, dirty FROM "+pgx.Identifier{m.schema, GolangMigrateTable}.Sanitize()+" ORDER BY version DESC LIMIT 1").Scan(&v, &dirty)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return 0, src, nil
+		case err != nil:
+			return 0, "", fmt.Errorf("migrations: read %s: %w", src, err)
+		case dirty:
+			return 0, "", fmt.Errorf("%w: %s says version %d is dirty (a migration failed half way): fix the schema, then `migrate force`", ErrInconsistentDatabase, src, v)
+		}
+		return int(v), src, nil
+	}
+	if ok, err := m.exists(ctx, tx, GooseTable); err != nil {
+		return 0, "", fmt.Errorf("migrations: read versions: %w", err)
+	} else if ok {
+		src := fmt.Sprintf("goose's %s.%s", m.schema, GooseTable)
+		// A version is applied when its newest row says so (goose records reverts as rows with
+		// is_applied false); goose's own row for version 0 is not a migration.
+		var v int64
+		err := tx.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM (
+  SELECT DISTINCT ON (version_id) version_id, is_applied FROM `+pgx.Identifier{m.schema, GooseTable}.Sanitize()+`
+  WHERE version_id > 0 ORDER BY version_id, id DESC) g WHERE is_applied`).Scan(&v)
+		if err != nil {
+			return 0, "", fmt.Errorf("migrations: read %s: %w", src, err)
+		}
+		return int(v), src, nil
+	}
+	return 0, "", nil
 }
 
 // Up applies every pending migration, each in its own transaction, and returns the versions
 // it applied.
 func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
+	if upToDate, err := m.notManagedElsewhere(ctx, db, "up"); err != nil || upToDate {
+		return nil, err
+	}
 	var done []int
 	for {
 		tx, err := m.begin(ctx, db, true)
 		if err != nil {
 			return done, err
 		}
-		app, err := m.applied(ctx, tx)
+		app, _, err := m.applied(ctx, tx)
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return done, err
@@ -318,13 +407,16 @@ func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
 // Down reverts the newest steps applied migrations (all of them when steps <= 0 is given as
 // DownAll) and returns the versions it reverted, newest first.
 func (m *Migrator) Down(ctx context.Context, db Beginner, steps int) ([]int, error) {
+	if _, err := m.notManagedElsewhere(ctx, db, "down"); err != nil {
+		return nil, err
+	}
 	var done []int
 	for steps < 0 || len(done) < steps {
 		tx, err := m.begin(ctx, db, false)
 		if err != nil {
 			return done, err
 		}
-		app, err := m.applied(ctx, tx)
+		app, _, err := m.applied(ctx, tx)
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return done, err
@@ -350,6 +442,26 @@ func (m *Migrator) Down(ctx context.Context, db Beginner, steps int) ([]int, err
 	return done, nil
 }
 
+// notManagedElsewhere refuses to run up or down on a schema whose versions another tool
+// records (that tool applies what is missing), and reports an up-to-date one, for which up
+// has nothing to do and creates nothing.
+func (m *Migrator) notManagedElsewhere(ctx context.Context, db Beginner, what string) (upToDate bool, err error) {
+	tx, err := m.begin(ctx, db, false)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	app, src, err := m.applied(ctx, tx)
+	if err != nil || src == "" || src == VersionTable {
+		return false, err
+	}
+	if what == "up" && len(app) == len(m.migrations) {
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: schema %q is at version %d according to %s; apply migrations with that tool (this binary's latest is %d)",
+		ErrManagedElsewhere, m.schema, len(app), src, len(m.migrations))
+}
+
 // DownAll can be passed to Down to revert every applied migration.
 const DownAll = -1
 
@@ -360,13 +472,13 @@ func (m *Migrator) Status(ctx context.Context, db Beginner) ([]Status, error) {
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	app, err := m.applied(ctx, tx)
+	app, src, err := m.applied(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Status, len(m.migrations))
 	for i, mig := range m.migrations {
-		out[i] = Status{Version: mig.Version, Name: mig.Name}
+		out[i] = Status{Version: mig.Version, Name: mig.Name, Source: src}
 		if i < len(app) {
 			out[i].Applied = true
 			out[i].AppliedAt = app[i].at

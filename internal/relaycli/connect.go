@@ -234,12 +234,21 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err != nil {
 		return err
 	}
-	v, err := m.Version(ctx, pool)
+	st, err := m.Status(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("read the schema version: %w", err)
 	}
+	v, src := 0, "nothing: no version table of txoutbox, golang-migrate or goose in the schema"
+	for _, s := range st {
+		if s.Applied {
+			v = s.Version
+		}
+		if s.Source != "" {
+			src = s.Source
+		}
+	}
 	if v < m.Latest() {
-		return fmt.Errorf("schema %q is at migration version %d but this relay needs %d: run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema, v, m.Latest(), schema)
+		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema, v, src, m.Latest(), schema)
 	}
 	return nil
 }

@@ -115,12 +115,20 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
 		for _, x := range st {
 			at := "no"
-			if x.Applied {
+			switch {
+			case x.Applied && x.AppliedAt.IsZero():
+				at = "yes"
+			case x.Applied:
 				at = x.AppliedAt.Format("2006-01-02 15:04:05 MST")
 			}
 			fmt.Fprintf(tw, "%03d\t%s\t%s\n", x.Version, x.Name, at)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(st) > 0 && st[0].Source != "" && st[0].Source != migrations.VersionTable {
+			fmt.Fprintf(env.Stdout, "versions read from %s\n", st[0].Source)
+		}
 	}
 	return nil
 }
