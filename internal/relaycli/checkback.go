@@ -141,7 +141,24 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	cfg.Logger = log
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log, AppName: "txoutbox-checkback", Wait: !once})
+	if metricsAddr != "" && once {
+		log.Info("--metrics-addr is ignored with --once")
+	}
+	reg := newRegistry()
+	waiting := &waitState{}
+	var target *opsTarget
+	if metricsAddr != "" && !once {
+		cfg.Registerer = reg
+		// Served from the start: /healthz answers and /readyz says what the check-back waits for.
+		srv, t, err := startOpsEarly(metricsAddr, reg, "", waiting, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		target = t
+	}
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log,
+		AppName: "txoutbox-checkback", Wait: !once, Waiting: waiting})
 	if err != nil {
 		return err
 	}
@@ -149,25 +166,13 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkSchema(ctx, c.Pool, schema); err != nil {
 		return err
 	}
-	serve := metricsAddr != "" && !once
-	if metricsAddr != "" && once {
-		log.Info("--metrics-addr is ignored with --once")
-	}
-	reg := newRegistry()
-	if serve {
-		cfg.Registerer = reg
-	}
 	cb, err := checkback.New(c.Pool, c.NC, &cfg)
 	if err != nil {
 		return checkbackConfigErr(err)
 	}
 	if !once {
-		if serve {
-			srv, err := serveCheckbackOps(metricsAddr, reg, c, schema, log)
-			if err != nil {
-				return err
-			}
-			defer srv.Close()
+		if target != nil {
+			target.attachCheckback(c, schema)
 		}
 		return cb.Run(ctx)
 	}

@@ -28,7 +28,10 @@ type conns struct {
 	NATSURL string
 	Pool    *pgxpool.Pool
 	NC      *nats.Conn
-	cleanup []func()
+	// NATSDown is why NATS did not answer a command that does not wait (NC then connects in
+	// the background); nil when it answered.
+	NATSDown error
+	cleanup  []func()
 }
 
 func (c *conns) Close() {
@@ -59,8 +62,11 @@ type connectOptions struct {
 	Log     *slog.Logger
 	AppName string
 	// Wait makes a daemon that starts while PostgreSQL or NATS does not answer wait for them
-	// (saying so once) instead of exiting; a one-shot command fails at once.
-	Wait bool
+	// (saying so once, and in Waiting) instead of exiting; a failure waiting cannot fix ends it
+	// all the same. A one-shot command does not wait: it fails at once, except that a NATS that
+	// does not answer (but may) leaves NC connecting in the background and NATSDown set.
+	Wait    bool
+	Waiting *waitState
 }
 
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
@@ -122,11 +128,10 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}
 	}
 	log := o.Log
-	nc, err := nats.Connect(c.NATSURL,
+	opts := []nats.Option{
 		nats.Name(o.AppName),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(250 * time.Millisecond),
 		// Publishes fail while the connection is down instead of waiting in a buffer to go out
 		// late: the relay retries them itself, and may hand its partitions over meanwhile.
 		nats.ReconnectBufSize(-1),
@@ -145,20 +150,39 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
 		}),
-	)
-	if err != nil {
-		// A URL that does not parse comes back whole in the error: mask its credentials.
-		if ue := (*url.Error)(nil); errors.As(err, &ue) {
-			ue.URL = redact.DSN(ue.URL)
-		}
-		return fail(fmt.Errorf("connect to NATS: %w", err))
 	}
-	c.NC = nc
+	// One connection attempt (to each server of the URL); once connected, the connection
+	// reconnects by itself for ever.
+	dial := func(more ...nats.Option) (*nats.Conn, error) {
+		nc, err := nats.Connect(c.NATSURL, append(opts, more...)...)
+		if err != nil {
+			// A URL that does not parse comes back whole in the error: mask its credentials.
+			if ue := (*url.Error)(nil); errors.As(err, &ue) {
+				ue.URL = redact.DSN(ue.URL)
+			}
+		}
+		return nc, err
+	}
 	if o.Wait {
-		if err := waitReady(ctx, c, log); err != nil {
+		if err := waitReady(ctx, c, func() (*nats.Conn, error) { return dial() }, log, o.Waiting); err != nil {
 			return fail(err)
 		}
+		return c, nil
 	}
+	nc, err := dial()
+	switch {
+	case err == nil:
+	case !natsWaitable(err):
+		return fail(&unfixableConnErr{what: "NATS", where: redact.DSN(c.NATSURL), err: err})
+	default:
+		// It may come: connect in the background, and let the command say what it could not do.
+		log.Warn("NATS does not answer; going on without it for now", "at", redact.DSN(c.NATSURL), "err", err)
+		c.NATSDown = err
+		if nc, err = dial(nats.RetryOnFailedConnect(true)); err != nil {
+			return fail(fmt.Errorf("connect to NATS: %w", err))
+		}
+	}
+	c.NC = nc
 	return c, nil
 }
 
@@ -182,50 +206,6 @@ func checkNATSURL(s string) error {
 		}
 	}
 	return nil
-}
-
-// errStoppedWaiting is returned when the command is stopped (ctx ends) while it waits for its
-// dependencies: a clean stop, exit status 0.
-var errStoppedWaiting = errors.New("stopped while waiting for PostgreSQL and NATS")
-
-// waitReady waits until PostgreSQL answers a ping and NATS is connected, or ctx ends. It logs
-// one warning per dependency it waits for, and one line when both answer.
-func waitReady(ctx context.Context, c *conns, log *slog.Logger) error {
-	waited := map[string]bool{}
-	delay := 100 * time.Millisecond
-	for {
-		missing, where := "", ""
-		var why error
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := c.Pool.Ping(pctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return errStoppedWaiting
-		case err != nil:
-			missing, where, why = "PostgreSQL", redact.DSN(c.DSN), err
-		case c.NC != nil && !c.NC.IsConnected():
-			missing, where, why = "NATS", redact.DSN(c.NATSURL), c.NC.LastError()
-		}
-		if missing == "" {
-			if len(waited) > 0 {
-				log.Info("PostgreSQL and NATS answer; starting")
-			}
-			return nil
-		}
-		if !waited[missing] {
-			waited[missing] = true
-			log.Warn("waiting for "+missing+" to answer", "at", where, "err", why)
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errStoppedWaiting
-		case <-t.C:
-		}
-		delay = min(2*delay, 2*time.Second)
-	}
 }
 
 // checkSchema refuses to run against a schema that is not migrated to this binary's version.
