@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -186,17 +187,32 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	return c, nil
 }
 
-// checkNATSURL refuses a NATS URL (or comma-separated list) that does not parse, before
-// anything connects; the message masks its credentials.
+// checkNATSURL refuses, before anything connects, a NATS URL (or comma-separated list, as
+// nats.go takes) that nats.go would take and never connect with: one that does not parse, an
+// empty server, a scheme other than nats, tls, ws or wss (or websocket servers mixed with
+// others), no host, a port out of range, a path, query or fragment. The message masks its
+// credentials.
 func checkNATSURL(s string) error {
+	var ws *bool // whether the servers so far are websocket servers
 	for _, u := range strings.Split(s, ",") {
 		u = strings.TrimSpace(u)
-		if !strings.Contains(u, "://") {
-			u = "nats://" + u
+		if u == "" {
+			return usageErr("invalid --nats-url %q: an empty server in the list", redact.DSN(s))
 		}
-		p, err := url.Parse(u)
-		if err == nil && p.Hostname() == "" {
-			err = errors.New("no host")
+		full := u
+		if !strings.Contains(u, "://") {
+			full = "nats://" + u
+		}
+		p, err := url.Parse(full)
+		if err == nil {
+			err = checkNATSServer(p)
+		}
+		if err == nil {
+			isWS := p.Scheme == "ws" || p.Scheme == "wss"
+			if ws != nil && *ws != isWS {
+				err = errors.New("websocket (ws, wss) and other servers cannot be mixed")
+			}
+			ws = &isWS
 		}
 		if err != nil {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
@@ -204,6 +220,26 @@ func checkNATSURL(s string) error {
 			}
 			return usageErr("invalid --nats-url %q: %v", redact.DSN(u), err)
 		}
+	}
+	return nil
+}
+
+func checkNATSServer(p *url.URL) error {
+	switch p.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Errorf("scheme %q: want nats://, tls://, ws:// or wss://", p.Scheme)
+	}
+	if p.Opaque != "" || p.Hostname() == "" {
+		return errors.New("no host")
+	}
+	if port := p.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s out of range", port)
+		}
+	}
+	if (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
+		return errors.New("a NATS URL has no path, query or fragment")
 	}
 	return nil
 }
