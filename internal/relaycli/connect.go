@@ -20,9 +20,6 @@ import (
 // DefaultNATSURL is used when neither --nats-url nor NATS_URL is set.
 const DefaultNATSURL = nats.DefaultURL
 
-// localDSN is where --embedded looks for a running PostgreSQL before starting one.
-const localDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-
 // conns are the connections a command uses, plus what to stop on exit.
 type conns struct {
 	DSN     string
@@ -54,8 +51,9 @@ type connectOptions struct {
 	DSN      string
 	NATSURL  string
 	NeedNATS bool
-	// Embedded starts what is missing: a local or throwaway PostgreSQL when DSN is empty, an
-	// in-process nats-server when NATSURL is empty. Development only.
+	// Embedded starts what is missing: a throwaway PostgreSQL cluster when DSN is empty (never
+	// a database of a server already running), an in-process nats-server when NATSURL is
+	// empty. Development only.
 	Embedded bool
 	Schema   string
 	// Migrate applies migrations (embedded mode does so always).
@@ -77,18 +75,14 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		if !o.Embedded {
 			return nil, usageErr("no database: set DATABASE_URL (or --database-url), or pass --embedded for local development")
 		}
-		if embedded.Ping(ctx, localDSN, 2*time.Second) == nil {
-			c.DSN = localDSN
-			o.Log.Info("embedded mode: using the PostgreSQL running on 127.0.0.1:5432")
-		} else {
-			o.Log.Info("embedded mode: starting a throwaway PostgreSQL cluster")
-			pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
-			if err != nil {
-				return fail(err)
-			}
-			c.cleanup = append(c.cleanup, pg.Stop)
-			c.DSN = pg.DSN()
+		// Never a database nobody named: not even a PostgreSQL that happens to run here.
+		o.Log.Warn("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url to keep data")
+		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
+		if err != nil {
+			return fail(err)
 		}
+		c.cleanup = append(c.cleanup, pg.Stop)
+		c.DSN = pg.DSN()
 		o.Migrate = true
 	}
 	pcfg, err := pgxpool.ParseConfig(c.DSN)
