@@ -71,6 +71,9 @@ type CheckBack struct {
 	// failing are the jobs whose last run failed, with how many runs failed in a row.
 	failMu  sync.Mutex
 	failing map[string]int
+
+	// inconclusive are the groups whose checks end inconclusively (see inconclusiveGroups).
+	inconclusive inconclusiveGroups
 }
 
 // hooks are fault-injection points for tests.

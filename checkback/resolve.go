@@ -373,6 +373,7 @@ func (c *CheckBack) record(ctx context.Context, r store.HalfRow, outcome, detail
 	mu.Unlock()
 	log := c.log.With("message_id", r.MessageID.String(), "group", r.Group, "check", r.CheckCount+1)
 	if outcome == OutcomeCommit || outcome == OutcomeRollback {
+		c.inconclusive.conclusive(c.log, r.Group)
 		commit := outcome == OutcomeCommit
 		verb, result, done, answer, count := "roll back", "rolled_back", "rolled back", "ROLLBACK", &res.RolledBack
 		if commit {
@@ -420,7 +421,7 @@ func (c *CheckBack) record(ctx context.Context, r store.HalfRow, outcome, detail
 			"checks", count, "outcome", outcome, "detail", detail)
 		return nil
 	}
-	log.Info("half message check inconclusive; checking again later", "outcome", outcome, "detail", detail,
+	c.inconclusive.inconclusive(log, r.Group, outcome, detail,
 		"next_check_in", delay.Round(time.Millisecond).String(), "checks_left", c.cfg.MaxChecks-int(count))
 	return nil
 }

@@ -23,6 +23,8 @@ type NATS struct {
 
 	srv      *server.Server
 	ownStore bool
+	user     string
+	password string
 }
 
 // NATSOptions configures StartNATS.
@@ -31,11 +33,13 @@ type NATSOptions struct {
 	StoreDir string
 	// Port is the client port. Defaults to a free port chosen at start.
 	Port int
+	// Username and Password, when set, are the only credentials the server accepts.
+	Username, Password string
 }
 
 // StartNATS starts a JetStream-enabled nats-server on 127.0.0.1.
 func StartNATS(opts NATSOptions) (*NATS, error) {
-	n := &NATS{StoreDir: opts.StoreDir, Port: opts.Port}
+	n := &NATS{StoreDir: opts.StoreDir, Port: opts.Port, user: opts.Username, password: opts.Password}
 	if n.StoreDir == "" {
 		dir, err := os.MkdirTemp("", "txoutbox-nats-")
 		if err != nil {
@@ -72,6 +76,8 @@ func (n *NATS) start() error {
 			NoLog:                  true,
 			NoSigs:                 true,
 			DisableJetStreamBanner: true,
+			Username:               n.user,
+			Password:               n.password,
 		})
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -27,8 +28,9 @@ type Postgres struct {
 	Dir  string
 	Port int
 
-	binDir string
-	cred   *syscall.Credential
+	password string
+	binDir   string
+	cred     *syscall.Credential
 }
 
 // PostgresOptions configures StartPostgres.
@@ -38,6 +40,10 @@ type PostgresOptions struct {
 	Fsync bool
 	// Log receives progress lines. Defaults to discarding them.
 	Log func(format string, args ...any)
+	// Password, when set, is user postgres's password, and TCP connections must give it
+	// (scram-sha-256); connections over the cluster's Unix socket stay trusted. Defaults to
+	// trust for every connection.
+	Password string
 }
 
 // FindPostgresBinaries returns the directory holding initdb and pg_ctl: PATH first, then the
@@ -69,7 +75,8 @@ func versionOf(binDir string) float64 {
 }
 
 // StartPostgres initialises and starts a cluster on a free port of 127.0.0.1 with trust auth
-// for user postgres. As root it runs the server as the postgres user, which PostgreSQL requires.
+// (or a password, see PostgresOptions.Password) for user postgres. As root it runs the server
+// as the postgres user, which PostgreSQL requires.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
 	logf := opts.Log
 	if logf == nil {
@@ -83,7 +90,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if err != nil {
 		return nil, fmt.Errorf("embedded postgres: %w", err)
 	}
-	p := &Postgres{Dir: dir, binDir: bin}
+	p := &Postgres{Dir: dir, binDir: bin, password: opts.Password}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -106,7 +113,20 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	p.Port = port
 	data := filepath.Join(dir, "data")
 	logf("embedded postgres: initdb in %s (binaries %s)", data, bin)
-	if out, err := p.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"); err != nil {
+	initdb := []string{"-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"}
+	if opts.Password != "" {
+		pwfile := filepath.Join(dir, "pwfile")
+		if err := os.WriteFile(pwfile, []byte(opts.Password+"\n"), 0o644); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("embedded postgres: %w", err)
+		}
+		if p.cred != nil {
+			_ = os.Chown(pwfile, int(p.cred.Uid), int(p.cred.Gid))
+		}
+		initdb = append(initdb, "--auth-host=scram-sha-256", "--pwfile="+pwfile)
+		defer os.Remove(pwfile)
+	}
+	if out, err := p.run(ctx, "initdb", initdb...); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("embedded postgres: initdb: %w\n%s", err, out)
 	}
@@ -127,9 +147,14 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	return p, nil
 }
 
-// DSN is a connection string for the cluster's postgres database.
+// DSN is a connection string for the cluster's postgres database (with the password, if the
+// cluster has one).
 func (p *Postgres) DSN() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.Port)
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: fmt.Sprintf("127.0.0.1:%d", p.Port), Path: "/postgres", RawQuery: "sslmode=disable"}
+	if p.password != "" {
+		u.User = url.UserPassword("postgres", p.password)
+	}
+	return u.String()
 }
 
 // Stop stops the server immediately and removes its directory.

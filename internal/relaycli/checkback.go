@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/checkback"
+	"github.com/txoutbox/txoutbox/internal/redact"
 )
 
 func init() {
@@ -141,7 +142,24 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	cfg.Logger = log
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log, AppName: "txoutbox-checkback", Wait: !once})
+	if metricsAddr != "" && once {
+		log.Info("--metrics-addr is ignored with --once")
+	}
+	reg := newRegistry()
+	waiting := &waitState{}
+	var target *opsTarget
+	if metricsAddr != "" && !once {
+		cfg.Registerer = reg
+		// Served from the start: /healthz answers and /readyz says what the check-back waits for.
+		srv, t, err := startOpsEarly(metricsAddr, reg, "", waiting, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		target = t
+	}
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log,
+		AppName: "txoutbox-checkback", Wait: !once, Waiting: waiting})
 	if err != nil {
 		return err
 	}
@@ -149,31 +167,39 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkSchema(ctx, c.Pool, schema); err != nil {
 		return err
 	}
-	serve := metricsAddr != "" && !once
-	if metricsAddr != "" && once {
-		log.Info("--metrics-addr is ignored with --once")
-	}
-	reg := newRegistry()
-	if serve {
-		cfg.Registerer = reg
-	}
 	cb, err := checkback.New(c.Pool, c.NC, &cfg)
 	if err != nil {
 		return checkbackConfigErr(err)
 	}
 	if !once {
-		if serve {
-			srv, err := serveCheckbackOps(metricsAddr, reg, c, schema, log)
-			if err != nil {
-				return err
-			}
-			defer srv.Close()
+		if target != nil {
+			target.attachCheckback(c, schema)
 		}
 		return cb.Run(ctx)
 	}
 	rep, err := cb.RunOnce(ctx)
 	printReport(env.Stdout, rep, &cfg)
-	return err
+	if err != nil {
+		return err
+	}
+	return uncheckedErr(rep, c)
+}
+
+// uncheckedErr is the failure of a `checkback --once` that left half messages due for a check
+// unchecked (NATS did not answer, or the pass ran out of time): a cron job must see it. Nothing
+// due is not a failure, whether NATS answers or not.
+func uncheckedErr(rep *checkback.Report, c *conns) error {
+	if rep == nil || rep.Resolve.Released == 0 {
+		return nil
+	}
+	why := "the pass ran out of time (see --check-request-timeout, --check-group-concurrency and --check-group-rate)"
+	if !c.NC.IsConnected() {
+		why = "NATS at " + redact.DSN(c.NATSURL) + " does not answer"
+		if err := c.NATSDown; err != nil {
+			why += " (" + err.Error() + ")"
+		}
+	}
+	return fmt.Errorf("could not check %d half message(s) due for a check: %s; they stay prepared, to be checked at a later run", rep.Resolve.Released, why)
 }
 
 // printReport prints what one run of each job did.
@@ -199,8 +225,8 @@ func printReport(w io.Writer, r *checkback.Report, cfg *checkback.Config) {
 		if len(parts) > 0 {
 			detail = " (" + strings.Join(parts, ", ") + ")"
 		}
-		fmt.Fprintf(w, "resolve: fenced %d, committed %d, rolled back %d, inconclusive checks %d%s, exhausted %d\n",
-			r.Resolve.Fenced, r.Resolve.Committed, r.Resolve.RolledBack, inconclusive, detail, r.Resolve.Exhausted)
+		fmt.Fprintf(w, "resolve: fenced %d, committed %d, rolled back %d, inconclusive checks %d%s, exhausted %d, not checked %d\n",
+			r.Resolve.Fenced, r.Resolve.Committed, r.Resolve.RolledBack, inconclusive, detail, r.Resolve.Exhausted, r.Resolve.Released)
 	}
 	if cfg.StaleSchedule != checkback.Off {
 		fmt.Fprintf(w, "stale:   ready rows older than %s: %d, oldest ready row: %s, prepared: %d, check_exhausted: %d\n",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,16 +20,16 @@ import (
 // DefaultNATSURL is used when neither --nats-url nor NATS_URL is set.
 const DefaultNATSURL = nats.DefaultURL
 
-// localDSN is where --embedded looks for a running PostgreSQL before starting one.
-const localDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-
 // conns are the connections a command uses, plus what to stop on exit.
 type conns struct {
 	DSN     string
 	NATSURL string
 	Pool    *pgxpool.Pool
 	NC      *nats.Conn
-	cleanup []func()
+	// NATSDown is why NATS did not answer a command that does not wait (NC then connects in
+	// the background); nil when it answered.
+	NATSDown error
+	cleanup  []func()
 }
 
 func (c *conns) Close() {
@@ -50,8 +51,9 @@ type connectOptions struct {
 	DSN      string
 	NATSURL  string
 	NeedNATS bool
-	// Embedded starts what is missing: a local or throwaway PostgreSQL when DSN is empty, an
-	// in-process nats-server when NATSURL is empty. Development only.
+	// Embedded starts what is missing: a throwaway PostgreSQL cluster when DSN is empty (never
+	// a database of a server already running), an in-process nats-server when NATSURL is
+	// empty. Development only.
 	Embedded bool
 	Schema   string
 	// Migrate applies migrations (embedded mode does so always).
@@ -59,8 +61,11 @@ type connectOptions struct {
 	Log     *slog.Logger
 	AppName string
 	// Wait makes a daemon that starts while PostgreSQL or NATS does not answer wait for them
-	// (saying so once) instead of exiting; a one-shot command fails at once.
-	Wait bool
+	// (saying so once, and in Waiting) instead of exiting; a failure waiting cannot fix ends it
+	// all the same. A one-shot command does not wait: it fails at once, except that a NATS that
+	// does not answer (but may) leaves NC connecting in the background and NATSDown set.
+	Wait    bool
+	Waiting *waitState
 }
 
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
@@ -70,18 +75,14 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		if !o.Embedded {
 			return nil, usageErr("no database: set DATABASE_URL (or --database-url), or pass --embedded for local development")
 		}
-		if embedded.Ping(ctx, localDSN, 2*time.Second) == nil {
-			c.DSN = localDSN
-			o.Log.Info("embedded mode: using the PostgreSQL running on 127.0.0.1:5432")
-		} else {
-			o.Log.Info("embedded mode: starting a throwaway PostgreSQL cluster")
-			pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
-			if err != nil {
-				return fail(err)
-			}
-			c.cleanup = append(c.cleanup, pg.Stop)
-			c.DSN = pg.DSN()
+		// Never a database nobody named: not even a PostgreSQL that happens to run here.
+		o.Log.Warn("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url to keep data")
+		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
+		if err != nil {
+			return fail(err)
 		}
+		c.cleanup = append(c.cleanup, pg.Stop)
+		c.DSN = pg.DSN()
 		o.Migrate = true
 	}
 	pcfg, err := pgxpool.ParseConfig(c.DSN)
@@ -122,11 +123,10 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}
 	}
 	log := o.Log
-	nc, err := nats.Connect(c.NATSURL,
+	opts := []nats.Option{
 		nats.Name(o.AppName),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(250 * time.Millisecond),
 		// Publishes fail while the connection is down instead of waiting in a buffer to go out
 		// late: the relay retries them itself, and may hand its partitions over meanwhile.
 		nats.ReconnectBufSize(-1),
@@ -145,34 +145,68 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
 		}),
-	)
-	if err != nil {
-		// A URL that does not parse comes back whole in the error: mask its credentials.
-		if ue := (*url.Error)(nil); errors.As(err, &ue) {
-			ue.URL = redact.DSN(ue.URL)
-		}
-		return fail(fmt.Errorf("connect to NATS: %w", err))
 	}
-	c.NC = nc
+	// One connection attempt (to each server of the URL); once connected, the connection
+	// reconnects by itself for ever.
+	dial := func(more ...nats.Option) (*nats.Conn, error) {
+		nc, err := nats.Connect(c.NATSURL, append(opts, more...)...)
+		if err != nil {
+			// A URL that does not parse comes back whole in the error: mask its credentials.
+			if ue := (*url.Error)(nil); errors.As(err, &ue) {
+				ue.URL = redact.DSN(ue.URL)
+			}
+		}
+		return nc, err
+	}
 	if o.Wait {
-		if err := waitReady(ctx, c, log); err != nil {
+		if err := waitReady(ctx, c, func() (*nats.Conn, error) { return dial() }, log, o.Waiting); err != nil {
 			return fail(err)
 		}
+		return c, nil
 	}
+	nc, err := dial()
+	switch {
+	case err == nil:
+	case !natsWaitable(err):
+		return fail(&unfixableConnErr{what: "NATS", where: redact.DSN(c.NATSURL), err: err})
+	default:
+		// It may come: connect in the background, and let the command say what it could not do.
+		log.Warn("NATS does not answer; going on without it for now", "at", redact.DSN(c.NATSURL), "err", err)
+		c.NATSDown = err
+		if nc, err = dial(nats.RetryOnFailedConnect(true)); err != nil {
+			return fail(fmt.Errorf("connect to NATS: %w", err))
+		}
+	}
+	c.NC = nc
 	return c, nil
 }
 
-// checkNATSURL refuses a NATS URL (or comma-separated list) that does not parse, before
-// anything connects; the message masks its credentials.
+// checkNATSURL refuses, before anything connects, a NATS URL (or comma-separated list, as
+// nats.go takes) that nats.go would take and never connect with: one that does not parse, an
+// empty server, a scheme other than nats, tls, ws or wss (or websocket servers mixed with
+// others), no host, a port out of range, a path, query or fragment. The message masks its
+// credentials.
 func checkNATSURL(s string) error {
+	var ws *bool // whether the servers so far are websocket servers
 	for _, u := range strings.Split(s, ",") {
 		u = strings.TrimSpace(u)
-		if !strings.Contains(u, "://") {
-			u = "nats://" + u
+		if u == "" {
+			return usageErr("invalid --nats-url %q: an empty server in the list", redact.DSN(s))
 		}
-		p, err := url.Parse(u)
-		if err == nil && p.Hostname() == "" {
-			err = errors.New("no host")
+		full := u
+		if !strings.Contains(u, "://") {
+			full = "nats://" + u
+		}
+		p, err := url.Parse(full)
+		if err == nil {
+			err = checkNATSServer(p)
+		}
+		if err == nil {
+			isWS := p.Scheme == "ws" || p.Scheme == "wss"
+			if ws != nil && *ws != isWS {
+				err = errors.New("websocket (ws, wss) and other servers cannot be mixed")
+			}
+			ws = &isWS
 		}
 		if err != nil {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
@@ -184,48 +218,24 @@ func checkNATSURL(s string) error {
 	return nil
 }
 
-// errStoppedWaiting is returned when the command is stopped (ctx ends) while it waits for its
-// dependencies: a clean stop, exit status 0.
-var errStoppedWaiting = errors.New("stopped while waiting for PostgreSQL and NATS")
-
-// waitReady waits until PostgreSQL answers a ping and NATS is connected, or ctx ends. It logs
-// one warning per dependency it waits for, and one line when both answer.
-func waitReady(ctx context.Context, c *conns, log *slog.Logger) error {
-	waited := map[string]bool{}
-	delay := 100 * time.Millisecond
-	for {
-		missing, where := "", ""
-		var why error
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := c.Pool.Ping(pctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return errStoppedWaiting
-		case err != nil:
-			missing, where, why = "PostgreSQL", redact.DSN(c.DSN), err
-		case c.NC != nil && !c.NC.IsConnected():
-			missing, where, why = "NATS", redact.DSN(c.NATSURL), c.NC.LastError()
-		}
-		if missing == "" {
-			if len(waited) > 0 {
-				log.Info("PostgreSQL and NATS answer; starting")
-			}
-			return nil
-		}
-		if !waited[missing] {
-			waited[missing] = true
-			log.Warn("waiting for "+missing+" to answer", "at", where, "err", why)
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errStoppedWaiting
-		case <-t.C:
-		}
-		delay = min(2*delay, 2*time.Second)
+func checkNATSServer(p *url.URL) error {
+	switch p.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Errorf("scheme %q: want nats://, tls://, ws:// or wss://", p.Scheme)
 	}
+	if p.Opaque != "" || p.Hostname() == "" {
+		return errors.New("no host")
+	}
+	if port := p.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s out of range", port)
+		}
+	}
+	if (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
+		return errors.New("a NATS URL has no path, query or fragment")
+	}
+	return nil
 }
 
 // checkSchema refuses to run against a schema that is not migrated to this binary's version.

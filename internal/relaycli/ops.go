@@ -2,8 +2,10 @@ package relaycli
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,40 +73,98 @@ func snapshotter(c *conns, schema string, partitions int) func(ctx context.Conte
 	}
 }
 
-// serveOps starts the relay's operations listener: /metrics, /healthz, /readyz (PostgreSQL
-// and NATS answer, and the relay is healthy or a standby) and the status page.
-func serveOps(addr string, reg *prometheus.Registry, c *conns, r *relay.Relay, schema string, log *slog.Logger) (*ops.Server, error) {
-	return startOps(&ops.Config{
+// opsTarget is what the operations listener serves. A command starts the listener before it
+// connects, so that /healthz answers from the start and /readyz says what it waits for; it
+// attaches the real checks once connected.
+type opsTarget struct {
+	name    string
+	waiting *waitState
+
+	mu       sync.Mutex
+	ready    func(ctx context.Context) []string
+	snapshot func(ctx context.Context) (*status.Snapshot, error)
+	self     func() ops.Self
+}
+
+// notYet is why the command is not ready before its checks are attached.
+func (t *opsTarget) notYet() string {
+	if why := t.waiting.get(); why != "" {
+		return why
+	}
+	return "starting"
+}
+
+func (t *opsTarget) attached() (func(context.Context) []string, func(context.Context) (*status.Snapshot, error), func() ops.Self) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ready, t.snapshot, t.self
+}
+
+func (t *opsTarget) attach(ready func(context.Context) []string, snapshot func(context.Context) (*status.Snapshot, error), self func() ops.Self) {
+	t.mu.Lock()
+	t.ready, t.snapshot, t.self = ready, snapshot, self
+	t.mu.Unlock()
+}
+
+// startOpsEarly starts the operations listener of a command that has not connected yet:
+// /metrics serves reg, /healthz answers 200, /readyz 503 with what the command waits for (from
+// waiting) until attach. name, when set, is the process's name on the status page (which then
+// shows the process itself, as a relay's does).
+func startOpsEarly(addr string, reg *prometheus.Registry, name string, waiting *waitState, log *slog.Logger) (*ops.Server, *opsTarget, error) {
+	t := &opsTarget{name: name, waiting: waiting}
+	cfg := &ops.Config{
 		Addr:     addr,
 		Gatherer: reg,
 		Logger:   log,
 		Ready: func(ctx context.Context) []string {
-			problems := connProblems(ctx, c)
-			if h := r.Health(); h != "ok" && h != "standby" {
-				problems = append(problems, "relay: "+h)
+			if ready, _, _ := t.attached(); ready != nil {
+				return ready(ctx)
 			}
-			if r.Lease().Mismatch {
-				problems = append(problems, "relay: live relays disagree on the partition count")
+			return []string{t.notYet()}
+		},
+		Snapshot: func(ctx context.Context) (*status.Snapshot, error) {
+			if _, snap, _ := t.attached(); snap != nil {
+				return snap(ctx)
 			}
-			return problems
+			return nil, errors.New(t.notYet())
 		},
-		Snapshot: snapshotter(c, schema, r.Config().Partitions),
-		Self: func() ops.Self {
-			l := r.Lease()
-			return ops.Self{Name: r.Config().ID, Health: r.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
-				Published: r.Stats().Published.Load()}
-		},
-	}, log)
+	}
+	if name != "" {
+		cfg.Self = func() ops.Self {
+			if _, _, self := t.attached(); self != nil {
+				return self()
+			}
+			return ops.Self{Name: t.name, Health: t.notYet()}
+		}
+	}
+	srv, err := startOps(cfg, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return srv, t, nil
 }
 
-// serveCheckbackOps starts the operations listener of `relay checkback`: /metrics, /healthz,
-// /readyz (PostgreSQL and NATS answer) and the status page.
-func serveCheckbackOps(addr string, reg *prometheus.Registry, c *conns, schema string, log *slog.Logger) (*ops.Server, error) {
-	return startOps(&ops.Config{
-		Addr:     addr,
-		Gatherer: reg,
-		Logger:   log,
-		Ready:    func(ctx context.Context) []string { return connProblems(ctx, c) },
-		Snapshot: snapshotter(c, schema, 0),
-	}, log)
+// attachRelay makes t serve the relay's checks: /readyz is ready when PostgreSQL and NATS
+// answer and the relay is healthy or a standby; the status page shows it.
+func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
+	t.attach(func(ctx context.Context) []string {
+		problems := connProblems(ctx, c)
+		if h := r.Health(); h != "ok" && h != "standby" {
+			problems = append(problems, "relay: "+h)
+		}
+		if r.Lease().Mismatch {
+			problems = append(problems, "relay: live relays disagree on the partition count")
+		}
+		return problems
+	}, snapshotter(c, schema, r.Config().Partitions), func() ops.Self {
+		l := r.Lease()
+		return ops.Self{Name: r.Config().ID, Health: r.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
+			Published: r.Stats().Published.Load()}
+	})
+}
+
+// attachCheckback makes t serve the checks of `relay checkback`: /readyz is ready when
+// PostgreSQL and NATS answer.
+func (t *opsTarget) attachCheckback(c *conns, schema string) {
+	t.attach(func(ctx context.Context) []string { return connProblems(ctx, c) }, snapshotter(c, schema, 0), nil)
 }

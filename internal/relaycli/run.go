@@ -169,9 +169,24 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 
+	// One registry for the process: other components run by this command (the check-back,
+	// ...) register their collectors here too, and /metrics serves them all.
+	reg := newRegistry()
+	waiting := &waitState{}
+	var target *opsTarget
+	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
+		cfg.Registerer = reg
+		// Served from the start: /healthz answers and /readyz says what the relay waits for.
+		srv, t, err := startOpsEarly(f.metricsAddr, reg, cfg.WithDefaults().ID, waiting, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		target = t
+	}
 	c, err := connect(ctx, connectOptions{
 		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
-		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true,
+		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true, Waiting: waiting,
 	})
 	if err != nil {
 		return err
@@ -183,12 +198,6 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	js, err := jetstream.New(c.NC)
 	if err != nil {
 		return err
-	}
-	// One registry for the process: other components run by this command (the check-back,
-	// ...) register their collectors here too, and /metrics serves them all.
-	reg := newRegistry()
-	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
-		cfg.Registerer = reg
 	}
 	r, err := relay.New(c.Pool, js, &cfg)
 	if err != nil {
@@ -205,12 +214,8 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
-	if f.metricsAddr != "" {
-		srv, err := serveOps(f.metricsAddr, reg, c, r, f.schema, log)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
+	if target != nil {
+		target.attachRelay(c, r, f.schema)
 	}
 	if f.embedded {
 		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.DSN(c.NATSURL))
