@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -828,12 +829,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"DedupRetention":  {DedupRetention: -time.Hour},
 	} {
 		err := ValidateConfig(cfg)
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != field {
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Config."+field {
 			t.Errorf("%s: got %v", field, err)
 		}
 	}
-	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: Off, PurgeSchedule: "@hourly"}); err != nil {
+	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: ScheduleOff, PurgeSchedule: "@hourly"}); err != nil {
 		t.Errorf("valid schedules refused: %v", err)
 	}
 	if _, err := Serve(nil, "g", nil, nil); err == nil {
@@ -877,7 +878,7 @@ func TestCheckTimeline(t *testing.T) {
 	if os.Getenv("TXOUTBOX_CHECK_TIMELINE") == "defaults" {
 		cfg = &Config{MaxChecks: 4}
 	}
-	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cfg.StaleSchedule, cfg.PurgeSchedule = ScheduleOff, ScheduleOff
 	cb := e.checkback(cfg)
 	c := cb.cfg
 	ck := e.serve("orders", answer(Unknown))
@@ -961,7 +962,7 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 	cfg.RequestTimeout = 3 * time.Second // the hung group's pass waits this long per check
 	cfg.GroupConcurrency = 1
 	cfg.ResolveSchedule = "@every 50ms"
-	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cfg.StaleSchedule, cfg.PurgeSchedule = ScheduleOff, ScheduleOff
 	cb := e.checkback(cfg)
 	release := make(chan struct{})
 	defer close(release)

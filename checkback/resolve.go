@@ -63,7 +63,7 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("fence: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	ids, err := c.q.LockFences(ctx, tx, c.cfg.TransactionTimeout, c.cfg.BatchSize)
+	ids, err := c.q.LockFences(ctx, tx, c.cfg.transactionTimeout(), c.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("fence: lock: %w", err)
 	}
@@ -82,7 +82,7 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 	}
 	for _, id := range fenced {
 		c.log.Info("half message fenced: still prepared after the transaction timeout, rolled back; a later CommitTx fails",
-			"message_id", id.String(), "transaction_timeout", c.cfg.TransactionTimeout.String())
+			"message_id", id.String(), "transaction_timeout", c.cfg.transactionTimeout().String())
 	}
 	c.m.resolved.WithLabelValues("fenced").Add(float64(len(fenced)))
 	return len(fenced), nil
@@ -137,7 +137,7 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool
 		res = &ResolveResult{Checks: map[string]int{}}
 	}
 	lease := c.lease()
-	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease, c.busyGroups())
+	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.transactionTimeout(), c.cfg.BatchSize, lease, c.busyGroups())
 	if err != nil {
 		return fmt.Errorf("claim checks: %w", err)
 	}

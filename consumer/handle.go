@@ -448,7 +448,7 @@ func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
 	if attempt >= c.cfg.MaxDeliveries {
 		return c.deadLetter(ctx, it, DeadReasonFailed, herr)
 	}
-	delay := c.cfg.randomBackoff(attempt)
+	delay := c.cfg.backoff(attempt)
 	c.countRetry()
 	if h := c.hooks.onRetry; h != nil {
 		h(it.msg, delay)
@@ -477,7 +477,7 @@ func (c *Consumer) unavailable(it *item, op string, err error) result {
 	if !down.Swap(true) {
 		c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
 	}
-	delay := c.cfg.randomBackoff(it.outages)
+	delay := c.cfg.backoff(it.outages)
 	return result{outcome: outcomeUnavailable, delay: delay, err: fmt.Errorf("%s: %w", op, err)}
 }
 

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"slices"
 	"sync"
@@ -68,7 +69,7 @@ type Relay struct {
 	failing       failingSubjects
 	unusable      unusableStreams
 	hooks         hooks
-	stats         Stats
+	stats         counters
 }
 
 // hooks are fault-injection points for tests.
@@ -80,13 +81,32 @@ type hooks struct {
 	beforePipelinedClaim func()
 }
 
-// Stats are running totals, for tests and the bench command.
+// Stats is a snapshot of running totals, for tests and the bench command.
 type Stats struct {
-	Published  atomic.Int64 // rows settled as published
-	Duplicates atomic.Int64 // PubAcks that reported a duplicate
-	Failed     atomic.Int64 // message-level publish failures
-	Dead       atomic.Int64 // rows that became dead
-	Batches    atomic.Int64 // non-empty batches
+	Published  int64 // rows settled as published
+	Duplicates int64 // PubAcks that reported a duplicate
+	Failed     int64 // message-level publish failures
+	Dead       int64 // rows that became dead
+	Batches    int64 // non-empty batches
+}
+
+// counters are the running totals behind Stats.
+type counters struct {
+	Published  atomic.Int64
+	Duplicates atomic.Int64
+	Failed     atomic.Int64
+	Dead       atomic.Int64
+	Batches    atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Published:  c.Published.Load(),
+		Duplicates: c.Duplicates.Load(),
+		Failed:     c.Failed.Load(),
+		Dead:       c.Dead.Load(),
+		Batches:    c.Batches.Load(),
+	}
 }
 
 // New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
@@ -125,10 +145,10 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 	if r.m, err = newMetrics(c.Registerer); err != nil {
 		return nil, err
 	}
-	if c.HandoverAfter >= 0 && js.Conn().Opts.ReconnectBufSize != -1 {
+	if c.HandoverAfter != txoutbox.Off && js.Conn().Opts.ReconnectBufSize != -1 {
 		// See leaser.handoverLocked: a publish buffered during a reconnect could reach the
 		// stream after the relays that took over published later messages of its key.
-		c.HandoverAfter = -1
+		c.HandoverAfter = txoutbox.Off
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
@@ -139,7 +159,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 func (r *Relay) Config() Config { return *r.cfg }
 
 // Stats returns the relay's running totals.
-func (r *Relay) Stats() *Stats { return &r.stats }
+func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 
 // Wake makes the relay claim now instead of at its next poll (what a doorbell ring does).
 func (r *Relay) Wake() {
@@ -442,7 +462,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		Published:   res.published,
 		Failed:      res.failed,
 		MaxAttempts: r.cfg.MaxAttempts,
-		Retain:      r.cfg.Retention > 0,
+		Retain:      r.cfg.Retention != 0, // positive or Forever
 	})
 	if err != nil {
 		// The rows stay ready and are published again; JetStream drops the duplicates.

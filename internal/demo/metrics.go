@@ -51,7 +51,7 @@ func (r *run) serveMetrics() error {
 		Self: func() ops.Self {
 			l := r.relay.Lease()
 			return ops.Self{Name: r.relay.Config().ID, Health: r.relay.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
-				Published: r.relay.Stats().Published.Load()}
+				Published: r.relay.Stats().Published}
 		},
 	})
 	if err != nil {

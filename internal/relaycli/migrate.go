@@ -3,6 +3,7 @@ package relaycli
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"text/tabwriter"
 
 	"github.com/txoutbox/txoutbox/migrations"
@@ -31,7 +32,7 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 	var dir, format string
 	s := newSettings("migrate", migrateUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
-	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
 	s.Int(&steps, "steps", "", 1, "down: how many migrations to revert")
 	s.Bool(&all, "all", "", false, "down: revert every migration")
 	s.String(&dir, "dir", "", "", "export: directory to write the files into")

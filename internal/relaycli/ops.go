@@ -159,7 +159,7 @@ func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
 	}, snapshotter(c, schema, r.Config().Partitions), func() ops.Self {
 		l := r.Lease()
 		return ops.Self{Name: r.Config().ID, Health: r.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
-			Published: r.Stats().Published.Load()}
+			Published: r.Stats().Published}
 	})
 }
 
