@@ -408,9 +408,12 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 	}
 }
 
-// Down reverts the newest steps applied migrations (all of them when steps <= 0 is given as
-// DownAll) and returns the versions it reverted, newest first.
+// Down reverts the newest steps applied migrations (every one with DownAll; none with 0) and
+// returns the versions it reverted, newest first.
 func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
+	if steps < DownAll {
+		return nil, fmt.Errorf("migrations: Down: steps must be at least 0, or DownAll (-1), got %d", steps)
+	}
 	if _, err := m.notManagedElsewhere(ctx, db, "down"); err != nil {
 		return nil, err
 	}

@@ -38,10 +38,12 @@ var (
 	// ErrNotFound: no message has this id: it was never prepared, or it was published and
 	// deleted (the relay deletes published rows unless a retention is set), or purged.
 	ErrNotFound = errors.New("message not found")
-	// ErrInvalidGroup: a producer group name that is empty (without Fence) or not made of
-	// letters, digits, '-' and '_' (it becomes a NATS subject token and a service name).
-	ErrInvalidGroup = errors.New("invalid producer group")
 )
+
+// ErrInvalidGroup is returned by Prepare and SendInTransaction (and ValidateGroup) for a
+// producer group name that is empty (without Fence) or not made of letters, digits, '-' and
+// '_' (it becomes a NATS subject token and a service name). Nothing is stored.
+var ErrInvalidGroup = errors.New("invalid producer group")
 
 // SettleError says why a half message could not be settled.
 type SettleError struct {

@@ -490,31 +490,32 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 // capped at max (the cap holds after the jitter).
 var backoff = backoffpkg.Exponential
 
+// Health is a relay's state, as Relay.Health reports it and /readyz serves it.
+type Health string
+
+// A relay's states.
+const (
+	HealthStarting            Health = "starting"             // no round has ended yet
+	HealthOK                  Health = "ok"                   // publishing
+	HealthStandby             Health = "standby"              // every partition is held by another relay
+	HealthPostgresUnavailable Health = "postgres_unavailable" // backing off: PostgreSQL fails
+	HealthNATSUnavailable     Health = "nats_unavailable"     // backing off: NATS or JetStream fails
+)
+
+// healthState indexes healthStates; it is what the relay stores atomically.
 type healthState int32
 
 const (
-	healthStarting healthState = iota // no round has ended yet
+	healthStarting healthState = iota
 	healthOK
 	healthStandby
 	healthPostgresDown
 	healthNATSDown
 )
 
-func (h healthState) String() string {
-	switch h {
-	case healthStarting:
-		return "starting"
-	case healthOK:
-		return "ok"
-	case healthStandby:
-		return "standby"
-	case healthPostgresDown:
-		return "postgres_unavailable"
-	case healthNATSDown:
-		return "nats_unavailable"
-	}
-	return "unknown"
-}
+var healthStates = [...]Health{HealthStarting, HealthOK, HealthStandby, HealthPostgresUnavailable, HealthNATSUnavailable}
+
+func (h healthState) String() string { return string(healthStates[h]) }
 
 func classifyHealth(err error) healthState {
 	if errors.Is(err, ErrBrokerUnavailable) {
@@ -547,6 +548,6 @@ func (r *Relay) setHealth(h healthState, err error) {
 	}
 }
 
-// Health reports the relay's state: "starting" (until its first round ends), "ok",
-// "standby", "postgres_unavailable" or "nats_unavailable".
-func (r *Relay) Health() string { return healthState(r.health.Load()).String() }
+// Health reports the relay's state: HealthStarting until its first round ends, then HealthOK,
+// HealthStandby, HealthPostgresUnavailable or HealthNATSUnavailable.
+func (r *Relay) Health() Health { return healthStates[r.health.Load()] }

@@ -171,7 +171,7 @@ func TestNoAckStreamFailsItsSubjectOnly(t *testing.T) {
 	if got := payloads(e.streamMsgs("ORDERS")); got != "orders-unkeyed,orders-other" {
 		t.Fatalf("ORDERS holds %q, want only the healthy rows", got)
 	}
-	if r.Health() == healthNATSDown.String() {
+	if r.Health() == HealthNATSUnavailable {
 		t.Fatal("health is nats_unavailable")
 	}
 }
