@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -131,7 +130,6 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		return c.unavailable(it, "commit", err)
 	}
 	c.countProcessed(1)
-	fault.Point(fault.ConsumerAfterCommit)
 	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
 		return result{outcome: outcomeProcessed}
 	}
@@ -349,7 +347,6 @@ func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, li
 		}
 	}
 	c.countProcessed(len(committed))
-	fault.Point(fault.ConsumerAfterCommit)
 	skipAcks := false
 	if h := c.hooks.afterCommit; h != nil && h(ctx, committed) != nil {
 		skipAcks = true

@@ -323,7 +323,7 @@ func (c *chaos) setup(ctx context.Context) error {
 	if c.relayBin = c.cfg.RelayBin; c.relayBin == "" {
 		c.relayBin = filepath.Join(c.workDir, "relay")
 		c.say("building the relay: go build -o %s github.com/txoutbox/txoutbox/cmd/relay", c.relayBin)
-		if out, err := exec.CommandContext(ctx, goTool(), "build", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, goTool(), "build", "-tags", "txoutbox_fault", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
 			return fmt.Errorf("chaos: build the relay (run from inside the txoutbox module, or pass -relay-bin): %w\n%s", err, out)
 		}
 	}

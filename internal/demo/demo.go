@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -19,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
-	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
@@ -501,16 +501,16 @@ func (r *run) superviseConsumer(ctx context.Context) {
 	}
 	defer pool.Close()
 	inv := &inventory{}
+	var db txoutbox.Beginner = pool
 	if r.cfg.ConsumerCrash > 0 {
-		_ = fault.Arm(fault.ConsumerAfterCommit, r.cfg.ConsumerCrash, func(string) {
+		db = &crashAfterCommit{db: pool, p: r.cfg.ConsumerCrash, crash: func() {
 			r.cons.mu.Lock()
 			crash := r.cons.crash
 			r.cons.mu.Unlock()
 			if crash != nil {
 				crash()
 			}
-		})
-		defer fault.Disarm(fault.ConsumerAfterCommit)
+		}}
 	}
 	for ctx.Err() == nil {
 		nc, err := connectNATS(r.svc.NATSURL, "txoutbox-demo-consumer")
@@ -519,7 +519,7 @@ func (r *run) superviseConsumer(ctx context.Context) {
 			return
 		}
 		js, _ := jetstream.New(nc)
-		c, err := consumer.New(pool, js, inv.handle, &consumer.Config{
+		c, err := consumer.New(db, js, inv.handle, &consumer.Config{
 			Stream: streamName, Durable: durableName, Schema: r.schema, Concurrency: 4,
 			MaxDeliveries: 5, BackoffBase: 200 * time.Millisecond, BackoffMax: time.Second,
 			AckWait: demoAckWait, Logger: r.log, Registerer: r.registerer(),

@@ -35,7 +35,7 @@ func relayBinary(t *testing.T) string {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
 		binPath = filepath.Join(binDir, "relay")
-		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
+		cmd := exec.Command(goBin, "build", "-tags", "txoutbox_fault", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binErr = err

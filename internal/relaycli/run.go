@@ -97,10 +97,12 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
-	s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
-	s.Hide("fault-settle-delay")
-	s.String(&f.faults, "fault", fault.EnvVar, "", "testing only: arm fault points, e.g. relay.before-settle=0.02 (SIGKILL there with that probability)")
-	s.Hide("fault")
+	if fault.Enabled { // only in binaries built with -tags txoutbox_fault, for the crash tests
+		s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
+		s.Hide("fault-settle-delay")
+		s.String(&f.faults, "fault", fault.EnvVar, "", "testing only: arm fault points, e.g. relay.before-settle=0.02 (SIGKILL there with that probability)")
+		s.Hide("fault")
+	}
 }
 
 func runCmd(ctx context.Context, env *Env, args []string) error {
