@@ -130,15 +130,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		wake: make(chan struct{}, 1),
 	}
 	var err error
-	pubOpts := []jetstream.JetStreamOpt{
-		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
-		jetstream.WithPublishAsyncMaxPending(c.MaxInFlight),
-	}
-	if prefix := js.Options().APIPrefix; prefix != "" {
-		r.pub, err = jetstream.NewWithAPIPrefix(js.Conn(), prefix, pubOpts...)
-	} else {
-		r.pub, err = jetstream.New(js.Conn(), pubOpts...)
-	}
+	r.pub, err = newPublisher(js, c)
 	if err != nil {
 		return nil, fmt.Errorf("relay: jetstream publisher: %w", err)
 	}
@@ -484,6 +476,30 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		r.log.Error("message is dead: publishing failed too many times", "message_id", id.String(), "max_attempts", r.cfg.MaxAttempts)
 	}
 	return nil
+}
+
+// newPublisher returns a JetStream like js — its domain or API prefix, default timeout and
+// client trace — whose async publishes time out after PublishTimeout and are bounded by
+// MaxInFlight. The caller's js keeps its own settings for everything else the relay asks.
+func newPublisher(js jetstream.JetStream, c *Config) (jetstream.JetStream, error) {
+	o := js.Options()
+	opts := []jetstream.JetStreamOpt{
+		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
+		jetstream.WithPublishAsyncMaxPending(c.MaxInFlight),
+	}
+	if o.DefaultTimeout > 0 {
+		opts = append(opts, jetstream.WithDefaultTimeout(o.DefaultTimeout))
+	}
+	if o.ClientTrace != nil {
+		opts = append(opts, jetstream.WithClientTrace(o.ClientTrace))
+	}
+	switch {
+	case o.Domain != "":
+		return jetstream.NewWithDomain(js.Conn(), o.Domain, opts...)
+	case o.APIPrefix != "":
+		return jetstream.NewWithAPIPrefix(js.Conn(), o.APIPrefix, opts...)
+	}
+	return jetstream.New(js.Conn(), opts...)
 }
 
 // backoff is backoff.Exponential: base·2^(n-1) times a random factor in [1-jitter, 1+jitter],
