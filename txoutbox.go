@@ -49,6 +49,10 @@ const (
 // ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
 var ErrInvalidConfig = errors.New("txoutbox: invalid configuration")
 
+// ErrRunning is returned by the Run method of a relay, consumer or check-back that is already
+// running. Once Run has returned, it may be called again.
+var ErrRunning = errors.New("txoutbox: already running")
+
 // ConfigError reports an invalid configuration value and names it.
 type ConfigError struct {
 	// Package is the package whose configuration is invalid, such as "relay".

@@ -50,12 +50,13 @@ const (
 
 // CheckBack runs the check-back jobs. Create it with New; run it with Run, or RunOnce.
 type CheckBack struct {
-	cfg *Config
-	db  txoutbox.DB
-	nc  *nats.Conn
-	q   *store.Queries
-	log *slog.Logger
-	m   *metrics
+	running atomic.Bool
+	cfg     *Config
+	db      txoutbox.DB
+	nc      *nats.Conn
+	q       *store.Queries
+	log     *slog.Logger
+	m       *metrics
 
 	limMu    sync.Mutex
 	limiters map[string]*groupLimit
@@ -198,8 +199,13 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 }
 
 // Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in
-// progress to end (they see the cancellation) and returns nil.
+// progress to end (they see the cancellation) and returns nil. It returns txoutbox.ErrRunning
+// while another Run of this check-back has not returned.
 func (c *CheckBack) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("checkback: Run: %w", txoutbox.ErrRunning)
+	}
+	defer c.running.Store(false)
 	logger := cronLogger{c.log}
 	cr := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
 	for _, j := range c.jobs(nil, false) {

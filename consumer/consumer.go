@@ -69,8 +69,6 @@ var (
 	// ErrConsumeStopped: JetStream ended the subscription (connection closed, consumer
 	// deleted); Run stops gracefully and returns it.
 	ErrConsumeStopped = errors.New("consumer: jetstream stopped delivering")
-	// ErrRunning: Run was called while the consumer is already running.
-	ErrRunning = errors.New("consumer: already running")
 	// ErrTxControl is what the handler's Commit and Rollback return: the consumer owns the
 	// transaction.
 	ErrTxControl = errors.New("consumer: the handler must not commit or roll back the consumer's transaction")
@@ -195,7 +193,7 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 // delivering (ErrConsumeStopped).
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return ErrRunning
+		return fmt.Errorf("consumer: Run: %w", txoutbox.ErrRunning)
 	}
 	defer c.running.Store(false)
 	cons, err := c.Setup(ctx)

@@ -63,7 +63,8 @@ type Relay struct {
 	lease *leaser
 	wake  chan struct{}
 
-	health atomic.Int32 // a healthState
+	running atomic.Bool
+	health  atomic.Int32 // a healthState
 	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
 	natsDownSince atomic.Int64
 	failing       failingSubjects
@@ -164,8 +165,13 @@ func (r *Relay) Wake() {
 // Run checks the streams (see Config.Subjects), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
-// start when a live relay of the same outbox has another partition count.
+// start when a live relay of the same outbox has another partition count, and
+// txoutbox.ErrRunning while another Run of this relay has not returned.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("relay: Run: %w", txoutbox.ErrRunning)
+	}
+	defer r.running.Store(false)
 	if err := r.CheckStreams(ctx); err != nil {
 		return err
 	}

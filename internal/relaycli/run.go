@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"strings"
 	"time"
@@ -234,12 +235,25 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return checkbackConfigErr(err)
 	}
+	// The relay and the check-back run side by side; if the check-back fails, the relay stops
+	// too and the failure is what relay run reports.
+	rctx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
 	cbctx, stopCheckback := context.WithCancel(ctx)
-	cbDone := make(chan struct{})
-	go func() { defer close(cbDone); _ = cb.Run(cbctx) }()
-	err = r.Run(ctx)
+	cbErr := make(chan error, 1)
+	go func() {
+		err := cb.Run(cbctx)
+		if err != nil {
+			log.Error("check-back failed; stopping the relay", "err", err)
+			stopRelay()
+		}
+		cbErr <- err
+	}()
+	err = r.Run(rctx)
 	stopCheckback()
-	<-cbDone
+	if cerr := <-cbErr; cerr != nil {
+		return errors.Join(fmt.Errorf("check-back: %w", cerr), err)
+	}
 	return err
 }
 
