@@ -33,7 +33,7 @@ var checkbackFieldFlags = map[string]string{
 	"Schema": "schema", "TransactionTimeout": "check-transaction-timeout", "MaxChecks": "check-max",
 	"RequestTimeout": "check-request-timeout", "BackoffBase": "check-backoff-base", "BackoffMax": "check-backoff-max",
 	"BackoffJitter": "check-backoff-jitter", "BatchSize": "check-batch-size", "GroupConcurrency": "check-group-concurrency",
-	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "ResolveSchedule": "check-schedule",
+	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "Outbox": "check-outbox", "ResolveSchedule": "check-schedule",
 	"StaleSchedule": "stale-schedule", "PurgeSchedule": "purge-schedule", "StaleReadyAfter": "stale-ready-after",
 	"PublishedRetention": "retention", "RolledBackRetention": "rolled-back-retention", "DedupRetention": "dedup-retention",
 	"PurgeBatchSize": "purge-batch-size",
@@ -54,6 +54,7 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
 	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most")
 	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
+	s.String(&c.Outbox, "check-outbox", "", "", "name of this outbox in check requests; checkers answer only their own outbox's (default <database system identifier>/<database>/<schema>, see checkback.OutboxIdentity)")
 	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
 	s.String(&c.StaleSchedule, "stale-schedule", "", checkback.DefaultStaleSchedule, "when to report stale ready rows (cron spec, @every <duration>, or off)")
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
