@@ -106,12 +106,14 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, natsURL, schema, metricsAddr, logFormat, level string
 	var once bool
 	var cfg checkback.Config
+	var auth natsAuth
 	s := newSettings("checkback", checkbackUsage, env.Stderr, env.Getenv)
 	sec := s.Section("Connections")
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	sec("database-url")
 	s.String(&natsURL, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL (checkers are asked over it)")
 	s.String(&schema, "schema", "", checkback.DefaultSchema, "Postgres schema holding the outbox tables")
+	defineNATSAuthFlags(s, &auth)
 	sec = s.Section("Mode")
 	s.Bool(&once, "once", "", false, "run each job once (those not scheduled off), print what they did, and exit")
 	sec("once")
@@ -126,6 +128,10 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
 	if err := checkNATSURL(natsURL); err != nil {
+		return err
+	}
+	natsOpts, err := auth.options()
+	if err != nil {
 		return err
 	}
 	if dsn == "" {
@@ -159,7 +165,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		defer srv.Close()
 		target = t
 	}
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log,
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, NATSAuth: natsOpts, Schema: schema, Log: log,
 		AppName: "txoutbox-checkback", Wait: !once, Waiting: waiting})
 	if err != nil {
 		return err

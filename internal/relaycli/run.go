@@ -29,6 +29,7 @@ Usage:
 type runFlags struct {
 	dsn, natsURL, schema string
 	embedded             bool
+	natsAuth             natsAuth
 
 	cfg              relay.Config
 	subjects         string
@@ -61,6 +62,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
 	s.String(&f.schema, "schema", "", relay.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
+	defineNATSAuthFlags(s, &f.natsAuth)
 
 	sec = s.Section("Publishing")
 	s.String(&f.cfg.ID, "relay-id", "", "", "name of this relay in logs, metrics and partition listings (default hostname:pid)")
@@ -165,6 +167,10 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
+	natsAuth, err := f.natsAuth.options()
+	if err != nil {
+		return err
+	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
 		return err
 	}
@@ -185,7 +191,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		target = t
 	}
 	c, err := connect(ctx, connectOptions{
-		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
+		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, NATSAuth: natsAuth, Embedded: f.embedded,
 		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true, Waiting: waiting,
 	})
 	if err != nil {
