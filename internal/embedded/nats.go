@@ -47,6 +47,10 @@ type NATSOptions struct {
 	// TLSHandshakeFirst makes the server expect the TLS handshake before its INFO (clients
 	// connect with nats.TLSHandshakeFirst). Needs TLS.
 	TLSHandshakeFirst bool
+	// Token, when set, is the authentication token the server wants.
+	Token string
+	// Configure, when set, changes the server's options last (operator mode, accounts, ...).
+	Configure func(*server.Options)
 }
 
 // StartNATS starts a JetStream-enabled nats-server on 127.0.0.1.
@@ -100,6 +104,10 @@ func (n *NATS) start() error {
 			so.TLSVerify = n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
 			so.TLSHandshakeFirst = n.opts.TLSHandshakeFirst
 			so.TLSTimeout = 2
+		}
+		so.Authorization = n.opts.Token
+		if n.opts.Configure != nil {
+			n.opts.Configure(so)
 		}
 		srv, err := server.NewServer(so)
 		if err != nil {

@@ -59,7 +59,8 @@ func writeFile(t *testing.T, name, content string) string {
 }
 
 // The relay connects to a nats-server that verifies client certificates (with TLS first or
-// not), that wants a user and password, or an NKey user, and publishes; a missing or wrong
+// not), that wants a user and password, an NKey user, a token, or (operator mode) a user's
+// credentials file, and publishes; a missing or wrong
 // credential ends `relay run` and `relay checkback --once` with exit status 1 and the
 // server's refusal, without waiting and without printing a secret.
 func TestRelayPublishesOverAuthenticatedNATS(t *testing.T) {
@@ -119,6 +120,30 @@ func TestRelayPublishesOverAuthenticatedNATS(t *testing.T) {
 			secret: []string{string(seed), string(strangerSeed)},
 			bad: []badNATSAuth{
 				{"unknown nkey", []string{"--nats-nkey", strangerFile}, "Authorization Violation"},
+				{"no credentials", nil, "Authorization Violation"},
+			}})
+	}
+
+	{ // A token, given in the environment.
+		srv := startAuthNATS(t, embedded.NATSOptions{Token: "Nats-Token-81"})
+		cases = append(cases, natsAuthCase{name: "token", srv: srv, url: srv.URL(),
+			admin:  []nats.Option{nats.Token("Nats-Token-81")},
+			env:    []string{"TXOUTBOX_NATS_TOKEN=Nats-Token-81"},
+			secret: []string{"Nats-Token-81", "Nats-Token-82"},
+			bad: []badNATSAuth{
+				{"wrong token", []string{"--nats-token", "Nats-Token-82"}, "Authorization Violation"},
+			}})
+	}
+	{ // Operator mode: a user JWT and seed in a credentials file, as nsc writes it.
+		op := testsvc.NewOperator(t)
+		stranger := testsvc.NewOperator(t) // its users are not trusted
+		srv := startAuthNATS(t, embedded.NATSOptions{Configure: op.Configure})
+		creds := op.UserCreds("relay")
+		cases = append(cases, natsAuthCase{name: "credentials file", srv: srv, url: srv.URL(),
+			admin: []nats.Option{nats.UserCredentials(op.UserCreds("admin"))},
+			good:  []string{"--nats-creds", creds},
+			bad: []badNATSAuth{
+				{"user of another operator", []string{"--nats-creds", stranger.UserCreds("relay")}, "Authorization Violation"},
 				{"no credentials", nil, "Authorization Violation"},
 			}})
 	}
