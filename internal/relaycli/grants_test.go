@@ -160,6 +160,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	wantDenied(t, "producer UPDATE payload", err)
 	_, err = producer.Exec(ctx, `SELECT * FROM txoutbox_consumer_dedup`)
 	wantDenied(t, "producer SELECT dedup rows", err)
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('billing', 'k')`)
+	wantDenied(t, "producer INSERT a dedup row", err)
 	outboxID, err := checkback.OutboxIdentity(ctx, producer, db.Schema)
 	if err != nil {
 		t.Fatalf("producer OutboxIdentity: %v", err)

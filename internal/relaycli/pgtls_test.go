@@ -97,13 +97,14 @@ func TestRelayOverPostgresTLS(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("nothing published within 30s:\n%s", p.output())
 	}
+	// The relay's own sessions (its pool and its lease session) are over TLS too.
+	var relaySessions, plain int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.application_name LIKE 'txoutbox-relay%'), count(*) FILTER (WHERE NOT s.ssl)
+FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.client_addr IS NOT NULL`).Scan(&relaySessions, &plain); err != nil || relaySessions == 0 || plain != 0 {
+		t.Errorf("%d relay sessions, %d sessions without TLS (%v); want some, and none", relaySessions, plain, err)
+	}
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit %d after SIGTERM, want 0:\n%s", code, p.output())
-	}
-	// The relay's own sessions were over TLS too.
-	var plain int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.client_addr IS NOT NULL AND NOT s.ssl`).Scan(&plain); err != nil || plain != 0 {
-		t.Errorf("%d sessions without TLS (%v)", plain, err)
 	}
 
 	for _, c := range []struct {
