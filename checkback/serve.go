@@ -89,10 +89,9 @@ type Server struct {
 	stopped bool
 	wg      sync.WaitGroup
 
-	outbox  string
+	outbox string
+	// foreign counts the requests of other outboxes this checker did not answer.
 	foreign prometheus.Counter
-	// foreignN counts the requests of other outboxes this checker did not answer.
-	foreignN atomic.Int64
 	// logged are the foreign outboxes already logged (one line each).
 	loggedMu sync.Mutex
 	logged   map[string]bool
@@ -255,7 +254,6 @@ func oneLine(s string) string { return safetext.Header(s, 1024) }
 
 // foreignRequest counts, and logs once per foreign outbox, a check request of another outbox.
 func (s *Server) foreignRequest(cr CheckRequest, log *slog.Logger) {
-	s.foreignN.Add(1)
 	s.foreign.Inc()
 	s.loggedMu.Lock()
 	first := !s.logged[cr.Outbox] && len(s.logged) < maxForeignLogged
