@@ -76,6 +76,10 @@ type CheckBack struct {
 
 	// inconclusive are the groups whose checks end inconclusively (see inconclusiveGroups).
 	inconclusive inconclusiveGroups
+
+	// outboxID is the outbox's identity sent with each check (see outbox).
+	outboxMu sync.Mutex
+	outboxID string
 }
 
 // hooks are fault-injection points for tests.

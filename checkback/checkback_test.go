@@ -160,6 +160,16 @@ func (e *env) drained() []string {
 	return e.streamIDs()
 }
 
+// outbox is the identity of the test's outbox, as the check-back computes it by default.
+func (e *env) outbox() string {
+	e.t.Helper()
+	id, err := OutboxIdentity(context.Background(), e.db.Pool, e.db.Schema)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
 // checker serves a group with a scripted answer and records the requests.
 type checker struct {
 	mu     sync.Mutex
@@ -178,7 +188,7 @@ func (e *env) serve(group string, answer func(CheckRequest) (State, error)) *che
 		ans := ck.answer
 		ck.mu.Unlock()
 		return ans(req)
-	}, &ServeOptions{Logger: testLogger()})
+	}, &ServeOptions{Logger: testLogger(), Outbox: e.outbox()})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -233,8 +233,17 @@ func (m *Migrator) beginOnce(ctx context.Context, db txoutbox.Beginner, create b
 		return fail(fmt.Errorf("migrations: lock: %w", err))
 	}
 	if create {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+m.qschema()); err != nil {
-			return fail(fmt.Errorf("migrations: create schema %q: %w", m.schema, err))
+		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when the
+		// schema exists: a schema owner without it (the admin role of relay migrate grants)
+		// migrates a schema created for it.
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", m.schema).Scan(&exists); err != nil {
+			return fail(fmt.Errorf("migrations: look up schema %q: %w", m.schema, err))
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+m.qschema()); err != nil {
+				return fail(fmt.Errorf("migrations: create schema %q: %w", m.schema, err))
+			}
 		}
 		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.qtable()+` (
 			version    integer PRIMARY KEY,

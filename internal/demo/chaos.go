@@ -200,7 +200,11 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	defer func() { _ = obs.Unsubscribe() }()
 
 	// The checker of the payments group lives with the producers.
-	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, nil)
+	outboxID, err := checkback.OutboxIdentity(ctx, c.pool, chaosSchema)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, &checkback.ServeOptions{Outbox: outboxID})
 	if err != nil {
 		return nil, err
 	}

@@ -288,7 +288,11 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	}
 	r.prod = &producer{pool: r.pool, client: client, customers: 50, skus: 20}
 	r.chk = &checker{pool: r.pool, giveUp: demoGiveUp}
-	srv, err := checkback.Serve(r.nc, paymentsGroup, r.chk.check, &checkback.ServeOptions{Logger: r.log})
+	outboxID, err := checkback.OutboxIdentity(ctx, r.pool, r.schema)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := checkback.Serve(r.nc, paymentsGroup, r.chk.check, &checkback.ServeOptions{Logger: r.log, Outbox: outboxID})
 	if err != nil {
 		return nil, fmt.Errorf("serve the payments checker: %w", err)
 	}

@@ -34,7 +34,7 @@ var checkbackFieldFlags = map[string]string{
 	"Schema": "schema", "TransactionTimeout": "check-transaction-timeout", "MaxChecks": "check-max",
 	"RequestTimeout": "check-request-timeout", "BackoffBase": "check-backoff-base", "BackoffMax": "check-backoff-max",
 	"BackoffJitter": "check-backoff-jitter", "BatchSize": "check-batch-size", "GroupConcurrency": "check-group-concurrency",
-	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "ResolveSchedule": "check-schedule",
+	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "Outbox": "check-outbox", "ResolveSchedule": "check-schedule",
 	"StaleSchedule": "stale-schedule", "PurgeSchedule": "purge-schedule", "StaleReadyAfter": "stale-ready-after",
 	"PublishedRetention": "retention", "RolledBackRetention": "rolled-back-retention", "DedupRetention": "dedup-retention",
 	"PurgeBatchSize": "purge-batch-size",
@@ -55,6 +55,7 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
 	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most")
 	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
+	s.String(&c.Outbox, "check-outbox", "", "", "name of this outbox in check requests; checkers answer only their own outbox's (default <database system identifier>/<database>/<schema>, see checkback.OutboxIdentity)")
 	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
 	s.String(&c.StaleSchedule, "stale-schedule", "", checkback.DefaultStaleSchedule, "when to report stale ready rows (cron spec, @every <duration>, or off)")
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
@@ -120,12 +121,14 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, natsURL, schema, metricsAddr, logFormat, level string
 	var once bool
 	var cfg checkback.Config
+	var auth natsAuth
 	s := newSettings("checkback", checkbackUsage, env.Stderr, env.Getenv)
 	sec := s.Section("Connections")
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	sec("database-url")
 	s.String(&natsURL, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL (checkers are asked over it)")
 	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
+	defineNATSAuthFlags(s, &auth)
 	sec = s.Section("Mode")
 	s.Bool(&once, "once", "", false, "run each job once (those not scheduled off), print what they did, and exit")
 	sec("once")
@@ -140,6 +143,10 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
 	if err := checkNATSURL(natsURL); err != nil {
+		return err
+	}
+	natsOpts, err := auth.options()
+	if err != nil {
 		return err
 	}
 	if dsn == "" {
@@ -173,7 +180,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		defer srv.Close()
 		target = t
 	}
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log,
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, NATSAuth: natsOpts, Schema: schema, Log: log,
 		AppName: "txoutbox-checkback", Wait: !once, Waiting: waiting})
 	if err != nil {
 		return err

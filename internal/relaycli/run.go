@@ -32,6 +32,7 @@ Usage:
 type runFlags struct {
 	dsn, natsURL, schema string
 	embedded             bool
+	natsAuth             natsAuth
 
 	cfg              relay.Config
 	subjects         string
@@ -64,6 +65,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
 	s.String(&f.schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
+	defineNATSAuthFlags(s, &f.natsAuth)
 
 	sec = s.Section("Publishing")
 	s.String(&f.cfg.ID, "relay-id", "", "", "name of this relay in logs, metrics and partition listings (default hostname:pid)")
@@ -172,6 +174,10 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
+	natsAuth, err := f.natsAuth.options()
+	if err != nil {
+		return err
+	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
 		return err
 	}
@@ -192,7 +198,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		target = t
 	}
 	c, err := connect(ctx, connectOptions{
-		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
+		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, NATSAuth: natsAuth, Embedded: f.embedded,
 		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true, Waiting: waiting,
 	})
 	if err != nil {
