@@ -35,17 +35,6 @@ import (
 
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/store"
-	"github.com/txoutbox/txoutbox/outbox"
-)
-
-// State is a local transaction's outcome as a checker reports it.
-type State = outbox.LocalState
-
-// The answers a checker gives.
-const (
-	Unknown  = outbox.StateUnknown
-	Commit   = outbox.StateCommit
-	Rollback = outbox.StateRollback
 )
 
 // CheckBack runs the check-back jobs. Create it with New; run it with Run, or RunOnce.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -163,32 +164,32 @@ func (e *env) drained() []string {
 // outbox is the identity of the test's outbox, as the check-back computes it by default.
 func (e *env) outbox() string {
 	e.t.Helper()
-	id, err := OutboxIdentity(context.Background(), e.db.Pool, e.db.Schema)
+	id, err := checker.OutboxIdentity(context.Background(), e.db.Pool, e.db.Schema)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return id
 }
 
-// checker serves a group with a scripted answer and records the requests.
-type checker struct {
+// scriptedChecker serves a group with a scripted answer and records the requests.
+type scriptedChecker struct {
 	mu     sync.Mutex
-	reqs   []CheckRequest
+	reqs   []checker.Request
 	at     []time.Time
-	answer func(CheckRequest) (State, error)
+	answer func(checker.Request) (outbox.LocalState, error)
 }
 
-func (e *env) serve(group string, answer func(CheckRequest) (State, error)) *checker {
+func (e *env) serve(group string, answer func(checker.Request) (outbox.LocalState, error)) *scriptedChecker {
 	e.t.Helper()
-	ck := &checker{answer: answer}
-	srv, err := Serve(e.nats.Conn, group, func(ctx context.Context, req CheckRequest) (State, error) {
+	ck := &scriptedChecker{answer: answer}
+	srv, err := checker.Serve(e.nats.Conn, group, func(ctx context.Context, req checker.Request) (outbox.LocalState, error) {
 		ck.mu.Lock()
 		ck.reqs = append(ck.reqs, req)
 		ck.at = append(ck.at, time.Now())
 		ans := ck.answer
 		ck.mu.Unlock()
 		return ans(req)
-	}, &ServeOptions{Logger: testLogger(), Outbox: e.outbox()})
+	}, &checker.Options{Logger: testLogger(), Outbox: e.outbox()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -196,20 +197,20 @@ func (e *env) serve(group string, answer func(CheckRequest) (State, error)) *che
 	return ck
 }
 
-func (c *checker) requests() []CheckRequest {
+func (c *scriptedChecker) requests() []checker.Request {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]CheckRequest(nil), c.reqs...)
+	return append([]checker.Request(nil), c.reqs...)
 }
 
-func (c *checker) setAnswer(f func(CheckRequest) (State, error)) {
+func (c *scriptedChecker) setAnswer(f func(checker.Request) (outbox.LocalState, error)) {
 	c.mu.Lock()
 	c.answer = f
 	c.mu.Unlock()
 }
 
-func answer(s State) func(CheckRequest) (State, error) {
-	return func(CheckRequest) (State, error) { return s, nil }
+func answer(s outbox.LocalState) func(checker.Request) (outbox.LocalState, error) {
+	return func(checker.Request) (outbox.LocalState, error) { return s, nil }
 }
 
 func mustResolve(t *testing.T, cb *CheckBack) ResolveResult {
@@ -271,8 +272,8 @@ func TestCheckerAnswersCommitOrRollback(t *testing.T) {
 	hdr := map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
 	commit := e.prepare(outbox.Message{Key: "order-7", Headers: hdr, Payload: []byte("c")}, &outbox.PrepareOptions{Group: "orders"})
 	rollback := e.prepare(outbox.Message{Payload: []byte("r")}, &outbox.PrepareOptions{Group: "payments"})
-	orders := e.serve("orders", answer(Commit))
-	payments := e.serve("payments", answer(Rollback))
+	orders := e.serve("orders", answer(outbox.StateCommit))
+	payments := e.serve("payments", answer(outbox.StateRollback))
 
 	// Before the transaction timeout nobody is asked.
 	if res := mustResolve(t, cb); len(res.Checks) != 0 || len(orders.requests()) != 0 {
@@ -319,7 +320,7 @@ func TestUnknownUntilExhaustedThenResumed(t *testing.T) {
 	cfg.Registerer = reg
 	cb := e.checkback(cfg)
 	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
-	ck := e.serve("orders", answer(Unknown))
+	ck := e.serve("orders", answer(outbox.StateUnknown))
 	time.Sleep(cfg.TransactionTimeout)
 
 	exhausted := 0
@@ -371,7 +372,7 @@ func TestUnknownUntilExhaustedThenResumed(t *testing.T) {
 	if st, n := e.state(h.ID); st != "prepared" || n != 0 {
 		t.Fatalf("resumed row: %s, %d checks", st, n)
 	}
-	ck.setAnswer(answer(Commit))
+	ck.setAnswer(answer(outbox.StateCommit))
 	if res := mustResolve(t, cb); res.Committed != 1 {
 		t.Fatalf("resolve after resume: %+v", res)
 	}
@@ -415,13 +416,15 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 	absent := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "absent"})
 	garbage := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "garbage"})
 	failing := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "failing"})
-	e.serve("slow", func(CheckRequest) (State, error) {
+	e.serve("slow", func(checker.Request) (outbox.LocalState, error) {
 		time.Sleep(cfg.RequestTimeout + 200*time.Millisecond)
-		return Commit, nil
+		return outbox.StateCommit, nil
 	})
-	e.serve("failing", func(CheckRequest) (State, error) { return Commit, errors.New("database unreachable\r\nsecond line") })
+	e.serve("failing", func(checker.Request) (outbox.LocalState, error) {
+		return outbox.StateCommit, errors.New("database unreachable\r\nsecond line")
+	})
 	// A raw responder that answers nonsense.
-	sub, err := e.nats.Conn.Subscribe(Subject(DefaultSubjectPrefix, "garbage"), func(m *nats.Msg) { _ = m.Respond([]byte("MAYBE")) })
+	sub, err := e.nats.Conn.Subscribe(checker.Subject(DefaultSubjectPrefix, "garbage"), func(m *nats.Msg) { _ = m.Respond([]byte("MAYBE")) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +474,7 @@ func TestChecksPerGroupAreBounded(t *testing.T) {
 	cfg.GroupConcurrency, cfg.GroupRate, cfg.BatchSize = 2, 40, 30
 	cb := e.checkback(cfg)
 	var inFlight, peak atomic.Int32
-	e.serve("orders", func(CheckRequest) (State, error) {
+	e.serve("orders", func(checker.Request) (outbox.LocalState, error) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for {
@@ -481,7 +484,7 @@ func TestChecksPerGroupAreBounded(t *testing.T) {
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
-		return Rollback, nil
+		return outbox.StateRollback, nil
 	})
 	for i := 0; i < 30; i++ {
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
@@ -507,7 +510,7 @@ func TestImmunityDelaysTheFirstCheck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	cb := e.checkback(nil)
-	ck := e.serve("orders", answer(Commit))
+	ck := e.serve("orders", answer(outbox.StateCommit))
 	immune := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: 800 * time.Millisecond})
 	plain := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
 	time.Sleep(cb.cfg.TransactionTimeout + 50*time.Millisecond)
@@ -681,9 +684,9 @@ func TestCheckerCommitKeepsKeyOrder(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cb := e.checkback(nil)
-	e.serve("orders", func(CheckRequest) (State, error) {
+	e.serve("orders", func(checker.Request) (outbox.LocalState, error) {
 		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // answers arrive in any order
-		return Commit, nil
+		return outbox.StateCommit, nil
 	})
 	var halves []string
 	for i := 0; i < 5; i++ {
@@ -847,7 +850,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: ScheduleOff, PurgeSchedule: "@hourly"}); err != nil {
 		t.Errorf("valid schedules refused: %v", err)
 	}
-	if _, err := Serve(nil, "g", nil, nil); err == nil {
+	if _, err := checker.Serve(nil, "g", nil, nil); err == nil {
 		t.Error("Serve without a connection succeeded")
 	}
 }
@@ -891,7 +894,7 @@ func TestCheckTimeline(t *testing.T) {
 	cfg.StaleSchedule, cfg.PurgeSchedule = ScheduleOff, ScheduleOff
 	cb := e.checkback(cfg)
 	c := cb.cfg
-	ck := e.serve("orders", answer(Unknown))
+	ck := e.serve("orders", answer(outbox.StateUnknown))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -957,7 +960,7 @@ func TestNATSDownPostponesChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsvc.Eventually(t, 10*time.Second, "the connection to come back", e.nats.Conn.IsConnected)
-	e.serve("orders", answer(Commit))
+	e.serve("orders", answer(outbox.StateCommit))
 	if res := mustResolve(t, cb); res.Committed != 1 {
 		t.Fatalf("resolve with NATS back: %+v", res)
 	}
@@ -976,8 +979,8 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 	cb := e.checkback(cfg)
 	release := make(chan struct{})
 	defer close(release)
-	e.serve("hung", func(CheckRequest) (State, error) { <-release; return Commit, nil })
-	e.serve("fast", answer(Rollback))
+	e.serve("hung", func(checker.Request) (outbox.LocalState, error) { <-release; return outbox.StateCommit, nil })
+	e.serve("fast", answer(outbox.StateRollback))
 	hung := []outbox.Half{
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),

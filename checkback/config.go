@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"strings"
 	"time"
@@ -30,7 +31,7 @@ const (
 	// sends to one producer group: at most 4 in flight and 20 per second.
 	DefaultGroupConcurrency = 4
 	DefaultGroupRate        = 20.0
-	DefaultSubjectPrefix    = "txoutbox.check"
+	DefaultSubjectPrefix    = checker.DefaultSubjectPrefix
 
 	DefaultResolveSchedule = "@every 1s"
 	DefaultStaleSchedule   = "@every 30s"
@@ -100,7 +101,7 @@ type Config struct {
 	Outbox string
 
 	// SubjectPrefix: a producer group's checker is asked on SubjectPrefix + "." + group.
-	// checkback.Serve must use the same prefix. Defaults to "txoutbox.check".
+	// checker.Serve must use the same prefix. Defaults to "txoutbox.check".
 	SubjectPrefix string
 
 	// Schedules of the three jobs: a robfig/cron spec (five fields, or six with seconds

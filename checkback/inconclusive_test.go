@@ -66,7 +66,7 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	cb := e.checkback(cfg)
-	ck := e.serve("orders", answer(Unknown))
+	ck := e.serve("orders", answer(outbox.StateUnknown))
 	for range 3 {
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
 	}
@@ -94,7 +94,7 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 		}
 	}
 
-	ck.setAnswer(answer(Commit))
+	ck.setAnswer(answer(outbox.StateCommit))
 	committed := 0
 	testsvc.Eventually(t, 10*time.Second, "the checker's COMMIT to settle the rows", func() bool {
 		res, err := cb.resolveOnce(ctx)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"strings"
 	"sync"
@@ -43,47 +44,45 @@ func TestCheckersNeverAnswerForAnotherOutbox(t *testing.T) {
 	ctx := context.Background()
 	n := testsvc.NewNATS(t)
 	type service struct {
-		db      *testsvc.DB
-		client  *outbox.Client
-		srv     *Server
-		reg     *prometheus.Registry
-		logs    *syncBuffer
-		mu      sync.Mutex
-		known   map[string]bool
-		asked   []string
-		foreign chan CheckRequest
+		db     *testsvc.DB
+		client *outbox.Client
+		srv    *checker.Server
+		id     string
+		reg    *prometheus.Registry
+		logs   *syncBuffer
+		mu     sync.Mutex
+		known  map[string]bool
+		asked  []string
 	}
 	newService := func() *service {
-		s := &service{db: testsvc.NewDB(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, known: map[string]bool{},
-			foreign: make(chan CheckRequest, 16)}
+		s := &service{db: testsvc.NewDB(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, known: map[string]bool{}}
 		var err error
 		if s.client, err = outbox.NewClient(&outbox.Config{Schema: s.db.Schema}); err != nil {
 			t.Fatal(err)
 		}
-		id, err := OutboxIdentity(ctx, s.db.Pool, s.db.Schema)
+		id, err := checker.OutboxIdentity(ctx, s.db.Pool, s.db.Schema)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.srv, err = Serve(n.Conn, "payments", func(_ context.Context, req CheckRequest) (State, error) {
+		s.id = id
+		s.srv, err = checker.Serve(n.Conn, "payments", func(_ context.Context, req checker.Request) (outbox.LocalState, error) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.asked = append(s.asked, req.MessageID.String())
 			if s.known[req.MessageID.String()] {
-				return Commit, nil
+				return outbox.StateCommit, nil
 			}
-			return Rollback, nil
-		}, &ServeOptions{Outbox: id, Registerer: s.reg, Logger: slog.New(slog.NewTextHandler(s.logs, nil))})
+			return outbox.StateRollback, nil
+		}, &checker.Options{Outbox: id, Registerer: s.reg, Logger: slog.New(slog.NewTextHandler(s.logs, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := func(req CheckRequest) { s.foreign <- req }
-		s.srv.onForeign.Store(&f)
 		t.Cleanup(func() { _ = s.srv.Stop() })
 		return s
 	}
 	a, b := newService(), newService()
-	if a.srv.outbox == b.srv.outbox {
-		t.Fatalf("two schemas have one identity %q", a.srv.outbox)
+	if a.id == b.id {
+		t.Fatalf("two schemas have one identity %q", a.id)
 	}
 	prepare := func(s *service) string {
 		h, err := s.client.Prepare(ctx, s.db.Pool, outbox.Message{Subject: "payments.charged", Payload: []byte("x")}, &outbox.PrepareOptions{Group: "payments"})
@@ -131,14 +130,12 @@ func TestCheckersNeverAnswerForAnotherOutbox(t *testing.T) {
 		s       *service
 		other   string
 		otherID string
-	}{{a, b.srv.outbox, idB}, {b, a.srv.outbox, idA}} {
-		select {
-		case req := <-c.s.foreign:
-			if req.Outbox != c.other || req.MessageID.String() != c.otherID {
-				t.Errorf("foreign request %+v, want message %s of outbox %s", req, c.otherID, c.other)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("checker of %s never saw the other outbox's request", c.s.db.Schema)
+	}{{a, b.id, idB}, {b, a.id, idA}} {
+		testsvc.Eventually(t, 10*time.Second, "the checker of "+c.s.db.Schema+" to count the other outbox's request", func() bool {
+			return foreignMetric(t, c.s.reg) >= 1
+		})
+		if logs := c.s.logs.String(); !strings.Contains(logs, c.other) || !strings.Contains(logs, c.otherID) {
+			t.Errorf("the foreign request's log line does not name outbox %s and message %s:\n%s", c.other, c.otherID, logs)
 		}
 		c.s.mu.Lock()
 		asked := append([]string(nil), c.s.asked...)
@@ -156,8 +153,8 @@ func TestCheckersNeverAnswerForAnotherOutbox(t *testing.T) {
 		}
 	}
 	// A checker that is not told its outbox does not start.
-	if _, err := Serve(n.Conn, "payments", func(context.Context, CheckRequest) (State, error) { return Commit, nil }, nil); !errors.Is(err, ErrNoOutbox) {
-		t.Errorf("Serve without an outbox: %v, want ErrNoOutbox", err)
+	if _, err := checker.Serve(n.Conn, "payments", func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }, nil); !errors.Is(err, checker.ErrNoOutbox) {
+		t.Errorf("Serve without an outbox: %v, want checker.ErrNoOutbox", err)
 	}
 }
 

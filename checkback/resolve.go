@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"math"
 	"sort"
 	"strings"
@@ -279,29 +280,6 @@ func chains(rows []store.HalfRow) [][]store.HalfRow {
 	return out
 }
 
-// CheckRequest is what the check-back asks a producer group's checker about: a half message
-// still prepared after the transaction timeout. It travels as JSON.
-type CheckRequest struct {
-	MessageID uuid.UUID           `json:"message_id"`
-	Subject   string              `json:"subject"`
-	Key       string              `json:"key,omitempty"`
-	Headers   map[string][]string `json:"headers,omitempty"`
-	Group     string              `json:"group"`
-	// Outbox identifies the outbox the message is in (Config.Outbox, by default
-	// OutboxIdentity): a checker answers only the requests of its own outbox.
-	Outbox string `json:"outbox"`
-	// Check is this check's number, from 1.
-	Check      int       `json:"check"`
-	PreparedAt time.Time `json:"prepared_at"`
-}
-
-// HeaderTimeout carries the requester's timeout (a Go duration) so that the checker can stop
-// working on an answer nobody waits for.
-const HeaderTimeout = "Txoutbox-Check-Timeout"
-
-// Subject is the subject a producer group's checker serves.
-func Subject(prefix, group string) string { return prefix + "." + group }
-
 // ask asks row's group's checker and classifies the reply. It returns "" as the outcome when
 // ctx ended first (the pass ran out of time or is shutting down): nothing is counted.
 func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail string) {
@@ -313,7 +291,7 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 		return "", ""
 	}
 	id, _ := c.outbox(ctx) // known: checkOnce asked for it before claiming
-	req := CheckRequest{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
+	req := checker.Request{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
 		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt, Outbox: id}
 	if len(r.Headers) > 0 {
 		_ = json.Unmarshal(r.Headers, &req.Headers)
@@ -322,9 +300,9 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 	if err != nil {
 		return OutcomeError, "encode request: " + err.Error()
 	}
-	msg := nats.NewMsg(Subject(c.cfg.SubjectPrefix, r.Group))
+	msg := nats.NewMsg(checker.Subject(c.cfg.SubjectPrefix, r.Group))
 	msg.Data = body
-	msg.Header.Set(HeaderTimeout, c.cfg.RequestTimeout.String())
+	msg.Header.Set(checker.HeaderTimeout, c.cfg.RequestTimeout.String())
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	resp, err := c.nc.RequestMsgWithContext(rctx, msg)
@@ -347,9 +325,9 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 		return OutcomeMalformed, "malformed reply: " + strings.TrimPrefix(err.Error(), "outbox: ")
 	}
 	switch st {
-	case Commit:
+	case outbox.StateCommit:
 		return OutcomeCommit, ""
-	case Rollback:
+	case outbox.StateRollback:
 		return OutcomeRollback, ""
 	}
 	return OutcomeUnknown, "checker answered UNKNOWN"
@@ -366,7 +344,7 @@ func (c *CheckBack) outbox(ctx context.Context) (string, error) {
 	id := c.cfg.Outbox
 	if id == "" {
 		var err error
-		if id, err = OutboxIdentity(ctx, c.db, c.cfg.Schema); err != nil {
+		if id, err = checker.OutboxIdentity(ctx, c.db, c.cfg.Schema); err != nil {
 			return "", err
 		}
 		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (ServeOptions.Outbox)", "outbox", id)

@@ -2,6 +2,7 @@ package checkback
 
 import (
 	"context"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -35,7 +36,7 @@ func TestCheckerTextsAreAlwaysStorable(t *testing.T) {
 	}
 	var halves []outbox.Half
 	for group, f := range answers {
-		sub, err := e.nats.Conn.Subscribe(Subject(DefaultSubjectPrefix, group), f)
+		sub, err := e.nats.Conn.Subscribe(checker.Subject(DefaultSubjectPrefix, group), f)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ package outbox
 //
 // A prepared message is committed and stored but invisible to the relay. If the producer dies
 // or never says, the check-back (package checkback) resolves it after its transaction timeout:
-// it asks the producer group's checker (checkback.Serve), or, for a message prepared with
+// it asks the producer group's checker (outbox/checker.Serve), or, for a message prepared with
 // Fence, rolls it back under its row lock.
 
 import (
@@ -132,7 +132,7 @@ func ValidateGroup(g string) error {
 // PrepareOptions say how the check-back resolves a half message its producer never settles.
 type PrepareOptions struct {
 	// Group is the producer group: the check-back asks the checker this group serves with
-	// checkback.Serve. Required unless Fence is set.
+	// checker.Serve. Required unless Fence is set.
 	Group string
 
 	// Fence is for work in this same database, settled with CommitTx inside the business

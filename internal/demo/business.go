@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -338,17 +338,17 @@ func (p *producer) payment(ctx context.Context, r *rand.Rand, id int64, fate str
 	}
 }
 
-// checker answers the check-back for the payments group by asking the provider whether the
+// payChecker answers the check-back for the payments group by asking the provider whether the
 // payment was charged. A payment the provider has never heard of is UNKNOWN while it is young
 // (the producer may be about to charge it) and ROLLBACK after giveUp.
-type checker struct {
+type payChecker struct {
 	pool   *pgxpool.Pool
 	giveUp time.Duration
 
 	commit, rollback, unknown atomic.Int64
 }
 
-func (c *checker) check(ctx context.Context, req checkback.CheckRequest) (checkback.State, error) {
+func (c *payChecker) check(ctx context.Context, req checker.Request) (outbox.LocalState, error) {
 	st, err := c.answer(ctx, req)
 	switch {
 	case err != nil || st == outbox.StateUnknown:
@@ -361,7 +361,7 @@ func (c *checker) check(ctx context.Context, req checkback.CheckRequest) (checkb
 	return st, err
 }
 
-func (c *checker) answer(ctx context.Context, req checkback.CheckRequest) (checkback.State, error) {
+func (c *payChecker) answer(ctx context.Context, req checker.Request) (outbox.LocalState, error) {
 	var id int64
 	if vs := req.Headers[headerPaymentID]; len(vs) == 1 {
 		id, _ = strconv.ParseInt(vs[0], 10, 64)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
 	"math/rand/v2"
 	"net/url"
@@ -22,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -116,7 +116,7 @@ type chaos struct {
 	relay    *proc
 	consumer *proc
 	prod     *producer
-	chk      *checker
+	chk      *payChecker
 
 	natsRestarts, relayTerminated, consumerTerminated atomic.Int64
 	pubAcks, dupAcks, deliveries, redeliveries        atomic.Int64
@@ -200,11 +200,11 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	defer func() { _ = obs.Unsubscribe() }()
 
 	// The checker of the payments group lives with the producers.
-	outboxID, err := checkback.OutboxIdentity(ctx, c.pool, chaosSchema)
+	outboxID, err := checker.OutboxIdentity(ctx, c.pool, chaosSchema)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, &checkback.ServeOptions{Outbox: outboxID})
+	srv, err := checker.Serve(c.nc, paymentsGroup, c.chk.check, &checker.Options{Outbox: outboxID})
 	if err != nil {
 		return nil, err
 	}
@@ -379,7 +379,7 @@ func (c *chaos) setup(ctx context.Context) error {
 		return err
 	}
 	c.prod = &producer{pool: c.pool, client: client, customers: 200, skus: 50}
-	c.chk = &checker{pool: c.pool, giveUp: chaosGiveUp}
+	c.chk = &payChecker{pool: c.pool, giveUp: chaosGiveUp}
 	return nil
 }
 

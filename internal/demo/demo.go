@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -95,7 +96,7 @@ type run struct {
 	relay      *relay.Relay
 	loss       *ackLoss
 	prod       *producer
-	chk        *checker
+	chk        *payChecker
 	cons       consumerSup
 	start      time.Time
 
@@ -265,7 +266,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	r.say("  orders producer    %d orders at %.0f/s; each inserts its order row and its outbox message in one transaction (EnqueueTx)", cfg.Orders, cfg.Rate)
 	r.say("  payments producer  %d half messages: prepare, charge at the provider, then commit or roll back (SendInTransaction)", cfg.Payments)
 	r.say("  relay              publishes committed outbox rows to JetStream (Nats-Msg-Id = message id), then settles them")
-	r.say("  check-back         asks the payments checker (checkback.Serve) about half messages still prepared after %s", demoTransactionTimeout)
+	r.say("  check-back         asks the payments checker (checker.Serve) about half messages still prepared after %s", demoTransactionTimeout)
 	r.say("  consumer           inventory/points: dedup row + stock or points + ledger row in one transaction, ack after commit")
 	r.say("Faults injected:")
 	r.say("  %4.0f%% of order transactions rolled back by the producer after writing the order and the message", 100*cfg.Rollback)
@@ -287,12 +288,12 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	r.prod = &producer{pool: r.pool, client: client, customers: 50, skus: 20}
-	r.chk = &checker{pool: r.pool, giveUp: demoGiveUp}
-	outboxID, err := checkback.OutboxIdentity(ctx, r.pool, r.schema)
+	r.chk = &payChecker{pool: r.pool, giveUp: demoGiveUp}
+	outboxID, err := checker.OutboxIdentity(ctx, r.pool, r.schema)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := checkback.Serve(r.nc, paymentsGroup, r.chk.check, &checkback.ServeOptions{Logger: r.log, Outbox: outboxID})
+	srv, err := checker.Serve(r.nc, paymentsGroup, r.chk.check, &checker.Options{Logger: r.log, Outbox: outboxID})
 	if err != nil {
 		return nil, fmt.Errorf("serve the payments checker: %w", err)
 	}

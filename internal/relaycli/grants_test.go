@@ -3,6 +3,7 @@ package relaycli
 import (
 	"context"
 	"errors"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
@@ -162,15 +162,15 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	wantDenied(t, "producer SELECT dedup rows", err)
 	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('billing', 'k')`)
 	wantDenied(t, "producer INSERT a dedup row", err)
-	outboxID, err := checkback.OutboxIdentity(ctx, producer, db.Schema)
+	outboxID, err := checker.OutboxIdentity(ctx, producer, db.Schema)
 	if err != nil {
 		t.Fatalf("producer OutboxIdentity: %v", err)
 	}
 
 	// Relay: the check-back resolves (as relay checkback --once does), then relay run publishes.
-	srv, err := checkback.Serve(n.Conn, "payments", func(context.Context, checkback.CheckRequest) (checkback.State, error) {
-		return checkback.Commit, nil
-	}, &checkback.ServeOptions{Outbox: outboxID})
+	srv, err := checker.Serve(n.Conn, "payments", func(context.Context, checker.Request) (outbox.LocalState, error) {
+		return outbox.StateCommit, nil
+	}, &checker.Options{Outbox: outboxID})
 	if err != nil {
 		t.Fatal(err)
 	}

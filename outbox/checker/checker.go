@@ -1,4 +1,11 @@
-package checkback
+// Package checker is the producer's side of the check-back: a producer group's checker
+// answers, over NATS, whether the local transaction of a stale half message committed
+// (RocketMQ's checkLocalTransaction). Producers import it, not the check-back's job runner.
+//
+// The check-back (package checkback, run by `relay run` or `relay checkback`) asks on
+// Subject(prefix, group) with a JSON Request; Serve answers COMMIT, ROLLBACK or UNKNOWN, and
+// only for requests of the outbox it was given.
+package checker
 
 import (
 	"context"
@@ -7,7 +14,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"log/slog"
 	"sync"
@@ -21,27 +30,30 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ErrNoOutbox is returned by Serve when ServeOptions.Outbox is empty: a checker must know
+// ErrNoOutbox is returned by Serve when Options.Outbox is empty: a checker must know
 // which outbox it answers for, or it could settle the half messages of another service that
 // uses the same producer group name.
-var ErrNoOutbox = errors.New("checkback: ServeOptions.Outbox is required: the outbox this checker answers for " +
+var ErrNoOutbox = errors.New("checker: Options.Outbox is required: the outbox this checker answers for " +
 	"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)")
 
-// CheckFunc answers a check: did the local transaction of this half message commit? Return
-// Commit or Rollback only when the outcome is certain; Unknown (or an error) makes the
-// check-back ask again later, up to its maximum number of checks. ctx ends when the
-// check-back stops waiting for the answer.
-type CheckFunc func(ctx context.Context, req CheckRequest) (State, error)
+// Func answers a check: did the local transaction of this half message commit? Return
+// outbox.StateCommit or outbox.StateRollback only when the outcome is certain;
+// outbox.StateUnknown (or an error) makes the check-back ask again later, up to its maximum
+// number of checks. ctx ends when the check-back stops waiting for the answer.
+type Func func(ctx context.Context, req Request) (outbox.LocalState, error)
 
-// Defaults for ServeOptions.
+// Defaults for Options.
 const (
-	DefaultServeConcurrency = 16
+	// DefaultSubjectPrefix is the check-back's default checkback.Config.SubjectPrefix.
+	DefaultSubjectPrefix = "txoutbox.check"
+	DefaultConcurrency   = 16
+	DefaultTimeout       = 3 * time.Second
 	// ServiceVersion is the version the checker micro services announce.
 	ServiceVersion = "1.0.0"
 )
 
-// ServeOptions configure Serve. nil means all defaults.
-type ServeOptions struct {
+// Options configure Serve. nil means all defaults.
+type Options struct {
 	// SubjectPrefix must match the check-back's Config.SubjectPrefix. Defaults to
 	// "txoutbox.check".
 	SubjectPrefix string
@@ -64,7 +76,7 @@ type ServeOptions struct {
 	Concurrency int
 
 	// Timeout bounds a check whose request does not say how long the check-back waits.
-	// Defaults to DefaultRequestTimeout (3s).
+	// Defaults to 3s (the check-back's default request timeout).
 	Timeout time.Duration
 
 	// Logger receives errors of the checker. Defaults to slog.Default().
@@ -97,7 +109,7 @@ type Server struct {
 	loggedMu sync.Mutex
 	logged   map[string]bool
 	// onForeign, when set (tests), is called after a foreign request was counted.
-	onForeign atomic.Pointer[func(CheckRequest)]
+	onForeign atomic.Pointer[func(Request)]
 }
 
 // Service returns the underlying micro service (for its info and stats).
@@ -116,22 +128,22 @@ func (s *Server) Stop() error {
 
 // Serve registers check as the checker of producer group group: the check-back asks it, over
 // nc, whether the local transactions of the group's stale half messages committed. Requests
-// carry the message id, subject, key and headers (see CheckRequest); check's answer is sent
+// carry the message id, subject, key and headers (see Request); check's answer is sent
 // back as COMMIT, ROLLBACK or UNKNOWN, and an error as a micro service error (counted by the
 // check-back as an inconclusive check). opts may be nil.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
-func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*Server, error) {
+func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, error) {
 	if nc == nil {
-		return nil, errors.New("checkback: Serve: nc is nil")
+		return nil, errors.New("checker: Serve: nc is nil")
 	}
 	if check == nil {
-		return nil, errors.New("checkback: Serve: check is nil")
+		return nil, errors.New("checker: Serve: check is nil")
 	}
 	if err := outbox.ValidateGroup(group); err != nil {
-		return nil, fmt.Errorf("checkback: Serve: %w", err)
+		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
-	var o ServeOptions
+	var o Options
 	if opts != nil {
 		o = *opts
 	}
@@ -139,13 +151,13 @@ func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*S
 		o.SubjectPrefix = DefaultSubjectPrefix
 	}
 	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
-		return nil, fmt.Errorf("checkback: ServeOptions.SubjectPrefix: %w", err)
+		return nil, fmt.Errorf("checker: Options.SubjectPrefix: %w", err)
 	}
 	if o.Concurrency <= 0 {
-		o.Concurrency = DefaultServeConcurrency
+		o.Concurrency = DefaultConcurrency
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = DefaultRequestTimeout
+		o.Timeout = DefaultTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -160,7 +172,7 @@ func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*S
 	if err != nil {
 		return nil, err
 	}
-	log := o.Logger.With("component", "checkback.checker", "group", group, "outbox", o.Outbox)
+	log := o.Logger.With("component", "checker", "group", group, "outbox", o.Outbox)
 	s := &Server{sem: make(chan struct{}, o.Concurrency), outbox: o.Outbox, foreign: foreign, logged: map[string]bool{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
@@ -198,19 +210,19 @@ func Serve(nc *nats.Conn, group string, check CheckFunc, opts *ServeOptions) (*S
 	})
 	if err != nil {
 		s.cancel()
-		return nil, fmt.Errorf("checkback: Serve: %w", err)
+		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
 	if err := svc.AddEndpoint("check", handler, micro.WithEndpointSubject(Subject(o.SubjectPrefix, group))); err != nil {
 		_ = svc.Stop()
 		s.cancel()
-		return nil, fmt.Errorf("checkback: Serve: %w", err)
+		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
 	s.svc = svc
 	return s, nil
 }
 
-func (s *Server) answer(req micro.Request, check CheckFunc, def time.Duration, log *slog.Logger) {
-	var cr CheckRequest
+func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *slog.Logger) {
+	var cr Request
 	if err := json.Unmarshal(req.Data(), &cr); err != nil {
 		_ = req.Error("400", oneLine("malformed check request: "+err.Error()), nil)
 		return
@@ -229,7 +241,7 @@ func (s *Server) answer(req micro.Request, check CheckFunc, def time.Duration, l
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	defer cancel()
-	st, err := func() (st State, err error) {
+	st, err := func() (st outbox.LocalState, err error) {
 		defer func() {
 			if p := recover(); p != nil {
 				err = fmt.Errorf("checker panicked: %v", p)
@@ -254,7 +266,7 @@ func (s *Server) answer(req micro.Request, check CheckFunc, def time.Duration, l
 func oneLine(s string) string { return safetext.Header(s, 1024) }
 
 // foreignRequest counts, and logs once per foreign outbox, a check request of another outbox.
-func (s *Server) foreignRequest(cr CheckRequest, log *slog.Logger) {
+func (s *Server) foreignRequest(cr Request, log *slog.Logger) {
 	s.foreign.Inc()
 	s.loggedMu.Lock()
 	first := !s.logged[cr.Outbox] && len(s.logged) < maxForeignLogged
@@ -277,18 +289,9 @@ func foreignCounter(reg prometheus.Registerer, group string) (prometheus.Counter
 		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_foreign_requests_total",
 		Help: "Check requests of another outbox that this process's checkers did not answer (a producer group name shared by two services, or a misconfigured outbox), by group.",
 	}, []string{"group"})
-	if reg != nil {
-		if err := reg.Register(vec); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			existing, ok := (*prometheus.CounterVec)(nil), false
-			if errors.As(err, &are) {
-				existing, ok = are.ExistingCollector.(*prometheus.CounterVec)
-			}
-			if !ok {
-				return nil, fmt.Errorf("checkback: Serve: register metrics: %w", err)
-			}
-			vec = existing
-		}
+	// Checkers on one registry share the counter.
+	if err := prom.Register(reg, "checker: Serve", prom.Of(&vec)); err != nil {
+		return nil, err
 	}
 	return vec.WithLabelValues(group), nil
 }
@@ -303,7 +306,7 @@ func OutboxToken(outbox string) string {
 // OutboxIdentity returns the default identity of the outbox in schema of the database db is
 // connected to: "<system identifier>/<database>/<schema>", the system identifier being
 // pg_control_system()'s (unique per cluster, shared by its physical replicas). Producers pass
-// it to Serve as ServeOptions.Outbox; the check-back computes the same from its own pool when
+// it to Serve as Options.Outbox; the check-back computes the same from its own pool when
 // Config.Outbox is empty. Any role may call it.
 func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (string, error) {
 	if schema == "" {
@@ -312,7 +315,30 @@ func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (strin
 	var sysid int64
 	var database string
 	if err := db.QueryRow(ctx, `SELECT system_identifier, current_database() FROM pg_control_system()`).Scan(&sysid, &database); err != nil {
-		return "", fmt.Errorf("checkback: outbox identity: %w", err)
+		return "", fmt.Errorf("checker: outbox identity: %w", err)
 	}
 	return fmt.Sprintf("%d/%s/%s", uint64(sysid), database, schema), nil
 }
+
+// Request is what the check-back asks a producer group's checker about: a half message
+// still prepared after the transaction timeout. It travels as JSON.
+type Request struct {
+	MessageID uuid.UUID           `json:"message_id"`
+	Subject   string              `json:"subject"`
+	Key       string              `json:"key,omitempty"`
+	Headers   map[string][]string `json:"headers,omitempty"`
+	Group     string              `json:"group"`
+	// Outbox identifies the outbox the message is in (checkback.Config.Outbox, by
+	// default OutboxIdentity): a checker answers only the requests of its own outbox.
+	Outbox string `json:"outbox"`
+	// Check is this check's number, from 1.
+	Check      int       `json:"check"`
+	PreparedAt time.Time `json:"prepared_at"`
+}
+
+// HeaderTimeout carries the requester's timeout (a Go duration) so that the checker can stop
+// working on an answer nobody waits for.
+const HeaderTimeout = "Txoutbox-Check-Timeout"
+
+// Subject is the subject a producer group's checker serves.
+func Subject(prefix, group string) string { return prefix + "." + group }

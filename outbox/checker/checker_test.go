@@ -1,0 +1,104 @@
+package checker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
+)
+
+func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+
+// The wire contract the check-back relies on: a JSON Request on Subject(prefix, group) gets
+// COMMIT, ROLLBACK or UNKNOWN; a checker error or panic a micro service error; a malformed
+// request a 400; a request of another outbox no reply at all.
+func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	answers := map[uuid.UUID]outbox.LocalState{}
+	commit, rollback, unknown, failing, panicking := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	answers[commit], answers[rollback], answers[unknown] = outbox.StateCommit, outbox.StateRollback, outbox.StateUnknown
+	srv, err := checker.Serve(n.Conn, "pay", func(_ context.Context, req checker.Request) (outbox.LocalState, error) {
+		switch req.MessageID {
+		case failing:
+			return outbox.StateUnknown, errors.New("ledger unreachable\nsecond line")
+		case panicking:
+			panic("boom")
+		}
+		return answers[req.MessageID], nil
+	}, &checker.Options{Outbox: "db/one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+
+	ask := func(id uuid.UUID, outboxID string, raw []byte) (*nats.Msg, error) {
+		if raw == nil {
+			raw, _ = json.Marshal(checker.Request{MessageID: id, Subject: "pay.x", Group: "pay", Outbox: outboxID, Check: 1})
+		}
+		msg := nats.NewMsg(checker.Subject(checker.DefaultSubjectPrefix, "pay"))
+		msg.Data = raw
+		msg.Header.Set(checker.HeaderTimeout, "1s")
+		return n.Conn.RequestMsg(msg, 2*time.Second)
+	}
+	for id, want := range map[uuid.UUID]string{commit: "COMMIT", rollback: "ROLLBACK", unknown: "UNKNOWN"} {
+		resp, err := ask(id, "db/one", nil)
+		if err != nil || string(resp.Data) != want {
+			t.Fatalf("answer: %v %q, want %s", err, respData(resp), want)
+		}
+	}
+	for _, c := range []struct {
+		id   uuid.UUID
+		raw  []byte
+		code string
+	}{{failing, nil, "500"}, {panicking, nil, "500"}, {uuid.Nil, []byte("{not json"), "400"}} {
+		resp, err := ask(c.id, "db/one", c.raw)
+		if err != nil || resp.Header.Get(micro.ErrorCodeHeader) != c.code {
+			t.Fatalf("error answer: %v, code %q, want %s", err, respCode(resp), c.code)
+		}
+		if e := resp.Header.Get(micro.ErrorHeader); len(e) > 1024 || containsNewline(e) {
+			t.Fatalf("error text %q is not one line of at most 1024 bytes", e)
+		}
+	}
+	// Another outbox's request is never answered, not even with an error.
+	if resp, err := ask(commit, "db/two", nil); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("a request of another outbox got %v %q, want no answer", err, respData(resp))
+	}
+	if _, err := checker.Serve(n.Conn, "pay", func(context.Context, checker.Request) (outbox.LocalState, error) {
+		return outbox.StateCommit, nil
+	}, nil); !errors.Is(err, checker.ErrNoOutbox) {
+		t.Fatalf("Serve without an outbox: %v, want ErrNoOutbox", err)
+	}
+}
+
+func respData(m *nats.Msg) string {
+	if m == nil {
+		return ""
+	}
+	return string(m.Data)
+}
+
+func respCode(m *nats.Msg) string {
+	if m == nil {
+		return ""
+	}
+	return m.Header.Get(micro.ErrorCodeHeader)
+}
+
+func containsNewline(s string) bool {
+	for _, r := range s {
+		if r == '\n' || r == '\r' {
+			return true
+		}
+	}
+	return false
+}
