@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"github.com/nats-io/nats.go"
+
 	"github.com/txoutbox/txoutbox/internal/natsver"
 )
 
@@ -16,7 +18,11 @@ var ErrServerTooOld = natsver.ErrServerTooOld
 // ServerVersionError names the server's version (from its INFO) and the version required.
 type ServerVersionError = natsver.ServerVersionError
 
-// checkServerVersion refuses a server older than MinServerVersion.
-func (r *Relay) checkServerVersion() error {
-	return natsver.Check(r.js.Conn(), "relay", "the relay (JetStream publishing and stream lookup through nats.go's jetstream package)", MinServerVersion)
+// CheckServerVersion returns a *ServerVersionError when the server nc is connected to
+// announced a version older than MinServerVersion (nil when it is not connected). Run does
+// this check itself; call it to refuse a server before starting anything else.
+func CheckServerVersion(nc *nats.Conn) error {
+	return natsver.Check(nc, "relay", "the relay (JetStream publishing and stream lookup through nats.go's jetstream package)", MinServerVersion)
 }
+
+func (r *Relay) checkServerVersion() error { return CheckServerVersion(r.js.Conn()) }

@@ -42,6 +42,8 @@ func TestRunRefusesTooOldServer(t *testing.T) {
 		want := "nats-server " + c.server + " is too old"
 		if s := errb.String(); !strings.Contains(s, want) || !strings.Contains(s, "needs nats-server "+c.required+" or later") {
 			t.Errorf("%v: stderr does not name both versions:\n%s", c.args, s)
+		} else {
+			t.Logf("relay %v: exit 1: %s", c.args, strings.TrimSpace(s))
 		}
 	}
 }
