@@ -291,6 +291,16 @@ func TestKubernetesManifests(t *testing.T) {
 		if err != nil {
 			t.Skip("kubectl is not installed")
 		}
+		// kustomize needs no server: the kustomization builds, with every object in it.
+		out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+		}
+		for _, kind := range []string{"Secret", "Job", "Deployment", "PodDisruptionBudget"} {
+			if !bytes.Contains(out, []byte("\nkind: "+kind+"\n")) {
+				t.Errorf("kubectl kustomize output has no %s:\n%s", kind, out)
+			}
+		}
 		if out, err := exec.Command(kubectl, "version", "--request-timeout=3s").CombinedOutput(); err != nil {
 			t.Skipf("kubectl reaches no API server (kubectl create --dry-run=client needs one for the resource types): %s", firstLine(out))
 		}
