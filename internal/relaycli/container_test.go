@@ -91,6 +91,17 @@ func TestContainerImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	tag := "localhost/txoutbox-relay-test:" + randomSuffix()
+	// The images the build makes (the tagged one and its stages' intermediate images) are
+	// removed at the end: those that were not there before it.
+	images := func() map[string]bool {
+		out, _ := pm(time.Minute, "images", "-a", "-q", "--no-trunc")
+		ids := map[string]bool{}
+		for _, id := range strings.Fields(out) {
+			ids[id] = true
+		}
+		return ids
+	}
+	before := images()
 	start := time.Now()
 	if out, err := pm(3*time.Minute, "build", "--build-arg", "SOURCE=prebuilt", "-f", containerfile, "-t", tag, dir); err != nil {
 		if cannotRun(out) {
@@ -98,7 +109,14 @@ func TestContainerImage(t *testing.T) {
 		}
 		t.Fatalf("podman build: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { _, _ = pm(time.Minute, "rmi", "-f", tag) })
+	t.Cleanup(func() {
+		_, _ = pm(time.Minute, "rmi", "-f", tag)
+		for id := range images() {
+			if !before[id] {
+				_, _ = pm(time.Minute, "rmi", "-f", id)
+			}
+		}
+	})
 	t.Logf("image built in %s", time.Since(start).Round(time.Millisecond))
 
 	out, err := pm(time.Minute, "image", "inspect", "--format", "{{.Config.User}} {{json .Config.Entrypoint}}", tag)
