@@ -30,6 +30,7 @@ package txoutbox
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -88,3 +89,27 @@ type DB interface {
 	DBTX
 	Beginner
 }
+
+// ErrServerTooOld is matched (errors.Is) by every *ServerVersionError: the relay, the consumer
+// and the check-back refuse, before doing anything, a nats-server older than they need
+// (relay.MinServerVersion, consumer.MinServerVersion, checkback.MinServerVersion).
+var ErrServerTooOld = errors.New("txoutbox: nats-server too old")
+
+// ServerVersionError is a nats-server older than a feature needs. errors.Is(err,
+// ErrServerTooOld) holds.
+type ServerVersionError struct {
+	// Component is the package or command that refused the server (relay, consumer, checkback).
+	Component string
+	// Feature is what needs the version, in plain words.
+	Feature string
+	// Server is the version the server announced in its INFO; Required the oldest that works.
+	Server   string
+	Required string
+}
+
+func (e *ServerVersionError) Error() string {
+	return fmt.Sprintf("%s: nats-server %s is too old: %s needs nats-server %s or later", e.Component, e.Server, e.Feature, e.Required)
+}
+
+// Is reports ErrServerTooOld.
+func (e *ServerVersionError) Is(target error) bool { return target == ErrServerTooOld }

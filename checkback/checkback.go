@@ -141,9 +141,13 @@ func (c *CheckBack) jobs(rep *Report, wait bool) []job {
 }
 
 // RunOnce runs each job whose schedule is not "off" once, in order (resolve, stale, purge), and
-// reports what they did. It returns the first error, after running every job.
+// reports what they did. It returns the first error, after running every job. A nats-server
+// older than MinServerVersion is refused (a *ServerVersionError) before any job runs.
 func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
 	rep := &Report{}
+	if err := c.checkServerVersion(); err != nil {
+		return rep, err
+	}
 	var first error
 	for _, j := range c.jobs(rep, true) {
 		if j.spec == ScheduleOff {
@@ -192,13 +196,17 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 }
 
 // Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in
-// progress to end (they see the cancellation) and returns nil. It returns txoutbox.ErrRunning
-// while another Run of this check-back has not returned.
+// progress to end (they see the cancellation) and returns nil. It refuses at start a
+// nats-server older than MinServerVersion (a *ServerVersionError, ErrServerTooOld), and
+// returns txoutbox.ErrRunning while another Run of this check-back has not returned.
 func (c *CheckBack) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("checkback: Run: %w", txoutbox.ErrRunning)
 	}
 	defer c.running.Store(false)
+	if err := c.checkServerVersion(); err != nil {
+		return err
+	}
 	logger := cronLogger{c.log}
 	cr := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
 	for _, j := range c.jobs(nil, false) {

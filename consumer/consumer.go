@@ -153,8 +153,13 @@ func (c *Consumer) Stats() Stats { return c.stats.snapshot() }
 // Setup creates the durable JetStream consumer, or updates it to the configuration (explicit
 // acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
 // that a stream captures the dead-letter subject without sending it back to this consumer.
-// Run calls it; call it yourself to fail fast at start-up.
+// It first refuses a nats-server older than the configuration needs (a *ServerVersionError,
+// ErrServerTooOld: MinServerVersion, MinServerVersionFilterSubjects). Run calls it; call it
+// yourself to fail fast at start-up.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
+	if err := c.checkServerVersion(); err != nil {
+		return nil, err
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,

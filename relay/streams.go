@@ -70,7 +70,8 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 	return "", ""
 }
 
-// CheckStreams verifies that one stream captures the whole of each of Config.Subjects (a
+// CheckStreams refuses a nats-server older than MinServerVersion (a *ServerVersionError,
+// ErrServerTooOld), then verifies that one stream captures the whole of each of Config.Subjects (a
 // stream that captures only part of a wildcard subject is not enough: the rest would fail
 // message by message), that every stream the subject's messages may land in can take
 // publishes (ErrStreamUnusable: no_ack, sealed, a mirror, a counter stream) and keeps
@@ -78,6 +79,9 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 // Config.CreateStream names when a subject has none. It logs a warning for a stream whose
 // max_msg_size is below what producers may enqueue, or that rewrites subjects.
 func (r *Relay) CheckStreams(ctx context.Context) error {
+	if err := r.checkServerVersion(); err != nil {
+		return err
+	}
 	required := r.cfg.RequiredDuplicateWindow()
 	for _, subj := range r.cfg.Subjects {
 		streams, covering, err := r.streamsFor(ctx, subj)

@@ -32,15 +32,15 @@ const (
 
 // Self is what the serving process says about itself on the status page.
 type Self struct {
-	Name   string // e.g. the relay id
-	Health string // "ok", "standby", or a problem
+	Name   string `json:"name"`   // e.g. the relay id
+	Health string `json:"health"` // "ok", "standby", or a problem
 	// Held are the partitions this process holds; Target its fair share; Relays the live
 	// relays it sees.
-	Held   []int32
-	Target int
-	Relays int
+	Held   []int32 `json:"held"`
+	Target int     `json:"target"`
+	Relays int     `json:"relays"`
 	// Published is a running total (messages published by this process), for throughput.
-	Published int64
+	Published int64 `json:"published"`
 }
 
 // Config configures a Server.
@@ -195,13 +195,16 @@ func (s *Server) snapshot(ctx context.Context) (*status.Snapshot, error) {
 func (s *Server) statusJSON(w http.ResponseWriter, r *http.Request) {
 	snap, err := s.snapshot(r.Context())
 	out := struct {
-		Self       *Self            `json:"self,omitempty"`
+		Self       *Self            `json:"self"`
 		Throughput float64          `json:"throughput_per_second"`
-		Snapshot   *status.Snapshot `json:"snapshot,omitempty"`
-		Error      string           `json:"error,omitempty"`
+		Snapshot   *status.Snapshot `json:"snapshot"`
+		Error      string           `json:"error"`
 	}{Snapshot: snap, Throughput: s.throughput(time.Minute)}
 	if s.cfg.Self != nil {
 		me := s.cfg.Self()
+		if me.Held == nil {
+			me.Held = []int32{}
+		}
 		out.Self = &me
 	}
 	if err != nil {

@@ -158,6 +158,34 @@ func TestStatusPageAndJSON(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &js) != nil || js.Snapshot == nil || js.Snapshot.Totals.Ready != 40 || js.Throughput <= 0 {
 		t.Fatalf("/status.json = %d %s", code, body)
 	}
+	if js.Self.Name != "relay-x" {
+		t.Errorf("/status.json self.name = %q", js.Self.Name)
+	}
+	// snake_case keys everywhere, and no null where a list is empty.
+	var doc any
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if k == "" || strings.ToLower(k) != k || strings.ContainsAny(k, "- ") {
+					t.Errorf("/status.json key %s.%s is not snake_case", path, k)
+				}
+				if e == nil && k != "error" {
+					t.Errorf("/status.json %s.%s is null", path, k)
+				}
+				walk(path+"."+k, e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(path+"[]", e)
+			}
+		}
+	}
+	walk("", doc)
 }
 
 // chromium finds Debian's Chromium (the CI script installs it).

@@ -61,14 +61,14 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 		t.Fatalf("prepared list: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, _ = cliEnv(t, vars, "prepared", "list", "--state", "check_exhausted", "--json")
-	var row struct {
+	var rows []struct {
 		MessageID string `json:"message_id"`
 		State     string `json:"state"`
 		Checks    int    `json:"checks"`
 		LastError string `json:"last_error"`
 	}
-	if code != 0 || strings.Count(out, "\n") != 1 || json.Unmarshal([]byte(out), &row) != nil ||
-		row.MessageID != checked.ID.String() || row.Checks != 1 || !strings.Contains(row.LastError, "no_responders") {
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 ||
+		rows[0].MessageID != checked.ID.String() || rows[0].Checks != 1 || !strings.Contains(rows[0].LastError, "no_responders") {
 		t.Fatalf("prepared list --json: exit %d: %s", code, out)
 	}
 

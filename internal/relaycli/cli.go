@@ -40,7 +40,7 @@ Usage:
 Commands:
 %s
 Every command takes --help, which lists each of its settings with its environment variable
-and default.
+and default. relay --version is relay version.
 `
 
 // ErrUsage marks errors in how the command was invoked (exit status 2).
@@ -67,6 +67,9 @@ func Main(ctx context.Context, args []string, env *Env) int {
 			return 2
 		}
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	for _, c := range commands {
 		if c.name != args[0] {

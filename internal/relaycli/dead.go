@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(command{name: "dead", summary: "list, requeue or purge dead rows (list | requeue | purge)", run: deadCmd})
+	register(command{name: "dead", summary: "list, show, requeue or purge dead rows (list | show | requeue | purge)", run: deadCmd})
 }
 
 const deadUsage = `
@@ -27,6 +27,8 @@ purged.
 
 Usage:
   relay dead list [filters]                   list dead rows (oldest first)
+  relay dead show MESSAGE_ID                  one dead row: headers, payload (text when it is
+                                              UTF-8 text, else base64) and last error
   relay dead requeue [filters | --all]        make them ready again: attempts 0, error cleared,
                                               due now; they go out before the rest of their key
   relay dead purge [filters | --all]          delete them for good; the later messages of their
@@ -34,7 +36,9 @@ Usage:
 
 Filters combine (AND): --subject (NATS wildcards allowed: orders.*, orders.>), --older-than /
 --newer-than (age since enqueue), --id (message ids, comma-separated). requeue and purge need
-a filter or --all, and take --dry-run.
+a filter or --all, and take --dry-run. Only --database-url and --schema are read from the
+environment: what to select or change is always typed. --json prints a JSON array (list), a
+JSON object (show, and what requeue and purge did).
 `
 
 func deadCmd(ctx context.Context, env *Env, args []string) error {
@@ -53,20 +57,29 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	s.Bool(&all, "all", "", false, "requeue, purge: every dead row (required when no filter is given)")
 	s.Bool(&dryRun, "dry-run", "", false, "requeue, purge: say what would change, change nothing")
 	s.Bool(&asJSON, "json", "", false, "print JSON")
-	s.CommandLineOnly("subject", "older-than", "newer-than", "id", "limit", "all", "dry-run", "json")
-	if len(args) == 0 || (args[0] != "list" && args[0] != "requeue" && args[0] != "purge") {
+	s.EnvironmentOnlyFor("database-url", "schema")
+	if len(args) == 0 || (args[0] != "list" && args[0] != "show" && args[0] != "requeue" && args[0] != "purge") {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			s.printHelp(env.Stdout)
 			return errHelp
 		}
-		return usageErr("want list, requeue or purge (see relay dead --help)")
+		return usageErr("want list, show, requeue or purge (see relay dead --help)")
 	}
 	action := args[0]
-	if err := parseSettings(s, env, args[1:]); err != nil {
+	positional, err := parseInterleaved(s, env, args[1:])
+	if err != nil {
 		return err
 	}
-	if len(s.Args()) > 0 {
-		return usageErr("unexpected arguments %q", s.Args())
+	var showID uuid.UUID
+	switch {
+	case action == "show" && len(positional) != 1:
+		return usageErr("show takes one message id")
+	case action == "show":
+		if showID, err = uuid.Parse(positional[0]); err != nil {
+			return usageErr("invalid message id %q: %v", positional[0], err)
+		}
+	case len(positional) > 0:
+		return usageErr("unexpected arguments %q", positional)
 	}
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
@@ -94,12 +107,15 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		f.IDs = append(f.IDs, id)
 	}
 	filtered := subject != "" || olderThan > 0 || newerThan > 0 || len(f.IDs) > 0
+	changes := action == "requeue" || action == "purge"
 	switch {
 	case action == "list" && limit == 0:
 		f.Limit = 100
-	case action != "list" && !filtered && !all:
+	case action == "show" && (filtered || all || dryRun || limit > 0):
+		return usageErr("show takes a message id and no filters")
+	case changes && !filtered && !all:
 		return usageErr("%s changes every dead row without a filter: give --subject, --older-than, --newer-than or --id, or --all", action)
-	case action != "list" && filtered && all:
+	case changes && filtered && all:
 		return usageErr("--all and filters exclude each other")
 	}
 
@@ -114,16 +130,20 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	}
 	q := store.New(schema)
 
+	if action == "show" {
+		return showMessage(ctx, env, c.Pool, q, showID, []string{store.StateDead}, "dead", asJSON)
+	}
 	if action == "list" {
 		rows, err := q.ListDead(ctx, c.Pool, f)
 		if err != nil {
 			return err
 		}
 		if asJSON {
-			if rows == nil {
-				rows = []store.DeadRow{}
+			out := make([]deadRowJSON, 0, len(rows))
+			for _, r := range rows {
+				out = append(out, newDeadRowJSON(r))
 			}
-			return writeJSON(env, rows)
+			return writeJSON(env, out)
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE ID\tSUBJECT\tKEY\tATTEMPTS\tENQUEUED\tLAST ERROR")
@@ -180,6 +200,28 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 }
 
 var errDryRun = errors.New("dry run")
+
+// deadRowJSON is one element of relay dead list --json: every field present.
+type deadRowJSON struct {
+	MessageID    uuid.UUID           `json:"message_id"`
+	State        string              `json:"state"`
+	Subject      string              `json:"subject"`
+	Key          string              `json:"key"`
+	Attempts     int32               `json:"attempts"`
+	CreatedAt    time.Time           `json:"created_at"`
+	LastError    string              `json:"last_error"`
+	PayloadBytes int                 `json:"payload_bytes"`
+	Headers      map[string][]string `json:"headers"`
+}
+
+func newDeadRowJSON(r store.DeadRow) deadRowJSON {
+	h := r.Headers
+	if h == nil {
+		h = map[string][]string{}
+	}
+	return deadRowJSON{MessageID: r.MessageID, State: store.StateDead, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
+		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: r.PayloadBytes, Headers: h}
+}
 
 func writeJSON(env *Env, v any) error {
 	enc := json.NewEncoder(env.Stdout)

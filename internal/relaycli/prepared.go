@@ -2,7 +2,6 @@ package relaycli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
@@ -16,7 +15,7 @@ import (
 )
 
 func init() {
-	register(command{name: "prepared", summary: "list, resume, commit or roll back half messages (list | resume | commit | rollback)", run: preparedCmd})
+	register(command{name: "prepared", summary: "list, show, resume, commit or roll back half messages (list | show | resume | commit | rollback)", run: preparedCmd})
 }
 
 const preparedUsage = `
@@ -26,9 +25,14 @@ an operator acts).
 
 Usage:
   relay prepared list [--state S] [--group G] [--limit N] [--json]
+  relay prepared show MESSAGE_ID [--json]                      one half message: headers, payload (text
+                                                               when it is UTF-8 text, else base64), last error
   relay prepared resume (MESSAGE_ID... | --all [--group G])   check_exhausted -> prepared, checks start over
   relay prepared commit MESSAGE_ID...                          publish them (prepared or check_exhausted)
   relay prepared rollback MESSAGE_ID...                        drop them (prepared or check_exhausted)
+
+Only --database-url and --schema are read from the environment: what to select or change is
+always typed. --json prints a JSON array (list) or a JSON object (show).
 `
 
 func preparedCmd(ctx context.Context, env *Env, args []string) error {
@@ -41,27 +45,21 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&state, "state", "", "all", "list: prepared, check_exhausted or all (both)")
 	s.String(&group, "group", "", "", "list, resume --all: only this producer group")
 	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first")
-	s.Bool(&asJSON, "json", "", false, "list: print JSON lines instead of a table")
+	s.Bool(&asJSON, "json", "", false, "list, show: print JSON (list: an array; show: an object)")
 	s.Bool(&all, "all", "", false, "resume: every check_exhausted message (of --group, if given)")
-	if len(args) == 0 || (args[0] != "list" && args[0] != "resume" && args[0] != "commit" && args[0] != "rollback") {
+	s.EnvironmentOnlyFor("database-url", "schema")
+	if len(args) == 0 || (args[0] != "list" && args[0] != "show" && args[0] != "resume" && args[0] != "commit" && args[0] != "rollback") {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			s.printHelp(env.Stdout)
 			return errHelp
 		}
-		return usageErr("want list, resume, commit or rollback (see relay prepared --help)")
+		return usageErr("want list, show, resume, commit or rollback (see relay prepared --help)")
 	}
 	action := args[0]
 	// Settings may come before, between or after the message ids.
-	var positional []string
-	for rest := args[1:]; ; {
-		if err := parseSettings(s, env, rest); err != nil {
-			return err
-		}
-		if len(s.Args()) == 0 {
-			break
-		}
-		positional = append(positional, s.Args()[0])
-		rest = s.Args()[1:]
+	positional, err := parseInterleaved(s, env, args[1:])
+	if err != nil {
+		return err
 	}
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
@@ -91,6 +89,10 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if limit < 1 {
 			return usageErr("invalid --limit %d: must be at least 1", limit)
 		}
+	case "show":
+		if len(ids) != 1 {
+			return usageErr("show takes one message id")
+		}
 	case "resume":
 		if all == (len(ids) > 0) {
 			return usageErr("resume takes message ids, or --all")
@@ -115,19 +117,19 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	q := store.New(schema)
 
 	switch action {
+	case "show":
+		return showMessage(ctx, env, c.Pool, q, ids[0], store.SettleableStates, "prepared or check_exhausted", asJSON)
 	case "list":
 		rows, err := q.ListHalf(ctx, c.Pool, states, group, limit)
 		if err != nil {
 			return err
 		}
 		if asJSON {
-			enc := json.NewEncoder(env.Stdout)
+			out := make([]preparedRow, 0, len(rows))
 			for _, r := range rows {
-				if err := enc.Encode(preparedJSON(r)); err != nil {
-					return err
-				}
+				out = append(out, preparedJSON(r))
 			}
-			return nil
+			return writeJSON(env, out)
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE_ID\tSTATE\tGROUP\tMODE\tSUBJECT\tKEY\tCHECKS\tAGE\tNEXT_CHECK\tLAST_ERROR")
@@ -212,17 +214,18 @@ func notResumed(env *Env, asked, done []uuid.UUID) error {
 	return nil
 }
 
+// preparedRow is one element of relay prepared list --json: every field present.
 type preparedRow struct {
 	MessageID   uuid.UUID  `json:"message_id"`
 	State       string     `json:"state"`
-	Group       string     `json:"group,omitempty"`
-	Mode        string     `json:"mode"`
 	Subject     string     `json:"subject"`
-	Key         string     `json:"key,omitempty"`
+	Key         string     `json:"key"`
+	Group       string     `json:"group"`
+	Mode        string     `json:"mode"`
 	Checks      int32      `json:"checks"`
 	CreatedAt   time.Time  `json:"created_at"`
-	NextCheckAt *time.Time `json:"next_check_at,omitempty"`
-	LastError   string     `json:"last_error,omitempty"`
+	NextCheckAt *time.Time `json:"next_check_at"`
+	LastError   string     `json:"last_error"`
 }
 
 func preparedJSON(r store.HalfRow) preparedRow {

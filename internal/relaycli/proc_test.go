@@ -35,7 +35,11 @@ func relayBinary(t *testing.T) string {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
 		binPath = filepath.Join(binDir, "relay")
-		cmd := exec.Command(goBin, "build", "-tags", "txoutbox_fault", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
+		// With the fault points (the crash tests arm them). Static (the container test copies it into an image FROM scratch), and stamped with
+		// the VCS information when the checkout allows it (relay version reports it; a GOFLAGS
+		// of -buildvcs=false in the environment would otherwise drop it).
+		cmd := exec.Command(goBin, "build", "-tags", "txoutbox_fault", "-buildvcs=auto", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binErr = err

@@ -233,6 +233,10 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if f.embedded {
 		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.DSN(c.NATSURL))
 	}
+	// A nats-server too old for the relay is refused before the check-back starts.
+	if err := relay.CheckServerVersion(c.NC); err != nil {
+		return err
+	}
 	if f.noCheckback {
 		return r.Run(ctx)
 	}

@@ -122,6 +122,38 @@ func (s *settings) CommandLineOnly(names ...string) {
 	}
 }
 
+// EnvironmentOnlyFor makes every setting defined so far command-line only except names: the
+// admin commands that select or change rows (dead, prepared) read only where the outbox is
+// (--database-url, --schema) from the environment, never what to select or change, so a stray
+// TXOUTBOX_ALL=true can widen nothing. Call it after the last setting is defined.
+func (s *settings) EnvironmentOnlyFor(names ...string) {
+	keep := map[string]bool{}
+	for _, n := range names {
+		keep[n] = true
+	}
+	for _, n := range s.order {
+		if !keep[n] {
+			s.env[n] = ""
+		}
+	}
+}
+
+// parseInterleaved parses settings that may come before, between or after positional
+// arguments, and returns the positional arguments.
+func parseInterleaved(s *settings, env *Env, args []string) ([]string, error) {
+	var positional []string
+	for rest := args; ; {
+		if err := parseSettings(s, env, rest); err != nil {
+			return nil, err
+		}
+		if len(s.Args()) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, s.Args()[0])
+		rest = s.Args()[1:]
+	}
+}
+
 // Hide keeps a setting out of the help (test and fault-injection knobs).
 func (s *settings) Hide(name string) { s.hidden[name] = true }
 

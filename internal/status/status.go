@@ -28,9 +28,9 @@ type Snapshot struct {
 	Subjects   []Subject   `json:"subjects"`
 	Relays     []Relay     `json:"relays"`
 	Partition  []Partition `json:"partition_table"`
-	Panels     []Table     `json:"panels,omitempty"`
+	Panels     []Table     `json:"panels"`
 	// Problems are things an operator should look at, in plain words.
-	Problems []string `json:"problems,omitempty"`
+	Problems []string `json:"problems"`
 }
 
 // Totals add up the subjects.
@@ -62,7 +62,7 @@ type Partition struct {
 	Partition int32 `json:"partition"`
 	// Holder is the relay id of the holder, "" when nobody holds it.
 	Holder             string  `json:"holder"`
-	HolderPID          int32   `json:"holder_pid,omitempty"`
+	HolderPID          int32   `json:"holder_pid"` // 0 when nobody holds it
 	Ready              int64   `json:"ready"`
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 }
@@ -73,7 +73,7 @@ type Table struct {
 	Columns []string   `json:"columns"`
 	Rows    [][]string `json:"rows"`
 	// Note is a line under the table (what the numbers mean, what to do).
-	Note string `json:"note,omitempty"`
+	Note string `json:"note"`
 }
 
 // Panel is an extra section. Collect runs on every snapshot; keep it to cheap queries.
@@ -216,5 +216,40 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		}
 	}
 	sort.SliceStable(s.Relays, func(i, j int) bool { return s.Relays[i].Alive && !s.Relays[j].Alive })
+	s.emptyLists()
 	return s, nil
+}
+
+// emptyLists makes every nil list of s empty, so that JSON has [] where there is nothing
+// (never null): `relay status --json` and /status.json.
+func (s *Snapshot) emptyLists() {
+	nonNil := func(p *[]string) {
+		if *p == nil {
+			*p = []string{}
+		}
+	}
+	if s.Subjects == nil {
+		s.Subjects = []Subject{}
+	}
+	if s.Relays == nil {
+		s.Relays = []Relay{}
+	}
+	for i := range s.Relays {
+		if s.Relays[i].Held == nil {
+			s.Relays[i].Held = []int32{}
+		}
+	}
+	if s.Partition == nil {
+		s.Partition = []Partition{}
+	}
+	if s.Panels == nil {
+		s.Panels = []Table{}
+	}
+	for i := range s.Panels {
+		nonNil(&s.Panels[i].Columns)
+		if s.Panels[i].Rows == nil {
+			s.Panels[i].Rows = [][]string{}
+		}
+	}
+	nonNil(&s.Problems)
 }

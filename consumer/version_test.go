@@ -1,0 +1,72 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"github.com/txoutbox/txoutbox"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+)
+
+// Setup refuses a nats-server older than the configuration needs, naming both versions:
+// more than one filter subject needs 2.10.0 (a real server whose INFO announces 2.9.25 is
+// refused, the same server announcing 2.10.0 is taken), anything else 2.9.0.
+func TestSetupRefusesTooOldServer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	nop := func(context.Context, pgx.Tx, Message) error { return nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	via := func(version string) jetstream.JetStream {
+		nc, err := testsvc.Connect(testsvc.VersionProxy(t, e.nats.URL(), version))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	two := []string{"orders.created", "orders.paid"}
+
+	cases := []struct {
+		version, durable string
+		filters          []string
+		required         string // "" when taken
+	}{
+		{"2.9.25", "two_old", two, MinServerVersionFilterSubjects},
+		{"2.10.0", "two_new", two, ""},
+		{"2.8.4", "one_old", []string{"orders.created"}, MinServerVersion},
+		{"2.9.0", "one_new", []string{"orders.created"}, ""},
+		{"2.8.4", "all_old", nil, MinServerVersion},
+	}
+	for _, c := range cases {
+		cons := e.newConsumer(via(c.version), &Config{Durable: c.durable, FilterSubjects: c.filters}, nop)
+		_, err := cons.Setup(ctx)
+		if c.required == "" {
+			if err != nil {
+				t.Errorf("%s with %d filter subjects: %v", c.version, len(c.filters), err)
+			}
+			continue
+		}
+		var ve *txoutbox.ServerVersionError
+		if !errors.Is(err, txoutbox.ErrServerTooOld) || !errors.As(err, &ve) || ve.Server != c.version || ve.Required != c.required {
+			t.Errorf("%s with %d filter subjects: Setup = %v, want txoutbox.ErrServerTooOld requiring %s", c.version, len(c.filters), err, c.required)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.version) || !strings.Contains(err.Error(), c.required) {
+			t.Errorf("%q does not name both versions", err)
+		}
+		// Refused before the durable consumer is created.
+		if _, err := e.nats.JS.Consumer(ctx, testStream, c.durable); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Errorf("durable %s after a refused Setup: %v", c.durable, err)
+		}
+	}
+}

@@ -1,0 +1,315 @@
+package relaycli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+var snakeCase = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// checkJSONConvention fails unless doc is one JSON document whose object keys are all
+// snake_case (the contents of "headers", which are data, excepted) and that has no null list:
+// an empty list is [].
+func checkJSONConvention(t *testing.T, what, doc string) any {
+	t.Helper()
+	var v any
+	dec := json.NewDecoder(strings.NewReader(doc))
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("%s is not JSON: %v\n%s", what, err, doc)
+	}
+	if dec.More() {
+		t.Fatalf("%s is more than one JSON document:\n%s", what, doc)
+	}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if !snakeCase.MatchString(k) {
+					t.Errorf("%s: key %s.%s is not snake_case", what, path, k)
+				}
+				if k == "headers" {
+					continue
+				}
+				walk(path+"."+k, e)
+			}
+		case []any:
+			for i, e := range x {
+				walk(path+"["+strconv.Itoa(i)+"]", e)
+			}
+		}
+	}
+	walk("", v)
+	return v
+}
+
+// One JSON convention for the admin commands: relay status --json is an object, relay dead
+// list --json and relay prepared list --json are arrays ([] when empty), snake_case keys,
+// lists never null.
+func TestAdminJSONConvention(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+
+	// An empty outbox.
+	for _, c := range []struct {
+		args []string
+		want string // the whole output, for the empty lists
+	}{
+		{[]string{"dead", "list", "--json"}, "[]\n"},
+		{[]string{"prepared", "list", "--json"}, "[]\n"},
+	} {
+		code, out, errOut := cliEnv(t, vars, c.args...)
+		if code != 0 || out != c.want {
+			t.Errorf("%v on an empty outbox: exit %d, %q (want %q) %s", c.args, code, out, c.want, errOut)
+		}
+	}
+	code, out, errOut := cliEnv(t, vars, "status", "--json")
+	if code != 0 {
+		t.Fatalf("status --json: exit %d: %s", code, errOut)
+	}
+	st, ok := checkJSONConvention(t, "status --json", out).(map[string]any)
+	if !ok {
+		t.Fatalf("status --json is not an object:\n%s", out)
+	}
+	for _, k := range []string{"subjects", "relays", "panels", "problems", "partition_table"} {
+		if l, ok := st[k].([]any); !ok || (k != "partition_table" && k != "panels" && len(l) != 0) {
+			t.Errorf("status --json: %s = %v, want a list (empty on an empty outbox)", k, st[k])
+		}
+	}
+
+	// With a dead row and a half message.
+	ctx := context.Background()
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []uuid.UUID
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		dead, err = c.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.paid", Key: "o1", Payload: []byte("{}"),
+			Headers: map[string][]string{"Content-Type": {"application/json"}}})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', last_error = 'x' WHERE message_id = $1`, dead[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"dead", "list", "--json"}, {"prepared", "list", "--json"}} {
+		code, out, errOut := cliEnv(t, vars, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		l, ok := checkJSONConvention(t, strings.Join(args, " "), out).([]any)
+		if !ok || len(l) != 1 {
+			t.Fatalf("%v is not an array of one row:\n%s", args, out)
+		}
+		row := l[0].(map[string]any)
+		for _, k := range []string{"message_id", "state", "subject", "key", "created_at", "last_error"} {
+			if _, ok := row[k]; !ok {
+				t.Errorf("%v: a row lacks %q (every field is present):\n%s", args, k, out)
+			}
+		}
+	}
+	code, out, _ = cliEnv(t, vars, "status", "--json")
+	if code != 0 {
+		t.Fatal(out)
+	}
+	checkJSONConvention(t, "status --json", out)
+}
+
+// What to select or change is never read from the environment by relay dead and relay
+// prepared: only --database-url and --schema are; and a stray TXOUTBOX_ALL=true (or any other
+// selection variable) does not make relay prepared resume resume anything.
+func TestAdminSelectionIsCommandLineOnly(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"dead", "prepared"} {
+		code, out, _ := cliEnv(t, nil, cmd, "--help")
+		if code != 0 {
+			t.Fatalf("%s --help: exit %d", cmd, code)
+		}
+		lines := strings.Split(out, "\n")
+		n := 0
+		for i, l := range lines {
+			f := strings.Fields(l)
+			if len(f) == 0 || !strings.HasPrefix(f[0], "--") || i+1 == len(lines) {
+				continue
+			}
+			n++
+			name, next := f[0][2:], lines[i+1]
+			fromEnv := strings.Contains(next, " env ")
+			if want := name == "database-url" || name == "schema"; fromEnv != want {
+				t.Errorf("relay %s --%s: read from the environment %v, want %v (%s)", cmd, name, fromEnv, want, strings.TrimSpace(next))
+			}
+		}
+		if n < 5 {
+			t.Fatalf("relay %s --help lists %d settings:\n%s", cmd, n, out)
+		}
+	}
+
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'check_exhausted' WHERE message_id = $1`, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema, "NATS_URL": n.URL(),
+		"TXOUTBOX_ALL": "true", "TXOUTBOX_GROUP": "orders", "TXOUTBOX_STATE": "all", "TXOUTBOX_ID": h.ID.String(),
+		"TXOUTBOX_SUBJECT": ">", "TXOUTBOX_OLDER_THAN": "1ns", "TXOUTBOX_LIMIT": "1000"}
+	for _, args := range [][]string{{"prepared", "resume"}, {"prepared", "commit"}, {"prepared", "rollback"}} {
+		if code, out, errOut := cliEnv(t, vars, args...); code != 2 {
+			t.Errorf("%v with the selection only in the environment: exit %d, want 2 (usage):\n%s%s", args, code, out, errOut)
+		}
+	}
+	var state string
+	if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, h.ID).Scan(&state); err != nil || state != "check_exhausted" {
+		t.Fatalf("the half message is %s (%v) after commands whose selection came from the environment", state, err)
+	}
+	// The same command with --all typed resumes it.
+	if code, out, errOut := cliEnv(t, vars, "prepared", "resume", "--all"); code != 0 || !strings.Contains(out, "resumed "+h.ID.String()) {
+		t.Fatalf("prepared resume --all: exit %d: %s%s", code, out, errOut)
+	}
+}
+
+// relay dead show and relay prepared show print a row's headers, payload (text when it is
+// UTF-8 text, else base64) and last error, as text or as one JSON object.
+func TestShowCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary := []byte{0xff, 0x00, 0x1b, 'x'}
+	text := "{\"amount\": 12}\nsecond line"
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		ids, err = c.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.paid", Key: "order-7", Payload: []byte(text),
+				Headers: map[string][]string{"Content-Type": {"application/json"}, "X-Tenant": {"acme"}}},
+			outbox.Message{Subject: "orders.paid", Payload: binary},
+			outbox.Message{Subject: "orders.paid", Payload: []byte("ready")},
+		)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', attempts = 20,
+		last_error = 'stream ORDERS: maximum message size exceeded' WHERE message_id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	half, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Payload: []byte("charge 42")}, &outbox.PrepareOptions{Group: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'check_exhausted', check_count = 15,
+		last_error = 'no_responders: nobody serves payments' WHERE message_id = $1`, half.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cliEnv(t, vars, "dead", "show", ids[0].String())
+	if code != 0 {
+		t.Fatalf("dead show: exit %d: %s", code, errOut)
+	}
+	t.Logf("relay dead show:\n%s", out)
+	for _, want := range []string{"state:        dead", "subject:      orders.paid", "key:          order-7", "attempts:     20",
+		"last_error:   stream ORDERS: maximum message size exceeded", "  Content-Type: application/json", "  X-Tenant: acme",
+		"payload:      " + strconv.Itoa(len(text)) + " bytes, text\n" + text + "\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dead show lacks %q", want)
+		}
+	}
+	code, out, _ = cliEnv(t, vars, "dead", "show", "--json", ids[1].String())
+	var m struct {
+		MessageID       uuid.UUID           `json:"message_id"`
+		State           string              `json:"state"`
+		Headers         map[string][]string `json:"headers"`
+		Payload         string              `json:"payload"`
+		PayloadEncoding string              `json:"payload_encoding"`
+		PayloadBytes    int                 `json:"payload_bytes"`
+		LastError       string              `json:"last_error"`
+		Checks          int                 `json:"checks"`
+		Group           string              `json:"group"`
+	}
+	checkJSONConvention(t, "dead show --json", out)
+	if code != 0 || json.Unmarshal([]byte(out), &m) != nil || m.MessageID != ids[1] || m.State != "dead" || m.PayloadEncoding != "base64" ||
+		m.PayloadBytes != len(binary) || m.Headers == nil || !strings.Contains(m.LastError, "maximum message size") {
+		t.Fatalf("dead show --json of a binary payload: exit %d:\n%s", code, out)
+	}
+	if got, err := base64.StdEncoding.DecodeString(m.Payload); err != nil || string(got) != string(binary) {
+		t.Errorf("base64 payload decodes to %q (%v), want %q", got, err, binary)
+	}
+	code, out, _ = cliEnv(t, vars, "dead", "show", ids[1].String())
+	if code != 0 || !strings.Contains(out, "payload:      4 bytes, base64 (not UTF-8 text)\n"+base64.StdEncoding.EncodeToString(binary)+"\n") {
+		t.Errorf("dead show of a binary payload:\n%s", out)
+	}
+
+	code, out, _ = cliEnv(t, vars, "prepared", "show", half.ID.String(), "--json")
+	m = struct {
+		MessageID       uuid.UUID           `json:"message_id"`
+		State           string              `json:"state"`
+		Headers         map[string][]string `json:"headers"`
+		Payload         string              `json:"payload"`
+		PayloadEncoding string              `json:"payload_encoding"`
+		PayloadBytes    int                 `json:"payload_bytes"`
+		LastError       string              `json:"last_error"`
+		Checks          int                 `json:"checks"`
+		Group           string              `json:"group"`
+	}{}
+	if code != 0 || json.Unmarshal([]byte(out), &m) != nil || m.State != "check_exhausted" || m.Payload != "charge 42" ||
+		m.PayloadEncoding != "text" || m.Checks != 15 || m.Group != "payments" || !strings.Contains(m.LastError, "no_responders") {
+		t.Fatalf("prepared show --json: exit %d:\n%s", code, out)
+	}
+	code, out, _ = cliEnv(t, vars, "prepared", "show", half.ID.String())
+	for _, want := range []string{"state:        check_exhausted", "group:        payments", "checks:       15", "payload:      9 bytes, text\ncharge 42\n"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("prepared show lacks %q:\n%s", want, out)
+		}
+	}
+
+	// A row of another kind, or none, is an error (1); a malformed id, or none, is usage (2).
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"dead", "show", ids[2].String()}, 1, "is ready, not dead"},
+		{[]string{"dead", "show", half.ID.String()}, 1, "not dead"},
+		{[]string{"prepared", "show", ids[0].String()}, 1, "is dead, not prepared or check_exhausted"},
+		{[]string{"dead", "show", uuid.NewString()}, 1, "no such message"},
+		{[]string{"dead", "show", "not-a-uuid"}, 2, "invalid message id"},
+		{[]string{"dead", "show"}, 2, "one message id"},
+		{[]string{"prepared", "show", ids[0].String(), ids[1].String()}, 2, "one message id"},
+		{[]string{"dead", "show", ids[0].String(), "--all"}, 2, "no filters"},
+	} {
+		code, out, errOut := cliEnv(t, vars, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q (stdout %q)", c.args, code, errOut, c.code, c.want, out)
+		}
+	}
+}
