@@ -406,14 +406,13 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	switch {
 	case len(l.held) > target && waiting > 0:
 		extra := slices.Clone(l.held[max(target, len(l.held)-waiting):])
+		// The batch in flight stops sending before the partitions are free.
+		l.lostLocked()
 		released, err := l.r.q.UnlockPartitions(ctx, l.conn, extra)
 		if err != nil {
 			return fmt.Errorf("relay: release partitions: %w", err)
 		}
 		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
-		if len(released) > 0 {
-			l.lostLocked()
-		}
 		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
 		l.r.log.Info("partitions released for rebalancing", "released", released, "held", len(l.held), "target", target, "relays", n)
 	case want > 0 && free > 0:
@@ -536,11 +535,11 @@ func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 	released := []int32{}
 	if len(l.held) > 0 {
 		var err error
+		l.lostLocked() // the batch in flight stops sending before the partitions are free
 		if released, err = l.r.q.UnlockPartitions(ctx, l.conn, l.held); err != nil {
 			return false, fmt.Errorf("relay: hand partitions over: %w", err)
 		}
 		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
-		l.lostLocked()
 		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
 		l.r.m.partitions.Set(float64(len(l.held)))
 	}
