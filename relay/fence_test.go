@@ -293,3 +293,22 @@ func (e *env) backendExists(pid int32) bool {
 	}
 	return ok
 }
+
+// The required duplicate window is the longest republish delay: each term wins in turn.
+func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want time.Duration
+	}{
+		{"defaults: the backoff", Config{}, 5*time.Second + time.Minute},
+		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: -1}, 5*time.Second + 140*time.Second},
+		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: -1}, 5*time.Second + 11200*time.Millisecond},
+		{"the handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: 30 * time.Second}, 5*time.Second + 30200*time.Millisecond},
+		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: -1, PublishTimeout: time.Second}, 13 * time.Second},
+	} {
+		if got := c.cfg.WithDefaults().RequiredDuplicateWindow(); got != c.want {
+			t.Errorf("%s: RequiredDuplicateWindow = %s, want %s", c.name, got, c.want)
+		}
+	}
+}

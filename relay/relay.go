@@ -195,7 +195,6 @@ func (r *Relay) Run(ctx context.Context) error {
 // inflight is a claimed batch whose publishes are under way.
 type inflight struct {
 	conn *pgx.Conn
-	gen  uint64 // the lease generation the rows were claimed under
 	rows []store.Claimed
 	res  *batchResult
 	done chan struct{}
@@ -214,7 +213,7 @@ func (b *inflight) ids() []int64 {
 
 // startPublish publishes rows in the background; rows of the held keys are left alone.
 func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, rows []store.Claimed, held map[string]bool) *inflight {
-	b := &inflight{conn: conn, gen: gen, rows: rows, done: make(chan struct{})}
+	b := &inflight{conn: conn, rows: rows, done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
 		b.res = r.publish(ctx, rows, held, gen)
@@ -437,7 +436,7 @@ func (r *Relay) runOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	bctx := context.WithoutCancel(ctx)
-	b := &inflight{conn: conn, gen: gen, rows: rows, res: r.publish(bctx, rows, nil, gen)}
+	b := &inflight{conn: conn, rows: rows, res: r.publish(bctx, rows, nil, gen)}
 	return len(rows), r.finish(bctx, b)
 }
 
