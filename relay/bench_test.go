@@ -224,3 +224,15 @@ func BenchmarkSettle(b *testing.B) {
 	}
 	reportMsgs(b, ops*benchBatch)
 }
+
+// BenchmarkLeaseCheck is the lease check made before each message is handed to the NATS client
+// (an atomic load and a monotonic clock reading).
+func BenchmarkLeaseCheck(b *testing.B) {
+	l := &leaser{}
+	l.snap.Store(&leaseSnap{until: time.Now().Add(time.Hour)})
+	for b.Loop() {
+		if !l.valid(0) {
+			b.Fatal("lease invalid")
+		}
+	}
+}

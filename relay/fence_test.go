@@ -312,3 +312,50 @@ func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
 		}
 	}
 }
+
+// A batch claimed before a partition was released (a rebalancing round while it is in flight)
+// or before the lease ran out sends nothing more: its rows stay ready, untouched.
+func TestBatchStopsWhenItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.relay(&Config{Partitions: 2, LeaseInterval: time.Second})
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("1")},
+		outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("2")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("unkeyed")})
+	for _, end := range []struct {
+		name string
+		do   func(l *leaser)
+	}{
+		{"a partition released", func(l *leaser) { l.lostLocked() }},
+		{"the lease expired", func(l *leaser) { l.validUntil = time.Now().Add(-time.Millisecond); l.publishSnapLocked() }},
+	} {
+		_, gen, rows, err := r.claim(ctx, nil)
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("claim = %d rows, %v", len(rows), err)
+		}
+		if !r.lease.valid(gen) {
+			t.Fatalf("%s: the lease is not valid right after the claim", end.name)
+		}
+		r.lease.mu.Lock()
+		end.do(r.lease)
+		r.lease.mu.Unlock()
+		res := r.publish(ctx, rows, nil, gen)
+		if res.withheld != 3 || len(res.published) != 0 || len(res.failed) != 0 || res.brokerErr != nil || !res.heldKeys["a"] {
+			t.Fatalf("%s: withheld %d, published %d, failed %d, broker error %v, held keys %v; want all 3 withheld, key a held",
+				end.name, res.withheld, len(res.published), len(res.failed), res.brokerErr, res.heldKeys)
+		}
+	}
+	// The next claim runs a round at once, although one is not due for a second: the lease
+	// has expired. The round renews it, and the rows go out.
+	if got := r.Stats().Withheld.Load(); got != 6 {
+		t.Fatalf("Stats.Withheld = %d, want 6", got)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 0 {
+		t.Fatalf("stream holds %d messages, want none", got)
+	}
+	drain(t, r)
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
+	}
+}
