@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -49,12 +50,13 @@ const (
 
 // CheckBack runs the check-back jobs. Create it with New; run it with Run, or RunOnce.
 type CheckBack struct {
-	cfg *Config
-	db  outbox.DB
-	nc  *nats.Conn
-	q   *store.Queries
-	log *slog.Logger
-	m   *metrics
+	running atomic.Bool
+	cfg     *Config
+	db      txoutbox.DB
+	nc      *nats.Conn
+	q       *store.Queries
+	log     *slog.Logger
+	m       *metrics
 
 	limMu    sync.Mutex
 	limiters map[string]*groupLimit
@@ -74,6 +76,10 @@ type CheckBack struct {
 
 	// inconclusive are the groups whose checks end inconclusively (see inconclusiveGroups).
 	inconclusive inconclusiveGroups
+
+	// outboxID is the outbox's identity sent with each check (see outbox).
+	outboxMu sync.Mutex
+	outboxID string
 }
 
 // hooks are fault-injection points for tests.
@@ -92,7 +98,7 @@ type groupLimit struct {
 // New returns a CheckBack over db (a *pgxpool.Pool) that asks checkers over nc. cfg may be nil
 // for all defaults. nc may be nil when only fence-mode half messages are used: checker-mode
 // rows are then counted as checks with no responders.
-func New(db outbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
+func New(db txoutbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
 	if db == nil {
 		return nil, errors.New("checkback: db is nil")
 	}
@@ -151,7 +157,7 @@ func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
 	rep := &Report{}
 	var first error
 	for _, j := range c.jobs(rep, true) {
-		if j.spec == Off {
+		if j.spec == ScheduleOff {
 			continue
 		}
 		if err := c.runJob(ctx, j); err != nil && first == nil {
@@ -197,12 +203,17 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 }
 
 // Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in
-// progress to end (they see the cancellation) and returns nil.
+// progress to end (they see the cancellation) and returns nil. It returns txoutbox.ErrRunning
+// while another Run of this check-back has not returned.
 func (c *CheckBack) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("checkback: Run: %w", txoutbox.ErrRunning)
+	}
+	defer c.running.Store(false)
 	logger := cronLogger{c.log}
 	cr := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
 	for _, j := range c.jobs(nil, false) {
-		sched, err := ParseSchedule(j.spec)
+		sched, err := parseSchedule(j.spec)
 		if err != nil {
 			return err
 		}
@@ -211,7 +222,7 @@ func (c *CheckBack) Run(ctx context.Context) error {
 		}
 		cr.Schedule(sched, cron.FuncJob(func() { _ = c.runJob(ctx, j) }))
 	}
-	c.log.Info("check-back started", "schema", c.cfg.Schema, "transaction_timeout", c.cfg.TransactionTimeout.String(),
+	c.log.Info("check-back started", "schema", c.cfg.Schema, "transaction_timeout", c.cfg.transactionTimeout().String(),
 		"max_checks", c.cfg.MaxChecks, "resolve", c.cfg.ResolveSchedule, "stale", c.cfg.StaleSchedule, "purge", c.cfg.PurgeSchedule)
 	cr.Start()
 	<-ctx.Done()

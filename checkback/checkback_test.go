@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -159,6 +160,16 @@ func (e *env) drained() []string {
 	return e.streamIDs()
 }
 
+// outbox is the identity of the test's outbox, as the check-back computes it by default.
+func (e *env) outbox() string {
+	e.t.Helper()
+	id, err := OutboxIdentity(context.Background(), e.db.Pool, e.db.Schema)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
 // checker serves a group with a scripted answer and records the requests.
 type checker struct {
 	mu     sync.Mutex
@@ -177,7 +188,7 @@ func (e *env) serve(group string, answer func(CheckRequest) (State, error)) *che
 		ans := ck.answer
 		ck.mu.Unlock()
 		return ans(req)
-	}, &ServeOptions{Logger: testLogger()})
+	}, &ServeOptions{Logger: testLogger(), Outbox: e.outbox()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -828,12 +839,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"DedupRetention":  {DedupRetention: -time.Hour},
 	} {
 		err := ValidateConfig(cfg)
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != field {
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Config."+field {
 			t.Errorf("%s: got %v", field, err)
 		}
 	}
-	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: Off, PurgeSchedule: "@hourly"}); err != nil {
+	if err := ValidateConfig(&Config{ResolveSchedule: "*/5 * * * * *", StaleSchedule: ScheduleOff, PurgeSchedule: "@hourly"}); err != nil {
 		t.Errorf("valid schedules refused: %v", err)
 	}
 	if _, err := Serve(nil, "g", nil, nil); err == nil {
@@ -877,7 +888,7 @@ func TestCheckTimeline(t *testing.T) {
 	if os.Getenv("TXOUTBOX_CHECK_TIMELINE") == "defaults" {
 		cfg = &Config{MaxChecks: 4}
 	}
-	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cfg.StaleSchedule, cfg.PurgeSchedule = ScheduleOff, ScheduleOff
 	cb := e.checkback(cfg)
 	c := cb.cfg
 	ck := e.serve("orders", answer(Unknown))
@@ -961,7 +972,7 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 	cfg.RequestTimeout = 3 * time.Second // the hung group's pass waits this long per check
 	cfg.GroupConcurrency = 1
 	cfg.ResolveSchedule = "@every 50ms"
-	cfg.StaleSchedule, cfg.PurgeSchedule = Off, Off
+	cfg.StaleSchedule, cfg.PurgeSchedule = ScheduleOff, ScheduleOff
 	cb := e.checkback(cfg)
 	release := make(chan struct{})
 	defer close(release)

@@ -1,7 +1,9 @@
 package checkback
 
 import (
+	"cmp"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"strings"
 	"time"
@@ -14,7 +16,6 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSchema = "public"
 	// DefaultTransactionTimeout is RocketMQ's: a half message is first checked 6s after it was
 	// prepared.
 	DefaultTransactionTimeout = 6 * time.Second
@@ -44,19 +45,24 @@ const (
 	// purged earlier lets a late redelivery apply twice.
 	DefaultDedupRetention = 7 * 24 * time.Hour
 	DefaultPurgeBatchSize = 1000
+	// DefaultPublishedRetention leaves published rows alone: a check-back that does not know
+	// the relay's retention must not cut it short.
+	DefaultPublishedRetention = txoutbox.Forever
 )
 
-// Off, as a schedule, disables a job.
-const Off = "off"
+// ScheduleOff, as a schedule, disables a job.
+const ScheduleOff = "off"
 
 // Config configures a CheckBack. The zero value, given a pool and a NATS connection, is usable.
 type Config struct {
-	// Schema is the Postgres schema holding the outbox tables. Defaults to "public".
+	// Schema is the Postgres schema holding the outbox tables. Defaults to
+	// txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// TransactionTimeout is how long a half message may stay prepared before it is checked
 	// (RocketMQ's transactionTimeout). A per-message PrepareOptions.CheckImmunity can only
-	// delay the first check further. Defaults to 6s.
+	// delay the first check further. txoutbox.Off: rows are checked as soon as the resolve
+	// job runs. Defaults to 6s.
 	TransactionTimeout time.Duration
 
 	// MaxChecks is how many inconclusive checks (UNKNOWN, an error reply, a timeout, no
@@ -70,7 +76,8 @@ type Config struct {
 
 	// BackoffBase, BackoffMax and BackoffJitter space the checks of one row: after check n
 	// the next is due BackoffBase·2^(n-1) later, capped at BackoffMax, times a random factor
-	// in [1-BackoffJitter, 1+BackoffJitter]. Defaults to 5s, 1m and 0.2.
+	// in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
+	// jitter). Defaults to 5s, 1m and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -85,13 +92,20 @@ type Config struct {
 	GroupConcurrency int
 	GroupRate        float64
 
+	// Outbox identifies this outbox in every check request; a checker (Serve) answers only
+	// the requests of the outbox it is given as ServeOptions.Outbox, so that two services
+	// using the same producer group name on one NATS never settle each other's messages.
+	// Set it to an explicit name (the same on both sides) to decouple it from the database.
+	// Defaults to OutboxIdentity of the pool and Schema: "<system identifier>/<database>/<schema>".
+	Outbox string
+
 	// SubjectPrefix: a producer group's checker is asked on SubjectPrefix + "." + group.
 	// checkback.Serve must use the same prefix. Defaults to "txoutbox.check".
 	SubjectPrefix string
 
 	// Schedules of the three jobs: a robfig/cron spec (five fields, or six with seconds
 	// first), a descriptor such as "@hourly", "@every <duration>" (sub-second durations
-	// allowed), or "off". A run that is still going when the next is due is skipped.
+	// allowed), or ScheduleOff ("off"). A run that is still going when the next is due is skipped.
 	// ResolveSchedule resolves stale prepared rows (default "@every 1s"); StaleSchedule
 	// reports ready rows older than StaleReadyAfter and counts prepared and exhausted rows
 	// (default "@every 30s"); PurgeSchedule deletes rows past their retention (default
@@ -105,19 +119,19 @@ type Config struct {
 	StaleReadyAfter time.Duration
 
 	// PublishedRetention: published rows (kept by a relay with a retention) older than this
-	// are purged. Set it to the relay's retention; `relay run` does. Defaults to 0: published
-	// rows are not purged (a relay without a retention deletes them as it publishes, so
-	// there are none; a check-back that does not know the relay's retention must not cut it
-	// short).
+	// are purged. Set it to the relay's retention; `relay run` does. Defaults to
+	// txoutbox.Forever: published rows are not purged (a relay without a retention deletes
+	// them as it publishes, so there are none; a check-back that does not know the relay's
+	// retention must not cut it short).
 	PublishedRetention time.Duration
 
-	// RolledBackRetention: rolled back half messages older than this are purged. Defaults
-	// to 24h.
+	// RolledBackRetention: rolled back half messages older than this are purged;
+	// txoutbox.Forever keeps them. Defaults to 24h.
 	RolledBackRetention time.Duration
 
 	// DedupRetention: consumer dedup rows processed longer ago than this are purged. Keep it
-	// several times the longest redelivery window (see DefaultDedupRetention). Defaults to
-	// 7 days.
+	// several times the longest redelivery window (see DefaultDedupRetention);
+	// txoutbox.Forever keeps them. Defaults to 7 days.
 	DedupRetention time.Duration
 
 	// PurgeBatchSize bounds the rows one DELETE removes (each batch is its own short
@@ -127,17 +141,10 @@ type Config struct {
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// Registerer, when set, registers the check-back's Prometheus metrics. Defaults to none.
+	// Registerer, when set, registers the check-back's Prometheus metrics. Check-backs
+	// sharing a registry share the collectors. Defaults to none.
 	Registerer prometheus.Registerer
 }
-
-// ConfigError names the Config field that is invalid.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return "checkback: Config." + e.Field + " " + e.Reason }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c *Config) WithDefaults() *Config {
@@ -145,59 +152,49 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	setDur := func(p *time.Duration, d time.Duration) {
-		if *p == 0 {
-			*p = d
-		}
-	}
-	setInt := func(p *int, d int) {
-		if *p == 0 {
-			*p = d
-		}
-	}
-	setStr := func(p *string, d string) {
-		if *p == "" {
-			*p = d
-		}
-	}
-	setStr(&out.Schema, DefaultSchema)
-	setDur(&out.TransactionTimeout, DefaultTransactionTimeout)
-	setInt(&out.MaxChecks, DefaultMaxChecks)
-	setDur(&out.RequestTimeout, DefaultRequestTimeout)
-	setDur(&out.BackoffBase, DefaultBackoffBase)
-	setDur(&out.BackoffMax, DefaultBackoffMax)
-	if out.BackoffJitter == 0 {
-		out.BackoffJitter = DefaultBackoffJitter
-	}
-	setInt(&out.BatchSize, DefaultBatchSize)
-	setInt(&out.GroupConcurrency, DefaultGroupConcurrency)
-	if out.GroupRate == 0 {
-		out.GroupRate = DefaultGroupRate
-	}
-	setStr(&out.SubjectPrefix, DefaultSubjectPrefix)
-	setStr(&out.ResolveSchedule, DefaultResolveSchedule)
-	setStr(&out.StaleSchedule, DefaultStaleSchedule)
-	setStr(&out.PurgeSchedule, DefaultPurgeSchedule)
-	setDur(&out.StaleReadyAfter, DefaultStaleReadyAfter)
-	setDur(&out.RolledBackRetention, DefaultRolledBackRetention)
-	setDur(&out.DedupRetention, DefaultDedupRetention)
-	setInt(&out.PurgeBatchSize, DefaultPurgeBatchSize)
+	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
+	out.TransactionTimeout = cmp.Or(out.TransactionTimeout, DefaultTransactionTimeout)
+	out.MaxChecks = cmp.Or(out.MaxChecks, DefaultMaxChecks)
+	out.RequestTimeout = cmp.Or(out.RequestTimeout, DefaultRequestTimeout)
+	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
+	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
+	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.GroupConcurrency = cmp.Or(out.GroupConcurrency, DefaultGroupConcurrency)
+	out.GroupRate = cmp.Or(out.GroupRate, DefaultGroupRate)
+	out.SubjectPrefix = cmp.Or(out.SubjectPrefix, DefaultSubjectPrefix)
+	out.ResolveSchedule = cmp.Or(out.ResolveSchedule, DefaultResolveSchedule)
+	out.StaleSchedule = cmp.Or(out.StaleSchedule, DefaultStaleSchedule)
+	out.PurgeSchedule = cmp.Or(out.PurgeSchedule, DefaultPurgeSchedule)
+	out.StaleReadyAfter = cmp.Or(out.StaleReadyAfter, DefaultStaleReadyAfter)
+	out.PublishedRetention = cmp.Or(out.PublishedRetention, DefaultPublishedRetention)
+	out.RolledBackRetention = cmp.Or(out.RolledBackRetention, DefaultRolledBackRetention)
+	out.DedupRetention = cmp.Or(out.DedupRetention, DefaultDedupRetention)
+	out.PurgeBatchSize = cmp.Or(out.PurgeBatchSize, DefaultPurgeBatchSize)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
 	return &out
 }
 
+// transactionTimeout is TransactionTimeout as the queries take it.
+func (c *Config) transactionTimeout() time.Duration {
+	if c.TransactionTimeout == txoutbox.Off {
+		return 0
+	}
+	return c.TransactionTimeout
+}
+
 func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return &txoutbox.ConfigError{Package: "checkback", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
 	}
 	switch {
-	case c.TransactionTimeout < 0:
-		return bad("TransactionTimeout", "must not be negative, got %s", c.TransactionTimeout)
+	case c.TransactionTimeout < 0 && c.TransactionTimeout != txoutbox.Off:
+		return bad("TransactionTimeout", "must be positive, or txoutbox.Off (-1), got %s", c.TransactionTimeout)
 	case c.MaxChecks < 1:
 		return bad("MaxChecks", "must be at least 1, got %d", c.MaxChecks)
 	case c.RequestTimeout < time.Millisecond:
@@ -206,8 +203,8 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
-		return bad("BackoffJitter", "must be in [0, 1), got %g", c.BackoffJitter)
+	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
@@ -216,12 +213,12 @@ func (c *Config) validate() error {
 		return bad("GroupRate", "must be positive, got %g", c.GroupRate)
 	case c.StaleReadyAfter <= 0:
 		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
-	case c.PublishedRetention < 0:
-		return bad("PublishedRetention", "must not be negative, got %s", c.PublishedRetention)
-	case c.RolledBackRetention < 0:
-		return bad("RolledBackRetention", "must not be negative, got %s", c.RolledBackRetention)
-	case c.DedupRetention < 0:
-		return bad("DedupRetention", "must not be negative, got %s", c.DedupRetention)
+	case c.PublishedRetention <= 0 && c.PublishedRetention != txoutbox.Forever:
+		return bad("PublishedRetention", "must be positive, or txoutbox.Forever (-1), got %s", c.PublishedRetention)
+	case c.RolledBackRetention <= 0 && c.RolledBackRetention != txoutbox.Forever:
+		return bad("RolledBackRetention", "must be positive, or txoutbox.Forever (-1), got %s", c.RolledBackRetention)
+	case c.DedupRetention <= 0 && c.DedupRetention != txoutbox.Forever:
+		return bad("DedupRetention", "must be positive, or txoutbox.Forever (-1), got %s", c.DedupRetention)
 	case c.PurgeBatchSize < 1 || c.PurgeBatchSize > 100000:
 		return bad("PurgeBatchSize", "must be between 1 and 100000, got %d", c.PurgeBatchSize)
 	}
@@ -229,7 +226,7 @@ func (c *Config) validate() error {
 		return bad("SubjectPrefix", "is invalid: %v", err)
 	}
 	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
-		if _, err := ParseSchedule(spec); err != nil {
+		if _, err := parseSchedule(spec); err != nil {
 			return bad(field, "is invalid: %v", err)
 		}
 	}
@@ -237,7 +234,7 @@ func (c *Config) validate() error {
 }
 
 // ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
-// *ConfigError values naming the field.
+// *txoutbox.ConfigError values naming the field.
 func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
@@ -247,11 +244,11 @@ type every time.Duration
 
 func (e every) Next(t time.Time) time.Time { return t.Add(time.Duration(e)) }
 
-// ParseSchedule parses a job schedule: "off" (nil, nil), "@every <duration>" (at least
+// parseSchedule parses a job schedule: "off" (nil, nil), "@every <duration>" (at least
 // 10ms), or any robfig/cron spec with optional seconds and descriptors.
-func ParseSchedule(spec string) (cron.Schedule, error) {
+func parseSchedule(spec string) (cron.Schedule, error) {
 	spec = strings.TrimSpace(spec)
-	if spec == Off {
+	if spec == ScheduleOff {
 		return nil, nil
 	}
 	if rest, ok := strings.CutPrefix(spec, "@every "); ok {

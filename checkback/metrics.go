@@ -1,7 +1,7 @@
 package checkback
 
 import (
-	"fmt"
+	"github.com/txoutbox/txoutbox/internal/prom"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -83,13 +83,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"committed", "rolled_back", "fenced"} {
 		m.resolved.WithLabelValues(r)
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.checks, m.resolved, m.exhausted, m.purged, m.jobErrors, m.jobDuration, m.prepared, m.exhaustedN, m.staleReady, m.oldestReady} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("checkback: register metrics: %w", err)
-		}
+	if err := prom.Register(reg, "checkback",
+		prom.Of(&m.checks), prom.Of(&m.resolved), prom.Of(&m.exhausted), prom.Of(&m.purged), prom.Of(&m.jobErrors), prom.Of(&m.jobDuration), prom.Of(&m.prepared), prom.Of(&m.exhaustedN), prom.Of(&m.staleReady), prom.Of(&m.oldestReady)); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -3,6 +3,7 @@ package checkback
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"time"
 
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -18,9 +19,9 @@ type PurgeResult struct {
 	Dedup      int64
 }
 
-// purgeOnce deletes published rows older than PublishedRetention (when it is set), rolled back rows older than
+// purgeOnce deletes published rows older than PublishedRetention, rolled back rows older than
 // RolledBackRetention and consumer dedup rows older than DedupRetention, in batches of
-// PurgeBatchSize. Each batch is one short statement (its own transaction) that skips locked
+// PurgeBatchSize; a retention of txoutbox.Forever purges nothing of its kind. Each batch is one short statement (its own transaction) that skips locked
 // rows, so the purge never holds long locks nor waits on anyone.
 func (c *CheckBack) purgeOnce(ctx context.Context) (PurgeResult, error) {
 	var r PurgeResult
@@ -41,7 +42,7 @@ func (c *CheckBack) purgeOnce(ctx context.Context) (PurgeResult, error) {
 		}},
 	}
 	for _, k := range kinds {
-		if k.name == store.StatePublished && k.older == 0 {
+		if k.older == txoutbox.Forever {
 			continue
 		}
 		for i := 0; i < maxPurgeBatches; i++ {

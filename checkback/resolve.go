@@ -63,7 +63,7 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("fence: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	ids, err := c.q.LockFences(ctx, tx, c.cfg.TransactionTimeout, c.cfg.BatchSize)
+	ids, err := c.q.LockFences(ctx, tx, c.cfg.transactionTimeout(), c.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("fence: lock: %w", err)
 	}
@@ -82,7 +82,7 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 	}
 	for _, id := range fenced {
 		c.log.Info("half message fenced: still prepared after the transaction timeout, rolled back; a later CommitTx fails",
-			"message_id", id.String(), "transaction_timeout", c.cfg.TransactionTimeout.String())
+			"message_id", id.String(), "transaction_timeout", c.cfg.transactionTimeout().String())
 	}
 	c.m.resolved.WithLabelValues("fenced").Add(float64(len(fenced)))
 	return len(fenced), nil
@@ -136,8 +136,11 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool
 		// caller's (metrics and logs still see every check).
 		res = &ResolveResult{Checks: map[string]int{}}
 	}
+	if _, err := c.outbox(ctx); err != nil {
+		return err
+	}
 	lease := c.lease()
-	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.TransactionTimeout, c.cfg.BatchSize, lease, c.busyGroups())
+	rows, err := c.q.ClaimChecks(ctx, c.db, c.cfg.transactionTimeout(), c.cfg.BatchSize, lease, c.busyGroups())
 	if err != nil {
 		return fmt.Errorf("claim checks: %w", err)
 	}
@@ -284,6 +287,9 @@ type CheckRequest struct {
 	Key       string              `json:"key,omitempty"`
 	Headers   map[string][]string `json:"headers,omitempty"`
 	Group     string              `json:"group"`
+	// Outbox identifies the outbox the message is in (Config.Outbox, by default
+	// OutboxIdentity): a checker answers only the requests of its own outbox.
+	Outbox string `json:"outbox"`
 	// Check is this check's number, from 1.
 	Check      int       `json:"check"`
 	PreparedAt time.Time `json:"prepared_at"`
@@ -306,8 +312,9 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 	if !c.natsUp() {
 		return "", ""
 	}
+	id, _ := c.outbox(ctx) // known: checkOnce asked for it before claiming
 	req := CheckRequest{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
-		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt}
+		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt, Outbox: id}
 	if len(r.Headers) > 0 {
 		_ = json.Unmarshal(r.Headers, &req.Headers)
 	}
@@ -346,6 +353,26 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 		return OutcomeRollback, ""
 	}
 	return OutcomeUnknown, "checker answered UNKNOWN"
+}
+
+// outbox returns the identity of the outbox this check-back asks about: Config.Outbox, or
+// OutboxIdentity of its pool and schema, read once (and logged once).
+func (c *CheckBack) outbox(ctx context.Context) (string, error) {
+	c.outboxMu.Lock()
+	defer c.outboxMu.Unlock()
+	if c.outboxID != "" {
+		return c.outboxID, nil
+	}
+	id := c.cfg.Outbox
+	if id == "" {
+		var err error
+		if id, err = OutboxIdentity(ctx, c.db, c.cfg.Schema); err != nil {
+			return "", err
+		}
+		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (ServeOptions.Outbox)", "outbox", id)
+	}
+	c.outboxID = id
+	return id, nil
 }
 
 // natsUp reports whether the NATS connection is up, logging when that changes.

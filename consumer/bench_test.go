@@ -87,7 +87,7 @@ func benchConsume(b *testing.B, batch, conc int) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	for c.Stats().Processed.Load() < int64(b.N) {
+	for c.Stats().Processed < int64(b.N) {
 		time.Sleep(time.Millisecond)
 	}
 	elapsed := time.Since(start)
@@ -100,12 +100,12 @@ func benchConsume(b *testing.B, batch, conc int) {
 	if err := db.Pool.QueryRow(ctx, `SELECT sum(balance) FROM accounts`).Scan(&sum); err != nil {
 		b.Fatal(err)
 	}
-	if sum != int64(b.N) || c.Stats().Duplicates.Load() != 0 || c.Stats().DeadLettered.Load() != 0 {
+	if sum != int64(b.N) || c.Stats().Duplicates != 0 || c.Stats().DeadLettered != 0 {
 		b.Fatalf("effects %d for %d messages (duplicates %d, dead letters %d)", sum, b.N,
-			c.Stats().Duplicates.Load(), c.Stats().DeadLettered.Load())
+			c.Stats().Duplicates, c.Stats().DeadLettered)
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
-	b.ReportMetric(float64(c.Stats().Retries.Load()), "retries")
+	b.ReportMetric(float64(c.Stats().Retries), "retries")
 	if testing.Verbose() {
 		fmt.Printf("%s: %d messages in %s\n", b.Name(), b.N, elapsed.Round(time.Millisecond))
 	}

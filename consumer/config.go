@@ -1,10 +1,11 @@
 package consumer
 
 import (
+	"cmp"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/backoff"
 	"log/slog"
-	"math"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSchema        = "public"
 	DefaultConcurrency   = 4
 	DefaultBatchSize     = 1
 	DefaultMaxDeliveries = 10
@@ -46,7 +46,8 @@ type Config struct {
 	// the whole stream.
 	FilterSubjects []string
 
-	// Schema is the Postgres schema holding txoutbox_consumer_dedup. Defaults to "public".
+	// Schema is the Postgres schema holding txoutbox_consumer_dedup. Defaults to
+	// txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// Concurrency is how many messages (or, in batch mode, batches) are handled at once; each
@@ -93,9 +94,10 @@ type Config struct {
 
 	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
 	// error (sent with NakWithDelay; JetStream's own BackOff applies only to ack timeouts):
-	// BackoffBase·2^(deliveries-1), capped at BackoffMax, plus a random BackoffJitter/3 to
-	// BackoffJitter of it (the default 0.3 adds 10–30 %), so messages that failed together
-	// do not come back together. Defaults to 1s, 5m and 0.3.
+	// BackoffBase·2^(deliveries-1), capped at BackoffMax, times a random factor in
+	// [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no jitter),
+	// so messages that failed together do not come back together — the same rule as the
+	// relay's and the check-back's. Defaults to 1s, 5m and 0.3.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -130,8 +132,8 @@ type Config struct {
 	PullMaxMessages int
 
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
-	// have their context cancelled and their messages are nak'ed for redelivery. Defaults to
-	// AckWait.
+	// have their context cancelled and their messages are nak'ed for redelivery;
+	// txoutbox.Forever waits for them however long they run. Defaults to AckWait.
 	StopTimeout time.Duration
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
@@ -144,59 +146,27 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// ConfigError names the Config field that is invalid.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return "consumer: Config." + e.Field + " " + e.Reason }
-
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
 	}
-	if out.Schema == "" {
-		out.Schema = DefaultSchema
+	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
+	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
+	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.MaxDeliveries = cmp.Or(out.MaxDeliveries, DefaultMaxDeliveries)
+	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
+	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
+	if out.Durable != "" {
+		out.DeadLetterSubject = cmp.Or(out.DeadLetterSubject, DefaultDeadLetterPrefix+out.Durable)
 	}
-	if out.Concurrency == 0 {
-		out.Concurrency = DefaultConcurrency
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = DefaultBatchSize
-	}
-	if out.MaxDeliveries == 0 {
-		out.MaxDeliveries = DefaultMaxDeliveries
-	}
-	if out.BackoffBase == 0 {
-		out.BackoffBase = DefaultBackoffBase
-	}
-	if out.BackoffMax == 0 {
-		out.BackoffMax = DefaultBackoffMax
-	}
-	if out.BackoffJitter == 0 {
-		out.BackoffJitter = DefaultBackoffJitter
-	}
-	if out.DeadLetterSubject == "" && out.Durable != "" {
-		out.DeadLetterSubject = DefaultDeadLetterPrefix + out.Durable
-	}
-	if out.AckWait == 0 {
-		out.AckWait = DefaultAckWait
-	}
-	if out.InProgressInterval == 0 {
-		out.InProgressInterval = out.AckWait / 3
-	}
-	if out.MaxAckPending == 0 {
-		out.MaxAckPending = DefaultMaxAckPending
-	}
-	if out.PullMaxMessages == 0 {
-		out.PullMaxMessages = max(16, 2*out.Concurrency*out.BatchSize)
-	}
-	if out.StopTimeout == 0 {
-		out.StopTimeout = out.AckWait
-	}
+	out.AckWait = cmp.Or(out.AckWait, DefaultAckWait)
+	out.InProgressInterval = cmp.Or(out.InProgressInterval, out.AckWait/3)
+	out.MaxAckPending = cmp.Or(out.MaxAckPending, DefaultMaxAckPending)
+	out.PullMaxMessages = cmp.Or(out.PullMaxMessages, max(16, 2*out.Concurrency*out.BatchSize))
+	out.StopTimeout = cmp.Or(out.StopTimeout, out.AckWait)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -205,7 +175,7 @@ func (c *Config) WithDefaults() *Config {
 
 func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return &txoutbox.ConfigError{Package: "consumer", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if err := validateName(c.Stream); err != nil {
 		return bad("Stream", "%v", err)
@@ -242,8 +212,8 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter < 0 || c.BackoffJitter > 1:
-		return bad("BackoffJitter", "must be in [0, 1], got %g", c.BackoffJitter)
+	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)
 	case c.InProgressInterval <= 0 || c.InProgressInterval > c.AckWait/2:
@@ -252,27 +222,19 @@ func (c *Config) validate() error {
 		return bad("MaxAckPending", "must be at least 1, got %d", c.MaxAckPending)
 	case c.PullMaxMessages < 1:
 		return bad("PullMaxMessages", "must be at least 1, got %d", c.PullMaxMessages)
-	case c.StopTimeout < 0:
-		return bad("StopTimeout", "must not be negative, got %s", c.StopTimeout)
+	case c.StopTimeout <= 0 && c.StopTimeout != txoutbox.Forever:
+		return bad("StopTimeout", "must be positive, or txoutbox.Forever (-1), got %s", c.StopTimeout)
 	}
 	return nil
 }
 
 // ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
-// *ConfigError values naming the field.
+// *txoutbox.ConfigError values naming the field.
 func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 
-// backoff is the redelivery delay after the attempt-th failed attempt (1-based); rnd is in
-// [0, 1).
-func (c *Config) backoff(attempt int, rnd float64) time.Duration {
-	d := float64(c.BackoffBase) * math.Pow(2, float64(max(attempt, 1)-1))
-	d = min(d, float64(c.BackoffMax))
-	j := c.BackoffJitter * (1.0/3 + 2.0/3*rnd)
-	return time.Duration(d * (1 + j))
-}
-
-func (c *Config) randomBackoff(attempt int) time.Duration {
-	return c.backoff(attempt, rand.Float64())
+// backoff is the redelivery delay after the attempt-th failed attempt (1-based).
+func (c *Config) backoff(attempt int) time.Duration {
+	return backoff.Exponential(max(attempt, 1), c.BackoffBase, c.BackoffMax, c.BackoffJitter)
 }
 
 // validateName checks a stream or consumer name as JetStream does.

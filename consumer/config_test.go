@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"github.com/txoutbox/txoutbox"
 	"testing"
 	"time"
 )
@@ -54,8 +55,8 @@ func TestConfigValidation(t *testing.T) {
 		c := ok()
 		tc.mutate(c)
 		err := ValidateConfig(c)
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != tc.field {
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Config."+tc.field {
 			t.Errorf("%s: got %v, want a *ConfigError naming the field", tc.field, err)
 		}
 	}
@@ -64,17 +65,17 @@ func TestConfigValidation(t *testing.T) {
 func TestBackoff(t *testing.T) {
 	t.Parallel()
 	c := (&Config{Stream: "S", Durable: "d", BackoffBase: time.Second, BackoffMax: 10 * time.Second}).WithDefaults()
-	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 30: 10 * time.Second} {
-		lo, hi := c.backoff(attempt, 0), c.backoff(attempt, 0.999999)
-		if lo != time.Duration(float64(want)*1.1) || hi < time.Duration(float64(want)*1.29) || hi > time.Duration(float64(want)*1.3) {
-			t.Errorf("attempt %d: delay in [%s, %s], want [%s, %s]", attempt, lo, hi,
-				time.Duration(float64(want)*1.1), time.Duration(float64(want)*1.3))
-		}
+	for attempt, want := range map[int]time.Duration{0: time.Second, 1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 30: 10 * time.Second} {
+		lo, hi := time.Duration(float64(want)*(1-DefaultBackoffJitter)), min(time.Duration(float64(want)*(1+DefaultBackoffJitter)), c.BackoffMax)
 		for range 100 {
-			if d := c.randomBackoff(attempt); d < lo || d > hi {
+			if d := c.backoff(attempt); d < lo || d > hi {
 				t.Fatalf("attempt %d: random delay %s outside [%s, %s]", attempt, d, lo, hi)
 			}
 		}
+	}
+	c.BackoffJitter = txoutbox.Off
+	if d := c.backoff(3); d != 4*time.Second {
+		t.Fatalf("no jitter: %s, want 4s", d)
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -59,11 +60,6 @@ import (
 // Wrap an error with Permanent to dead-letter the message at once.
 type Handler func(ctx context.Context, tx pgx.Tx, msg Message) error
 
-// DB begins the consumer's transactions; *pgxpool.Pool satisfies it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Sentinel errors.
 var (
 	// ErrNoDeadLetterStream: no JetStream stream captures Config.DeadLetterSubject.
@@ -73,8 +69,6 @@ var (
 	// ErrConsumeStopped: JetStream ended the subscription (connection closed, consumer
 	// deleted); Run stops gracefully and returns it.
 	ErrConsumeStopped = errors.New("consumer: jetstream stopped delivering")
-	// ErrRunning: Run was called while the consumer is already running.
-	ErrRunning = errors.New("consumer: already running")
 	// ErrTxControl is what the handler's Commit and Rollback return: the consumer owns the
 	// transaction.
 	ErrTxControl = errors.New("consumer: the handler must not commit or roll back the consumer's transaction")
@@ -90,13 +84,13 @@ var (
 // Consumer is an idempotent JetStream consumer. Create it with New and start it with Run.
 type Consumer struct {
 	cfg     *Config
-	db      DB
+	db      txoutbox.Beginner
 	js      jetstream.JetStream
 	handler Handler
 	q       *store.Queries
 	log     *slog.Logger
 	m       *metrics
-	stats   Stats
+	stats   counters
 	hooks   hooks
 
 	running  atomic.Bool
@@ -121,7 +115,7 @@ type hooks struct {
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
 // begun on db. cfg.Stream and cfg.Durable are required.
-func New(db DB, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
+func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
 	if db == nil {
 		return nil, errors.New("consumer: db is nil")
 	}
@@ -154,7 +148,7 @@ func New(db DB, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer
 func (c *Consumer) Config() Config { return *c.cfg }
 
 // Stats returns the consumer's running totals.
-func (c *Consumer) Stats() *Stats { return &c.stats }
+func (c *Consumer) Stats() Stats { return c.stats.snapshot() }
 
 // Setup creates the durable JetStream consumer, or updates it to the configuration (explicit
 // acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
@@ -199,7 +193,7 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 // delivering (ErrConsumeStopped).
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return ErrRunning
+		return fmt.Errorf("consumer: Run: %w", txoutbox.ErrRunning)
 	}
 	defer c.running.Store(false)
 	cons, err := c.Setup(ctx)
@@ -256,7 +250,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		h()
 	}
 	cc.Drain()
-	stopCtx, cancelStop := context.WithTimeout(context.Background(), c.cfg.StopTimeout)
+	stopCtx, cancelStop := context.WithCancel(context.Background())
+	if c.cfg.StopTimeout != txoutbox.Forever {
+		stopCtx, cancelStop = context.WithTimeout(context.Background(), c.cfg.StopTimeout)
+	}
 	defer cancelStop()
 	select {
 	case <-cc.Closed():

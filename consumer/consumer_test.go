@@ -50,7 +50,7 @@ func TestDuplicateRepublishedOneEffect(t *testing.T) {
 	c := e.newConsumer(nil, &Config{Concurrency: 2}, recordEffect)
 	e.run(c)
 	testsvc.Eventually(t, 10*time.Second, "all four handled", func() bool {
-		return c.Stats().Processed.Load()+c.Stats().Duplicates.Load() == 4
+		return c.Stats().Processed+c.Stats().Duplicates == 4
 	})
 	e.waitEffects(2)
 	if n := e.effectsOf(id); n != 1 {
@@ -59,7 +59,7 @@ func TestDuplicateRepublishedOneEffect(t *testing.T) {
 	if n := e.effectsOf("order:2:created"); n != 1 {
 		t.Errorf("effects of the business key: %d, want 1", n)
 	}
-	if got := c.Stats().Duplicates.Load(); got != 2 {
+	if got := c.Stats().Duplicates; got != 2 {
 		t.Errorf("duplicates: %d, want 2", got)
 	}
 	if n := e.count(`SELECT count(*) FROM txoutbox_consumer_dedup WHERE consumer = $1`, testDurable); n != 2 {
@@ -153,10 +153,10 @@ func TestHandlerFailsTwiceThenSucceeds(t *testing.T) {
 		t.Fatalf("retry delays: %v, want 2", delays)
 	}
 	for i, d := range delays {
-		lo := time.Duration(float64(base<<i) * 1.1)
-		hi := time.Duration(float64(base<<i) * 1.3)
+		lo := time.Duration(float64(base<<i) * (1 - DefaultBackoffJitter))
+		hi := time.Duration(float64(base<<i) * (1 + DefaultBackoffJitter))
 		if d < lo || d > hi {
-			t.Errorf("delay %d: %s, want within [%s, %s] (exponential plus 10-30%% jitter)", i+1, d, lo, hi)
+			t.Errorf("delay %d: %s, want within [%s, %s] (exponential, times 1±jitter)", i+1, d, lo, hi)
 		}
 		if gap := runs[i+1].Sub(runs[i]); gap < d-5*time.Millisecond {
 			t.Errorf("redelivery %d came after %s, before its delay %s", i+1, gap, d)
@@ -165,10 +165,10 @@ func TestHandlerFailsTwiceThenSucceeds(t *testing.T) {
 	if delays[1] <= delays[0] {
 		t.Errorf("delays do not grow: %v", delays)
 	}
-	if got := c.Stats().Retries.Load(); got != 2 {
+	if got := c.Stats().Retries; got != 2 {
 		t.Errorf("retries: %d, want 2", got)
 	}
-	if got := c.Stats().Processed.Load(); got != 1 {
+	if got := c.Stats().Processed; got != 1 {
 		t.Errorf("processed: %d, want 1", got)
 	}
 	if e.effectsOf(id) != 1 {
@@ -200,7 +200,7 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 3, Registerer: reg}, h)
 	e.run(c)
 	e.waitEffects(20)
-	testsvc.Eventually(t, 10*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered.Load() == 1 })
+	testsvc.Eventually(t, 10*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered == 1 })
 
 	if n := poisonRuns.Load(); n != 3 {
 		t.Errorf("poison handler runs: %d, want 3", n)
@@ -290,11 +290,11 @@ func TestMalformedMessagesDeadLettered(t *testing.T) {
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 5}, h)
 	e.run(c)
 	e.waitEffects(1)
-	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered.Load() == 3 })
+	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered == 3 })
 	if e.effectsOf(good) != 1 || runs.Load() != 1 {
 		t.Errorf("good message: %d effects, handler runs %d; want 1 and 1", e.effectsOf(good), runs.Load())
 	}
-	if got := c.Stats().Malformed.Load(); got != 3 {
+	if got := c.Stats().Malformed; got != 3 {
 		t.Errorf("malformed: %d, want 3", got)
 	}
 	dead := e.deadLetters()
@@ -359,17 +359,17 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	if n := e.effects(); n != 1 {
 		t.Fatalf("effects after the crash: %d, want 1", n)
 	}
-	if got := crashing.Stats().AckFailures.Load(); got != 1 {
+	if got := crashing.Stats().AckFailures; got != 1 {
 		t.Errorf("ack failures: %d, want 1", got)
 	}
 
 	next := e.newConsumer(nil, cfg(), recordEffect)
 	e.run(next)
-	testsvc.Eventually(t, 10*time.Second, "redelivery skipped", func() bool { return next.Stats().Duplicates.Load() == 1 })
+	testsvc.Eventually(t, 10*time.Second, "redelivery skipped", func() bool { return next.Stats().Duplicates == 1 })
 	if n := e.effectsOf(id); n != 1 {
 		t.Fatalf("effects: %d, want 1", n)
 	}
-	if got := next.Stats().Processed.Load(); got != 0 {
+	if got := next.Stats().Processed; got != 0 {
 		t.Errorf("processed again: %d", got)
 	}
 	testsvc.Eventually(t, 5*time.Second, "acked", func() bool { return e.consumerInfo(testDurable).NumAckPending == 0 })
@@ -407,18 +407,18 @@ func TestTwoInstancesSameDurable(t *testing.T) {
 		cs = append(cs, c)
 		e.run(c)
 	}
-	total := func(f func(*Stats) int64) int64 { return f(cs[0].Stats()) + f(cs[1].Stats()) }
+	total := func(f func(Stats) int64) int64 { return f(cs[0].Stats()) + f(cs[1].Stats()) }
 	testsvc.Eventually(t, 20*time.Second, "all handled", func() bool {
-		return total(func(s *Stats) int64 { return s.Processed.Load() + s.Duplicates.Load() }) == 2*n
+		return total(func(s Stats) int64 { return s.Processed + s.Duplicates }) == 2*n
 	})
 	e.waitEffects(n)
 	if d := e.count(`SELECT count(*) FROM (SELECT idem FROM effects GROUP BY idem HAVING count(*) > 1) x`); d != 0 {
 		t.Fatalf("%d business keys applied more than once", d)
 	}
-	if got := total(func(s *Stats) int64 { return s.Processed.Load() }); got != n {
+	if got := total(func(s Stats) int64 { return s.Processed }); got != n {
 		t.Errorf("processed: %d, want %d", got, n)
 	}
-	t.Logf("instance 1 processed %d, instance 2 processed %d", cs[0].Stats().Processed.Load(), cs[1].Stats().Processed.Load())
+	t.Logf("instance 1 processed %d, instance 2 processed %d", cs[0].Stats().Processed, cs[1].Stats().Processed)
 }
 
 // Batch mode through handleBatch: one failing message in the middle rolls back only its own
@@ -513,7 +513,7 @@ func TestBatchModeRun(t *testing.T) {
 	c := e.newConsumer(nil, &Config{BatchSize: 16, Concurrency: 2, MaxDeliveries: 3}, h)
 	e.run(c)
 	e.waitEffects(99)
-	testsvc.Eventually(t, 10*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered.Load() == 1 })
+	testsvc.Eventually(t, 10*time.Second, "dead letter", func() bool { return c.Stats().DeadLettered == 1 })
 	if d := e.count(`SELECT count(*) FROM (SELECT idem FROM effects GROUP BY idem HAVING count(*) > 1) x`); d != 0 {
 		t.Fatalf("%d messages applied more than once", d)
 	}
@@ -587,8 +587,8 @@ func TestPerKeyOrdering(t *testing.T) {
 			if batch == 1 && maxTotal < 2 {
 				t.Errorf("keys never ran in parallel (max %d at once)", maxTotal)
 			}
-			if !failedOnce.Load() || c.Stats().Retries.Load() != 1 {
-				t.Errorf("retries: %d, want 1", c.Stats().Retries.Load())
+			if !failedOnce.Load() || c.Stats().Retries != 1 {
+				t.Errorf("retries: %d, want 1", c.Stats().Retries)
 			}
 		})
 	}
@@ -618,8 +618,8 @@ func TestLongHandlerKeptAlive(t *testing.T) {
 	e.run(c)
 	e.waitEffects(1)
 	time.Sleep(400 * time.Millisecond) // a redelivery would show up by now
-	if runs.Load() != 1 || c.Stats().Duplicates.Load() != 0 {
-		t.Fatalf("handler runs %d, duplicates %d; want 1 and 0", runs.Load(), c.Stats().Duplicates.Load())
+	if runs.Load() != 1 || c.Stats().Duplicates != 0 {
+		t.Fatalf("handler runs %d, duplicates %d; want 1 and 0", runs.Load(), c.Stats().Duplicates)
 	}
 	if info := e.consumerInfo(testDurable); info.NumRedelivered != 0 || info.NumAckPending != 0 {
 		t.Fatalf("redelivered %d, ack pending %d; want 0 and 0", info.NumRedelivered, info.NumAckPending)
@@ -662,8 +662,8 @@ func TestGracefulStop(t *testing.T) {
 	next := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: 30 * time.Second}, recordEffect)
 	e.run(next)
 	testsvc.Eventually(t, 10*time.Second, "the rest, well before the ack wait", func() bool { return e.effects() >= 5 })
-	if n := e.effects(); n != 5 || next.Stats().Duplicates.Load() != 0 {
-		t.Fatalf("effects %d, duplicates %d; want 5 and 0", n, next.Stats().Duplicates.Load())
+	if n := e.effects(); n != 5 || next.Stats().Duplicates != 0 {
+		t.Fatalf("effects %d, duplicates %d; want 5 and 0", n, next.Stats().Duplicates)
 	}
 }
 
@@ -688,11 +688,11 @@ func TestPostgresFailureNeverAcksNorCounts(t *testing.T) {
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 1}, h)
 	e.run(c)
 	e.waitEffects(1)
-	if got := c.Stats().Unavailable.Load(); got < 1 {
+	if got := c.Stats().Unavailable; got < 1 {
 		t.Errorf("unavailable: %d, want at least 1", got)
 	}
-	if c.Stats().DeadLettered.Load() != 0 || c.Stats().Retries.Load() != 0 {
-		t.Errorf("dead-lettered %d, retries %d; want 0 and 0", c.Stats().DeadLettered.Load(), c.Stats().Retries.Load())
+	if c.Stats().DeadLettered != 0 || c.Stats().Retries != 0 {
+		t.Errorf("dead-lettered %d, retries %d; want 0 and 0", c.Stats().DeadLettered, c.Stats().Retries)
 	}
 	if n := e.effectsOf(id); n != 1 {
 		t.Errorf("effects: %d, want 1", n)
@@ -715,7 +715,7 @@ func TestRefusedCommitRetried(t *testing.T) {
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 100}, h)
 	e.publishID("orders.created", newID(), "x")
 	e.run(c)
-	testsvc.Eventually(t, 10*time.Second, "refused commits", func() bool { return c.Stats().Retries.Load() >= 2 })
+	testsvc.Eventually(t, 10*time.Second, "refused commits", func() bool { return c.Stats().Retries >= 2 })
 	if n := e.effects(); n != 0 {
 		t.Fatalf("effects while the commit is refused: %d", n)
 	}
@@ -724,8 +724,8 @@ func TestRefusedCommitRetried(t *testing.T) {
 	}
 	e.exec(`DELETE FROM reservations`)
 	e.waitEffects(1)
-	if c.Stats().Processed.Load() != 1 || c.Stats().DeadLettered.Load() != 0 {
-		t.Errorf("processed %d, dead-lettered %d", c.Stats().Processed.Load(), c.Stats().DeadLettered.Load())
+	if c.Stats().Processed != 1 || c.Stats().DeadLettered != 0 {
+		t.Errorf("processed %d, dead-lettered %d", c.Stats().Processed, c.Stats().DeadLettered)
 	}
 }
 
@@ -826,7 +826,7 @@ func TestThroughOutboxAndRelay(t *testing.T) {
 	c := e.newConsumer(nil, &Config{Ordered: true}, h)
 	e.run(c)
 	testsvc.Eventually(t, 10*time.Second, "both handled", func() bool {
-		return c.Stats().Processed.Load()+c.Stats().Duplicates.Load() == 2
+		return c.Stats().Processed+c.Stats().Duplicates == 2
 	})
 	e.waitEffects(1)
 	if n := e.count(`SELECT count(*) FROM effects WHERE idem = 'order:42:created' AND note = $1`, trace); n != 1 {
@@ -907,12 +907,12 @@ func TestConnectionLostAtCommit(t *testing.T) {
 			}
 			e.run(c)
 			e.waitEffects(batch)
-			if !killed.Load() || c.Stats().Unavailable.Load() < 1 {
-				t.Fatalf("killed %v, unavailable %d", killed.Load(), c.Stats().Unavailable.Load())
+			if !killed.Load() || c.Stats().Unavailable < 1 {
+				t.Fatalf("killed %v, unavailable %d", killed.Load(), c.Stats().Unavailable)
 			}
-			if c.Stats().DeadLettered.Load() != 0 || c.Stats().Retries.Load() != 0 || c.Stats().Processed.Load() != int64(batch) {
-				t.Fatalf("dead-lettered %d, retries %d, processed %d", c.Stats().DeadLettered.Load(),
-					c.Stats().Retries.Load(), c.Stats().Processed.Load())
+			if c.Stats().DeadLettered != 0 || c.Stats().Retries != 0 || c.Stats().Processed != int64(batch) {
+				t.Fatalf("dead-lettered %d, retries %d, processed %d", c.Stats().DeadLettered,
+					c.Stats().Retries, c.Stats().Processed)
 			}
 			if d := e.count(`SELECT count(*) FROM (SELECT idem FROM effects GROUP BY idem HAVING count(*) > 1) x`); d != 0 {
 				t.Fatalf("%d messages applied twice", d)
@@ -931,13 +931,13 @@ func TestUnstorableMessageIDDeadLettered(t *testing.T) {
 	e.publish("orders.created", map[string][]string{outbox.HeaderBizKey: {"order:2"}, outbox.HeaderMsgID: {"id\x00nul"}}, "nul id")
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 5}, h)
 	e.run(c)
-	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered.Load() == 2 })
+	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered == 2 })
 	for _, d := range e.deadLetters() {
 		if d.Header.Get(HeaderDeadReason) != DeadReasonMalformed || !strings.Contains(d.Header.Get(HeaderDeadError), outbox.HeaderMsgID) {
 			t.Errorf("dead letter %q: reason %q error %q", d.Data, d.Header.Get(HeaderDeadReason), d.Header.Get(HeaderDeadError))
 		}
 	}
-	if got := c.Stats().Unavailable.Load(); got != 0 {
+	if got := c.Stats().Unavailable; got != 0 {
 		t.Errorf("unavailable: %d, want 0 (the message is bad, the database is fine)", got)
 	}
 }
@@ -961,7 +961,7 @@ func TestDeadLetterTooBigForItsStream(t *testing.T) {
 	e.publishID("orders.created", newID(), strings.Repeat("p", 4096))
 	c := e.newConsumer(nil, &Config{MaxDeliveries: 3}, h)
 	e.run(c)
-	testsvc.Eventually(t, 10*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered.Load() == 1 })
+	testsvc.Eventually(t, 10*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 })
 	dead := e.deadLetters()
 	if len(dead) != 1 || len(dead[0].Data) != 0 || dead[0].Header.Get(HeaderDeadPayloadDropped) != "true" {
 		t.Fatalf("dead letters: %d, want one without its payload", len(dead))
@@ -987,7 +987,7 @@ func TestDeadLetterErrorTextIsAlwaysSendable(t *testing.T) {
 	}
 	c := e.newConsumer(nil, nil, h)
 	e.run(c)
-	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered.Load() == int64(len(texts)) })
+	testsvc.Eventually(t, 10*time.Second, "dead letters", func() bool { return c.Stats().DeadLettered == int64(len(texts)) })
 	dead := e.deadLetters()
 	if len(dead) != len(texts) {
 		t.Fatalf("dead letters: %d, want %d", len(dead), len(texts))

@@ -100,8 +100,8 @@ func TestKeysUsedByteExact(t *testing.T) {
 	c := e.newConsumer(nil, nil, h)
 	e.run(c)
 	e.waitEffects(4)
-	testsvc.Eventually(t, 10*time.Second, "malformed dead letters", func() bool { return c.Stats().DeadLettered.Load() == 3 })
-	if d, m := c.Stats().Duplicates.Load(), c.Stats().Malformed.Load(); d != 0 || m != 3 {
+	testsvc.Eventually(t, 10*time.Second, "malformed dead letters", func() bool { return c.Stats().DeadLettered == 3 })
+	if d, m := c.Stats().Duplicates, c.Stats().Malformed; d != 0 || m != 3 {
 		t.Errorf("duplicates %d, malformed %d; want 0 and 3", d, m)
 	}
 	want := map[string]struct{ idem, key string }{
@@ -229,7 +229,7 @@ func TestByteExactThroughOutboxAndRelay(t *testing.T) {
 	c := e.newConsumer(nil, &Config{Ordered: true}, h)
 	e.run(c)
 	e.waitEffects(len(msgs))
-	if d := c.Stats().Duplicates.Load(); d != 0 {
+	if d := c.Stats().Duplicates; d != 0 {
 		t.Errorf("%d duplicates, want none: every message is its own event", d)
 	}
 

@@ -87,14 +87,14 @@ func Example() {
 	go func() { done <- c.Run(runCtx) }()
 
 	s := c.Stats()
-	for deadline := time.Now().Add(30 * time.Second); s.Processed.Load()+s.Duplicates.Load() < 2 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Second); s.Processed+s.Duplicates < 2 && time.Now().Before(deadline); s = c.Stats() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	stop()
 	check(<-done)
 	var rows, total int
 	check(pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM ledger`).Scan(&rows, &total))
-	fmt.Printf("processed %d, duplicates skipped %d\n", s.Processed.Load(), s.Duplicates.Load())
+	fmt.Printf("processed %d, duplicates skipped %d\n", s.Processed, s.Duplicates)
 	fmt.Printf("ledger: %d row, total %d\n", rows, total)
 	// Output:
 	// processed 1, duplicates skipped 1

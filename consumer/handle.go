@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -131,7 +130,6 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		return c.unavailable(it, "commit", err)
 	}
 	c.countProcessed(1)
-	fault.Point(fault.ConsumerAfterCommit)
 	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
 		return result{outcome: outcomeProcessed}
 	}
@@ -349,7 +347,6 @@ func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, li
 		}
 	}
 	c.countProcessed(len(committed))
-	fault.Point(fault.ConsumerAfterCommit)
 	skipAcks := false
 	if h := c.hooks.afterCommit; h != nil && h(ctx, committed) != nil {
 		skipAcks = true
@@ -448,7 +445,7 @@ func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
 	if attempt >= c.cfg.MaxDeliveries {
 		return c.deadLetter(ctx, it, DeadReasonFailed, herr)
 	}
-	delay := c.cfg.randomBackoff(attempt)
+	delay := c.cfg.backoff(attempt)
 	c.countRetry()
 	if h := c.hooks.onRetry; h != nil {
 		h(it.msg, delay)
@@ -477,7 +474,7 @@ func (c *Consumer) unavailable(it *item, op string, err error) result {
 	if !down.Swap(true) {
 		c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
 	}
-	delay := c.cfg.randomBackoff(it.outages)
+	delay := c.cfg.backoff(it.outages)
 	return result{outcome: outcomeUnavailable, delay: delay, err: fmt.Errorf("%s: %w", op, err)}
 }
 

@@ -1,8 +1,7 @@
 package consumer
 
 import (
-	"errors"
-	"fmt"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"sync/atomic"
 	"time"
 
@@ -13,26 +12,53 @@ import (
 // other code to read or export.
 type Stats struct {
 	// Processed counts messages whose handler ran and whose transaction committed.
-	Processed atomic.Int64
+	Processed int64
 	// Duplicates counts messages skipped because their idempotency key was already recorded.
-	Duplicates atomic.Int64
+	Duplicates int64
 	// Retries counts handler failures that scheduled another attempt.
-	Retries atomic.Int64
+	Retries int64
 	// DeadLettered counts messages published to the dead-letter subject and terminated.
-	DeadLettered atomic.Int64
+	DeadLettered int64
 	// Malformed counts the dead-lettered messages that could not be decoded.
-	Malformed atomic.Int64
+	Malformed int64
 	// Unavailable counts messages put back because Postgres or NATS failed (begin, dedup
 	// insert, commit, a broken connection, a dead-letter publish); these never count as an
 	// attempt and are never acked.
-	Unavailable atomic.Int64
+	Unavailable int64
 	// AckFailures counts acks that got no server confirmation after a commit; the message
 	// comes back and is skipped as a duplicate.
-	AckFailures atomic.Int64
+	AckFailures int64
 	// HandlerCalls and HandlerNanos sum the handler's runs and their duration; in batch mode
 	// they include the reruns (see Config.BatchSize).
+	HandlerCalls int64
+	HandlerNanos int64
+}
+
+// counters are the running totals behind Stats.
+type counters struct {
+	Processed    atomic.Int64
+	Duplicates   atomic.Int64
+	Retries      atomic.Int64
+	DeadLettered atomic.Int64
+	Malformed    atomic.Int64
+	Unavailable  atomic.Int64
+	AckFailures  atomic.Int64
 	HandlerCalls atomic.Int64
 	HandlerNanos atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Processed:    c.Processed.Load(),
+		Duplicates:   c.Duplicates.Load(),
+		Retries:      c.Retries.Load(),
+		DeadLettered: c.DeadLettered.Load(),
+		Malformed:    c.Malformed.Load(),
+		Unavailable:  c.Unavailable.Load(),
+		AckFailures:  c.AckFailures.Load(),
+		HandlerCalls: c.HandlerCalls.Load(),
+		HandlerNanos: c.HandlerNanos.Load(),
+	}
 }
 
 // metrics are the consumer's Prometheus collectors, registered only when Config.Registerer
@@ -66,36 +92,13 @@ func newMetrics(reg prometheus.Registerer, durable string) (*metrics, error) {
 			Buckets:     prometheus.ExponentialBuckets(0.0001, 2, 20),
 		}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, p := range []*prometheus.Counter{&m.processed, &m.duplicates, &m.retries, &m.deadLettered, &m.unavailable} {
-		if err := register(reg, p); err != nil {
-			return nil, err
-		}
-	}
-	if err := register(reg, &m.latency); err != nil {
+	// Consumers of one durable on one registry (several in a process, or one restarted after
+	// a failure) share the collectors.
+	if err := prom.Register(reg, "consumer", prom.Of(&m.processed), prom.Of(&m.duplicates), prom.Of(&m.retries),
+		prom.Of(&m.deadLettered), prom.Of(&m.unavailable), prom.Of(&m.latency)); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers *c with reg. Consumers of one durable on one registry (several in a
-// process, or one restarted after a failure) share the collectors: *c becomes the one
-// registered first.
-func register[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
-	err := reg.Register(*c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			*c = existing
-			return nil
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("consumer: register metrics: %w", err)
-	}
-	return nil
 }
 
 func (c *Consumer) countProcessed(n int) {

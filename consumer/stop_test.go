@@ -59,7 +59,7 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	if n := e.effects(); n != 1 {
 		t.Errorf("effects: %d, want 1", n)
 	}
-	d1, d2 := first.Stats().Duplicates.Load(), second.Stats().Duplicates.Load()
+	d1, d2 := first.Stats().Duplicates, second.Stats().Duplicates
 	if r := runs.Load(); r != 1 || d1 != 0 || d2 != 0 {
 		t.Errorf("handler runs %d, duplicates %d and %d; want 1, 0 and 0", r, d1, d2)
 	}
@@ -92,7 +92,7 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	// (No t.Fatal here: the hook runs on Run's goroutine.)
 	c.hooks.stopping = func() {
 		close(release)
-		for deadline := time.Now().Add(5 * time.Second); c.Stats().Processed.Load() == 0 && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); c.Stats().Processed == 0 && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 		time.Sleep(300 * time.Millisecond)
@@ -114,7 +114,7 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	next := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: 30 * time.Second}, recordEffect)
 	e.run(next)
 	testsvc.Eventually(t, 10*time.Second, "the rest, well before the ack wait", func() bool { return e.effects() >= 3 })
-	if n := e.effects(); n != 3 || next.Stats().Duplicates.Load() != 0 {
-		t.Fatalf("effects %d, duplicates %d; want 3 and 0", n, next.Stats().Duplicates.Load())
+	if n := e.effects(); n != 3 || next.Stats().Duplicates != 0 {
+		t.Fatalf("effects %d, duplicates %d; want 3 and 0", n, next.Stats().Duplicates)
 	}
 }

@@ -36,7 +36,7 @@ func Export(dir, format string) ([]string, error) {
 			add(base+".up.sql", m.Up)
 			add(base+".down.sql", m.Down)
 		case FormatGoose:
-			add(base+".sql", GooseFile(m))
+			add(base+".sql", gooseFile(m))
 		default:
 			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
 		}
@@ -63,9 +63,9 @@ func Export(dir, format string) ([]string, error) {
 	return written, nil
 }
 
-// GooseFile is m as one goose migration file. Each direction is one statement block, so goose
+// gooseFile is m as one goose migration file. Each direction is one statement block, so goose
 // runs it as written (functions, DO blocks and all).
-func GooseFile(m Migration) string {
+func gooseFile(m Migration) string {
 	var b strings.Builder
 	b.WriteString("-- +goose Up\n-- +goose StatementBegin\n")
 	b.WriteString(strings.TrimRight(m.Up, "\n"))

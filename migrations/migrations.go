@@ -16,10 +16,12 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io/fs"
 	"regexp"
 	"sort"
@@ -34,9 +36,6 @@ import (
 //
 //go:embed *.sql
 var FS embed.FS
-
-// DefaultSchema is the Postgres schema used when Config.Schema is empty.
-const DefaultSchema = "public"
 
 // VersionTable is the table, inside the configured schema, where the runner records versions.
 const VersionTable = "txoutbox_schema_migrations"
@@ -64,8 +63,25 @@ type Migration struct {
 // Config configures a Migrator.
 type Config struct {
 	// Schema is the Postgres schema that holds txoutbox's tables. It is created by Up if it
-	// does not exist. Defaults to "public".
+	// does not exist. Defaults to txoutbox.DefaultSchema ("public").
 	Schema string
+}
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
+	return &out
+}
+
+func (c *Config) validate() error {
+	if err := ValidateSchemaName(c.Schema); err != nil {
+		return &txoutbox.ConfigError{Package: "migrations", Field: "Config.Schema", Reason: err.Error()}
+	}
+	return nil
 }
 
 // Migrator applies and reverts the embedded migrations.
@@ -74,43 +90,31 @@ type Migrator struct {
 	migrations []Migration
 }
 
-// Beginner is what the runner needs from a database handle: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx all satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // New returns a Migrator for the embedded migrations.
 func New(cfg *Config) (*Migrator, error) {
-	if cfg == nil {
-		cfg = &Config{}
-	}
-	schema := cfg.Schema
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	if err := ValidateSchemaName(schema); err != nil {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	ms, err := Load(FS)
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{schema: schema, migrations: ms}, nil
+	return &Migrator{schema: c.Schema, migrations: ms}, nil
 }
 
 // ValidateSchemaName reports whether name can be used as a schema name. Names are always
 // quoted when used, so any non-empty name of at most 63 bytes without NUL is accepted.
 func ValidateSchemaName(name string) error {
 	if name == "" {
-		return errors.New("schema: must not be empty")
+		return errors.New("must not be empty")
 	}
 	if len(name) > 63 {
-		return fmt.Errorf("schema: %q is longer than Postgres's 63-byte identifier limit", name)
+		return fmt.Errorf("%q is longer than Postgres's 63-byte identifier limit", name)
 	}
 	for i := 0; i < len(name); i++ {
 		if name[i] == 0 {
-			return fmt.Errorf("schema: %q contains a NUL byte", name)
+			return fmt.Errorf("%q contains a NUL byte", name)
 		}
 	}
 	return nil
@@ -202,7 +206,7 @@ func (m *Migrator) qschema() string { return pgx.Identifier{m.schema}.Sanitize()
 func (m *Migrator) qtable() string  { return pgx.Identifier{m.schema, VersionTable}.Sanitize() }
 
 // begin opens a transaction with the schema on its search_path and the runner's lock held.
-func (m *Migrator) begin(ctx context.Context, db Beginner, create bool) (pgx.Tx, error) {
+func (m *Migrator) begin(ctx context.Context, db txoutbox.Beginner, create bool) (pgx.Tx, error) {
 	for attempt := 1; ; attempt++ {
 		tx, err := m.beginOnce(ctx, db, create)
 		// An advisory lock does not make PostgreSQL process catalog invalidations, so a runner
@@ -216,7 +220,7 @@ func (m *Migrator) begin(ctx context.Context, db Beginner, create bool) (pgx.Tx,
 	}
 }
 
-func (m *Migrator) beginOnce(ctx context.Context, db Beginner, create bool) (pgx.Tx, error) {
+func (m *Migrator) beginOnce(ctx context.Context, db txoutbox.Beginner, create bool) (pgx.Tx, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: begin: %w", err)
@@ -229,8 +233,17 @@ func (m *Migrator) beginOnce(ctx context.Context, db Beginner, create bool) (pgx
 		return fail(fmt.Errorf("migrations: lock: %w", err))
 	}
 	if create {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+m.qschema()); err != nil {
-			return fail(fmt.Errorf("migrations: create schema %q: %w", m.schema, err))
+		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the database even when the
+		// schema exists: a schema owner without it (the admin role of relay migrate grants)
+		// migrates a schema created for it.
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", m.schema).Scan(&exists); err != nil {
+			return fail(fmt.Errorf("migrations: look up schema %q: %w", m.schema, err))
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+m.qschema()); err != nil {
+				return fail(fmt.Errorf("migrations: create schema %q: %w", m.schema, err))
+			}
 		}
 		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.qtable()+` (
 			version    integer PRIMARY KEY,
@@ -369,7 +382,7 @@ func (m *Migrator) readForeign(ctx context.Context, tx pgx.Tx) (int, string, err
 
 // Up applies every pending migration, each in its own transaction, and returns the versions
 // it applied.
-func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
+func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) {
 	if upToDate, err := m.notManagedElsewhere(ctx, db, "up"); err != nil || upToDate {
 		return nil, err
 	}
@@ -404,9 +417,12 @@ func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
 	}
 }
 
-// Down reverts the newest steps applied migrations (all of them when steps <= 0 is given as
-// DownAll) and returns the versions it reverted, newest first.
-func (m *Migrator) Down(ctx context.Context, db Beginner, steps int) ([]int, error) {
+// Down reverts the newest steps applied migrations (every one with DownAll; none with 0) and
+// returns the versions it reverted, newest first.
+func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
+	if steps < DownAll {
+		return nil, fmt.Errorf("migrations: Down: steps must be at least 0, or DownAll (-1), got %d", steps)
+	}
 	if _, err := m.notManagedElsewhere(ctx, db, "down"); err != nil {
 		return nil, err
 	}
@@ -445,7 +461,7 @@ func (m *Migrator) Down(ctx context.Context, db Beginner, steps int) ([]int, err
 // notManagedElsewhere refuses to run up or down on a schema whose versions another tool
 // records (that tool applies what is missing), and reports an up-to-date one, for which up
 // has nothing to do and creates nothing.
-func (m *Migrator) notManagedElsewhere(ctx context.Context, db Beginner, what string) (upToDate bool, err error) {
+func (m *Migrator) notManagedElsewhere(ctx context.Context, db txoutbox.Beginner, what string) (upToDate bool, err error) {
 	tx, err := m.begin(ctx, db, false)
 	if err != nil {
 		return false, err
@@ -466,7 +482,7 @@ func (m *Migrator) notManagedElsewhere(ctx context.Context, db Beginner, what st
 const DownAll = -1
 
 // Status lists every known migration and whether the database has it.
-func (m *Migrator) Status(ctx context.Context, db Beginner) ([]Status, error) {
+func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, error) {
 	tx, err := m.begin(ctx, db, false)
 	if err != nil {
 		return nil, err
@@ -488,7 +504,7 @@ func (m *Migrator) Status(ctx context.Context, db Beginner) ([]Status, error) {
 }
 
 // Version returns the newest applied version (0 when none is).
-func (m *Migrator) Version(ctx context.Context, db Beginner) (int, error) {
+func (m *Migrator) Version(ctx context.Context, db txoutbox.Beginner) (int, error) {
 	st, err := m.Status(ctx, db)
 	if err != nil {
 		return 0, err

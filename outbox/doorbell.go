@@ -2,11 +2,12 @@ package outbox
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox"
 )
 
 // DefaultDoorbellSubject is the NATS subject the relay listens on for doorbell rings.
@@ -44,31 +45,33 @@ func NewNATSDoorbell(nc *nats.Conn, subject string) *NATSDoorbell {
 // Ring publishes the ring; errors (a closed connection) are ignored, the relay polls anyway.
 func (d *NATSDoorbell) Ring() { _ = d.nc.Publish(d.subject, nil) }
 
-// Execer runs a statement; *pgxpool.Pool satisfies it.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // PostgresDoorbell rings with pg_notify in its own short transaction, outside the business
 // transaction, for producers without a NATS connection. Rings that arrive while one is being
-// sent are coalesced into one more, so a burst of commits costs at most two notifies.
+// sent are coalesced into one more, so a burst of commits costs at most two notifies. Close it
+// when the producer shuts down.
 type PostgresDoorbell struct {
-	db      Execer
+	db      txoutbox.DBTX
 	channel string
 	pending atomic.Int32 // 0 idle, 1 sending, 2 sending and another ring wanted
+	mu      sync.Mutex   // orders Close with the start of a send
+	closed  atomic.Bool
+	sending sync.WaitGroup
 }
 
 // NewPostgresDoorbell returns a doorbell notifying channel (DefaultDoorbellChannel when
 // empty) through db, typically the producer's pool.
-func NewPostgresDoorbell(db Execer, channel string) *PostgresDoorbell {
+func NewPostgresDoorbell(db txoutbox.DBTX, channel string) *PostgresDoorbell {
 	if channel == "" {
 		channel = DefaultDoorbellChannel
 	}
 	return &PostgresDoorbell{db: db, channel: channel}
 }
 
-// Ring sends a notify in the background.
+// Ring sends a notify in the background. After Close it does nothing.
 func (d *PostgresDoorbell) Ring() {
+	if d.closed.Load() {
+		return
+	}
 	for {
 		p := d.pending.Load()
 		if p == 2 {
@@ -76,6 +79,14 @@ func (d *PostgresDoorbell) Ring() {
 		}
 		if d.pending.CompareAndSwap(p, p+1) {
 			if p == 0 {
+				d.mu.Lock()
+				if d.closed.Load() {
+					d.mu.Unlock()
+					d.pending.Store(0)
+					return
+				}
+				d.sending.Add(1)
+				d.mu.Unlock()
 				go d.send()
 			}
 			return
@@ -83,13 +94,23 @@ func (d *PostgresDoorbell) Ring() {
 	}
 }
 
+// Close stops the doorbell: later rings are dropped, and Close returns once a notify being
+// sent has finished (each is bounded by 5s), so no goroutine of the doorbell outlives it.
+func (d *PostgresDoorbell) Close() {
+	d.mu.Lock()
+	d.closed.Store(true)
+	d.mu.Unlock()
+	d.sending.Wait()
+}
+
 func (d *PostgresDoorbell) send() {
+	defer d.sending.Done()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _ = d.db.Exec(ctx, "SELECT pg_notify($1, '')", d.channel)
 		cancel()
 		// 1 -> 0: done; 2 -> 1: someone rang meanwhile, send once more.
-		if d.pending.Add(-1) == 0 {
+		if d.pending.Add(-1) == 0 || d.closed.Load() {
 			return
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"strings"
 	"time"
 
@@ -36,10 +38,12 @@ var (
 	// ErrNotFound: no message has this id: it was never prepared, or it was published and
 	// deleted (the relay deletes published rows unless a retention is set), or purged.
 	ErrNotFound = errors.New("message not found")
-	// ErrInvalidGroup: a producer group name that is empty (without Fence) or not made of
-	// letters, digits, '-' and '_' (it becomes a NATS subject token and a service name).
-	ErrInvalidGroup = errors.New("invalid producer group")
 )
+
+// ErrInvalidGroup is returned by Prepare and SendInTransaction (and ValidateGroup) for a
+// producer group name that is empty (without Fence) or not made of letters, digits, '-' and
+// '_' (it becomes a NATS subject token and a service name). Nothing is stored.
+var ErrInvalidGroup = errors.New("invalid producer group")
 
 // SettleError says why a half message could not be settled.
 type SettleError struct {
@@ -155,23 +159,11 @@ type Half struct {
 	Fence   bool
 }
 
-// Beginner begins a transaction (or, on a pgx.Tx, a savepoint): *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// DB is a connection or pool that can also begin transactions.
-type DB interface {
-	DBTX
-	Beginner
-}
-
 // Prepare validates msg (as EnqueueTx does) and stores it as a half message: state prepared,
 // invisible to the relay until it is committed. db is usually the pool, so that the half
 // message is committed before the producer starts its work. It takes no key lock: the message
 // draws its place in its key's order when it is committed.
-func (c *Client) Prepare(ctx context.Context, db DBTX, msg Message, opts *PrepareOptions) (Half, error) {
+func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
 	var o PrepareOptions
 	if opts != nil {
 		o = *opts
@@ -206,7 +198,7 @@ func (c *Client) Prepare(ctx context.Context, db DBTX, msg Message, opts *Prepar
 // before it. A message the check-back gave up on (check_exhausted) can still be committed.
 // When the message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
 // ErrAlreadyCommitted or ErrNotFound.
-func (c *Client) Commit(ctx context.Context, db Beginner, id uuid.UUID) error {
+func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return c.commit(ctx, tx, id) })
 	if err == nil {
 		c.half.committed.Inc() // counted once its transaction committed
@@ -245,7 +237,7 @@ func (c *Client) CommitTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 // poisonSQL aborts the transaction it runs in.
 const poisonSQL = `DO $$BEGIN RAISE EXCEPTION 'txoutbox: the half message this transaction commits is no longer prepared (rolled back by the check-back?); this transaction must roll back' USING ERRCODE = 'P0001'; END$$`
 
-func (c *Client) commit(ctx context.Context, tx DBTX, id uuid.UUID) error {
+func (c *Client) commit(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
 	ok, state, err := c.q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: id, Commit: true, By: store.SettledByProducer})
 	if err != nil && !errors.Is(err, store.ErrNoRow) {
 		return fmt.Errorf("outbox: commit half message %s: %w", id, err)
@@ -259,7 +251,7 @@ func (c *Client) commit(ctx context.Context, tx DBTX, id uuid.UUID) error {
 // Rollback rolls back a half message: it is never published. It returns a *SettleError
 // wrapping ErrRolledBack, ErrAlreadyCommitted or ErrNotFound when the message is no longer
 // prepared. It may run inside a transaction (db a pgx.Tx) or on its own (a pool).
-func (c *Client) Rollback(ctx context.Context, db DBTX, id uuid.UUID) error {
+func (c *Client) Rollback(ctx context.Context, db txoutbox.DBTX, id uuid.UUID) error {
 	ok, state, err := c.q.SettleHalf(ctx, db, store.HalfSettle{MessageID: id, Commit: false, By: store.SettledByProducer})
 	if err != nil && !errors.Is(err, store.ErrNoRow) {
 		return fmt.Errorf("outbox: roll back half message %s: %w", id, err)
@@ -304,7 +296,7 @@ const settleTimeout = 30 * time.Second
 //
 // It returns the half message, local's answer, and local's error joined with any settle error.
 // If local panics, the message stays prepared and the check-back resolves it.
-func (c *Client) SendInTransaction(ctx context.Context, db DB, msg Message, opts *PrepareOptions, local LocalTxFunc) (Half, LocalState, error) {
+func (c *Client) SendInTransaction(ctx context.Context, db txoutbox.DB, msg Message, opts *PrepareOptions, local LocalTxFunc) (Half, LocalState, error) {
 	h, err := c.Prepare(ctx, db, msg, opts)
 	if err != nil {
 		return Half{}, StateUnknown, err
@@ -345,21 +337,9 @@ func newHalfMetrics(reg prometheus.Registerer) (*halfMetrics, error) {
 		committed:  counter("half_committed_total", "Half messages this process committed (Commit, SendInTransaction once their transaction committed; CommitTx when it succeeded, before the caller's transaction ends)."),
 		rolledBack: counter("half_rolled_back_total", "Half messages this process rolled back."),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, p := range []*prometheus.Counter{&m.prepared, &m.committed, &m.rolledBack} {
-		if err := reg.Register(*p); err != nil {
-			// Several clients on one registry share the counters.
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
-					*p = existing
-					continue
-				}
-			}
-			return nil, fmt.Errorf("outbox: register metrics: %w", err)
-		}
+	// Several clients on one registry share the counters.
+	if err := prom.Register(reg, "outbox", prom.Of(&m.prepared), prom.Of(&m.committed), prom.Of(&m.rolledBack)); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -21,9 +21,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"strings"
 
 	"github.com/google/uuid"
@@ -40,12 +42,10 @@ const DefaultMaxMessageBytes = 1 << 20
 // framing and the subject (at most MaxSubjectLength bytes).
 const MaxMessageBytesLimit = 32<<20 - 34 - MaxSubjectLength
 
-// DefaultSchema is the Postgres schema used when Config.Schema is empty.
-const DefaultSchema = "public"
-
 // Config configures a Client. The zero value is usable.
 type Config struct {
-	// Schema is the Postgres schema holding the outbox table. Defaults to "public".
+	// Schema is the Postgres schema holding the outbox table. Defaults to
+	// txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// MaxMessageBytes bounds payload plus headers, counted as NATS counts them (including the
@@ -70,21 +70,18 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	if out.Schema == "" {
-		out.Schema = DefaultSchema
-	}
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
+	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, DefaultMaxMessageBytes)
 	return &out
 }
 
 func (c *Config) validate() error {
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
-		return fmt.Errorf("outbox: Config.Schema: %w", err)
+		return &txoutbox.ConfigError{Package: "outbox", Field: "Config.Schema", Reason: err.Error()}
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > MaxMessageBytesLimit {
-		return fmt.Errorf("outbox: Config.MaxMessageBytes must be between 1024 and %d (what JetStream's file store keeps), got %d", MaxMessageBytesLimit, c.MaxMessageBytes)
+		return &txoutbox.ConfigError{Package: "outbox", Field: "Config.MaxMessageBytes",
+			Reason: fmt.Sprintf("must be between 1024 and %d (what JetStream's file store keeps), got %d", MaxMessageBytesLimit, c.MaxMessageBytes)}
 	}
 	return nil
 }
@@ -147,9 +144,6 @@ const (
 	KeyLockBuckets = store.KeyLockBuckets
 )
 
-// DBTX is what EnqueueTx needs from the caller's transaction: pgx.Tx satisfies it.
-type DBTX = store.DBTX
-
 // EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
 // is written: if one message is invalid, none is written and the error (a *MessageError
@@ -176,7 +170,7 @@ type DBTX = store.DBTX
 // row locks (PostgreSQL detects it and aborts one of them, SQLSTATE 40P01), and once past its
 // budget even without a common key (a common bucket suffices): within one transaction,
 // enqueue keys in a consistent order, bulk in one call.
-func (c *Client) EnqueueTx(ctx context.Context, tx DBTX, msgs ...Message) ([]uuid.UUID, error) {
+func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Message) ([]uuid.UUID, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}

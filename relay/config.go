@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"cmp"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"os"
 	"strings"
@@ -14,7 +16,6 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSchema           = "public"
 	DefaultBatchSize        = 500
 	DefaultMaxInFlight      = 1000
 	DefaultPublishTimeout   = 5 * time.Second
@@ -38,7 +39,8 @@ type Config struct {
 	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid.
 	ID string
 
-	// Schema is the Postgres schema holding the outbox table. Defaults to "public".
+	// Schema is the Postgres schema holding the outbox table. Defaults to
+	// txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// BatchSize is how many rows one claim takes. Defaults to 500.
@@ -59,8 +61,9 @@ type Config struct {
 
 	// BackoffBase, BackoffMax and BackoffJitter shape the delay before a failed row's next
 	// attempt: BackoffBase·2^(attempts-1), capped at BackoffMax, then multiplied by a random
-	// factor in [1-BackoffJitter, 1+BackoffJitter]. BackoffMax also caps the relay's own
-	// backoff while Postgres or NATS is unreachable. Defaults to 1s, 1m and 0.2.
+	// factor in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
+	// jitter). BackoffMax also caps the relay's own backoff while Postgres or NATS is
+	// unreachable. Defaults to 1s, 1m and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -70,8 +73,10 @@ type Config struct {
 	MaxAttempts int
 
 	// Retention, when positive, keeps published rows (state published, with published_at and
-	// the stream sequence) for the check-back's purge job to delete after Retention; zero
-	// deletes them at once, which keeps the table small. Defaults to 0.
+	// the stream sequence) for the check-back's purge job to delete after Retention (set
+	// checkback.Config.PublishedRetention to the same value; relay run does);
+	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to none:
+	// rows are deleted as they are published, which keeps the table small.
 	Retention time.Duration
 
 	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
@@ -98,7 +103,7 @@ type Config struct {
 	// is back and JetStream answers (it looks every lease round). A broker failing everyone
 	// with the connections up is no reason to hand over. It needs a connection that does not
 	// buffer publishes while it reconnects (nats.ReconnectBufSize(-1)); on any other, New
-	// turns it off. Defaults to 10s; negative: never hand over.
+	// turns it off. Defaults to 10s; txoutbox.Off: never hand over.
 	HandoverAfter time.Duration
 
 	// DoorbellSubject is the core NATS subject producers ring after a commit (see
@@ -130,7 +135,11 @@ type Config struct {
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// Registerer, when set, registers the relay's Prometheus metrics. Defaults to none.
+	// Registerer, when set, registers the relay's Prometheus metrics. Relays sharing a
+	// registry share the collectors (counters add up; a per-relay gauge such as the partitions
+	// held shows the last value set): wrap it per relay, e.g.
+	// prometheus.WrapRegistererWith(prometheus.Labels{"relay": id}, reg), to tell them apart.
+	// Defaults to none.
 	Registerer prometheus.Registerer
 
 	// SampleInterval is how often the relay samples the backlog gauges (rows by state, ready
@@ -143,14 +152,6 @@ type Config struct {
 	SampleLimit int
 }
 
-// ConfigError names the Config field that is invalid.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return "relay: Config." + e.Field + " " + e.Reason }
-
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
@@ -161,59 +162,25 @@ func (c *Config) WithDefaults() *Config {
 		host, _ := os.Hostname()
 		out.ID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	if out.Schema == "" {
-		out.Schema = DefaultSchema
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = DefaultBatchSize
-	}
-	if out.MaxInFlight == 0 {
-		out.MaxInFlight = DefaultMaxInFlight
-	}
-	if out.PublishTimeout == 0 {
-		out.PublishTimeout = DefaultPublishTimeout
-	}
-	if out.PollMin == 0 {
-		out.PollMin = DefaultPollMin
-	}
-	if out.PollMax == 0 {
-		out.PollMax = DefaultPollMax
-	}
-	if out.BackoffBase == 0 {
-		out.BackoffBase = DefaultBackoffBase
-	}
-	if out.BackoffMax == 0 {
-		out.BackoffMax = DefaultBackoffMax
-	}
-	if out.BackoffJitter == 0 {
-		out.BackoffJitter = DefaultBackoffJitter
-	}
-	if out.MaxAttempts == 0 {
-		out.MaxAttempts = DefaultMaxAttempts
-	}
-	if out.Partitions == 0 {
-		out.Partitions = DefaultPartitions
-	}
-	if out.LeaseInterval == 0 {
-		out.LeaseInterval = DefaultLeaseInterval
-	}
-	if out.HandoverAfter == 0 {
-		out.HandoverAfter = DefaultHandoverAfter
-	}
-	if out.DoorbellSubject == "" {
-		out.DoorbellSubject = DefaultDoorbellSubject
-	}
-	if out.StreamDuplicates == 0 {
-		out.StreamDuplicates = DefaultStreamDuplicates
-	}
+	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
+	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.MaxInFlight = cmp.Or(out.MaxInFlight, DefaultMaxInFlight)
+	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
+	out.PollMin = cmp.Or(out.PollMin, DefaultPollMin)
+	out.PollMax = cmp.Or(out.PollMax, DefaultPollMax)
+	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
+	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, DefaultMaxAttempts)
+	out.Partitions = cmp.Or(out.Partitions, DefaultPartitions)
+	out.LeaseInterval = cmp.Or(out.LeaseInterval, DefaultLeaseInterval)
+	out.HandoverAfter = cmp.Or(out.HandoverAfter, DefaultHandoverAfter)
+	out.DoorbellSubject = cmp.Or(out.DoorbellSubject, DefaultDoorbellSubject)
+	out.StreamDuplicates = cmp.Or(out.StreamDuplicates, DefaultStreamDuplicates)
+	out.SampleInterval = cmp.Or(out.SampleInterval, DefaultSampleInterval)
+	out.SampleLimit = cmp.Or(out.SampleLimit, DefaultSampleLimit)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
-	}
-	if out.SampleInterval == 0 {
-		out.SampleInterval = DefaultSampleInterval
-	}
-	if out.SampleLimit == 0 {
-		out.SampleLimit = DefaultSampleLimit
 	}
 	return &out
 }
@@ -225,7 +192,7 @@ func (c *Config) WithDefaults() *Config {
 //   - by the same relay, after a publish whose PubAck timed out and its outage backoff:
 //     PublishTimeout + BackoffMax;
 //   - by the relay its partitions were handed to while its NATS connection was down:
-//     PublishTimeout + HandoverAfter + 2×LeaseInterval (when HandoverAfter is not negative);
+//     PublishTimeout + HandoverAfter + 2×LeaseInterval (unless HandoverAfter is txoutbox.Off);
 //   - by the relay that takes its partitions once PostgreSQL ended its lease session (the
 //     process died: at once; its host died or its network was cut: within the session's TCP
 //     keepalive and user timeout, 11s): PublishTimeout + 11s + 2×LeaseInterval;
@@ -251,7 +218,7 @@ func (c *Config) RequiredDuplicateWindow() time.Duration {
 
 func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return &txoutbox.ConfigError{Package: "relay", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
@@ -271,12 +238,14 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
-		return bad("BackoffJitter", "must be in [0, 1), got %g", c.BackoffJitter)
+	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
-	case c.Retention < 0:
-		return bad("Retention", "must not be negative, got %s", c.Retention)
+	case c.Retention < 0 && c.Retention != txoutbox.Forever:
+		return bad("Retention", "must not be negative except txoutbox.Forever (-1), got %s", c.Retention)
+	case c.HandoverAfter < 0 && c.HandoverAfter != txoutbox.Off:
+		return bad("HandoverAfter", "must not be negative except txoutbox.Off (-1), got %s", c.HandoverAfter)
 	case c.Partitions < 1 || c.Partitions > 4096:
 		return bad("Partitions", "must be between 1 and 4096, got %d", c.Partitions)
 	case c.LeaseInterval < 10*time.Millisecond:
@@ -307,5 +276,5 @@ func (c *Config) validate() error {
 }
 
 // ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
-// *ConfigError values naming the field.
+// *txoutbox.ConfigError values naming the field.
 func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -165,20 +166,20 @@ func TestFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
 		t.Fatalf("%d fence lines, want 1", n)
 	}
-	if got := other.Stats().Duplicates.Load(); got != keys {
+	if got := other.Stats().Duplicates; got != keys {
 		t.Fatalf("the other relay got %d duplicate PubAcks, want %d (the frozen relay's first wave)", got, keys)
 	}
 
 	// The frozen relay wakes: its lease has expired, it withholds the rest of its batch.
 	close(fr.release)
-	testsvc.Eventually(t, 10*time.Second, "the woken relay to withhold its batch", func() bool { return frozen.Stats().Withheld.Load() > 0 })
-	if got, want := frozen.Stats().Withheld.Load(), int64(keys*(perKey-1)); got != want {
+	testsvc.Eventually(t, 10*time.Second, "the woken relay to withhold its batch", func() bool { return frozen.Stats().Withheld > 0 })
+	if got, want := frozen.Stats().Withheld, int64(keys*(perKey-1)); got != want {
 		t.Fatalf("the woken relay withheld %d rows, want %d (everything after its first wave)", got, want)
 	}
-	if got := frozen.Stats().Duplicates.Load(); got != 0 {
+	if got := frozen.Stats().Duplicates; got != 0 {
 		t.Fatalf("the woken relay got %d duplicate PubAcks: it sent messages after its lease ended", got)
 	}
-	if got := frozen.Stats().Published.Load(); got != 0 {
+	if got := frozen.Stats().Published; got != 0 {
 		t.Fatalf("the woken relay settled %d rows", got)
 	}
 	_ = frozen.stop()
@@ -302,10 +303,10 @@ func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
 		want time.Duration
 	}{
 		{"defaults: the backoff", Config{}, 5*time.Second + time.Minute},
-		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: -1}, 5*time.Second + 140*time.Second},
-		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: -1}, 5*time.Second + 11200*time.Millisecond},
+		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 140*time.Second},
+		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 11200*time.Millisecond},
 		{"the handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: 30 * time.Second}, 5*time.Second + 30200*time.Millisecond},
-		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: -1, PublishTimeout: time.Second}, 13 * time.Second},
+		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: txoutbox.Off, PublishTimeout: time.Second}, 13 * time.Second},
 	} {
 		if got := c.cfg.WithDefaults().RequiredDuplicateWindow(); got != c.want {
 			t.Errorf("%s: RequiredDuplicateWindow = %s, want %s", c.name, got, c.want)
@@ -348,7 +349,7 @@ func TestBatchStopsWhenItsLeaseEnds(t *testing.T) {
 	}
 	// The next claim runs a round at once, although one is not due for a second: the lease
 	// has expired. The round renews it, and the rows go out.
-	if got := r.Stats().Withheld.Load(); got != 6 {
+	if got := r.Stats().Withheld; got != 6 {
 		t.Fatalf("Stats.Withheld = %d, want 6", got)
 	}
 	if got := len(e.streamMsgs("ORDERS")); got != 0 {

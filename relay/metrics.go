@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"strconv"
 	"time"
 
@@ -105,14 +106,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []string{"taken", "released", "lost"} {
 		m.changes.WithLabelValues(c)
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.failures, m.dead, m.batchSize, m.latency,
-		m.partitions, m.target, m.relays, m.changes, m.mismatch, m.backlog, m.oldestPart, m.rows, m.oldest, m.sampleErrs} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("relay: register metrics: %w", err)
-		}
+	if err := prom.Register(reg, "relay",
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.sampleErrs)); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"slices"
 	"sync"
@@ -62,13 +63,14 @@ type Relay struct {
 	lease *leaser
 	wake  chan struct{}
 
-	health atomic.Int32 // a healthState
+	running atomic.Bool
+	health  atomic.Int32 // a healthState
 	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
 	natsDownSince atomic.Int64
 	failing       failingSubjects
 	unusable      unusableStreams
 	hooks         hooks
-	stats         Stats
+	stats         counters
 }
 
 // hooks are fault-injection points for tests.
@@ -86,14 +88,35 @@ type hooks struct {
 	afterRound func(start time.Time, st LeaseStatus)
 }
 
-// Stats are running totals, for tests and the bench command.
+// Stats is a snapshot of running totals, for tests and the bench command.
 type Stats struct {
-	Published  atomic.Int64 // rows settled as published
-	Duplicates atomic.Int64 // PubAcks that reported a duplicate
-	Failed     atomic.Int64 // message-level publish failures
-	Dead       atomic.Int64 // rows that became dead
-	Batches    atomic.Int64 // non-empty batches
-	Withheld   atomic.Int64 // rows of a claimed batch not sent because the relay's lease had ended
+	Published  int64 // rows settled as published
+	Duplicates int64 // PubAcks that reported a duplicate
+	Failed     int64 // message-level publish failures
+	Dead       int64 // rows that became dead
+	Batches    int64 // non-empty batches
+	Withheld   int64 // rows of a claimed batch not sent because the relay's lease had ended
+}
+
+// counters are the running totals behind Stats.
+type counters struct {
+	Published  atomic.Int64
+	Duplicates atomic.Int64
+	Failed     atomic.Int64
+	Dead       atomic.Int64
+	Batches    atomic.Int64
+	Withheld   atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Published:  c.Published.Load(),
+		Duplicates: c.Duplicates.Load(),
+		Failed:     c.Failed.Load(),
+		Dead:       c.Dead.Load(),
+		Batches:    c.Batches.Load(),
+		Withheld:   c.Withheld.Load(),
+	}
 }
 
 // New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
@@ -117,25 +140,17 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		wake: make(chan struct{}, 1),
 	}
 	var err error
-	pubOpts := []jetstream.JetStreamOpt{
-		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
-		jetstream.WithPublishAsyncMaxPending(c.MaxInFlight),
-	}
-	if prefix := js.Options().APIPrefix; prefix != "" {
-		r.pub, err = jetstream.NewWithAPIPrefix(js.Conn(), prefix, pubOpts...)
-	} else {
-		r.pub, err = jetstream.New(js.Conn(), pubOpts...)
-	}
+	r.pub, err = newPublisher(js, c)
 	if err != nil {
 		return nil, fmt.Errorf("relay: jetstream publisher: %w", err)
 	}
 	if r.m, err = newMetrics(c.Registerer); err != nil {
 		return nil, err
 	}
-	if c.HandoverAfter >= 0 && js.Conn().Opts.ReconnectBufSize != -1 {
+	if c.HandoverAfter != txoutbox.Off && js.Conn().Opts.ReconnectBufSize != -1 {
 		// See leaser.handoverLocked: a publish buffered during a reconnect could reach the
 		// stream after the relays that took over published later messages of its key.
-		c.HandoverAfter = -1
+		c.HandoverAfter = txoutbox.Off
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
@@ -146,7 +161,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 func (r *Relay) Config() Config { return *r.cfg }
 
 // Stats returns the relay's running totals.
-func (r *Relay) Stats() *Stats { return &r.stats }
+func (r *Relay) Stats() Stats { return r.stats.snapshot() }
 
 // Wake makes the relay claim now instead of at its next poll (what a doorbell ring does).
 func (r *Relay) Wake() {
@@ -159,8 +174,13 @@ func (r *Relay) Wake() {
 // Run checks the streams (see Config.Subjects), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
-// start when a live relay of the same outbox has another partition count.
+// start when a live relay of the same outbox has another partition count, and
+// txoutbox.ErrRunning while another Run of this relay has not returned.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("relay: Run: %w", txoutbox.ErrRunning)
+	}
+	defer r.running.Store(false)
 	if err := r.CheckStreams(ctx); err != nil {
 		return err
 	}
@@ -450,7 +470,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		Published:   res.published,
 		Failed:      res.failed,
 		MaxAttempts: r.cfg.MaxAttempts,
-		Retain:      r.cfg.Retention > 0,
+		Retain:      r.cfg.Retention != 0, // positive or Forever
 	})
 	if err != nil {
 		// The rows stay ready and are published again; JetStream drops the duplicates.
@@ -474,35 +494,60 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	return nil
 }
 
+// newPublisher returns a JetStream like js — its domain or API prefix, default timeout and
+// client trace — whose async publishes time out after PublishTimeout and are bounded by
+// MaxInFlight. The caller's js keeps its own settings for everything else the relay asks.
+func newPublisher(js jetstream.JetStream, c *Config) (jetstream.JetStream, error) {
+	o := js.Options()
+	opts := []jetstream.JetStreamOpt{
+		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
+		jetstream.WithPublishAsyncMaxPending(c.MaxInFlight),
+	}
+	if o.DefaultTimeout > 0 {
+		opts = append(opts, jetstream.WithDefaultTimeout(o.DefaultTimeout))
+	}
+	if o.ClientTrace != nil {
+		opts = append(opts, jetstream.WithClientTrace(o.ClientTrace))
+	}
+	switch {
+	case o.Domain != "":
+		return jetstream.NewWithDomain(js.Conn(), o.Domain, opts...)
+	case o.APIPrefix != "":
+		return jetstream.NewWithAPIPrefix(js.Conn(), o.APIPrefix, opts...)
+	}
+	return jetstream.New(js.Conn(), opts...)
+}
+
 // backoff is backoff.Exponential: base·2^(n-1) times a random factor in [1-jitter, 1+jitter],
 // capped at max (the cap holds after the jitter).
 var backoff = backoffpkg.Exponential
 
+// Health is a relay's state, as Relay.Health reports it and /readyz serves it.
+type Health string
+
+// A relay's states.
+const (
+	HealthStarting            Health = "starting"             // no round has ended yet
+	HealthOK                  Health = "ok"                   // publishing
+	HealthStandby             Health = "standby"              // every partition is held by another relay
+	HealthPostgresUnavailable Health = "postgres_unavailable" // backing off: PostgreSQL fails
+	HealthNATSUnavailable     Health = "nats_unavailable"     // backing off: NATS or JetStream fails
+)
+
+// healthState indexes healthStates; it is what the relay stores atomically.
 type healthState int32
 
 const (
-	healthStarting healthState = iota // no round has ended yet
+	healthStarting healthState = iota
 	healthOK
 	healthStandby
 	healthPostgresDown
 	healthNATSDown
 )
 
-func (h healthState) String() string {
-	switch h {
-	case healthStarting:
-		return "starting"
-	case healthOK:
-		return "ok"
-	case healthStandby:
-		return "standby"
-	case healthPostgresDown:
-		return "postgres_unavailable"
-	case healthNATSDown:
-		return "nats_unavailable"
-	}
-	return "unknown"
-}
+var healthStates = [...]Health{HealthStarting, HealthOK, HealthStandby, HealthPostgresUnavailable, HealthNATSUnavailable}
+
+func (h healthState) String() string { return string(healthStates[h]) }
 
 func classifyHealth(err error) healthState {
 	if errors.Is(err, ErrBrokerUnavailable) {
@@ -535,6 +580,6 @@ func (r *Relay) setHealth(h healthState, err error) {
 	}
 }
 
-// Health reports the relay's state: "starting" (until its first round ends), "ok",
-// "standby", "postgres_unavailable" or "nats_unavailable".
-func (r *Relay) Health() string { return healthState(r.health.Load()).String() }
+// Health reports the relay's state: HealthStarting until its first round ends, then HealthOK,
+// HealthStandby, HealthPostgresUnavailable or HealthNATSUnavailable.
+func (r *Relay) Health() Health { return healthStates[r.health.Load()] }

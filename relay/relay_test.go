@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"os"
@@ -165,8 +166,8 @@ func TestCommittedPublishedExactlyOnce(t *testing.T) {
 	if got := len(e.streamMsgs("ORDERS")); got != 3 {
 		t.Fatalf("stream holds %d after a second pass, want 3", got)
 	}
-	if r.Stats().Published.Load() != 3 || r.Stats().Duplicates.Load() != 0 {
-		t.Fatalf("stats published=%d duplicates=%d", r.Stats().Published.Load(), r.Stats().Duplicates.Load())
+	if r.Stats().Published != 3 || r.Stats().Duplicates != 0 {
+		t.Fatalf("stats published=%d duplicates=%d", r.Stats().Published, r.Stats().Duplicates)
 	}
 }
 
@@ -211,7 +212,7 @@ func TestCrashBetweenPublishAndSettle(t *testing.T) {
 			t.Fatalf("message %d has id %s", i, m.Header.Get("Nats-Msg-Id"))
 		}
 	}
-	if d := restarted.Stats().Duplicates.Load(); d != 2 {
+	if d := restarted.Stats().Duplicates; d != 2 {
 		t.Fatalf("duplicates reported = %d, want 2", d)
 	}
 	if n := e.count("true"); n != 0 {
@@ -257,8 +258,8 @@ func TestDeadAfterMaxAttemptsHoldsBackItsKeyOnly(t *testing.T) {
 	if len(msgs) != 2 || string(msgs[0].Data) != "other key" || string(msgs[1].Data) != "no key" {
 		t.Fatalf("stream = %d messages, want the other key's and the unkeyed one", len(msgs))
 	}
-	if r.Stats().Dead.Load() != 1 {
-		t.Fatalf("dead count = %d", r.Stats().Dead.Load())
+	if r.Stats().Dead != 1 {
+		t.Fatalf("dead count = %d", r.Stats().Dead)
 	}
 }
 
@@ -715,8 +716,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"CreateStream":  {CreateStream: "my.stream"},
 	} {
 		err := cfg.WithDefaults().validate()
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != field || !strings.Contains(err.Error(), "Config."+field) {
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Config."+field || !strings.Contains(err.Error(), "Config."+field) {
 			t.Errorf("%s: err = %v", field, err)
 		}
 	}

@@ -171,7 +171,7 @@ func TestNoAckStreamFailsItsSubjectOnly(t *testing.T) {
 	if got := payloads(e.streamMsgs("ORDERS")); got != "orders-unkeyed,orders-other" {
 		t.Fatalf("ORDERS holds %q, want only the healthy rows", got)
 	}
-	if r.Health() == healthNATSDown.String() {
+	if r.Health() == HealthNATSUnavailable {
 		t.Fatal("health is nats_unavailable")
 	}
 }
@@ -308,7 +308,7 @@ func TestNeverStorableMessageIsDeadAtOnce(t *testing.T) {
 	if n := logs.countMsg(slog.LevelError, "message is dead: it can never be published as it is (see its last_error)"); n != 2 {
 		t.Fatalf("%d dead-for-good lines, want 2", n)
 	}
-	if d := r.Stats().Dead.Load(); d != 2 {
+	if d := r.Stats().Dead; d != 2 {
 		t.Fatalf("dead = %d, want 2", d)
 	}
 }

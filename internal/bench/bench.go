@@ -1,7 +1,7 @@
-// Package bench implements outbox-bench, txoutbox's shared yardstick (DESIGN.md, "The shared
-// yardstick"): scenarios that measure the producer, the relay and the broker's own ceiling on
-// real services, check that nothing was lost or duplicated, and print one final line of
-// key=value pairs so that runs can be compared.
+// Package bench implements outbox-bench, txoutbox's shared yardstick (README, "Performance"):
+// scenarios that measure the producer, the relay and the broker's own ceiling on real
+// services, check that nothing was lost or duplicated, and print one final line of key=value
+// pairs so that runs can be compared.
 //
 // cmd/outbox-bench/main.go only calls Main. Each scenario lives in its own file and registers
 // itself with register in an init function.
@@ -63,13 +63,7 @@ var errUsage = errors.New("usage")
 // as it is.
 var ErrNotWired = errors.New("not wired")
 
-// notWired is an ErrNotWired error with its own message.
-type notWired struct{ msg string }
-
-func (e *notWired) Error() string        { return e.msg }
-func (e *notWired) Is(target error) bool { return target == ErrNotWired }
-
-const usage = `outbox-bench: txoutbox's shared yardstick (DESIGN.md, "The shared yardstick").
+const usage = `outbox-bench: txoutbox's shared yardstick (README, "Performance").
 
 Usage:
   outbox-bench <scenario> [flags]

@@ -317,20 +317,31 @@ func TestPercentile(t *testing.T) {
 
 func TestProcCPUReadsThisProcess(t *testing.T) {
 	t.Parallel()
+	// Compare with getrusage, not with the wall clock: on a loaded machine a busy loop gets
+	// little of the CPU. The reads are nested (procCPU outside) so procCPU's delta covers
+	// getrusage's, less the 10ms clock-tick granularity of /proc at each end.
+	rusage := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
 	before, err := procCPU(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(300 * time.Millisecond)
+	r0 := rusage()
 	x := 0
-	for time.Now().Before(deadline) {
+	for rusage()-r0 < 200*time.Millisecond {
 		x++
 	}
+	r1 := rusage()
 	after, err := procCPU(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after-before < 100*time.Millisecond {
-		t.Fatalf("300ms of busy loop counted as %s of CPU (x=%d)", after-before, x)
+	if got, want := after-before, r1-r0; got < want-30*time.Millisecond {
+		t.Fatalf("procCPU counted %s while getrusage counted %s (x=%d)", got, want, x)
 	}
 }

@@ -269,7 +269,7 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 	runDone := make(chan struct{})
 	t0 := time.Now()
 	go func() { runErr = c.Run(runCtx); close(runDone) }()
-	res.dur, err = waitForConsumer(ctx, r, m.name, c.Stats(), int64(o.msgs), t0, o.stall, runDone)
+	res.dur, err = waitForConsumer(ctx, r, m.name, c.Stats, int64(o.msgs), t0, o.stall, runDone)
 	if err != nil {
 		stop()
 		<-runDone
@@ -291,12 +291,12 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 
 	// 4. Check: every message took effect exactly once, nothing dead, nothing unacked.
 	st := c.Stats()
-	res.processed, res.dedupSkips, res.retries = st.Processed.Load(), st.Duplicates.Load(), st.Retries.Load()
+	res.processed, res.dedupSkips, res.retries = st.Processed, st.Duplicates, st.Retries
 	deadMsgs, err := streamMsgs(ctx, dead)
 	if err != nil {
 		return res, err
 	}
-	res.deadLettered = max(st.DeadLettered.Load(), int64(deadMsgs))
+	res.deadLettered = max(st.DeadLettered, int64(deadMsgs))
 	cons, err := r.JS.Consumer(ctx, stream, durable)
 	if err != nil {
 		return res, err
@@ -328,10 +328,11 @@ func accountOf(set *msgSet, id string, accounts int) (int, error) {
 
 // waitForConsumer polls the consumer's stats until want messages are processed (or dead) and
 // returns the time since t0. It fails when nothing happens for stall, or when Run returns.
-func waitForConsumer(ctx context.Context, r *run, mode string, st *consumer.Stats, want int64, t0 time.Time, stall time.Duration, runDone <-chan struct{}) (time.Duration, error) {
-	done := func() int64 { return st.Processed.Load() + st.DeadLettered.Load() }
+func waitForConsumer(ctx context.Context, r *run, mode string, stats func() consumer.Stats, want int64, t0 time.Time, stall time.Duration, runDone <-chan struct{}) (time.Duration, error) {
+	done := func() int64 { st := stats(); return st.Processed + st.DeadLettered }
 	stopProgress := progress(r, 2*time.Second, func() string {
-		return fmt.Sprintf("%s: %d/%d processed (retries %d, dead letters %d)", mode, st.Processed.Load(), want, st.Retries.Load(), st.DeadLettered.Load())
+		st := stats()
+		return fmt.Sprintf("%s: %d/%d processed (retries %d, dead letters %d)", mode, st.Processed, want, st.Retries, st.DeadLettered)
 	})
 	defer stopProgress()
 	last, lastGain := int64(0), time.Now()

@@ -150,7 +150,7 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	relayRate := float64(o.msgs) / relayDur.Seconds()
 	claim, settle := sqlt.get("claim"), sqlt.get("settle")
 	r.logf("relay: %d messages stored in %s (%.0f msgs/s, %.2f µs/msg, %d batches)", o.msgs, relayDur.Round(time.Millisecond),
-		relayRate, relayDur.Seconds()*1e6/float64(o.msgs), rl.Stats().Batches.Load())
+		relayRate, relayDur.Seconds()*1e6/float64(o.msgs), rl.Stats().Batches)
 	r.logf("relay: wall time in claim queries %s; in settle statements %s; the rest (publishing, awaiting PubAcks, the loop) %s",
 		claim, settle, (relayDur - claim.total - settle.total).Round(time.Millisecond))
 
@@ -172,7 +172,7 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	}
 	wantBusiness := int64((o.msgs + o.perTx - 1) / o.perTx)
 	r.logf("check: %s; business rows %d (want %d); relay stats published=%d duplicate_acks=%d failed=%d dead=%d",
-		res, business, wantBusiness, rl.Stats().Published.Load(), rl.Stats().Duplicates.Load(), rl.Stats().Failed.Load(), rl.Stats().Dead.Load())
+		res, business, wantBusiness, rl.Stats().Published, rl.Stats().Duplicates, rl.Stats().Failed, rl.Stats().Dead)
 
 	ratio := 0.0
 	if ceilRate > 0 {
@@ -186,7 +186,7 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 		"relay_s", relayDur.Seconds(),
 		"ceiling_s", ceilDur.Seconds(),
 		"enqueue_msgs_per_s", enqRate,
-		"batches", rl.Stats().Batches.Load(),
+		"batches", rl.Stats().Batches,
 		"claim_s", claim.total.Seconds(),
 		"settle_s", settle.total.Seconds(),
 		"keys", o.keys,
@@ -198,9 +198,9 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 		return fmt.Errorf("%w: stream %s: %s", ErrCheckFailed, stream, res)
 	case business != wantBusiness:
 		return fmt.Errorf("%w: %d business rows, want %d", ErrCheckFailed, business, wantBusiness)
-	case rl.Stats().Published.Load() != int64(o.msgs) || rl.Stats().Dead.Load() != 0:
+	case rl.Stats().Published != int64(o.msgs) || rl.Stats().Dead != 0:
 		return fmt.Errorf("%w: relay settled %d published and %d dead rows, want %d and 0", ErrCheckFailed,
-			rl.Stats().Published.Load(), rl.Stats().Dead.Load(), o.msgs)
+			rl.Stats().Published, rl.Stats().Dead, o.msgs)
 	}
 	return nil
 }

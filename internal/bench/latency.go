@@ -204,7 +204,7 @@ func latency(ctx context.Context, r *run, o *latencyOpts) error {
 	// consumer missed it.
 	dups := res.Duplicates + max(0, int(stored)-n-res.Duplicates-res.Unknown)
 	r.logf("check: %s; stream holds %d; business rows %d (want %d); outbox rows left %d; relay duplicate_acks=%d",
-		res, stored, business, n, left, rl.Stats().Duplicates.Load())
+		res, stored, business, n, left, rl.Stats().Duplicates)
 	r.result("tx", n,
 		"p50_ms", ms(percentile(storedLat, 0.50)),
 		"p90_ms", ms(percentile(storedLat, 0.90)),

@@ -200,7 +200,11 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	defer func() { _ = obs.Unsubscribe() }()
 
 	// The checker of the payments group lives with the producers.
-	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, nil)
+	outboxID, err := checkback.OutboxIdentity(ctx, c.pool, chaosSchema)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := checkback.Serve(c.nc, paymentsGroup, c.chk.check, &checkback.ServeOptions{Outbox: outboxID})
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +327,7 @@ func (c *chaos) setup(ctx context.Context) error {
 	if c.relayBin = c.cfg.RelayBin; c.relayBin == "" {
 		c.relayBin = filepath.Join(c.workDir, "relay")
 		c.say("building the relay: go build -o %s github.com/txoutbox/txoutbox/cmd/relay", c.relayBin)
-		if out, err := exec.CommandContext(ctx, goTool(), "build", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, goTool(), "build", "-tags", "txoutbox_fault", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
 			return fmt.Errorf("chaos: build the relay (run from inside the txoutbox module, or pass -relay-bin): %w\n%s", err, out)
 		}
 	}

@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -19,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
-	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
@@ -126,8 +126,8 @@ func (s *consumerSup) totals() [6]int64 {
 	return t
 }
 
-func statsOf(st *consumer.Stats) [6]int64 {
-	return [6]int64{st.Processed.Load(), st.Duplicates.Load(), st.Retries.Load(), st.DeadLettered.Load(), st.Unavailable.Load(), st.AckFailures.Load()}
+func statsOf(st consumer.Stats) [6]int64 {
+	return [6]int64{st.Processed, st.Duplicates, st.Retries, st.DeadLettered, st.Unavailable, st.AckFailures}
 }
 
 // Result is what a demo run did (the counters of its components) and found (the end state).
@@ -288,7 +288,11 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	}
 	r.prod = &producer{pool: r.pool, client: client, customers: 50, skus: 20}
 	r.chk = &checker{pool: r.pool, giveUp: demoGiveUp}
-	srv, err := checkback.Serve(r.nc, paymentsGroup, r.chk.check, &checkback.ServeOptions{Logger: r.log})
+	outboxID, err := checkback.OutboxIdentity(ctx, r.pool, r.schema)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := checkback.Serve(r.nc, paymentsGroup, r.chk.check, &checkback.ServeOptions{Logger: r.log, Outbox: outboxID})
 	if err != nil {
 		return nil, fmt.Errorf("serve the payments checker: %w", err)
 	}
@@ -405,7 +409,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	}
 	ct := r.cons.totals()
 	res := &Result{
-		Tally: t, RelayDuplicates: r.relay.Stats().Duplicates.Load(),
+		Tally: t, RelayDuplicates: r.relay.Stats().Duplicates,
 		ConsumerCrashes: r.cons.crashes.Load(), ConsumerProcessed: ct[0], ConsumerDuplicates: ct[1], ConsumerRetries: ct[2], ConsumerDeadLettered: ct[3],
 		CheckerCommit: r.chk.commit.Load(), CheckerRollback: r.chk.rollback.Load(), CheckerUnknown: r.chk.unknown.Load(),
 		Elapsed: elapsed,
@@ -501,16 +505,16 @@ func (r *run) superviseConsumer(ctx context.Context) {
 	}
 	defer pool.Close()
 	inv := &inventory{}
+	var db txoutbox.Beginner = pool
 	if r.cfg.ConsumerCrash > 0 {
-		_ = fault.Arm(fault.ConsumerAfterCommit, r.cfg.ConsumerCrash, func(string) {
+		db = &crashAfterCommit{db: pool, p: r.cfg.ConsumerCrash, crash: func() {
 			r.cons.mu.Lock()
 			crash := r.cons.crash
 			r.cons.mu.Unlock()
 			if crash != nil {
 				crash()
 			}
-		})
-		defer fault.Disarm(fault.ConsumerAfterCommit)
+		}}
 	}
 	for ctx.Err() == nil {
 		nc, err := connectNATS(r.svc.NATSURL, "txoutbox-demo-consumer")
@@ -519,7 +523,7 @@ func (r *run) superviseConsumer(ctx context.Context) {
 			return
 		}
 		js, _ := jetstream.New(nc)
-		c, err := consumer.New(pool, js, inv.handle, &consumer.Config{
+		c, err := consumer.New(db, js, inv.handle, &consumer.Config{
 			Stream: streamName, Durable: durableName, Schema: r.schema, Concurrency: 4,
 			MaxDeliveries: 5, BackoffBase: 200 * time.Millisecond, BackoffMax: time.Second,
 			AckWait: demoAckWait, Logger: r.log, Registerer: r.registerer(),
@@ -579,7 +583,7 @@ func (r *run) progress(ctx context.Context, ev *events) (int64, error) {
 		time.Since(r.start).Seconds(),
 		p.ordersCommitted.Load()+p.ordersPoisoned.Load()+p.ordersRolledBack.Load(), r.cfg.Orders,
 		p.paymentsPrepared.Load(), r.cfg.Payments,
-		rs.Published.Load(), effects, ct[1], ct[2], ct[3], open)
+		rs.Published, effects, ct[1], ct[2], ct[3], open)
 	tell := func(seen *int64, now int64, format string, args ...any) {
 		if now > *seen {
 			if *seen == 0 {
@@ -591,7 +595,7 @@ func (r *run) progress(ctx context.Context, ev *events) (int64, error) {
 	if r.loss != nil {
 		tell(&ev.lost, r.loss.Dropped(), "a PubAck was lost on the wire: the relay's publish timed out, the row stayed ready and was published again")
 	}
-	tell(&ev.dups, rs.Duplicates.Load(), "JetStream answered a republish with \"duplicate\" (same Nats-Msg-Id within its 2m window): stored once")
+	tell(&ev.dups, rs.Duplicates, "JetStream answered a republish with \"duplicate\" (same Nats-Msg-Id within its 2m window): stored once")
 	tell(&ev.crashes, r.cons.crashes.Load(), "the consumer crashed after its commit, before its ack; restarted: JetStream redelivers after the ack wait, the dedup row turns it into a duplicate")
 	tell(&ev.retries, ct[2], "a poisoned order failed in the consumer: rolled back (dedup row too), nak'ed with a growing delay")
 	tell(&ev.dead, ct[3], "a poisoned order failed its last delivery: published to %s%s with its error, then terminated", consumer.DefaultDeadLetterPrefix, durableName)
@@ -662,14 +666,14 @@ func (r *run) summary(t *Tally, elapsed time.Duration) {
 	line("  checker answers (COMMIT / ROLLBACK / UNKNOWN)", "%d / %d / %d", r.chk.commit.Load(), r.chk.rollback.Load(), r.chk.unknown.Load())
 	line("  still prepared", "%d", t.HalfUnsettled)
 	r.say("  Relay → JetStream")
-	line("messages published (settled by the relay)", "%d", rs.Published.Load())
+	line("messages published (settled by the relay)", "%d", rs.Published)
 	line("messages stored in the stream (distinct message ids)", "%d (%d)", t.StreamMsgs, t.StreamDistinctIDs)
 	lost := int64(0)
 	if r.loss != nil {
 		lost = r.loss.Dropped()
 	}
 	line("PubAcks lost on the wire (the relay published again)", "%d", lost)
-	line("republishes dropped by JetStream as duplicates", "%d", rs.Duplicates.Load())
+	line("republishes dropped by JetStream as duplicates", "%d", rs.Duplicates)
 	r.say("  Consumer (inventory/points)")
 	line("deliveries handled", "%d", ct[0]+ct[1]+ct[2]+ct[3]+ct[4])
 	line("effects applied (ledger rows)", "%d = %d orders + %d payments", t.Effects, t.OrderEffects, t.PaymentEffects)

@@ -45,7 +45,7 @@ func relayBinary(t *testing.T) string {
 			return
 		}
 		relayBin = filepath.Join(buildDir, "relay")
-		out, err := exec.Command(goTool(), "build", "-o", relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput()
+		out, err := exec.Command(goTool(), "build", "-tags", "txoutbox_fault", "-o", relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput()
 		if err != nil {
 			relayErr = &buildError{err: err, out: string(out)}
 		}

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"github.com/txoutbox/txoutbox/relay"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -40,8 +41,8 @@ func (r *run) serveMetrics() error {
 			if st := r.nc.Status(); st != nats.CONNECTED {
 				problems = append(problems, "nats: "+st.String())
 			}
-			if h := r.relay.Health(); h != "ok" && h != "standby" {
-				problems = append(problems, "relay: "+h)
+			if h := r.relay.Health(); h != relay.HealthOK && h != relay.HealthStandby {
+				problems = append(problems, "relay: "+string(h))
 			}
 			return problems
 		},
@@ -50,8 +51,8 @@ func (r *run) serveMetrics() error {
 		},
 		Self: func() ops.Self {
 			l := r.relay.Lease()
-			return ops.Self{Name: r.relay.Config().ID, Health: r.relay.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
-				Published: r.relay.Stats().Published.Load()}
+			return ops.Self{Name: r.relay.Config().ID, Health: string(r.relay.Health()), Held: l.Held, Target: l.Target, Relays: l.Relays,
+				Published: r.relay.Stats().Published}
 		},
 	})
 	if err != nil {

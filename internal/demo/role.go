@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"time"
@@ -26,9 +27,16 @@ type consumerRole struct {
 const statsPrefix = "stats "
 
 func runConsumerRole(ctx context.Context, o consumerRole, stdout, stderr io.Writer) int {
-	if o.Faults != "" {
-		if err := fault.ArmSpec(o.Faults, nil); err != nil {
-			fmt.Fprintf(stderr, "consumer: %v\n", err)
+	// The consumer's crash point (fault.ConsumerAfterCommit) is the demo's own: a database
+	// handle that kills the process after a commit, before the ack (see crashAfterCommit).
+	points, err := fault.ParseSpec(o.Faults)
+	if err != nil {
+		fmt.Fprintf(stderr, "consumer: %v\n", err)
+		return 2
+	}
+	for name := range points {
+		if name != fault.ConsumerAfterCommit {
+			fmt.Fprintf(stderr, "consumer: fault point %s is not the consumer's\n", name)
 			return 2
 		}
 	}
@@ -51,7 +59,11 @@ func runConsumerRole(ctx context.Context, o consumerRole, stdout, stderr io.Writ
 		return 1
 	}
 	inv := &inventory{poisonPermanent: true}
-	c, err := consumer.New(pool, js, inv.handle, &consumer.Config{
+	var db txoutbox.Beginner = pool
+	if p := points[fault.ConsumerAfterCommit]; p > 0 {
+		db = &crashAfterCommit{db: pool, p: p, crash: func() { fault.Kill(fault.ConsumerAfterCommit) }}
+	}
+	c, err := consumer.New(db, js, inv.handle, &consumer.Config{
 		Stream: streamName, Durable: durableName, Schema: o.Schema, Concurrency: 4, BatchSize: max(o.BatchSize, 1),
 		// Kills inflate delivery counts; poisoned messages are dead-lettered at once (Permanent),
 		// so a generous limit only keeps unlucky healthy messages out of the dead letters.

@@ -5,6 +5,7 @@
 package embedded
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -25,6 +26,7 @@ type NATS struct {
 	ownStore bool
 	user     string
 	password string
+	opts     NATSOptions
 }
 
 // NATSOptions configures StartNATS.
@@ -35,11 +37,25 @@ type NATSOptions struct {
 	Port int
 	// Username and Password, when set, are the only credentials the server accepts.
 	Username, Password string
+	// NKeys, when set, are the public keys (U...) of the NKey users the server accepts (with
+	// Username and Password, if set too).
+	NKeys []string
+	// TLS, when set, makes the server accept TLS connections only, with this configuration;
+	// ClientAuth tls.RequireAndVerifyClientCert (and ClientCAs) make it verify client
+	// certificates. Defaults to no TLS.
+	TLS *tls.Config
+	// TLSHandshakeFirst makes the server expect the TLS handshake before its INFO (clients
+	// connect with nats.TLSHandshakeFirst). Needs TLS.
+	TLSHandshakeFirst bool
+	// Token, when set, is the authentication token the server wants.
+	Token string
+	// Configure, when set, changes the server's options last (operator mode, accounts, ...).
+	Configure func(*server.Options)
 }
 
 // StartNATS starts a JetStream-enabled nats-server on 127.0.0.1.
 func StartNATS(opts NATSOptions) (*NATS, error) {
-	n := &NATS{StoreDir: opts.StoreDir, Port: opts.Port, user: opts.Username, password: opts.Password}
+	n := &NATS{StoreDir: opts.StoreDir, Port: opts.Port, user: opts.Username, password: opts.Password, opts: opts}
 	if n.StoreDir == "" {
 		dir, err := os.MkdirTemp("", "txoutbox-nats-")
 		if err != nil {
@@ -67,7 +83,7 @@ func (n *NATS) start() error {
 	var lastErr error
 	// The port may be briefly unavailable right after a restart; retry a little.
 	for i := 0; i < 50; i++ {
-		srv, err := server.NewServer(&server.Options{
+		so := &server.Options{
 			ServerName:             "txoutbox-embedded",
 			Host:                   "127.0.0.1",
 			Port:                   n.Port,
@@ -78,7 +94,22 @@ func (n *NATS) start() error {
 			DisableJetStreamBanner: true,
 			Username:               n.user,
 			Password:               n.password,
-		})
+		}
+		for _, k := range n.opts.NKeys {
+			so.Nkeys = append(so.Nkeys, &server.NkeyUser{Nkey: k})
+		}
+		if n.opts.TLS != nil {
+			so.TLS = true
+			so.TLSConfig = n.opts.TLS.Clone()
+			so.TLSVerify = n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+			so.TLSHandshakeFirst = n.opts.TLSHandshakeFirst
+			so.TLSTimeout = 2
+		}
+		so.Authorization = n.opts.Token
+		if n.opts.Configure != nil {
+			n.opts.Configure(so)
+		}
+		srv, err := server.NewServer(so)
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)
 		}

@@ -44,6 +44,20 @@ type PostgresOptions struct {
 	// (scram-sha-256); connections over the cluster's Unix socket stay trusted. Defaults to
 	// trust for every connection.
 	Password string
+	// TLS, when set, turns ssl on with these files, and TCP connections must use TLS.
+	// Defaults to no TLS.
+	TLS *PostgresTLS
+}
+
+// PostgresTLS are the server's certificate files (PEM). They are copied into the cluster's
+// directory, readable by the server only.
+type PostgresTLS struct {
+	CertFile, KeyFile string
+	// CAFile verifies client certificates (ssl_ca_file). Required with ClientCert.
+	CAFile string
+	// ClientCert makes TCP connections present a client certificate signed by CAFile whose
+	// common name is the user name (pg_hba clientcert=verify-full).
+	ClientCert bool
 }
 
 // FindPostgresBinaries returns the directory holding initdb and pg_ctl: PATH first, then the
@@ -130,6 +144,13 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("embedded postgres: initdb: %w\n%s", err, out)
 	}
+	var sslOpts string
+	if opts.TLS != nil {
+		if sslOpts, err = p.setupTLS(opts.TLS, opts.Password != ""); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	fsync := "off"
 	if opts.Fsync {
 		fsync = "on"
@@ -138,6 +159,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if !opts.Fsync {
 		serverOpts += " -c synchronous_commit=off -c full_page_writes=off"
 	}
+	serverOpts += sslOpts
 	logf("embedded postgres: starting on 127.0.0.1:%d", port)
 	if out, err := p.run(ctx, "pg_ctl", "-D", data, "-o", serverOpts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
@@ -145,6 +167,62 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		return nil, fmt.Errorf("embedded postgres: pg_ctl start: %w\n%s\n%s", err, out, log)
 	}
 	return p, nil
+}
+
+// setupTLS copies the certificate files into the cluster directory (owned by the server's
+// user, mode 0600), writes a pg_hba.conf that takes TCP connections over TLS only (with a
+// client certificate when asked), and returns the server options that turn ssl on.
+func (p *Postgres) setupTLS(t *PostgresTLS, password bool) (string, error) {
+	if t.CertFile == "" || t.KeyFile == "" || (t.ClientCert && t.CAFile == "") {
+		return "", errors.New("embedded postgres: TLS needs CertFile and KeyFile, and CAFile with ClientCert")
+	}
+	write := func(name string, content []byte) (string, error) {
+		path := filepath.Join(p.Dir, name)
+		if err := os.WriteFile(path, content, 0o600); err != nil {
+			return "", fmt.Errorf("embedded postgres: %w", err)
+		}
+		if p.cred != nil {
+			if err := os.Chown(path, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+				return "", fmt.Errorf("embedded postgres: %w", err)
+			}
+		}
+		return path, nil
+	}
+	copyFile := func(src, name string) (string, error) {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return "", fmt.Errorf("embedded postgres: %w", err)
+		}
+		return write(name, b)
+	}
+	cert, err := copyFile(t.CertFile, "server.crt")
+	if err != nil {
+		return "", err
+	}
+	key, err := copyFile(t.KeyFile, "server.key")
+	if err != nil {
+		return "", err
+	}
+	opts := fmt.Sprintf(" -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s", cert, key)
+	if t.CAFile != "" {
+		ca, err := copyFile(t.CAFile, "ca.crt")
+		if err != nil {
+			return "", err
+		}
+		opts += " -c ssl_ca_file=" + ca
+	}
+	method := "trust"
+	if password {
+		method = "scram-sha-256"
+	}
+	if t.ClientCert {
+		method += " clientcert=verify-full"
+	}
+	hba := "local all all trust\nhostnossl all all all reject\nhostssl all all all " + method + "\n"
+	if _, err := write(filepath.Join("data", "pg_hba.conf"), []byte(hba)); err != nil {
+		return "", err
+	}
+	return opts, nil
 }
 
 // DSN is a connection string for the cluster's postgres database (with the password, if the

@@ -6,14 +6,16 @@
 // would, after writing KillMarker and the point's name to stderr so that a supervisor can tell
 // an injected death from any other.
 //
-// Points are armed by the programs that want them (`relay run --fault`, the demo's consumer
-// role), never by this package on its own: a production process has nothing armed.
+// Points are armed by the programs that want them (`relay run --fault`), never by this package
+// on its own, and only in binaries built with the build tag txoutbox_fault (the crash tests
+// and the chaos proof build the relay so). Without it, which is how every production binary is
+// built, Point compiles to nothing and Arm returns ErrNotCompiled: no flag, environment
+// variable or input can make a production process kill itself.
 package fault
 
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -31,7 +33,8 @@ const (
 	// stream), and the batch is not settled yet (its rows are still ready in the outbox).
 	RelayBeforeSettle = "relay.before-settle"
 	// ConsumerAfterCommit: a consumer transaction (dedup row and business effect) committed,
-	// and its messages are not acked yet.
+	// and its messages are not acked yet. The consumer package has no point of its own: the
+	// demo's consumer role fires it from the database handle it gives the consumer.
 	ConsumerAfterCommit = "consumer.after-commit"
 )
 
@@ -46,6 +49,8 @@ var (
 	// ErrBadSpec: a specification that is not name=probability[,name=probability...] with
 	// probabilities in (0, 1].
 	ErrBadSpec = errors.New("fault: invalid specification")
+	// ErrNotCompiled: Arm in a binary built without the txoutbox_fault build tag.
+	ErrNotCompiled = errors.New("fault: fault injection is not compiled in (build with -tags txoutbox_fault)")
 )
 
 var known = []string{RelayBeforeSettle, ConsumerAfterCommit}
@@ -53,72 +58,10 @@ var known = []string{RelayBeforeSettle, ConsumerAfterCommit}
 // Points returns the names of the points compiled into txoutbox.
 func Points() []string { return slices.Clone(known) }
 
+var hits sync.Map // name -> *atomic.Int64
+
 // Action is what an armed point does when it fires.
 type Action func(point string)
-
-type armed struct {
-	prob   float64
-	action Action
-}
-
-var (
-	anyArmed atomic.Bool
-	mu       sync.RWMutex
-	table    = map[string]*armed{}
-	hits     sync.Map // name -> *atomic.Int64
-)
-
-// Point marks a fault-injection point. When name is armed it fires with the armed probability:
-// it counts a hit and runs the action (Kill unless another was given), in the caller's
-// goroutine, before the caller goes on.
-func Point(name string) {
-	if !anyArmed.Load() {
-		return
-	}
-	mu.RLock()
-	a := table[name]
-	mu.RUnlock()
-	if a == nil || (a.prob < 1 && rand.Float64() >= a.prob) {
-		return
-	}
-	counter(name).Add(1)
-	act := a.action
-	if act == nil {
-		act = Kill
-	}
-	act(name)
-}
-
-// Arm arms the point name with a probability in (0, 1] and an action (nil means Kill).
-// Arming an armed point replaces its setting.
-func Arm(name string, probability float64, action Action) error {
-	if !slices.Contains(known, name) {
-		return fmt.Errorf("%w %q (known: %s)", ErrUnknownPoint, name, strings.Join(known, ", "))
-	}
-	if !(probability > 0 && probability <= 1) {
-		return fmt.Errorf("%w: probability of %q must be in (0, 1], got %v", ErrBadSpec, name, probability)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	table[name] = &armed{prob: probability, action: action}
-	anyArmed.Store(true)
-	return nil
-}
-
-// ArmSpec arms every point of a specification (see ParseSpec) with action (nil means Kill).
-// Nothing is armed when the specification is invalid.
-func ArmSpec(spec string, action Action) error {
-	points, err := ParseSpec(spec)
-	if err != nil {
-		return err
-	}
-	for name, p := range points {
-		if err := Arm(name, p, action); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // ParseSpec parses "name=probability[,name=probability...]", for example
 // "relay.before-settle=0.02". A name without "=probability" means probability 1. Spaces
@@ -148,23 +91,6 @@ func ParseSpec(spec string) (map[string]float64, error) {
 		out[name] = p
 	}
 	return out, nil
-}
-
-// Disarm disarms one point.
-func Disarm(name string) {
-	mu.Lock()
-	defer mu.Unlock()
-	delete(table, name)
-	anyArmed.Store(len(table) > 0)
-}
-
-// Reset disarms every point and clears the hit counts.
-func Reset() {
-	mu.Lock()
-	defer mu.Unlock()
-	clear(table)
-	anyArmed.Store(false)
-	hits.Clear()
 }
 
 // Hits returns how many times the point fired since the last Reset.

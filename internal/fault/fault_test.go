@@ -1,3 +1,5 @@
+//go:build txoutbox_fault
+
 package fault_test
 
 import (

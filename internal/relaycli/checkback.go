@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"io"
 	"sort"
 	"strings"
@@ -33,7 +34,7 @@ var checkbackFieldFlags = map[string]string{
 	"Schema": "schema", "TransactionTimeout": "check-transaction-timeout", "MaxChecks": "check-max",
 	"RequestTimeout": "check-request-timeout", "BackoffBase": "check-backoff-base", "BackoffMax": "check-backoff-max",
 	"BackoffJitter": "check-backoff-jitter", "BatchSize": "check-batch-size", "GroupConcurrency": "check-group-concurrency",
-	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "ResolveSchedule": "check-schedule",
+	"GroupRate": "check-group-rate", "SubjectPrefix": "check-subject-prefix", "Outbox": "check-outbox", "ResolveSchedule": "check-schedule",
 	"StaleSchedule": "stale-schedule", "PurgeSchedule": "purge-schedule", "StaleReadyAfter": "stale-ready-after",
 	"PublishedRetention": "retention", "RolledBackRetention": "rolled-back-retention", "DedupRetention": "dedup-retention",
 	"PurgeBatchSize": "purge-batch-size",
@@ -43,26 +44,27 @@ var checkbackFieldFlags = map[string]string{
 // run has its own, shared with the relay).
 func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) {
 	sec := s.Section("Check-back (half messages, stale rows, retention)")
-	s.Duration(&c.TransactionTimeout, "check-transaction-timeout", "", checkback.DefaultTransactionTimeout, "check a half message once it has been prepared this long")
+	s.Duration(&c.TransactionTimeout, "check-transaction-timeout", "", checkback.DefaultTransactionTimeout, "check a half message once it has been prepared this long (0: at once)")
 	sec("check-transaction-timeout")
 	s.Int(&c.MaxChecks, "check-max", "", checkback.DefaultMaxChecks, "inconclusive checks before a half message is check_exhausted")
 	s.Duration(&c.RequestTimeout, "check-request-timeout", "", checkback.DefaultRequestTimeout, "wait for a checker's answer at most")
 	s.Duration(&c.BackoffBase, "check-backoff-base", "", checkback.DefaultBackoffBase, "delay after the first inconclusive check (doubles after each)")
 	s.Duration(&c.BackoffMax, "check-backoff-max", "", checkback.DefaultBackoffMax, "longest delay between checks")
-	s.Float(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "random spread of the delay between checks, a fraction in [0, 1)")
+	s.Float(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "random spread of the delay between checks, a fraction in [0, 1) (0: none)")
 	s.Int(&c.BatchSize, "check-batch-size", "", checkback.DefaultBatchSize, "half messages one resolve pass takes at most (per mode)")
 	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
 	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most")
 	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
+	s.String(&c.Outbox, "check-outbox", "", "", "name of this outbox in check requests; checkers answer only their own outbox's (default <database system identifier>/<database>/<schema>, see checkback.OutboxIdentity)")
 	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
 	s.String(&c.StaleSchedule, "stale-schedule", "", checkback.DefaultStaleSchedule, "when to report stale ready rows (cron spec, @every <duration>, or off)")
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
 	s.String(&c.PurgeSchedule, "purge-schedule", "", checkback.DefaultPurgeSchedule, "when to purge rows past their retention (cron spec, @every <duration>, or off)")
 	if withRetention {
-		s.Duration(&c.PublishedRetention, "retention", "", 0, "purge published rows older than this (set it to the relay's --retention; 0 leaves them alone)")
+		s.DurationOr(&c.PublishedRetention, "retention", "", checkback.DefaultPublishedRetention, "forever", "purge published rows older than this (set it to the relay's --retention; forever leaves them alone)")
 	}
-	s.Duration(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "purge rolled back half messages older than this")
-	s.Duration(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "purge consumer dedup rows older than this (keep several times the longest redelivery window)")
+	s.DurationOr(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "forever", "purge rolled back half messages older than this (forever: never)")
+	s.DurationOr(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "forever", "purge consumer dedup rows older than this (keep several times the longest redelivery window; forever: never)")
 	s.Int(&c.PurgeBatchSize, "purge-batch-size", "", checkback.DefaultPurgeBatchSize, "rows one purge statement deletes at most")
 }
 
@@ -70,11 +72,12 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 // defaults, then validates the configuration.
 func checkCheckbackFlags(c *checkback.Config) error {
 	for name, v := range map[string]int64{
-		"check-transaction-timeout": int64(c.TransactionTimeout), "check-max": int64(c.MaxChecks),
+		"check-max":             int64(c.MaxChecks),
 		"check-request-timeout": int64(c.RequestTimeout), "check-backoff-base": int64(c.BackoffBase),
 		"check-backoff-max": int64(c.BackoffMax), "check-batch-size": int64(c.BatchSize),
 		"check-group-concurrency": int64(c.GroupConcurrency), "stale-ready-after": int64(c.StaleReadyAfter),
-		"rolled-back-retention": int64(c.RolledBackRetention), "dedup-retention": int64(c.DedupRetention),
+		"rolled-back-retention": posOrForever(c.RolledBackRetention), "dedup-retention": posOrForever(c.DedupRetention),
+		"retention":        posOrForever(c.PublishedRetention),
 		"purge-batch-size": int64(c.PurgeBatchSize),
 	} {
 		if v <= 0 {
@@ -84,17 +87,30 @@ func checkCheckbackFlags(c *checkback.Config) error {
 	if c.GroupRate <= 0 {
 		return usageErr("invalid --check-group-rate: must be positive")
 	}
+	// Command-line values are literal: 0 means none (txoutbox.Off) where checkback.Config
+	// would read it as "the default".
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = txoutbox.Off
+	}
 	if c.BackoffJitter == 0 {
-		return usageErr("invalid --check-backoff-jitter: 0 would mean the default (%g); use a small value such as 0.01", checkback.DefaultBackoffJitter)
+		c.BackoffJitter = txoutbox.Off
 	}
 	return checkbackConfigErr(checkback.ValidateConfig(c))
 }
 
-// checkbackConfigErr turns a checkback.ConfigError into a usage error naming the flag.
+// posOrForever maps txoutbox.Forever to 1 for the positive check: it is allowed.
+func posOrForever(d time.Duration) int64 {
+	if d == txoutbox.Forever {
+		return 1
+	}
+	return int64(d)
+}
+
+// checkbackConfigErr turns a checkback configuration error into a usage error naming the flag.
 func checkbackConfigErr(err error) error {
-	var ce *checkback.ConfigError
+	var ce *txoutbox.ConfigError
 	if errors.As(err, &ce) {
-		if name, ok := checkbackFieldFlags[ce.Field]; ok {
+		if name, ok := checkbackFieldFlags[strings.TrimPrefix(ce.Field, "Config.")]; ok {
 			return usageErr("invalid --%s: %s", name, ce.Reason)
 		}
 	}
@@ -105,12 +121,14 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, natsURL, schema, metricsAddr, logFormat, level string
 	var once bool
 	var cfg checkback.Config
+	var auth natsAuth
 	s := newSettings("checkback", checkbackUsage, env.Stderr, env.Getenv)
 	sec := s.Section("Connections")
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	sec("database-url")
 	s.String(&natsURL, "nats-url", "NATS_URL", DefaultNATSURL, "NATS server URL (checkers are asked over it)")
-	s.String(&schema, "schema", "", checkback.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
+	defineNATSAuthFlags(s, &auth)
 	sec = s.Section("Mode")
 	s.Bool(&once, "once", "", false, "run each job once (those not scheduled off), print what they did, and exit")
 	sec("once")
@@ -125,6 +143,10 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
 	if err := checkNATSURL(natsURL); err != nil {
+		return err
+	}
+	natsOpts, err := auth.options()
+	if err != nil {
 		return err
 	}
 	if dsn == "" {
@@ -158,7 +180,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		defer srv.Close()
 		target = t
 	}
-	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, Schema: schema, Log: log,
+	c, err := connect(ctx, connectOptions{DSN: dsn, NATSURL: natsURL, NeedNATS: true, NATSAuth: natsOpts, Schema: schema, Log: log,
 		AppName: "txoutbox-checkback", Wait: !once, Waiting: waiting})
 	if err != nil {
 		return err
@@ -207,7 +229,7 @@ func printReport(w io.Writer, r *checkback.Report, cfg *checkback.Config) {
 	if r == nil {
 		return
 	}
-	if cfg.ResolveSchedule != checkback.Off {
+	if cfg.ResolveSchedule != checkback.ScheduleOff {
 		inconclusive := 0
 		var parts []string
 		keys := make([]string, 0, len(r.Resolve.Checks))
@@ -228,11 +250,11 @@ func printReport(w io.Writer, r *checkback.Report, cfg *checkback.Config) {
 		fmt.Fprintf(w, "resolve: fenced %d, committed %d, rolled back %d, inconclusive checks %d%s, exhausted %d, not checked %d\n",
 			r.Resolve.Fenced, r.Resolve.Committed, r.Resolve.RolledBack, inconclusive, detail, r.Resolve.Exhausted, r.Resolve.Released)
 	}
-	if cfg.StaleSchedule != checkback.Off {
+	if cfg.StaleSchedule != checkback.ScheduleOff {
 		fmt.Fprintf(w, "stale:   ready rows older than %s: %d, oldest ready row: %s, prepared: %d, check_exhausted: %d\n",
 			cfg.StaleReadyAfter, r.Stale.StaleReady, r.Stale.OldestReady.Round(time.Millisecond), r.Stale.Prepared, r.Stale.Exhausted)
 	}
-	if cfg.PurgeSchedule != checkback.Off {
+	if cfg.PurgeSchedule != checkback.ScheduleOff {
 		fmt.Fprintf(w, "purge:   published %d, rolled back %d, dedup %d\n", r.Purge.Published, r.Purge.RolledBack, r.Purge.Dedup)
 	}
 }

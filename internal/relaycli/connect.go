@@ -2,9 +2,12 @@ package relaycli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -51,6 +54,8 @@ type connectOptions struct {
 	DSN      string
 	NATSURL  string
 	NeedNATS bool
+	// NATSAuth are the NATS credentials and TLS options (natsAuth.options), already checked.
+	NATSAuth []nats.Option
 	// Embedded starts what is missing: a throwaway PostgreSQL cluster when DSN is empty (never
 	// a database of a server already running), an in-process nats-server when NATSURL is
 	// empty. Development only.
@@ -146,6 +151,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
 		}),
 	}
+	opts = append(opts, o.NATSAuth...)
 	// One connection attempt (to each server of the URL); once connected, the connection
 	// reconnects by itself for ever.
 	dial := func(more ...nats.Option) (*nats.Conn, error) {
@@ -155,6 +161,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				ue.URL = redact.DSN(ue.URL)
 			}
+			err = natsHint(err)
 		}
 		return nc, err
 	}
@@ -179,6 +186,29 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	}
 	c.NC = nc
 	return c, nil
+}
+
+// natsHint adds to a refusal by NATS the settings that may fix it.
+func natsHint(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return fmt.Errorf("%w (check --nats-creds, --nats-nkey, --nats-user and --nats-password, or --nats-token)", err)
+	case errors.Is(err, nats.ErrTLS), tlsRefusal(err):
+		return fmt.Errorf("%w (the TLS handshake failed or the server closed the connection after it, as it does when it refuses a client certificate: check --nats-tls-ca, --nats-tls-cert and --nats-tls-key)", err)
+	}
+	return err
+}
+
+// tlsRefusal reports whether err is a TLS alert from the server or a certificate that does
+// not verify.
+func tlsRefusal(err error) bool {
+	var op *net.OpError
+	var alert tls.AlertError
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	return (errors.As(err, &op) && op.Op == "remote error") || errors.As(err, &alert) || errors.As(err, &verify) ||
+		errors.As(err, &unknown) || errors.As(err, &host)
 }
 
 // checkNATSURL refuses, before anything connects, a NATS URL (or comma-separated list, as

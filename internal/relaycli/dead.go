@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -43,7 +44,7 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	var all, dryRun, asJSON bool
 	s := newSettings("dead", deadUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
-	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.String(&subject, "subject", "", "", "only rows of this subject (NATS wildcards * and > allowed)")
 	s.Duration(&olderThan, "older-than", "", 0, "only rows enqueued at least this long ago")
 	s.Duration(&newerThan, "newer-than", "", 0, "only rows enqueued at most this long ago")

@@ -1,6 +1,9 @@
 package relaycli
 
 import (
+	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -8,27 +11,50 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
-// --fault (TXOUTBOX_FAULTS) is for crash tests: hidden from the help, and an invalid
-// specification is a usage error that arms nothing. (That an armed relay dies at its point is
-// tested against the built binary in internal/demo.)
-func TestFaultSettingIsHiddenAndValidated(t *testing.T) {
+// --fault (TXOUTBOX_FAULTS) exists only in relays built with -tags txoutbox_fault, for the
+// crash tests: a production build refuses the flag and ignores the variable, so nothing can
+// arm a fault point there. A test build hides it from the help and refuses an invalid
+// specification. (That an armed relay dies at its point is tested in internal/demo.)
+func TestFaultSettingExistsOnlyInTestBuilds(t *testing.T) {
 	t.Parallel()
+	if fault.Enabled {
+		t.Fatal("the test binary is built with txoutbox_fault; these tests expect a production build")
+	}
 	code, out, _ := cliEnv(t, nil, "run", "--help")
 	if code != 0 || strings.Contains(out, "--fault") || strings.Contains(out, fault.EnvVar) {
 		t.Fatalf("run --help (exit %d) mentions the fault setting:\n%s", code, out)
 	}
+	code, _, errOut := cliEnv(t, nil, "run", "--fault", fault.RelayBeforeSettle+"=1")
+	if code != 2 || !strings.Contains(errOut, "-fault") {
+		t.Fatalf("a production build with --fault: exit %d, %s; want 2, the flag unknown", code, errOut)
+	}
+	// The variable is not read: the run fails on what is really missing, not on the fault.
+	code, _, errOut = cliEnv(t, map[string]string{fault.EnvVar: fault.RelayBeforeSettle + "=x"}, "run")
+	if code != 2 || strings.Contains(errOut, "--fault") || strings.Contains(errOut, fault.EnvVar) {
+		t.Fatalf("a production build with %s set: exit %d, %s; want the usual usage error, silent on faults", fault.EnvVar, code, errOut)
+	}
+
+	bin := relayBinary(t) // built with txoutbox_fault
 	for _, c := range []struct {
-		vars map[string]string
+		env  []string
 		args []string
 	}{
 		{nil, []string{"run", "--fault", "relay.nowhere=1"}},
 		{nil, []string{"run", "--fault", fault.RelayBeforeSettle + "=2"}},
-		{map[string]string{fault.EnvVar: fault.RelayBeforeSettle + "=x"}, []string{"run"}},
+		{[]string{fault.EnvVar + "=" + fault.RelayBeforeSettle + "=x"}, []string{"run"}},
 	} {
-		code, _, errOut := cliEnv(t, c.vars, c.args...)
-		if code != 2 || !strings.Contains(errOut, "--fault") {
-			t.Errorf("%v %q: exit %d, %s; want 2 naming --fault", c.vars, c.args, code, errOut)
+		cmd := exec.Command(bin, c.args...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, c.env...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--fault") {
+			t.Errorf("test build %v %q: %v, %s; want exit 2 naming --fault", c.env, c.args, err, out)
 		}
+	}
+	cmd := exec.Command(bin, "run", "--help")
+	help, _ := cmd.CombinedOutput()
+	if strings.Contains(string(help), "--fault") {
+		t.Errorf("a test build's help shows --fault:\n%s", help)
 	}
 }
 

@@ -3,13 +3,14 @@ package relaycli
 import (
 	"context"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"text/tabwriter"
 
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
 func init() {
-	register(command{name: "migrate", summary: "apply, revert, list or export schema migrations (up | down | status | export)", run: migrateCmd})
+	register(command{name: "migrate", summary: "apply, revert, list or export schema migrations, print least-privilege grants (up | down | status | export | grants)", run: migrateCmd})
 }
 
 const migrateUsage = `
@@ -22,16 +23,21 @@ Usage:
   relay migrate status [settings]      list migrations and whether each is applied
   relay migrate export --dir D [--format golang-migrate|goose]
                                        write the migration files for another tool (no database)
+  relay migrate grants --role producer|relay|consumer|admin [--schema S]
+                                       print the SQL of a least-privilege role (no database)
 `
 
 func migrateCmd(ctx context.Context, env *Env, args []string) error {
+	if len(args) > 0 && args[0] == "grants" {
+		return grantsCmd(ctx, env, args[1:])
+	}
 	var dsn, schema string
 	var steps int
 	var all bool
 	var dir, format string
 	s := newSettings("migrate", migrateUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
-	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables (created by up)")
 	s.Int(&steps, "steps", "", 1, "down: how many migrations to revert")
 	s.Bool(&all, "all", "", false, "down: revert every migration")
 	s.String(&dir, "dir", "", "", "export: directory to write the files into")
@@ -44,7 +50,7 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 			s.printHelp(env.Stdout)
 			return errHelp
 		}
-		return usageErr("want up, down, status or export (see relay migrate --help)")
+		return usageErr("want up, down, status, export or grants (see relay migrate --help)")
 	}
 	action := args[0]
 	if err := parseSettings(s, env, args[1:]); err != nil {

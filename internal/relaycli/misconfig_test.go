@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"syscall"
@@ -220,6 +221,8 @@ func TestConnectFailureClassification(t *testing.T) {
 	for err, want := range map[error]bool{
 		nats.ErrNoServers: true, nats.ErrTimeout: true, context.DeadlineExceeded: true,
 		nats.ErrAuthorization: false, nats.ErrSecureConnWanted: false, nats.ErrSecureConnRequired: false,
+		// A client certificate refused: the server closes the connection after the handshake.
+		fmt.Errorf("%w: connection closed by remote after TLS handshake: %w", nats.ErrTLS, &net.OpError{Op: "write", Err: syscall.EPIPE}): false,
 	} {
 		if got := natsWaitable(fmt.Errorf("connect: %w", err)); got != want {
 			t.Errorf("natsWaitable(%v) = %v, want %v", err, got, want)

@@ -149,8 +149,8 @@ func startOpsEarly(addr string, reg *prometheus.Registry, name string, waiting *
 func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
 	t.attach(func(ctx context.Context) []string {
 		problems := connProblems(ctx, c)
-		if h := r.Health(); h != "ok" && h != "standby" {
-			problems = append(problems, "relay: "+h)
+		if h := r.Health(); h != relay.HealthOK && h != relay.HealthStandby {
+			problems = append(problems, "relay: "+string(h))
 		}
 		if r.Lease().Mismatch {
 			problems = append(problems, "relay: live relays disagree on the partition count")
@@ -158,8 +158,8 @@ func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
 		return problems
 	}, snapshotter(c, schema, r.Config().Partitions), func() ops.Self {
 		l := r.Lease()
-		return ops.Self{Name: r.Config().ID, Health: r.Health(), Held: l.Held, Target: l.Target, Relays: l.Relays,
-			Published: r.Stats().Published.Load()}
+		return ops.Self{Name: r.Config().ID, Health: string(r.Health()), Held: l.Held, Target: l.Target, Relays: l.Relays,
+			Published: r.Stats().Published}
 	})
 }
 

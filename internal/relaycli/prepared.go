@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"text/tabwriter"
 	"time"
 
@@ -36,7 +37,7 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	var asJSON, all bool
 	s := newSettings("prepared", preparedUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
-	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.String(&state, "state", "", "all", "list: prepared, check_exhausted or all (both)")
 	s.String(&group, "group", "", "", "list, resume --all: only this producer group")
 	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first")

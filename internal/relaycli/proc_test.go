@@ -35,7 +35,7 @@ func relayBinary(t *testing.T) string {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
 		binPath = filepath.Join(binDir, "relay")
-		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
+		cmd := exec.Command(goBin, "build", "-tags", "txoutbox_fault", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binErr = err
@@ -77,8 +77,14 @@ type proc struct {
 // startRelay runs the relay binary with args (JSON logs on stderr are collected).
 func startRelay(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startRelayEnv(t, name, nil, args...)
+}
+
+// startRelayEnv is startRelay with env (KEY=value) added to the environment.
+func startRelayEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(relayBinary(t), args...), done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), "DATABASE_URL=", "NATS_URL=")
+	p.cmd.Env = append(append(os.Environ(), "DATABASE_URL=", "NATS_URL="), env...)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,11 @@
 package relaycli
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"strings"
 	"time"
 
@@ -29,6 +32,7 @@ Usage:
 type runFlags struct {
 	dsn, natsURL, schema string
 	embedded             bool
+	natsAuth             natsAuth
 
 	cfg              relay.Config
 	subjects         string
@@ -59,8 +63,9 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required unless --embedded)")
 	sec("database-url")
 	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
-	s.String(&f.schema, "schema", "", relay.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&f.schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
+	defineNATSAuthFlags(s, &f.natsAuth)
 
 	sec = s.Section("Publishing")
 	s.String(&f.cfg.ID, "relay-id", "", "", "name of this relay in logs, metrics and partition listings (default hostname:pid)")
@@ -72,12 +77,12 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.PollMax, "poll-max", "", relay.DefaultPollMax, "longest poll interval (idle)")
 	s.Duration(&f.cfg.BackoffBase, "backoff-base", "", relay.DefaultBackoffBase, "first retry delay of a failed row")
 	s.Duration(&f.cfg.BackoffMax, "backoff-max", "", relay.DefaultBackoffMax, "longest retry delay (also caps the outage backoff)")
-	s.Float(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "random spread of retry delays, a fraction in [0, 1)")
+	s.Float(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "random spread of retry delays, a fraction in [0, 1) (0: none)")
 	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
-	s.Duration(&f.cfg.Retention, "retention", "", 0, "keep published rows this long (0 deletes them at once)")
+	s.DurationOr(&f.cfg.Retention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever keeps them)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
 	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
-	s.Duration(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "hand this relay's partitions to the others once JetStream has been unreachable from it this long; 0: never")
+	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off, or 0: never)")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -95,10 +100,12 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.SampleInterval, "sample-interval", "", relay.DefaultSampleInterval, "how often to sample the backlog gauges (a bounded query)")
 	s.String(&f.logFormat, "log-format", "", "text", "log format: text or json")
 	s.String(&f.level, "log-level", "", "info", "log level: debug, info, warn or error")
-	s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
-	s.Hide("fault-settle-delay")
-	s.String(&f.faults, "fault", fault.EnvVar, "", "testing only: arm fault points, e.g. relay.before-settle=0.02 (SIGKILL there with that probability)")
-	s.Hide("fault")
+	if fault.Enabled { // only in binaries built with -tags txoutbox_fault, for the crash tests
+		s.Duration(&f.faultSettleDelay, "fault-settle-delay", "", 0, "fault injection for crash tests: pause between publish and settle")
+		s.Hide("fault-settle-delay")
+		s.String(&f.faults, "fault", fault.EnvVar, "", "testing only: arm fault points, e.g. relay.before-settle=0.02 (SIGKILL there with that probability)")
+		s.Hide("fault")
+	}
 }
 
 func runCmd(ctx context.Context, env *Env, args []string) error {
@@ -111,10 +118,13 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if len(s.Args()) > 0 {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
+	// Command-line values are literal: where relay.Config reads 0 as "the default", 0 here
+	// means none (txoutbox.Off), or is refused below.
 	if f.cfg.HandoverAfter == 0 {
-		f.cfg.HandoverAfter = -1 // never
-	} else if f.cfg.HandoverAfter < 0 {
-		return usageErr("invalid --handover-after: must not be negative (0 turns the handover off)")
+		f.cfg.HandoverAfter = txoutbox.Off
+	}
+	if f.cfg.BackoffJitter == 0 {
+		f.cfg.BackoffJitter = txoutbox.Off
 	}
 	// Zero would silently mean "the default" to relay.Config; on the command line it is a mistake.
 	for name, v := range map[string]int64{
@@ -126,9 +136,6 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
 		}
-	}
-	if f.cfg.BackoffJitter == 0 {
-		return usageErr("invalid --backoff-jitter: 0 would mean the default (%g); use a small value such as 0.01", relay.DefaultBackoffJitter)
 	}
 	log, err := newLogger(env.Stderr, f.logFormat, f.level)
 	if err != nil {
@@ -154,7 +161,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	}
 	if !f.noCheckback {
 		f.cb.Schema = f.schema
-		f.cb.PublishedRetention = cfg.Retention
+		// The relay's retention: none (its rows are deleted as they are published, so there
+		// is nothing to purge), a duration, or forever.
+		f.cb.PublishedRetention = cmp.Or(cfg.Retention, txoutbox.Forever)
 		f.cb.Logger = log
 		if err := checkCheckbackFlags(&f.cb); err != nil {
 			return err
@@ -164,6 +173,10 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		if err := checkNATSURL(f.natsURL); err != nil {
 			return err
 		}
+	}
+	natsAuth, err := f.natsAuth.options()
+	if err != nil {
+		return err
 	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
 		return err
@@ -185,7 +198,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		target = t
 	}
 	c, err := connect(ctx, connectOptions{
-		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, Embedded: f.embedded,
+		DSN: f.dsn, NATSURL: f.natsURL, NeedNATS: true, NATSAuth: natsAuth, Embedded: f.embedded,
 		Schema: f.schema, Log: log, AppName: "txoutbox-relay", Wait: true, Waiting: waiting,
 	})
 	if err != nil {
@@ -228,20 +241,33 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return checkbackConfigErr(err)
 	}
+	// The relay and the check-back run side by side; if the check-back fails, the relay stops
+	// too and the failure is what relay run reports.
+	rctx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
 	cbctx, stopCheckback := context.WithCancel(ctx)
-	cbDone := make(chan struct{})
-	go func() { defer close(cbDone); _ = cb.Run(cbctx) }()
-	err = r.Run(ctx)
+	cbErr := make(chan error, 1)
+	go func() {
+		err := cb.Run(cbctx)
+		if err != nil {
+			log.Error("check-back failed; stopping the relay", "err", err)
+			stopRelay()
+		}
+		cbErr <- err
+	}()
+	err = r.Run(rctx)
 	stopCheckback()
-	<-cbDone
+	if cerr := <-cbErr; cerr != nil {
+		return errors.Join(fmt.Errorf("check-back: %w", cerr), err)
+	}
 	return err
 }
 
-// configErr turns a relay.ConfigError into a usage error naming the flag.
+// configErr turns a relay configuration error into a usage error naming the flag.
 func configErr(err error) error {
-	var ce *relay.ConfigError
+	var ce *txoutbox.ConfigError
 	if errors.As(err, &ce) {
-		if name, ok := fieldFlags[ce.Field]; ok {
+		if name, ok := fieldFlags[strings.TrimPrefix(ce.Field, "Config.")]; ok {
 			return usageErr("invalid --%s: %s", name, ce.Reason)
 		}
 	}

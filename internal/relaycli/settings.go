@@ -70,6 +70,45 @@ func (s *settings) Duration(p *time.Duration, name, env string, def time.Duratio
 	s.add(name, env)
 }
 
+// DurationOr defines a duration setting that also takes word ("off" or "forever"), which
+// stores txoutbox's -1 (txoutbox.Off, txoutbox.Forever). Negative durations are refused.
+func (s *settings) DurationOr(p *time.Duration, name, env string, def time.Duration, word, usage string) {
+	*p = def
+	s.fs.Var(durationOr{p: p, word: word}, name, usage)
+	s.add(name, env)
+}
+
+type durationOr struct {
+	p    *time.Duration
+	word string
+}
+
+func (v durationOr) String() string {
+	switch {
+	case v.p == nil:
+		return ""
+	case *v.p == -1:
+		return v.word
+	}
+	return v.p.String()
+}
+
+func (v durationOr) Set(s string) error {
+	if s == v.word {
+		*v.p = -1
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("not a duration or %q", v.word)
+	}
+	if d < 0 {
+		return fmt.Errorf("must not be negative (%q is the word for %s)", v.word, v.word)
+	}
+	*v.p = d
+	return nil
+}
+
 func (s *settings) Bool(p *bool, name, env string, def bool, usage string) {
 	s.fs.BoolVar(p, name, def, usage)
 	s.add(name, env)

@@ -2,6 +2,7 @@ package relaycli
 
 import (
 	"context"
+	"github.com/txoutbox/txoutbox"
 
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -28,7 +29,7 @@ func statusCmd(ctx context.Context, env *Env, args []string) error {
 	var asJSON bool
 	s := newSettings("status", statusUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
-	s.String(&schema, "schema", "", migrations.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Int(&partitions, "partitions", "", relay.DefaultPartitions, "partition count to group the backlog by when no relay is running (otherwise the relays' count)")
 	s.Bool(&asJSON, "json", "", false, "print JSON instead of tables")
 	s.CommandLineOnly("json")

@@ -31,8 +31,16 @@ import (
 // pgWaitable reports whether a failure to connect to PostgreSQL may go away by waiting.
 func pgWaitable(err error) bool { return waitable(err, pgNode) }
 
-// natsWaitable reports whether a failure to connect to NATS may go away by waiting.
-func natsWaitable(err error) bool { return waitable(err, natsNode) }
+// natsWaitable reports whether a failure to connect to NATS may go away by waiting. A TLS
+// failure (nats.ErrTLS: the handshake failed, or the server closed the connection right after
+// it, as a server does that refuses our client certificate) is not: nats.go wraps it together
+// with the network error it saw, which alone would look passing.
+func natsWaitable(err error) bool {
+	if errors.Is(err, nats.ErrTLS) {
+		return false
+	}
+	return waitable(err, natsNode)
+}
 
 // waitable walks err's tree: the first node that node decides about decides, and a node with
 // several wrapped errors is waitable when any of them is. An error nothing decides about is

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"hash/fnv"
 	"strings"
 	"time"
@@ -33,14 +34,8 @@ const (
 	StateCheckExhausted = "check_exhausted"
 )
 
-// DBTX is the narrow interface queries run against: pgx.Tx, *pgx.Conn, *pgxpool.Pool and
-// *pgxpool.Conn all satisfy it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
+// DBTX is txoutbox.DBTX: what queries run against.
+type DBTX = txoutbox.DBTX
 
 // MaxErrorText bounds every error text stored in last_error, in bytes.
 const MaxErrorText = 1024

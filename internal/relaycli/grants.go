@@ -1,0 +1,77 @@
+package relaycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/txoutbox/txoutbox"
+	"os"
+	"strings"
+
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+const grantsUsage = `
+relay migrate grants: print the SQL that gives a role what one txoutbox component needs on the
+outbox schema, and nothing more (least privilege). It connects to nothing: review the SQL, then
+run it (psql -f) as the schema's owner or a superuser, after the migrations and again after a
+migration that adds tables.
+
+  producer  insert messages (EnqueueTx, Prepare), settle its half messages (Commit, CommitTx,
+            Rollback); no DELETE, no payloads read back, no dedup rows
+  relay     claim, publish, settle and purge rows, partition leases and membership, schema
+            version check, check-back (resolve, stale, purge of dedup rows); --signal-backend
+            adds pg_signal_backend, needed to fence a stale relay only when relays log in as
+            different roles
+  consumer  its dedup rows (txoutbox_consumer_dedup); nothing of the outbox
+  admin     owns the schema and its tables: migrations and every admin command
+
+The grantee is created NOLOGIN if it does not exist: grant it to your login roles
+(GRANT txoutbox_producer TO orders_service), or name a login role with --grantee.
+
+Usage:
+  relay migrate grants --role producer|relay|consumer|admin [--schema S] [--grantee NAME] [--out FILE]
+`
+
+func grantsCmd(_ context.Context, env *Env, args []string) error {
+	var role, schema, grantee, out string
+	var signal bool
+	s := newSettings("migrate grants", grantsUsage, env.Stderr, env.Getenv)
+	s.String(&role, "role", "", "", "producer, relay, consumer or admin")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&grantee, "grantee", "", "", "role to grant to (default txoutbox_<role>)")
+	s.Bool(&signal, "signal-backend", "", false, "relay: also grant pg_signal_backend (fencing relays that log in as different roles)")
+	s.String(&out, "out", "", "", "write the SQL to this file instead of standard output")
+	s.CommandLineOnly("role", "grantee", "signal-backend", "out")
+	if err := parseSettings(s, env, args); err != nil {
+		return err
+	}
+	if len(s.Args()) > 0 {
+		return usageErr("unexpected arguments %q", s.Args())
+	}
+	if role == "" {
+		return usageErr("--role is required: %s", strings.Join(migrations.Roles, ", "))
+	}
+	if grantee == "" {
+		grantee = "txoutbox_" + role
+	}
+	if signal && role != migrations.RoleRelay {
+		return usageErr("--signal-backend is for --role relay")
+	}
+	sql, err := migrations.Grants(role, schema, grantee, &migrations.GrantOptions{SignalBackend: signal})
+	if errors.Is(err, migrations.ErrUnknownRole) {
+		return usageErr("invalid --role %q: want %s", role, strings.Join(migrations.Roles, ", "))
+	}
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	if out == "" {
+		_, err = fmt.Fprint(env.Stdout, sql)
+		return err
+	}
+	if err := os.WriteFile(out, []byte(sql), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "wrote", out)
+	return nil
+}

@@ -1,0 +1,260 @@
+package relaycli
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/checkback"
+	"github.com/txoutbox/txoutbox/consumer"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// wantDenied fails unless err is PostgreSQL's insufficient_privilege (42501).
+func wantDenied(t *testing.T, what string, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("%s: got %v, want permission denied (SQLSTATE 42501)", what, err)
+	}
+}
+
+// The core paths run as the four least-privilege roles `relay migrate grants` prints, each a
+// LOGIN role of its own: the producer enqueues and prepares, commits and rolls back half
+// messages, and cannot delete outbox rows, read payloads back or read dedup rows; the relay
+// publishes and the check-back resolves half messages (checker and fence) and purges, and the
+// relay cannot insert messages; the consumer applies messages and cannot read the outbox; the
+// admin owns the schema and migrates.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := testsvc.PostgresDSN(t)
+	super, err := pgxpool.New(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(super.Close)
+	suffix := randomSuffix()
+	login := map[string]string{}
+	for _, r := range migrations.Roles {
+		name := "txo_" + r + "_" + suffix
+		login[r] = name
+		if _, err := super.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
+			t.Fatal(err)
+		}
+		// Registered before the schema: runs after the schema is dropped.
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+				t.Logf("drop role %s: %v", name, err)
+			}
+		})
+	}
+	db := testsvc.NewDB(t)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (message_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `GRANT INSERT ON ledger TO `+login[migrations.RoleConsumer]); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range migrations.Roles {
+		code, sql, stderr := cli(t, "migrate", "grants", "--role", r, "--schema", db.Schema, "--grantee", login[r])
+		if code != 0 {
+			t.Fatalf("grants --role %s: exit %d: %s", r, code, stderr)
+		}
+		conn, err := super.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+		conn.Release()
+		if err != nil {
+			t.Fatalf("grants --role %s: %v\n%s", r, err, sql)
+		}
+	}
+	dsnOf := func(role string) string {
+		return testsvc.WithSearchPath(withURL(t, base, func(u *url.URL) { u.User = url.User(login[role]) }), db.Schema)
+	}
+	poolOf := func(role string) *pgxpool.Pool {
+		p, err := pgxpool.New(ctx, dsnOf(role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	n.Stream(t, "DEAD_LETTERS", consumer.DefaultDeadLetterPrefix+">")
+	got := make(chan *nats.Msg, 16)
+	if _, err := n.Conn.ChanSubscribe("orders.>", got); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Producer.
+	producer := poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		ids, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: "o1", Payload: []byte("enqueued")})
+		for _, id := range ids {
+			want[id.String()] = true
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("producer EnqueueTx: %v", err)
+	}
+	prep := func(key string, opts *outbox.PrepareOptions) outbox.Half {
+		t.Helper()
+		h, err := client.Prepare(ctx, producer, outbox.Message{Subject: "orders.created", Key: key, Payload: []byte("half " + key)}, opts)
+		if err != nil {
+			t.Fatalf("producer Prepare: %v", err)
+		}
+		return h
+	}
+	committed := prep("o1", &outbox.PrepareOptions{Group: "payments"})
+	if err := client.Commit(ctx, producer, committed.ID); err != nil {
+		t.Fatalf("producer Commit: %v", err)
+	}
+	want[committed.ID.String()] = true
+	if err := client.Rollback(ctx, producer, prep("o2", &outbox.PrepareOptions{Group: "payments"}).ID); err != nil {
+		t.Fatalf("producer Rollback: %v", err)
+	}
+	fenced := prep("o3", &outbox.PrepareOptions{Fence: true})
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error { return client.CommitTx(ctx, tx, fenced.ID) }); err != nil {
+		t.Fatalf("producer CommitTx: %v", err)
+	}
+	want[fenced.ID.String()] = true
+	// Left to the check-back: one its checker commits, one it fences.
+	toCheck := prep("o4", &outbox.PrepareOptions{Group: "payments"})
+	toFence := prep("o5", &outbox.PrepareOptions{Fence: true})
+	want[toCheck.ID.String()] = true
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET created_at = now() - interval '1 hour', next_check_at = now() - interval '1 second' WHERE message_id = ANY($1)`,
+		[]string{toCheck.ID.String(), toFence.ID.String()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = producer.Exec(ctx, `DELETE FROM txoutbox_messages`)
+	wantDenied(t, "producer DELETE outbox rows", err)
+	_, err = producer.Exec(ctx, `SELECT payload FROM txoutbox_messages`)
+	wantDenied(t, "producer SELECT payload", err)
+	_, err = producer.Exec(ctx, `UPDATE txoutbox_messages SET payload = ''`)
+	wantDenied(t, "producer UPDATE payload", err)
+	_, err = producer.Exec(ctx, `SELECT * FROM txoutbox_consumer_dedup`)
+	wantDenied(t, "producer SELECT dedup rows", err)
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('billing', 'k')`)
+	wantDenied(t, "producer INSERT a dedup row", err)
+	outboxID, err := checkback.OutboxIdentity(ctx, producer, db.Schema)
+	if err != nil {
+		t.Fatalf("producer OutboxIdentity: %v", err)
+	}
+
+	// Relay: the check-back resolves (as relay checkback --once does), then relay run publishes.
+	srv, err := checkback.Serve(n.Conn, "payments", func(context.Context, checkback.CheckRequest) (checkback.State, error) {
+		return checkback.Commit, nil
+	}, &checkback.ServeOptions{Outbox: outboxID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	code, out, stderr := cli(t, "checkback", "--once", "--database-url", dsnOf(migrations.RoleRelay), "--schema", db.Schema, "--nats-url", n.URL())
+	if code != 0 || !strings.Contains(out, "resolve: fenced 1, committed 1,") || !strings.Contains(out, "purge:") {
+		t.Fatalf("relay checkback --once as the relay role: exit %d\n%s%s", code, out, stderr)
+	}
+	p := startRelay(t, "relay", "run", "--no-checkback", "--database-url", dsnOf(migrations.RoleRelay), "--schema", db.Schema,
+		"--nats-url", n.URL(), "--log-format", "json")
+	for len(want) > 0 {
+		select {
+		case m := <-got:
+			id := m.Header.Get("Nats-Msg-Id")
+			if !want[id] {
+				t.Fatalf("published %s, not expected (left %v)", id, want)
+			}
+			delete(want, id)
+		case <-p.done:
+			t.Fatalf("the relay exited:\n%s", p.output())
+		case <-time.After(30 * time.Second):
+			t.Fatalf("not published within 30s: %v\n%s", want, p.output())
+		}
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 || strings.Contains(p.output(), "permission denied") {
+		t.Errorf("relay run as the relay role: exit %d after SIGTERM:\n%s", code, p.output())
+	}
+	relayPool := poolOf(migrations.RoleRelay)
+	_, err = relayPool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload) VALUES (gen_random_uuid(), 'x', 0, '')`)
+	wantDenied(t, "relay INSERT a message", err)
+
+	// Consumer.
+	cons, err := consumer.New(poolOf(migrations.RoleConsumer), n.JS, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id) VALUES ($1)`, msg.Headers.Get("Nats-Msg-Id"))
+		return err
+	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(cctx) }()
+	testsvc.Eventually(t, 30*time.Second, "the consumer to apply the 4 messages", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the consumer stopped: %v", err)
+		default:
+		}
+		return cons.Stats().Processed >= 4
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("consumer as the consumer role: %v", err)
+	}
+	var dedup int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_consumer_dedup`).Scan(&dedup); err != nil || dedup != 4 {
+		t.Errorf("%d dedup rows (%v), want 4", dedup, err)
+	}
+	_, err = poolOf(migrations.RoleConsumer).Exec(ctx, `SELECT count(*) FROM txoutbox_messages`)
+	wantDenied(t, "consumer SELECT the outbox", err)
+
+	// Admin: owns the schema, migrates and administers.
+	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "status"}, {"prepared", "list"}, {"dead", "list"}} {
+		code, out, stderr := cli(t, append(args, "--database-url", dsnOf(migrations.RoleAdmin), "--schema", db.Schema)...)
+		if code != 0 {
+			t.Errorf("relay %s as the admin role: exit %d\n%s%s", strings.Join(args, " "), code, out, stderr)
+		}
+	}
+	var owner string
+	if err := db.Pool.QueryRow(ctx, `SELECT tableowner FROM pg_tables WHERE schemaname = $1 AND tablename = 'txoutbox_messages'`, db.Schema).Scan(&owner); err != nil || owner != login[migrations.RoleAdmin] {
+		t.Errorf("txoutbox_messages is owned by %q (%v), want %s", owner, err, login[migrations.RoleAdmin])
+	}
+}
+
+// relay migrate grants refuses what it does not know, and writes a file with --out.
+func TestGrantsCommand(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{}, {"--role", "operator"}, {"--role", "producer", "--grantee", "bad name"}, {"--role", "producer", "--signal-backend"}} {
+		if code, _, _ := cli(t, append([]string{"migrate", "grants"}, args...)...); code != 2 {
+			t.Errorf("migrate grants %v: exit %d, want 2", args, code)
+		}
+	}
+	code, out, _ := cli(t, "migrate", "grants", "--role", "relay", "--signal-backend")
+	if code != 0 || !strings.Contains(out, `GRANT pg_signal_backend TO "txoutbox_relay";`) || !strings.Contains(out, `"public"."txoutbox_relays"`) {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+}

@@ -1,0 +1,100 @@
+package relaycli
+
+import (
+	"os"
+
+	"github.com/nats-io/nats.go"
+)
+
+// natsAuth are the NATS credentials and TLS settings of a command that connects to NATS.
+// Secrets (the password, the token) are never logged; their defaults are empty, so --help
+// never shows one.
+type natsAuth struct {
+	creds, nkey    string
+	user, password string
+	token          string
+	cert, key, ca  string
+	tlsFirst       bool
+}
+
+// defineNATSAuthFlags adds the NATS authentication and TLS settings to s (after --nats-url).
+func defineNATSAuthFlags(s *settings, a *natsAuth) {
+	sec := s.Section("NATS authentication and TLS")
+	s.String(&a.creds, "nats-creds", "", "", "NATS credentials file (a user JWT and its NKey seed, as nsc and the nats CLI write)")
+	sec("nats-creds")
+	s.String(&a.nkey, "nats-nkey", "", "", "file holding the NKey seed of an NKey user (SU...)")
+	s.String(&a.user, "nats-user", "", "", "NATS user name (with --nats-password)")
+	s.String(&a.password, "nats-password", "", "", "NATS password of --nats-user (prefer the environment variable to the command line)")
+	s.String(&a.token, "nats-token", "", "", "NATS authentication token (prefer the environment variable to the command line)")
+	s.String(&a.cert, "nats-tls-cert", "", "", "client certificate file (PEM) for NATS servers that verify clients (with --nats-tls-key)")
+	s.String(&a.key, "nats-tls-key", "", "", "private key file (PEM) of --nats-tls-cert")
+	s.String(&a.ca, "nats-tls-ca", "", "", "CA bundle file (PEM) that verifies the NATS server's certificate (default: the system's roots)")
+	s.Bool(&a.tlsFirst, "nats-tls-first", "", false, "start with the TLS handshake instead of waiting for the server's INFO (servers with handshake_first)")
+}
+
+// options returns the nats.go options the settings ask for, after checking that they are
+// consistent and that every file they name loads: a mistake is a usage error (exit status 2)
+// naming the setting, before anything connects.
+func (a *natsAuth) options() ([]nats.Option, error) {
+	if a == nil {
+		return nil, nil
+	}
+	var opts []nats.Option
+	methods := 0
+	for _, set := range []bool{a.creds != "", a.nkey != "", a.user != "" || a.password != "", a.token != ""} {
+		if set {
+			methods++
+		}
+	}
+	if methods > 1 {
+		return nil, usageErr("NATS authentication: set one of --nats-creds, --nats-nkey, --nats-user/--nats-password and --nats-token")
+	}
+	readable := func(flag, path string) error {
+		f, err := os.Open(path)
+		if err != nil {
+			return usageErr("invalid --%s: %v", flag, err)
+		}
+		return f.Close()
+	}
+	switch {
+	case a.creds != "":
+		if err := readable("nats-creds", a.creds); err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.UserCredentials(a.creds))
+	case a.nkey != "":
+		o, err := nats.NkeyOptionFromSeed(a.nkey)
+		if err != nil {
+			return nil, usageErr("invalid --nats-nkey: %v", err)
+		}
+		opts = append(opts, o)
+	case a.user != "" || a.password != "":
+		if a.user == "" {
+			return nil, usageErr("--nats-password needs --nats-user")
+		}
+		opts = append(opts, nats.UserInfo(a.user, a.password))
+	case a.token != "":
+		opts = append(opts, nats.Token(a.token))
+	}
+	if (a.cert == "") != (a.key == "") {
+		return nil, usageErr("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if a.cert != "" {
+		opts = append(opts, nats.ClientCert(a.cert, a.key))
+	}
+	if a.ca != "" {
+		opts = append(opts, nats.RootCAs(a.ca))
+	}
+	if a.tlsFirst {
+		opts = append(opts, nats.TLSHandshakeFirst())
+	}
+	// Load the files now (nats.go would only at connect): the certificate, the key and the CA
+	// bundle must parse.
+	probe := nats.GetDefaultOptions()
+	for _, o := range opts {
+		if err := o(&probe); err != nil {
+			return nil, usageErr("NATS TLS or credentials: %v", err)
+		}
+	}
+	return opts, nil
+}

@@ -1,0 +1,90 @@
+// Package txoutbox holds what every txoutbox package shares: the database handle interfaces,
+// the configuration conventions and the default schema.
+//
+// The roles live in their own packages: outbox (producers write messages in their own
+// transaction), relay (publishes committed messages to NATS JetStream), consumer (idempotent
+// JetStream consumers), checkback (resolves stale half messages and purges old rows) and
+// migrations (the schema).
+//
+// # Database handles
+//
+// Every package takes one of three interfaces, the narrowest that does its job: DBTX when it
+// runs statements on what it is given (in the caller's transaction, when given a pgx.Tx),
+// Beginner when it runs a transaction of its own, and DB when it does both. pgx.Tx, *pgx.Conn,
+// *pgxpool.Pool and *pgxpool.Conn satisfy all three (Begin on a pgx.Tx starts a savepoint).
+// The relay alone takes a *pgxpool.Pool: it holds dedicated sessions (its partition leases are
+// session advisory locks).
+//
+// # Configuration
+//
+// Every component is built from a Config struct. In every Config:
+//   - a zero value means the default, which the field's documentation states ("Defaults to
+//     100.") and an exported Default constant holds; Config.WithDefaults returns a copy with
+//     the defaults applied;
+//   - Off (-1) turns a feature off and Forever (-1) means "never expires", for the fields whose
+//     documentation says so; any other negative value is invalid;
+//   - an invalid value is reported, before anything runs, as a *ConfigError naming the field,
+//     which matches ErrInvalidConfig with errors.Is.
+package txoutbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DefaultSchema is the PostgreSQL schema every package uses when Config.Schema is empty.
+const DefaultSchema = "public"
+
+// Off and Forever are the values that turn a Config field off or make it unbounded, for the
+// fields whose documentation says so: a count, a factor or a duration set to -1. They are
+// untyped, so they fit int, float64 and time.Duration fields alike.
+const (
+	Off     = -1
+	Forever = -1
+)
+
+// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
+var ErrInvalidConfig = errors.New("txoutbox: invalid configuration")
+
+// ErrRunning is returned by the Run method of a relay, consumer or check-back that is already
+// running. Once Run has returned, it may be called again.
+var ErrRunning = errors.New("txoutbox: already running")
+
+// ConfigError reports an invalid configuration value and names it.
+type ConfigError struct {
+	// Package is the package whose configuration is invalid, such as "relay".
+	Package string
+	// Field is the invalid field, such as "Config.BatchSize".
+	Field string
+	// Reason says what is wrong and what is accepted.
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return e.Package + ": " + e.Field + " " + e.Reason }
+
+// Is reports whether target is ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// DBTX runs statements: pgx.Tx, *pgx.Conn, *pgxpool.Pool and *pgxpool.Conn satisfy it. A call
+// given a pgx.Tx runs its statements in that transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Beginner begins transactions (on a pgx.Tx, savepoints): *pgxpool.Pool, *pgx.Conn,
+// *pgxpool.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// DB runs statements and begins transactions: usually a *pgxpool.Pool.
+type DB interface {
+	DBTX
+	Beginner
+}
