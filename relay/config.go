@@ -87,9 +87,14 @@ type Config struct {
 	Partitions int
 
 	// LeaseInterval is how often the relay runs a lease round: it refreshes its membership
-	// heartbeat, takes free partitions up to its fair share and releases extra ones another
-	// relay waits for. A dead relay's partitions are taken within about this long. Defaults
-	// to 2s.
+	// heartbeat, takes free partitions up to its fair share (and free partitions no
+	// responsive relay waits for, beyond it) and releases extra ones another relay waits for.
+	// A dead relay's partitions are taken within about this long. Each round renews the
+	// relay's lease for 10×LeaseInterval, counted on its monotonic clock from the round's
+	// start: it publishes nothing once that has passed without a renewal (a pause, a database
+	// it cannot reach). Another relay ends the lease session of a relay whose heartbeat it has
+	// seen unchanged for 11×LeaseInterval (the fence) and takes its partitions. Every relay of
+	// one outbox should use the same value. Defaults to 2s.
 	LeaseInterval time.Duration
 
 	// HandoverAfter: once this relay's own NATS connection has been down this long while it
@@ -113,8 +118,9 @@ type Config struct {
 	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
 	// Run checks that a stream captures each of them, that the stream can take publishes (not
 	// no_ack, sealed, a mirror or a counter stream: ErrStreamUnusable) and that its duplicate
-	// window covers the relay's worst republish delay (PublishTimeout + BackoffMax). See
-	// CheckStreams. Defaults to none.
+	// window covers the relays' worst republish delay, RequiredDuplicateWindow: PublishTimeout
+	// + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
+	// 14×LeaseInterval), 65s with the defaults. See CheckStreams. Defaults to none.
 	Subjects []string
 
 	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no
@@ -180,11 +186,34 @@ func (c *Config) WithDefaults() *Config {
 }
 
 // RequiredDuplicateWindow is the shortest stream duplicate window that absorbs every republish
-// the relay makes while it runs: a publish whose ack timed out is retried after at most the
-// relay's outage backoff. (A relay that is down longer than the window republishes outside it;
-// the idempotent consumer's dedup row absorbs those.)
+// the relays of one outbox make while they run, all configured like c. A message stored at
+// time S is republished (sent again, because its row was not settled) at the latest:
+//
+//   - by the same relay, after a publish whose PubAck timed out and its outage backoff:
+//     PublishTimeout + BackoffMax;
+//   - by the relay its partitions were handed to while its NATS connection was down:
+//     PublishTimeout + HandoverAfter + 2×LeaseInterval (unless HandoverAfter is txoutbox.Off);
+//   - by the relay that takes its partitions once PostgreSQL ended its lease session (the
+//     process died: at once; its host died or its network was cut: within the session's TCP
+//     keepalive and user timeout, 11s): PublishTimeout + 11s + 2×LeaseInterval;
+//   - by the relay that fenced it after it froze (SIGSTOP, a VM pause, a long GC) right after
+//     the PubAck: the fence comes 11×LeaseInterval after the fencing relay first saw its last
+//     heartbeat (the 10×LeaseInterval lease plus 10% for clock rates), then up to a round to
+//     see that heartbeat and one to take the partitions and claim: PublishTimeout +
+//     14×LeaseInterval.
+//
+// So: PublishTimeout + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
+// 14×LeaseInterval). With the defaults, 5s + 1m = 65s. The frozen relay itself never
+// republishes: its lease has expired when it wakes (see the lease notes in lease.go). A relay
+// or a database that is down longer than the window republishes outside it; the idempotent
+// consumer's dedup row absorbs those.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
-	return c.PublishTimeout + c.BackoffMax
+	d := c.BackoffMax
+	if c.HandoverAfter >= 0 {
+		d = max(d, c.HandoverAfter+2*c.LeaseInterval)
+	}
+	d = max(d, sessionEndBound+2*c.LeaseInterval, (fenceFactor+3)*c.LeaseInterval)
+	return c.PublishTimeout + d
 }
 
 func (c *Config) validate() error {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +24,23 @@ import (
 // and the relay's ability to claim die together, and another relay can take the partitions at
 // its next lease round.
 //
+// A lock alone cannot stop a relay that was paused (SIGSTOP, a VM pause, a long GC) and wakes
+// up with a claimed batch: its session may have been ended and its partitions taken while it
+// slept, and nothing tells it before it sends. So a lease also has an expiry, on the holder's
+// monotonic clock: it lasts leaseTTLFactor lease intervals from the start of the holder's last
+// successful lease round (the round that wrote its heartbeat). The holder checks it, and that
+// it has released or lost no partition since it claimed the batch (the lease generation),
+// immediately before it hands each message to the NATS client (leaser.valid); a relay that
+// wakes past its expiry sends nothing more and leaves the rest of its batch ready.
+//
+// Another relay ends the session of a holder that stopped heartbeating (the fence, which frees
+// its locks) only after watching the holder's heartbeat unchanged for fenceFactor of the
+// holder's lease intervals on its own monotonic clock. It first saw that heartbeat after the
+// holder wrote it, so after the start of the holder's last round: by the time it fences, the
+// holder's lease has expired on any clock that runs within 10% of its own, however long the
+// holder was paused. The fence statement checks that the heartbeat is still the one watched,
+// so a holder that renewed meanwhile is left alone. Neither side reads a wall clock.
+//
 // Relays share the partitions fairly. Each relay keeps a row in txoutbox_relays (migration 002),
 // refreshed every lease round on the lease connection, which records that session's backend pid.
 // A member is alive while that backend exists in pg_stat_activity (so a SIGKILLed relay stops
@@ -32,16 +50,42 @@ import (
 // Every round each relay computes the shares from the same data: the alive members, ordered by
 // start time, get floor(P/N) partitions each and the first P mod N one more. A relay below its
 // share takes free partitions; a relay above its share releases its extra partitions, but only
-// while another member is below its own share (someone is waiting for them), so nothing is
-// released that nobody would take. Rounds run when the relay claims (the previous batch may
-// still be publishing: its old holder finishes and settles it, so two relays may publish the
-// same rows for a moment) or sleeps. Because a key's messages are published one after another
-// (the next only after the previous PubAck, whoever sent it) and deduplicated by Nats-Msg-Id,
-// order per key holds across a handover and the overlap costs only duplicate PubAcks.
+// while another responsive member is below its own share (someone is waiting for them), so
+// nothing is released that nobody would take. A member is responsive while this relay has
+// seen its heartbeat move within silentFactor of its lease intervals. Free partitions that no
+// responsive member is waiting for are taken at once by whoever sees them, beyond its share if
+// need be (a frozen member still counted alive keeps a share nobody else would take), and the
+// shares even out again by the release rule once that member comes back or is fenced. Rounds
+// run when the relay claims (the previous batch may still be publishing: a release bumps the
+// lease generation, so its old holder sends nothing more of it; the rows it already sent may
+// be sent again by the new holder at once) or sleeps. Because a key's messages are published
+// one after another (the next only after the previous PubAck, whoever sent it) and deduplicated
+// by Nats-Msg-Id, order per key holds across a handover and the overlap costs only duplicate
+// PubAcks.
 //
 // Relays configured with different partition counts would publish one key from two relays at
 // once. A relay that finds a live member with another count at its first round refuses to run
 // (ErrPartitionMismatch); one that finds such a member later logs an error and reports it.
+
+// Lease timing, in lease intervals (Config.LeaseInterval; a fence uses the holder's own, from
+// its membership row).
+const (
+	// leaseTTLFactor: a lease lasts this many lease intervals from the start of the round that
+	// renewed it.
+	leaseTTLFactor = 10
+	// fenceFactor: another relay ends the session of a member whose heartbeat it has watched
+	// unchanged for this many of the member's lease intervals (the TTL plus 10% for clocks
+	// that run at different rates).
+	fenceFactor = 11
+	// sessionEndBound: how long PostgreSQL takes at most to end the lease session of a relay
+	// whose host died or whose network was cut (the session's TCP keepalives: 5s idle, then 3
+	// probes 2s apart; its TCP user timeout is 10s). Kept in step with the set_config in
+	// maintainLocked.
+	sessionEndBound = 11 * time.Second
+	// silentFactor: a member whose heartbeat has not moved for this many of its lease
+	// intervals is not waiting for anything (its share does not hold partitions back).
+	silentFactor = 2
+)
 
 // ErrPartitionMismatch: live relays of this outbox are configured with a different
 // Config.Partitions. To change the partition count, stop every relay first.
@@ -71,6 +115,10 @@ type LeaseStatus struct {
 	Target   int     // its fair share
 	Relays   int     // alive relays with the same partition count, itself included
 	Mismatch bool    // a live relay has a different partition count
+	// Silent counts the other members counted in the shares whose heartbeat this relay has
+	// not seen move for two of their lease intervals (frozen, hung, or about to be fenced):
+	// free partitions are not kept for them.
+	Silent int
 }
 
 type leaser struct {
@@ -89,32 +137,84 @@ type leaser struct {
 	lastCleanup time.Time
 	fenceFailed bool // a fence was refused (logged once)
 	handedOver  bool // JetStream is unreachable: partitions released, membership left
+	silent      int
+	roundStart  time.Time // of the last round
+
+	// validUntil is when the lease ends, on this process's monotonic clock: leaseTTLFactor
+	// lease intervals after the start of the last successful round. gen counts the releases
+	// and losses of partitions. The publisher reads both through snap, without the lock.
+	validUntil time.Time
+	gen        uint64
+	snap       atomic.Pointer[leaseSnap]
+	// seen is, per member, the heartbeat last read and when this relay first read it (its
+	// monotonic clock, when the answer arrived).
+	seen map[uuid.UUID]seenBeat
+}
+
+// leaseSnap is what the publisher checks before each message.
+type leaseSnap struct {
+	until time.Time
+	gen   uint64
+}
+
+type seenBeat struct {
+	beat time.Time
+	at   time.Time
 }
 
 func newLeaser(r *Relay) *leaser {
-	return &leaser{r: r, reg: store.RelayRegistration{
+	l := &leaser{r: r, reg: store.RelayRegistration{
 		Instance:      uuid.New(),
 		RelayID:       r.cfg.ID,
 		Partitions:    r.cfg.Partitions,
 		LeaseInterval: r.cfg.LeaseInterval,
-	}}
+	}, seen: map[uuid.UUID]seenBeat{}}
+	l.snap.Store(&leaseSnap{})
+	return l
+}
+
+// valid reports whether a batch claimed under lease generation gen may still be published:
+// no partition was released or lost since, and the lease has not expired on this process's
+// monotonic clock. It is called before each message is handed to the NATS client.
+func (l *leaser) valid(gen uint64) bool {
+	s := l.snap.Load()
+	return s.gen == gen && time.Now().Before(s.until)
+}
+
+// publishSnapLocked makes the lease state visible to the publisher.
+func (l *leaser) publishSnapLocked() {
+	l.snap.Store(&leaseSnap{until: l.validUntil, gen: l.gen})
+}
+
+// lostLocked records that partitions were released or lost: batches claimed before send
+// nothing more.
+func (l *leaser) lostLocked() {
+	l.gen++
+	l.publishSnapLocked()
 }
 
 // acquire returns the lease connection and the partitions held, connecting and running a
 // lease round when one is due. It runs when the relay claims.
 func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
+	conn, parts, _, err := l.acquireGen(ctx)
+	return conn, parts, err
+}
+
+// acquireGen is acquire, also returning the lease generation the claim is made under (see
+// valid).
+func (l *leaser) acquireGen(ctx context.Context) (*pgx.Conn, []int32, uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.maintainLocked(ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if len(l.held) == 0 {
 		if l.handedOver {
-			return nil, nil, errHandedOver
+			return nil, nil, 0, errHandedOver
 		}
-		return nil, nil, ErrNoPartitions
+		return nil, nil, 0, ErrNoPartitions
 	}
-	return l.conn, l.held, nil
+	return l.conn, l.held, l.gen, nil
 }
 
 // maintain runs a lease round if one is due (the relay calls it while it sleeps, so that
@@ -172,7 +272,9 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 			return fmt.Errorf("relay: connect: %w", err)
 		}
 	}
-	if time.Now().Before(l.nextRound) {
+	// A round is due every lease interval, and at once when the lease has expired (a
+	// pause): the relay claims nothing on an expired lease.
+	if now := time.Now(); now.Before(l.nextRound) && now.Before(l.validUntil) {
 		return nil
 	}
 	if err := l.roundLocked(ctx); err != nil {
@@ -184,6 +286,9 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 		}
 		return err
 	}
+	if h := l.r.hooks.afterRound; h != nil {
+		h(l.roundStart, l.statusLocked())
+	}
 	return nil
 }
 
@@ -194,12 +299,26 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	if out, err := l.handoverLocked(ctx); out || err != nil {
 		return err
 	}
+	// The lease is renewed from before the heartbeat is sent: whoever reads the heartbeat
+	// this round writes reads it later than this.
+	start := time.Now()
+	l.roundStart = start
 	view, err := l.r.q.Membership(ctx, l.conn, &l.reg)
 	if err != nil {
 		return fmt.Errorf("relay: lease round: %w", err)
 	}
 	now := time.Now()
+	l.validUntil = start.Add(leaseTTLFactor * cfg.LeaseInterval)
+	l.publishSnapLocked()
 	l.nextRound = now.Add(cfg.LeaseInterval)
+	l.watchLocked(view.Members, now)
+	if l.fenceStaleLocked(ctx, view, now) {
+		// The fenced sessions are gone with their locks: look again, so that their
+		// partitions are taken in this round.
+		if view, err = l.r.q.Membership(ctx, l.conn, nil); err != nil {
+			return fmt.Errorf("relay: lease round: %w", err)
+		}
+	}
 
 	var alive []store.RelayMember
 	others := map[string]int{}
@@ -257,27 +376,38 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		heldBy[lk.PID]++
 		locked[lk.Partition] = true
 	}
-	// What the others wait for beyond what is free already: the most we release.
-	deficit := 0
+	// What the responsive others wait for: the most we release, and what free partitions
+	// are kept for. A silent member waits for nothing.
+	deficit, silent := 0, 0
 	for i, m := range alive {
-		if i != me && heldBy[m.PID] < share(i) {
+		if i == me {
+			continue
+		}
+		if l.silentLocked(m, now) {
+			silent++
+			continue
+		}
+		if heldBy[m.PID] < share(i) {
 			deficit += share(i) - heldBy[m.PID]
 		}
 	}
-	waiting := deficit - (cfg.Partitions - len(locked))
-	if len(l.held) < target {
-		l.fenceStaleLocked(ctx, view.Members, heldBy)
+	free := cfg.Partitions - len(locked)
+	waiting := deficit - free
+	if n != l.relays || target != l.target || silent != l.silent {
+		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions, "silent", silent)
 	}
-	if n != l.relays || target != l.target {
-		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions)
-	}
-	l.relays, l.target = n, target
+	l.relays, l.target, l.silent = n, target, silent
 	l.r.m.relays.Set(float64(n))
 	l.r.m.target.Set(float64(target))
 
+	// Free partitions: up to our share, plus those no responsive member waits for.
+	want := max(target-len(l.held), 0)
+	want += max(free-want-deficit, 0)
 	switch {
 	case len(l.held) > target && waiting > 0:
 		extra := slices.Clone(l.held[max(target, len(l.held)-waiting):])
+		// The batch in flight stops sending before the partitions are free.
+		l.lostLocked()
 		released, err := l.r.q.UnlockPartitions(ctx, l.conn, extra)
 		if err != nil {
 			return fmt.Errorf("relay: release partitions: %w", err)
@@ -285,19 +415,19 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
 		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
 		l.r.log.Info("partitions released for rebalancing", "released", released, "held", len(l.held), "target", target, "relays", n)
-	case len(l.held) < target:
-		var free []int32
+	case want > 0 && free > 0:
+		var cands []int32
 		for p := int32(0); p < int32(cfg.Partitions); p++ {
 			if !locked[p] {
-				free = append(free, p)
+				cands = append(cands, p)
 			}
 		}
 		// Relays taking at the same moment start at different places.
-		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+		rand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
 		var taken []int32
-		for want := target - len(l.held); want > 0 && len(free) > 0; want = target - len(l.held) {
-			try := free[:min(want, len(free))]
-			free = free[len(try):]
+		for left := want; left > 0 && len(cands) > 0; left = want - len(taken) {
+			try := cands[:min(left, len(cands))]
+			cands = cands[len(try):]
 			got, err := l.r.q.TryLockPartitions(ctx, l.conn, try)
 			if err != nil {
 				return fmt.Errorf("relay: take partitions: %w", err)
@@ -309,12 +439,17 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		if len(taken) > 0 {
 			slices.Sort(taken)
 			l.r.m.changes.WithLabelValues("taken").Add(float64(len(taken)))
-			l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
+			if len(l.held) > target {
+				l.r.log.Info("partitions taken beyond the fair share: no responsive relay is waiting for them",
+					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent)
+			} else {
+				l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
+			}
 		}
-		if len(l.held) < target {
-			// Someone is about to release what we wait for: look again soon.
-			l.nextRound = now.Add(max(cfg.LeaseInterval/4, 10*time.Millisecond))
-		}
+	}
+	if len(l.held) < target {
+		// Someone is about to release what we wait for: look again soon.
+		l.nextRound = now.Add(max(cfg.LeaseInterval/4, 10*time.Millisecond))
 	}
 	l.r.m.partitions.Set(float64(len(l.held)))
 
@@ -325,6 +460,40 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// watchLocked records when this relay first read each member's current heartbeat.
+func (l *leaser) watchLocked(members []store.RelayMember, now time.Time) {
+	present := make(map[uuid.UUID]bool, len(members))
+	for _, m := range members {
+		present[m.Instance] = true
+		if s, ok := l.seen[m.Instance]; !ok || !s.beat.Equal(m.HeartbeatAt) {
+			l.seen[m.Instance] = seenBeat{beat: m.HeartbeatAt, at: now}
+		}
+	}
+	for id := range l.seen {
+		if !present[id] {
+			delete(l.seen, id)
+		}
+	}
+}
+
+// silentLocked reports whether this relay has not seen m's heartbeat move for silentFactor of
+// m's lease intervals.
+func (l *leaser) silentLocked(m store.RelayMember, now time.Time) bool {
+	if m.Instance == l.reg.Instance {
+		return false
+	}
+	s, ok := l.seen[m.Instance]
+	return ok && now.Sub(s.at) >= silentFactor*memberInterval(m, l.r.cfg.LeaseInterval)
+}
+
+// memberInterval is m's lease interval, or def if its row does not say.
+func memberInterval(m store.RelayMember, def time.Duration) time.Duration {
+	if m.LeaseInterval > 0 {
+		return m.LeaseInterval
+	}
+	return def
 }
 
 // errHandedOver: the relay handed its partitions over (its NATS connection is down).
@@ -366,6 +535,7 @@ func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 	released := []int32{}
 	if len(l.held) > 0 {
 		var err error
+		l.lostLocked() // the batch in flight stops sending before the partitions are free
 		if released, err = l.r.q.UnlockPartitions(ctx, l.conn, l.held); err != nil {
 			return false, fmt.Errorf("relay: hand partitions over: %w", err)
 		}
@@ -384,18 +554,24 @@ func (l *leaser) handoverLocked(ctx context.Context) (bool, error) {
 }
 
 // fenceStaleLocked ends the lease session of each member that still holds partitions while
-// its heartbeat is stale: a frozen (SIGSTOP) or hung relay would otherwise keep its partitions
-// until its session died, and their messages would wait. Its locks go with its session; the
-// partitions are free at the next round. If the relay comes back it finds its lease
-// connection gone and starts over; a wave it was sending when it froze may still go out,
-// which the duplicate window absorbs if it comes back within it (and the consumer's dedup
-// table if not).
-func (l *leaser) fenceStaleLocked(ctx context.Context, members []store.RelayMember, heldBy map[int32]int) {
-	for _, m := range members {
-		if m.Alive || m.Instance == l.reg.Instance || heldBy[m.PID] == 0 {
+// this relay has watched its heartbeat unchanged for fenceFactor of its lease intervals: a
+// frozen (SIGSTOP, a VM pause) or hung relay would otherwise keep its partitions until its
+// session died, and their messages would wait. By then its lease has expired on its own
+// clock, so it sends nothing more if it wakes (see leaser.valid). Its locks go with its
+// session. It reports whether it fenced anyone.
+func (l *leaser) fenceStaleLocked(ctx context.Context, view store.Membership, now time.Time) bool {
+	heldBy := map[int32]int{}
+	for _, lk := range view.Locks {
+		heldBy[lk.PID]++
+	}
+	fencedAny := false
+	for _, m := range view.Members {
+		s, ok := l.seen[m.Instance]
+		if m.Instance == l.reg.Instance || heldBy[m.PID] == 0 || !ok ||
+			now.Sub(s.at) < fenceFactor*memberInterval(m, l.r.cfg.LeaseInterval) {
 			continue
 		}
-		fenced, err := l.r.q.FenceRelay(ctx, l.conn, m.Instance)
+		fenced, err := l.r.q.FenceRelay(ctx, l.conn, m.Instance, s.beat)
 		switch {
 		case err != nil:
 			if !l.fenceFailed {
@@ -404,11 +580,14 @@ func (l *leaser) fenceStaleLocked(ctx context.Context, members []store.RelayMemb
 					"(the relay's role needs pg_signal_backend, or to be the same role)", "relay_id", m.RelayID, "backend_pid", m.PID, "err", err)
 			}
 		case fenced:
+			fencedAny = true
 			l.r.m.changes.WithLabelValues("fenced").Add(float64(heldBy[m.PID]))
 			l.r.log.Warn("ended the lease session of a relay that stopped heartbeating; its partitions are free",
-				"relay_id", m.RelayID, "backend_pid", m.PID, "partitions", heldBy[m.PID], "last_heartbeat", m.HeartbeatAt)
+				"relay_id", m.RelayID, "backend_pid", m.PID, "partitions", heldBy[m.PID],
+				"silent_for", now.Sub(s.at).Round(time.Millisecond).String(), "last_heartbeat", m.HeartbeatAt)
 		}
 	}
+	return fencedAny
 }
 
 // broken is called when a statement on the lease connection failed: if the connection is
@@ -439,6 +618,8 @@ func (l *leaser) resetLocked(change string) {
 		l.r.m.changes.WithLabelValues(change).Add(float64(len(l.held)))
 	}
 	l.held = nil
+	l.validUntil = time.Time{}
+	l.lostLocked()
 	l.r.m.partitions.Set(0)
 	if l.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -472,7 +653,11 @@ func (r *Relay) Lease() LeaseStatus {
 	l := r.lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return LeaseStatus{Held: slices.Clone(l.held), Target: l.target, Relays: l.relays, Mismatch: l.mismatch}
+	return l.statusLocked()
+}
+
+func (l *leaser) statusLocked() LeaseStatus {
+	return LeaseStatus{Held: slices.Clone(l.held), Target: l.target, Relays: l.relays, Mismatch: l.mismatch, Silent: l.silent}
 }
 
 // close leaves the membership table and releases every lease by closing the connection.

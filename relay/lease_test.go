@@ -334,36 +334,35 @@ func TestPartitionCountMismatchReportedWhileRunning(t *testing.T) {
 }
 
 // A relay that stops heartbeating while its session lives on (frozen: SIGSTOP, a hung
-// process) is fenced: another relay ends its session and takes its partitions, and the rows
-// waiting there are published.
+// process) is fenced: another relay, once it has watched that heartbeat unchanged for 11 lease
+// intervals on its own clock (never earlier), ends its session and takes its partitions, and
+// the rows waiting there are published. The frozen relay's lease has expired by then: when it
+// comes back it holds nothing and publishes nothing.
 func TestFrozenRelayIsFenced(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	frozen := e.relay(&Config{ID: "frozen", Partitions: 4, LeaseInterval: 50 * time.Millisecond})
+	const lease = 50 * time.Millisecond
+	frozen := e.relay(&Config{ID: "frozen", Partitions: 4, LeaseInterval: lease})
 	if _, err := frozen.runOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if len(frozen.Partitions()) != 4 {
 		t.Fatalf("the first relay holds %v, want all 4", frozen.Partitions())
 	}
-	// It never runs again. Stale for a while (not alive, not yet fenced): the other relay
-	// waits. Then stale for long (30 lease intervals, at least 90s, of silence).
-	stale := func(ago string) {
-		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_relays SET heartbeat_at = now() - $1::interval WHERE relay_id LIKE '%/frozen'`, ago); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stale("1 minute")
+	// It never runs again.
 	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("waiting")})
 	logs := &recordLog{}
-	other := e.start(&Config{ID: "other", Partitions: 4, LeaseInterval: 50 * time.Millisecond, Logger: slog.New(logs)})
-	time.Sleep(300 * time.Millisecond) // several lease rounds
-	if n := len(other.Partitions()); n != 0 {
-		t.Fatalf("the other relay took %d partitions of a relay stale for only a minute", n)
+	var rounds <-chan round
+	started := time.Now()
+	e.startWith(&Config{ID: "other", Partitions: 4, LeaseInterval: lease, Logger: slog.New(logs)}, func(r *Relay) { rounds = roundsOf(r) })
+	rd := nextRound(t, rounds, "the other relay to take all 4", func(rd round) bool { return len(rd.st.Held) > 0 })
+	if len(rd.st.Held) != 4 {
+		t.Fatalf("the other relay took %v, want all 4 at once", rd.st.Held)
 	}
-	stale("2 minutes")
-	testsvc.Eventually(t, 10*time.Second, "the other relay to take all 4", func() bool { return len(other.Partitions()) == 4 })
+	if early := started.Add(fenceFactor * lease); rd.start.Before(early) {
+		t.Fatalf("the other relay fenced %s after it started, before %s of silence could have been seen", rd.start.Sub(started), fenceFactor*lease)
+	}
 	testsvc.Eventually(t, 10*time.Second, "the waiting row to be published", func() bool { return e.count("true") == 0 })
 	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
 		t.Fatalf("%d fence lines, want 1", n)

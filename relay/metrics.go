@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		relays: prometheus.NewGauge(prometheus.GaugeOpts(relay("relays",
 			"Live relays sharing the partitions, this one included, at the last lease round."))),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts(relay("partition_changes_total",
-			"Partition leases taken, released (rebalancing or shutdown), lost (connection gone), or fenced (another relay ended the session of this relay, frozen, counted by the relay that fenced it).")), []string{"change"}),
+			"Partition leases taken, released (rebalancing or shutdown), lost (connection gone), fenced (another relay ended the session of this relay, frozen, counted by the relay that fenced it), or expired (once per batch this relay stopped sending because its lease had ended or a partition was released or lost since the claim).")), []string{"change"}),
 		mismatch: prometheus.NewGauge(prometheus.GaugeOpts(relay("partition_count_mismatch",
 			"1 while a live relay is configured with another partition count (a misconfiguration), else 0."))),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("ready_backlog",

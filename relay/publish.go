@@ -26,6 +26,9 @@ type batchResult struct {
 	heldKeys map[string]bool
 	// permanent lists the message ids of the failed rows that become dead at once.
 	permanent []uuid.UUID
+	// withheld counts the rows not sent because the relay's lease had ended (see
+	// leaser.valid); they are left untouched, like the rows a broker error hit.
+	withheld int
 }
 
 type outcome struct {
@@ -37,8 +40,10 @@ type outcome struct {
 // the first row of each key; each following wave holds the next row of every key whose
 // previous row was acknowledged. A key whose row failed sends nothing more in this batch, and
 // the claim query holds its later rows back until the failed one is published. Within a wave
-// all publishes are pipelined. Rows of the held keys are not sent at all.
-func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]bool) *batchResult {
+// all publishes are pipelined. Rows of the held keys are not sent at all. Each row is sent only
+// while the lease the batch was claimed under (generation gen) is still valid: once it is
+// not, nothing more of the batch is sent and the rest is left as it is.
+func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]bool, gen uint64) *batchResult {
 	res := &batchResult{heldKeys: map[string]bool{}}
 	chains := map[string][]int{}
 	var wave []int
@@ -57,10 +62,18 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		}
 		chains[k] = append(chains[k], i)
 	}
+	eligible := len(wave) // rows this batch may send: the unkeyed, and the chains of keys not held
+	for _, chain := range chains {
+		eligible += len(chain) - 1
+	}
+	brokerHit := 0
 	pos := map[string]int{}
 	streamNames := map[string]string{} // subject → the stream capturing it, for describePermanent
-	for len(wave) > 0 {
-		outs := r.publishWave(ctx, rows, wave)
+	for n := 1; len(wave) > 0; n++ {
+		if h := r.hooks.beforeWave; h != nil {
+			h(n)
+		}
+		outs := r.publishWave(ctx, rows, wave, gen)
 		r.explainTimeouts(ctx, rows, wave, outs)
 		// No responders means no stream captures the subject, or JetStream itself is down;
 		// only the first is about the message.
@@ -75,6 +88,8 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		for j, i := range wave {
 			row, o := &rows[i], outs[j]
 			switch {
+			case errors.Is(o.err, errLeaseEnded):
+				res.withheld++
 			case o.err == nil:
 				res.published = append(res.published, store.Published{ID: row.ID, Stream: o.ack.Stream, Seq: o.ack.Sequence})
 				if o.ack.Duplicate {
@@ -90,6 +105,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 					}
 				}
 			case isBrokerError(o.err) || (jsDown && isNoResponders(o.err)):
+				brokerHit++
 				if res.brokerErr == nil {
 					res.brokerErr = o.err
 				}
@@ -112,11 +128,19 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				r.failing.failed(r.log, row, text, !perm && row.Attempts+1 < int32(r.cfg.MaxAttempts))
 			}
 		}
-		if res.brokerErr != nil {
-			// The broker is gone: send nothing more; the rows stay ready.
+		if res.brokerErr != nil || res.withheld > 0 {
+			// The broker is gone, or the lease ended: send nothing more; the rows stay ready.
 			break
 		}
 		wave = next
+	}
+	if res.withheld > 0 {
+		// Count every row of the batch left unsent for the lease, not only the wave's.
+		res.withheld = eligible - len(res.published) - len(res.failed) - brokerHit
+		r.stats.Withheld.Add(int64(res.withheld))
+		r.m.changes.WithLabelValues("expired").Inc()
+		r.log.Warn("this relay's partition lease ended before it could publish its whole batch (a pause, or partitions released or lost): "+
+			"the rest is left to the relay that holds the partitions now", "withheld", res.withheld, "published", len(res.published))
 	}
 	// Every key with a row left unpublished holds back its later rows in the next batch.
 	for k, chain := range chains {
@@ -241,9 +265,14 @@ func (r *Relay) jetStreamAnswers(ctx context.Context) bool {
 	return err == nil
 }
 
+// errLeaseEnded: a row was not sent because the relay's lease had ended.
+var errLeaseEnded = errors.New("relay: partition lease ended")
+
 // publishWave publishes the rows at idxs, at most MaxInFlight unacknowledged at a time, and
-// returns each one's outcome.
-func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int) []outcome {
+// returns each one's outcome. Each row is handed to the NATS client only after the lease
+// check (leaser.valid), made after any wait for a PubAck slot; once it fails, the rest of the
+// wave is not sent (errLeaseEnded).
+func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int, gen uint64) []outcome {
 	outs := make([]outcome, len(idxs))
 	futs := make([]jetstream.PubAckFuture, len(idxs))
 	var queue []int // positions in idxs with a future not yet awaited
@@ -261,7 +290,7 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = errAckWaitExpired
 		}
 	}
-	failRest := false
+	failRest, ended := false, false
 	for j, i := range idxs {
 		if failRest {
 			outs[j].err = nats.ErrConnectionClosed
@@ -270,6 +299,10 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		for len(queue) >= r.cfg.MaxInFlight {
 			await(queue[0])
 			queue = queue[1:]
+		}
+		if ended = ended || !r.lease.valid(gen); ended {
+			outs[j].err = errLeaseEnded
+			continue
 		}
 		if err := r.knownUnusable(ctx, rows[i].Subject); err != nil {
 			outs[j].err = err // not sent: its stream cannot take it (see explainTimeouts)

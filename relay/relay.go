@@ -80,6 +80,12 @@ type hooks struct {
 	afterPublish func(ctx context.Context, published int) error
 	// beforePipelinedClaim runs before a claim made while a batch is in flight.
 	beforePipelinedClaim func()
+	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
+	// lease checks of its rows: blocking in it is a pause of the relay there.
+	beforeWave func(n int)
+	// afterRound runs after each successful lease round, with the leaser's lock held, given
+	// the round's start and what it left.
+	afterRound func(start time.Time, st LeaseStatus)
 }
 
 // Stats is a snapshot of running totals, for tests and the bench command.
@@ -89,6 +95,7 @@ type Stats struct {
 	Failed     int64 // message-level publish failures
 	Dead       int64 // rows that became dead
 	Batches    int64 // non-empty batches
+	Withheld   int64 // rows of a claimed batch not sent because the relay's lease had ended
 }
 
 // counters are the running totals behind Stats.
@@ -98,6 +105,7 @@ type counters struct {
 	Failed     atomic.Int64
 	Dead       atomic.Int64
 	Batches    atomic.Int64
+	Withheld   atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -107,6 +115,7 @@ func (c *counters) snapshot() Stats {
 		Failed:     c.Failed.Load(),
 		Dead:       c.Dead.Load(),
 		Batches:    c.Batches.Load(),
+		Withheld:   c.Withheld.Load(),
 	}
 }
 
@@ -223,11 +232,11 @@ func (b *inflight) ids() []int64 {
 }
 
 // startPublish publishes rows in the background; rows of the held keys are left alone.
-func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, rows []store.Claimed, held map[string]bool) *inflight {
+func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, rows []store.Claimed, held map[string]bool) *inflight {
 	b := &inflight{conn: conn, rows: rows, done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
-		b.res = r.publish(ctx, rows, held)
+		b.res = r.publish(ctx, rows, held, gen)
 	}()
 	return b
 }
@@ -246,6 +255,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		stopping := ctx.Err() != nil
 		var (
 			conn *pgx.Conn
+			gen  uint64
 			next []store.Claimed
 			err  error
 		)
@@ -261,7 +271,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 				}
 			}
 			cctx, cancel := context.WithTimeout(cctx, claimTimeout)
-			conn, next, err = r.claim(cctx, cur.ids())
+			conn, gen, next, err = r.claim(cctx, cur.ids())
 			cancel()
 		}
 		progressed := false // a batch was published and settled in this iteration
@@ -272,7 +282,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			}
 			var nb *inflight
 			if len(next) > 0 {
-				nb = r.startPublish(bctx, conn, next, cur.res.heldKeys)
+				nb = r.startPublish(bctx, conn, gen, next, cur.res.heldKeys)
 			}
 			serr := r.finish(bctx, cur)
 			progressed = serr == nil
@@ -288,7 +298,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			}
 			cur = nb
 		} else if len(next) > 0 {
-			cur = r.startPublish(bctx, conn, next, nil)
+			cur = r.startPublish(bctx, conn, gen, next, nil)
 		}
 		if stopping {
 			if cur == nil {
@@ -419,34 +429,34 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // claim takes the next batch of due ready rows of the leased partitions, excluding rows in
-// flight.
-func (r *Relay) claim(ctx context.Context, exclude []int64) (*pgx.Conn, []store.Claimed, error) {
-	conn, parts, err := r.lease.acquire(ctx)
+// flight; gen is the lease generation it was claimed under.
+func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen uint64, rows []store.Claimed, err error) {
+	conn, parts, gen, err := r.lease.acquireGen(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}
-	rows, err := r.q.Claim(ctx, conn, args)
+	rows, err = r.q.Claim(ctx, conn, args)
 	if err != nil {
 		r.lease.broken(err)
-		return nil, nil, fmt.Errorf("relay: claim: %w", err)
+		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
 	}
-	return conn, rows, nil
+	return conn, gen, rows, nil
 }
 
 // runOnce claims one batch, publishes it and settles it, without pipelining. It returns how
 // many rows it claimed. Once rows are claimed, cancelling ctx no longer interrupts the batch:
 // it is published and settled (bounded by the publish timeout).
 func (r *Relay) runOnce(ctx context.Context) (int, error) {
-	conn, rows, err := r.claim(ctx, nil)
+	conn, gen, rows, err := r.claim(ctx, nil)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
 	bctx := context.WithoutCancel(ctx)
-	b := &inflight{conn: conn, rows: rows, res: r.publish(bctx, rows, nil)}
+	b := &inflight{conn: conn, rows: rows, res: r.publish(bctx, rows, nil, gen)}
 	return len(rows), r.finish(bctx, b)
 }
 

@@ -53,20 +53,20 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.classid = $1::int8::oid
   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
 ORDER BY 1`
-	// Fence a member whose session lives on but whose heartbeat has been stale for long (a
-	// frozen or hung process): end its session, so its locks (its partitions) are released.
-	// The threshold, three times the one for "alive" (at least 90s), leaves a live relay busy
-	// with one long batch (its heartbeat waits for its next claim) well alone. Checked again
-	// here, atomically: a member that heartbeat meanwhile, a pid another live member uses, or
-	// a session that holds no partition lock (only relays' lease sessions take them, so a
-	// reused pid is a live relay's, or holds none), is left alone.
+	// Fence a member whose session lives on but whose heartbeat the fencing relay has watched
+	// unchanged for long (a frozen or hung process): end its session, so its locks (its
+	// partitions) are released. The relay measures the silence on its own monotonic clock
+	// (see relay/lease.go); here it is checked again, atomically, that the heartbeat is still
+	// the one it watched ($3), that the session lives and holds partition locks (only relays'
+	// lease sessions take them, so a reused pid is a live relay's, or holds none), and that
+	// no member with a recent heartbeat uses that pid.
 	o.fence = `SELECT pg_terminate_backend(r.backend_pid) FROM ` + o.relays + ` r
 WHERE r.instance = $1
-  AND r.heartbeat_at <= now() - greatest(r.lease_interval_ms * 30, 90000) * interval '1 millisecond'
+  AND r.heartbeat_at = $3
   AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid)
   AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = r.backend_pid AND l.locktype = 'advisory' AND l.granted
       AND l.objsubid = 2 AND l.classid = $2::int8::oid)
-  AND NOT EXISTS (SELECT 1 FROM ` + o.relays + ` f WHERE f.backend_pid = r.backend_pid
+  AND NOT EXISTS (SELECT 1 FROM ` + o.relays + ` f WHERE f.backend_pid = r.backend_pid AND f.instance <> r.instance
       AND f.heartbeat_at > now() - greatest(f.lease_interval_ms * 10, 30000) * interval '1 millisecond')`
 	o.unregister = `DELETE FROM ` + o.relays + ` WHERE instance = $1`
 	o.cleanup = `DELETE FROM ` + o.relays + ` WHERE heartbeat_at < now() - $1::float8 * interval '1 second'`
@@ -163,12 +163,12 @@ func (q *Queries) RegisterRelay(ctx context.Context, db DBTX, r RelayRegistratio
 	return err
 }
 
-// FenceRelay ends the lease session of the member instance if its heartbeat has been stale
-// for long (three times the "alive" threshold, at least 90s) while its session lives on and
-// holds partition locks; it reports whether it did.
-func (q *Queries) FenceRelay(ctx context.Context, db DBTX, instance uuid.UUID) (bool, error) {
+// FenceRelay ends the lease session of the member instance if its heartbeat is still
+// heartbeat (the value the caller has watched unchanged for long) while its session lives on
+// and holds partition locks; it reports whether it did.
+func (q *Queries) FenceRelay(ctx context.Context, db DBTX, instance uuid.UUID, heartbeat time.Time) (bool, error) {
 	var ok bool
-	err := db.QueryRow(ctx, q.ops.fence, instance, int64(q.PartitionLockClass)).Scan(&ok)
+	err := db.QueryRow(ctx, q.ops.fence, instance, int64(q.PartitionLockClass), heartbeat).Scan(&ok)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

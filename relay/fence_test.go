@@ -1,0 +1,362 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// startWith is env.start with test hooks set before Run.
+func (e *env) startWith(cfg *Config, set func(r *Relay)) *running {
+	e.t.Helper()
+	r := e.relay(cfg)
+	set(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return &running{Relay: r, stop: stop}
+}
+
+// freezer blocks a relay before a publish wave once armed: a pause (SIGSTOP, a VM pause, a long
+// GC) at the worst moment, a batch claimed and partly sent.
+type freezer struct {
+	wave    int // the wave to stop before
+	armed   atomic.Bool
+	once    sync.Once
+	frozen  chan struct{} // closed when the relay is blocked
+	release chan struct{} // close to let it go on
+}
+
+func newFreezer(wave int) *freezer {
+	return &freezer{wave: wave, frozen: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (f *freezer) hook(n int) {
+	if n != f.wave || !f.armed.Load() {
+		return
+	}
+	block := false
+	f.once.Do(func() { block = true; close(f.frozen) })
+	if block {
+		<-f.release
+	}
+}
+
+func (f *freezer) wait(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-f.frozen:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s to freeze", what)
+	}
+}
+
+// round is what a relay's afterRound hook reports.
+type round struct {
+	start time.Time
+	st    LeaseStatus
+}
+
+func roundsOf(r *Relay) <-chan round {
+	ch := make(chan round, 1024)
+	r.hooks.afterRound = func(start time.Time, st LeaseStatus) {
+		select {
+		case ch <- round{start, st}:
+		default:
+		}
+	}
+	return ch
+}
+
+// nextRound returns the first round from ch that satisfies ok.
+func nextRound(t *testing.T, ch <-chan round, what string, ok func(round) bool) round {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case rd := <-ch:
+			if ok(rd) {
+				return rd
+			}
+		case <-timeout:
+			t.Fatalf("timed out waiting for a lease round: %s", what)
+		}
+	}
+}
+
+// setDuplicateWindow sets the ORDERS stream's duplicate window.
+func (e *env) setDuplicateWindow(w time.Duration) {
+	e.t.Helper()
+	ctx := context.Background()
+	s, err := e.nats.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = w
+	if _, err := e.nats.JS.UpdateStream(ctx, cfg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A relay frozen with a claimed batch, part of it sent, while another relay fences it and
+// publishes its partitions: when it wakes, its lease has expired on its own clock, and it sends
+// nothing more. The stream, with the shortest duplicate window the start check accepts, holds
+// every message once, in order per key.
+func TestFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := func(id string, logger *slog.Logger) *Config {
+		return &Config{ID: id, Partitions: 4, LeaseInterval: 100 * time.Millisecond, PublishTimeout: time.Second,
+			BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second, Subjects: []string{"orders.>"}, Logger: logger}
+	}
+	// The shortest window the start check accepts, and it refuses one a millisecond shorter.
+	window := cfg("", nil).WithDefaults().RequiredDuplicateWindow()
+	e.setDuplicateWindow(window - time.Millisecond)
+	if err := e.relay(cfg("check", nil)).CheckStreams(ctx); !errors.Is(err, ErrDuplicateWindow) {
+		t.Fatalf("CheckStreams with a window of %s = %v, want ErrDuplicateWindow", window-time.Millisecond, err)
+	}
+	e.setDuplicateWindow(window)
+
+	const keys, perKey = 5, 4
+	var msgs []outbox.Message
+	for i := 0; i < perKey; i++ {
+		for k := 0; k < keys; k++ {
+			key := fmt.Sprintf("k%d", k)
+			msgs = append(msgs, outbox.Message{Subject: "orders.seq", Key: key, Payload: []byte(key + ":" + strconv.Itoa(i))})
+		}
+	}
+	e.enqueue(msgs...)
+
+	// The first relay takes every partition, claims the batch, sends its first wave (the first
+	// message of each key) and freezes before the second.
+	fr := newFreezer(2)
+	fr.armed.Store(true)
+	frozen := e.startWith(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
+	fr.wait(t, "the first relay")
+	if got := len(frozen.Partitions()); got != 4 {
+		t.Fatalf("the frozen relay holds %d partitions, want 4", got)
+	}
+
+	// The other relay watches its heartbeat stop, fences it after 11 lease intervals, takes
+	// its partitions and publishes everything (the first wave again: duplicates).
+	logs := &recordLog{}
+	other := e.startWith(cfg("other", slog.New(logs)), func(*Relay) {})
+	testsvc.Eventually(t, 20*time.Second, "the other relay to publish every row", func() bool { return e.count("true") == 0 })
+	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
+		t.Fatalf("%d fence lines, want 1", n)
+	}
+	if got := other.Stats().Duplicates; got != keys {
+		t.Fatalf("the other relay got %d duplicate PubAcks, want %d (the frozen relay's first wave)", got, keys)
+	}
+
+	// The frozen relay wakes: its lease has expired, it withholds the rest of its batch.
+	close(fr.release)
+	testsvc.Eventually(t, 10*time.Second, "the woken relay to withhold its batch", func() bool { return frozen.Stats().Withheld > 0 })
+	if got, want := frozen.Stats().Withheld, int64(keys*(perKey-1)); got != want {
+		t.Fatalf("the woken relay withheld %d rows, want %d (everything after its first wave)", got, want)
+	}
+	if got := frozen.Stats().Duplicates; got != 0 {
+		t.Fatalf("the woken relay got %d duplicate PubAcks: it sent messages after its lease ended", got)
+	}
+	if got := frozen.Stats().Published; got != 0 {
+		t.Fatalf("the woken relay settled %d rows", got)
+	}
+	_ = frozen.stop()
+	_ = other.stop()
+
+	stored := e.streamMsgs("ORDERS")
+	if len(stored) != len(msgs) {
+		t.Fatalf("stream holds %d messages, want %d", len(stored), len(msgs))
+	}
+	next := map[string]int{}
+	for _, m := range stored {
+		key, n, _ := strings.Cut(string(m.Data), ":")
+		i, _ := strconv.Atoi(n)
+		if i != next[key] {
+			t.Fatalf("key %s: stored %d after %d", key, i, next[key]-1)
+		}
+		next[key]++
+	}
+}
+
+// One relay frozen (still counted alive, so it keeps a share) and another killed: the killed
+// relay's partitions are taken by the live relay at its first lease round after the kill,
+// beyond its fair share, since the frozen relay is silent and waits for nothing. Once the
+// others are back, the shares even out again.
+func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const parts = 8
+	const lease = 200 * time.Millisecond
+	cfg := func(id string) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
+	}
+	fa, fc := newFreezer(1), newFreezer(1)
+	a := e.startWith(cfg("a"), func(r *Relay) { r.hooks.beforeWave = fa.hook })
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
+	var bRounds <-chan round
+	b := e.startWith(cfg("b"), func(r *Relay) { bRounds = roundsOf(r) })
+	testsvc.Eventually(t, 10*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
+	c := e.startWith(cfg("c"), func(r *Relay) { r.hooks.beforeWave = fc.hook })
+	testsvc.Eventually(t, 10*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
+
+	// a and c freeze on their next batch; rows for every partition.
+	fa.armed.Store(true)
+	fc.armed.Store(true)
+	var msgs []outbox.Message
+	for i := 0; i < 64; i++ {
+		msgs = append(msgs, outbox.Message{Subject: "orders.created", Payload: []byte(strconv.Itoa(i))})
+	}
+	e.enqueue(msgs...)
+	fa.wait(t, "a")
+	fc.wait(t, "c")
+	nextRound(t, bRounds, "b to see a and c silent", func(rd round) bool { return rd.st.Silent == 2 })
+
+	// c is killed: PostgreSQL ends its session, its locks go.
+	var pid int32
+	if err := e.db.Pool.QueryRow(ctx, `SELECT backend_pid FROM txoutbox_relays WHERE instance = $1`, c.lease.reg.Instance).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 10*time.Second, "c's session to end", func() bool {
+		return !e.backendExists(pid)
+	})
+	gone := time.Now()
+
+	// b's first round after the kill takes both of c's partitions, although b's fair share
+	// of two live relays is 4 and it holds 5 then: a, frozen, waits for nothing.
+	rd := nextRound(t, bRounds, "b's first round after the kill", func(rd round) bool { return rd.start.After(gone) })
+	if got := len(rd.st.Held); got != 5 {
+		t.Fatalf("b's first round after the kill left it %d partitions (target %d, silent %d), want 5", got, rd.st.Target, rd.st.Silent)
+	}
+	unheld := time.Since(killed)
+	if locks := len(e.leases().Locks); locks != parts {
+		t.Fatalf("%d partitions held after b's first round since the kill, want %d", locks, parts)
+	}
+	if got := len(a.Partitions()); got != 3 {
+		t.Fatalf("the frozen relay holds %d partitions, want its 3 (it must not have been fenced yet)", got)
+	}
+	if unheld > 2*lease {
+		t.Errorf("c's partitions stayed unheld for %s, more than a lease interval (%s) and a round", unheld, lease)
+	}
+	t.Logf("c's partitions unheld for %s (lease interval %s)", unheld.Round(time.Millisecond), lease)
+
+	// a and c come back: the shares even out again, every row is published once.
+	close(fa.release)
+	close(fc.release)
+	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2 again", func() bool {
+		return slices.Equal(shares(a, b, c), []int{3, 3, 2}) && len(e.leases().Locks) == parts
+	})
+	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })
+	seen := map[string]bool{}
+	for _, m := range e.streamMsgs("ORDERS") {
+		id := m.Header.Get(outbox.HeaderMsgID)
+		if seen[id] {
+			t.Fatalf("message %s stored twice", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != len(msgs) {
+		t.Fatalf("stream holds %d messages, want %d", len(seen), len(msgs))
+	}
+}
+
+func (e *env) backendExists(pid int32) bool {
+	e.t.Helper()
+	var ok bool
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&ok); err != nil {
+		e.t.Fatal(err)
+	}
+	return ok
+}
+
+// The required duplicate window is the longest republish delay: each term wins in turn.
+func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want time.Duration
+	}{
+		{"defaults: the backoff", Config{}, 5*time.Second + time.Minute},
+		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 140*time.Second},
+		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 11200*time.Millisecond},
+		{"the handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: 30 * time.Second}, 5*time.Second + 30200*time.Millisecond},
+		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: txoutbox.Off, PublishTimeout: time.Second}, 13 * time.Second},
+	} {
+		if got := c.cfg.WithDefaults().RequiredDuplicateWindow(); got != c.want {
+			t.Errorf("%s: RequiredDuplicateWindow = %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// A batch claimed before a partition was released (a rebalancing round while it is in flight)
+// or before the lease ran out sends nothing more: its rows stay ready, untouched.
+func TestBatchStopsWhenItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.relay(&Config{Partitions: 2, LeaseInterval: time.Second})
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("1")},
+		outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("2")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("unkeyed")})
+	for _, end := range []struct {
+		name string
+		do   func(l *leaser)
+	}{
+		{"a partition released", func(l *leaser) { l.lostLocked() }},
+		{"the lease expired", func(l *leaser) { l.validUntil = time.Now().Add(-time.Millisecond); l.publishSnapLocked() }},
+	} {
+		_, gen, rows, err := r.claim(ctx, nil)
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("claim = %d rows, %v", len(rows), err)
+		}
+		if !r.lease.valid(gen) {
+			t.Fatalf("%s: the lease is not valid right after the claim", end.name)
+		}
+		r.lease.mu.Lock()
+		end.do(r.lease)
+		r.lease.mu.Unlock()
+		res := r.publish(ctx, rows, nil, gen)
+		if res.withheld != 3 || len(res.published) != 0 || len(res.failed) != 0 || res.brokerErr != nil || !res.heldKeys["a"] {
+			t.Fatalf("%s: withheld %d, published %d, failed %d, broker error %v, held keys %v; want all 3 withheld, key a held",
+				end.name, res.withheld, len(res.published), len(res.failed), res.brokerErr, res.heldKeys)
+		}
+	}
+	// The next claim runs a round at once, although one is not due for a second: the lease
+	// has expired. The round renews it, and the rows go out.
+	if got := r.Stats().Withheld; got != 6 {
+		t.Fatalf("Stats.Withheld = %d, want 6", got)
+	}
+	if got := len(e.streamMsgs("ORDERS")); got != 0 {
+		t.Fatalf("stream holds %d messages, want none", got)
+	}
+	drain(t, r)
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
+	}
+}
