@@ -1,0 +1,225 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// orderedInstance is one consumer process of the ordered tests: its own NATS connection, so
+// that closing it is a crash as JetStream sees it (nothing acked or nak'ed any more).
+type orderedInstance struct {
+	nc   *nats.Conn
+	c    *Consumer
+	stop func() error
+}
+
+func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orderedInstance {
+	t.Helper()
+	nc, err := testsvc.Connect(e.nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := *cfg
+	c := e.newConsumer(js, &cp, h)
+	c.hooks = hk
+	return &orderedInstance{nc: nc, c: c, stop: e.run(c)}
+}
+
+// Ordered mode holds the order of applied effects per key across a consumer crash and several
+// instances: the first instance dies (its connection closed, nothing acked or nak'ed) while it
+// holds unacked messages of a key, one of them blocked in its handler; two fresh instances
+// take over at once and are delivered the key's later messages long before JetStream
+// redelivers the dead instance's ones (after AckWait). Every message's effect is applied
+// exactly once, in stream order per key; a message dead-lettered as Permanent lets its key
+// go on. TXOUTBOX_LONG_TEST=1 runs a larger variant.
+func TestOrderedAcrossCrashAndInstances(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec(`CREATE TABLE applied (id bigserial PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL, idem text NOT NULL, by_instance text NOT NULL)`)
+	keys := []string{"k0", "k1", "k2", "k3"}
+	per := 60
+	if os.Getenv("TXOUTBOX_LONG_TEST") != "" {
+		keys = append(keys, "k4", "k5", "k6", "k7")
+		per = 400
+	}
+	const poison = "k1:7" // dead-lettered with Permanent: its key must go on
+
+	// The stream: keys interleaved, as the relay publishes them.
+	wantSeqs := map[string][]uint64{} // per key, the stream sequences to be applied, in stream order
+	total := 0
+	for n := range per {
+		for _, k := range keys {
+			data := fmt.Sprintf("%s:%d", k, n)
+			ack := e.publish("orders.created", map[string][]string{
+				outbox.HeaderMsgID: {newID()}, outbox.HeaderKey: {k},
+			}, data)
+			if data != poison {
+				wantSeqs[k] = append(wantSeqs[k], ack.Sequence)
+				total++
+			}
+		}
+	}
+
+	handler := func(name string, block func(ctx context.Context, msg Message) error) Handler {
+		return func(ctx context.Context, tx pgx.Tx, msg Message) error {
+			if string(msg.Data) == poison {
+				return Permanent(errors.New("poison"))
+			}
+			if block != nil {
+				if err := block(ctx, msg); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO applied (k, seq, idem, by_instance) VALUES ($1, $2, $3, $4)`,
+				msg.Key, int64(msg.StreamSeq), msg.IdempotencyKey, name)
+			return err
+		}
+	}
+	cfg := &Config{
+		Ordered:         true,
+		Concurrency:     3,
+		PullMaxMessages: 8,
+		AckWait:         700 * time.Millisecond,
+		// MaxDeliveries is the default 10: waiting for an earlier message of the key is
+		// not a delivery, however long it lasts.
+	}
+
+	// Instance A blocks in the handler of k0:2 and takes in k0's next messages (queued
+	// behind it), then dies.
+	blocked := make(chan struct{})
+	release := make(chan struct{})
+	var blockOnce sync.Once
+	var heldK0 atomic.Int32
+	a := e.startOrdered(t, cfg, handler("a", func(ctx context.Context, msg Message) error {
+		if string(msg.Data) != "k0:2" {
+			return nil
+		}
+		blockOnce.Do(func() { close(blocked) })
+		<-release
+		return errors.New("instance a died")
+	}), hooks{admitted: func(msg Message) {
+		if msg.Key == "k0" {
+			heldK0.Add(1)
+		}
+	}})
+	select {
+	case <-blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("instance a never reached k0:2")
+	}
+	testsvc.Eventually(t, 20*time.Second, "instance a holding k0's next messages", func() bool { return heldK0.Load() >= 6 })
+	a.nc.Close() // the crash: from now on a acks, naks and keeps alive nothing
+	close(release)
+	_ = a.stop()
+	appliedByA := e.count(`SELECT count(*) FROM applied`)
+
+	// Two fresh instances take over at once.
+	var waits atomic.Int64
+	hk := hooks{waiting: func(Message) { waits.Add(1) }}
+	b := e.startOrdered(t, cfg, handler("b", nil), hk)
+	c := e.startOrdered(t, cfg, handler("c", nil), hk)
+
+	testsvc.Eventually(t, 60*time.Second, "every message applied", func() bool {
+		return e.count(`SELECT count(*) FROM applied`) >= total
+	})
+	testsvc.Eventually(t, 20*time.Second, "the poison message dead-lettered", func() bool { return len(e.deadLetters()) >= 1 })
+	testsvc.Eventually(t, 20*time.Second, "every message acked", func() bool {
+		info := e.consumerInfo(testDurable)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+	_ = b.stop()
+	_ = c.stop()
+
+	if n := e.count(`SELECT count(*) FROM applied`); n != total {
+		t.Fatalf("applied %d effects, want %d", n, total)
+	}
+	if n := e.count(`SELECT count(*) FROM (SELECT idem FROM applied GROUP BY idem HAVING count(*) > 1) d`); n != 0 {
+		t.Fatalf("%d messages applied more than once", n)
+	}
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT k, seq FROM applied ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]uint64{}
+	for rows.Next() {
+		var k string
+		var s int64
+		if err := rows.Scan(&k, &s); err != nil {
+			t.Fatal(err)
+		}
+		got[k] = append(got[k], uint64(s))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if fmt.Sprint(got[k]) != fmt.Sprint(wantSeqs[k]) {
+			t.Errorf("key %s applied in stream order\n%v\nwant\n%v", k, got[k], wantSeqs[k])
+		}
+	}
+	dead := e.deadLetters()
+	if len(dead) != 1 || string(dead[0].Data) != poison || dead[0].Header.Get(HeaderDeadReason) != DeadReasonPermanent {
+		t.Errorf("dead letters: %d, want only %s", len(dead), poison)
+	}
+	// The scenario did what it is about: a later message of a key reached a new instance
+	// before the dead instance's earlier ones were redelivered, and waited for them.
+	if waits.Load() == 0 {
+		t.Errorf("no message ever waited for an earlier one of its key")
+	}
+	byB := e.count(`SELECT count(*) FROM applied WHERE by_instance = 'b'`)
+	byC := e.count(`SELECT count(*) FROM applied WHERE by_instance = 'c'`)
+	t.Logf("applied: %d by the crashed instance, %d and %d by the two others; %d waits; %d+%d stream messages read back",
+		appliedByA, byB, byC, waits.Load(), b.c.order.scannedMessages(), c.c.order.scannedMessages())
+}
+
+// A single ordered instance reading the stream alone never reads it back: its own deliveries
+// tell it everything before each message.
+func TestOrderedSingleInstanceReadsNothingBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 40
+	for i := range n {
+		e.publish("orders.created", map[string][]string{
+			outbox.HeaderMsgID: {newID()}, outbox.HeaderKey: {"k" + strconv.Itoa(i%3)},
+		}, strconv.Itoa(i))
+	}
+	c := e.newConsumer(nil, &Config{Ordered: true, Concurrency: 4}, recordEffect)
+	e.run(c)
+	e.waitEffects(n)
+	if got := c.order.scannedMessages(); got != 0 {
+		t.Fatalf("read %d messages back from the stream, want 0", got)
+	}
+}
+
+// Ordered mode refuses to start on a schema without the key-order table.
+func TestOrderedNeedsKeyOrderTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec(`DROP TABLE txoutbox_consumer_key_order`)
+	c := e.newConsumer(nil, &Config{Ordered: true}, recordEffect)
+	if _, err := c.Setup(context.Background()); !errors.Is(err, ErrNoKeyOrderTable) {
+		t.Fatalf("Setup: %v, want ErrNoKeyOrderTable", err)
+	}
+	c = e.newConsumer(nil, &Config{}, recordEffect)
+	if _, err := c.Setup(context.Background()); err != nil {
+		t.Fatalf("Setup without Ordered: %v", err)
+	}
+}

@@ -1,0 +1,52 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KeyOrderTable is the ordered consumer's per-key applied sequence (migration 003).
+const KeyOrderTable = "txoutbox_consumer_key_order"
+
+func (q *Queries) keyOrderTable() string { return pgx.Identifier{q.Schema, KeyOrderTable}.Sanitize() }
+
+// LockKeyOrder locks the (consumer, stream, key) row of the ordered consumer in tx, creating
+// it when missing, and returns the highest stream sequence applied for the key (0: none). The
+// lock is held until tx ends, so that one message of a key is checked and applied at a time.
+func (q *Queries) LockKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string) (uint64, error) {
+	// The no-op update locks an existing row as SELECT ... FOR UPDATE would, and a row
+	// inserted concurrently is waited for, in one round trip.
+	var applied int64
+	err := tx.QueryRow(ctx, `INSERT INTO `+q.keyOrderTable()+` AS k (consumer, stream, order_key, applied_seq)
+VALUES ($1, $2, $3, 0)
+ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = k.applied_seq
+RETURNING applied_seq`, consumer, stream, key).Scan(&applied)
+	return uint64(applied), err
+}
+
+// AdvanceKeyOrder records seq as the key's highest applied stream sequence (it never moves
+// back), in tx.
+func (q *Queries) AdvanceKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string, seq uint64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+q.keyOrderTable()+` AS k (consumer, stream, order_key, applied_seq)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = greatest(k.applied_seq, excluded.applied_seq), updated_at = now()`,
+		consumer, stream, key, int64(seq))
+	return err
+}
+
+// ErrNoKeyOrderTable: the schema lacks migration 003's table.
+var ErrNoKeyOrderTable = errors.New("store: " + KeyOrderTable + " does not exist (run the migrations)")
+
+// CheckKeyOrderTable reports ErrNoKeyOrderTable when the schema lacks the table.
+func (q *Queries) CheckKeyOrderTable(ctx context.Context, db DBTX) error {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q.keyOrderTable()).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return ErrNoKeyOrderTable
+	}
+	return nil
+}
