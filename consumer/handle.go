@@ -107,18 +107,20 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 			return r
 		}
 	}
-	inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+	var inserted bool
+	if guarded {
+		// Its turn: the dedup row and the key's new applied sequence in one round trip. A
+		// duplicate moves the key past it too, or the key's later messages would wait for it.
+		inserted, err = c.insertDedupAdvance(ctx, tx, it)
+	} else {
+		inserted, err = c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+	}
 	if err != nil {
 		return c.unavailable(it, "dedup insert", err)
 	}
 	c.pgUp()
 	if !inserted {
 		if guarded {
-			// A duplicate in its turn: the key moves past it, or the key's later messages
-			// would wait for it.
-			if err := c.advanceKey(ctx, tx, it); err != nil {
-				return c.unavailable(it, "key order update", err)
-			}
 			if err := tx.Commit(ctx); err != nil {
 				return c.unavailable(it, "commit", err)
 			}
@@ -141,14 +143,6 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 			return c.unavailable(it, "handler", herr)
 		}
 		return c.failed(ctx, it, herr)
-	}
-	if guarded {
-		if err := c.advanceKey(ctx, tx, it); err != nil {
-			if broken(ctx, tx) {
-				return c.unavailable(it, "key order update", err)
-			}
-			return c.failed(ctx, it, fmt.Errorf("key order update: %w", err))
-		}
 	}
 	if h := c.hooks.beforeCommit; h != nil {
 		h(ctx)
@@ -658,12 +652,26 @@ func waitDelay(waits int) time.Duration {
 	return min(10*time.Millisecond<<min(waits-1, 7), time.Second)
 }
 
-// advanceKey records it as its key's highest applied message, in tx.
-func (c *Consumer) advanceKey(ctx context.Context, tx pgx.Tx, it *item) error {
-	return c.q.AdvanceKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+// insertDedupAdvance inserts it's dedup row and records it as its key's highest applied
+// message, in tx and one round trip. It reports whether the dedup row was inserted.
+func (c *Consumer) insertDedupAdvance(ctx context.Context, tx pgx.Tx, it *item) (bool, error) {
+	b := &pgx.Batch{}
+	c.q.QueueInsertDedup(b, it.dedupRow(c.cfg.Durable))
+	c.q.QueueAdvanceKeyOrder(b, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected() == 1, err
 }
 
-// advanceKeyTx is advanceKey in a transaction of its own.
+// advanceKeyTx records it as its key's highest applied message, in a transaction of its own.
 func (c *Consumer) advanceKeyTx(ctx context.Context, it *item) error {
-	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.advanceKey(ctx, tx, it) })
+	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		return c.q.AdvanceKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+	})
 }

@@ -26,14 +26,22 @@ RETURNING applied_seq`, consumer, stream, key).Scan(&applied)
 	return uint64(applied), err
 }
 
+func (q *Queries) advanceKeyOrderSQL() string {
+	return `INSERT INTO ` + q.keyOrderTable() + ` AS k (consumer, stream, order_key, applied_seq)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = greatest(k.applied_seq, excluded.applied_seq), updated_at = now()`
+}
+
 // AdvanceKeyOrder records seq as the key's highest applied stream sequence (it never moves
 // back), in tx.
 func (q *Queries) AdvanceKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string, seq uint64) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+q.keyOrderTable()+` AS k (consumer, stream, order_key, applied_seq)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = greatest(k.applied_seq, excluded.applied_seq), updated_at = now()`,
-		consumer, stream, key, int64(seq))
+	_, err := tx.Exec(ctx, q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
 	return err
+}
+
+// QueueAdvanceKeyOrder queues AdvanceKeyOrder's statement on b.
+func (q *Queries) QueueAdvanceKeyOrder(b *pgx.Batch, consumer, stream, key string, seq uint64) {
+	b.Queue(q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
 }
 
 // ErrNoKeyOrderTable: the schema lacks migration 003's table.
