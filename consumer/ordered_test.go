@@ -49,16 +49,22 @@ func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orde
 // take over at once and are delivered the key's later messages long before JetStream
 // redelivers the dead instance's ones (after AckWait). Every message's effect is applied
 // exactly once, in stream order per key; a message dead-lettered as Permanent lets its key
-// go on. TXOUTBOX_LONG_TEST=1 runs a larger variant.
+// go on. The durable reads orders.created only: the keys' messages on orders.ignored, which
+// it is never delivered, hold nothing back. TXOUTBOX_ORDERED_PER_KEY=N runs eight keys of N
+// messages.
 func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.exec(`CREATE TABLE applied (id bigserial PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL, idem text NOT NULL, by_instance text NOT NULL)`)
 	keys := []string{"k0", "k1", "k2", "k3"}
 	per := 60
-	if os.Getenv("TXOUTBOX_LONG_TEST") != "" {
+	if v := os.Getenv("TXOUTBOX_ORDERED_PER_KEY"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 10 {
+			t.Fatalf("TXOUTBOX_ORDERED_PER_KEY=%q: want a number of at least 10", v)
+		}
 		keys = append(keys, "k4", "k5", "k6", "k7")
-		per = 400
+		per = n
 	}
 	const poison = "k1:7" // dead-lettered with Permanent: its key must go on
 
@@ -74,6 +80,11 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 			if data != poison {
 				wantSeqs[k] = append(wantSeqs[k], ack.Sequence)
 				total++
+			}
+			if n%3 == 0 {
+				e.publish("orders.ignored", map[string][]string{
+					outbox.HeaderMsgID: {newID()}, outbox.HeaderKey: {k},
+				}, data)
 			}
 		}
 	}
@@ -95,6 +106,7 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	}
 	cfg := &Config{
 		Ordered:         true,
+		FilterSubjects:  []string{"orders.created"},
 		Concurrency:     3,
 		PullMaxMessages: 8,
 		AckWait:         700 * time.Millisecond,
@@ -137,7 +149,7 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	b := e.startOrdered(t, cfg, handler("b", nil), hk)
 	c := e.startOrdered(t, cfg, handler("c", nil), hk)
 
-	testsvc.Eventually(t, 60*time.Second, "every message applied", func() bool {
+	testsvc.Eventually(t, 60*time.Second+time.Duration(total)*10*time.Millisecond, "every message applied", func() bool {
 		return e.count(`SELECT count(*) FROM applied`) >= total
 	})
 	testsvc.Eventually(t, 20*time.Second, "the poison message dead-lettered", func() bool { return len(e.deadLetters()) >= 1 })
@@ -222,4 +234,32 @@ func TestOrderedNeedsKeyOrderTable(t *testing.T) {
 	if _, err := c.Setup(context.Background()); err != nil {
 		t.Fatalf("Setup without Ordered: %v", err)
 	}
+}
+
+// A keyed message that arrives after its key moved past it is a duplicate when its dedup row
+// says it was applied, and a dead letter (out-of-order) otherwise: never applied, never dropped.
+func TestOrderedKeyMovedPast(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	applied := e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {"m-applied"}, outbox.HeaderKey: {"k"}}, "applied")
+	lost := e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {"m-lost"}, outbox.HeaderKey: {"k"}}, "lost")
+	e.exec(`INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ($1, $2, 'k', $3)`,
+		testDurable, testStream, int64(lost.Sequence)+10)
+	e.exec(`INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key, message_id, stream_seq) VALUES ($1, 'm-applied', 'm-applied', $2)`,
+		testDurable, int64(applied.Sequence))
+	c := e.newConsumer(nil, &Config{Ordered: true}, recordEffect)
+	e.run(c)
+	testsvc.Eventually(t, 20*time.Second, "both settled", func() bool {
+		return c.Stats().Duplicates == 1 && len(e.deadLetters()) == 1
+	})
+	if n := e.effects(); n != 0 {
+		t.Fatalf("%d effects applied, want none", n)
+	}
+	dead := e.deadLetters()[0]
+	if string(dead.Data) != "lost" || dead.Header.Get(HeaderDeadReason) != DeadReasonOutOfOrder {
+		t.Fatalf("dead letter %q, reason %q", dead.Data, dead.Header.Get(HeaderDeadReason))
+	}
+	testsvc.Eventually(t, 10*time.Second, "both acked or terminated", func() bool {
+		return e.consumerInfo(testDurable).NumAckPending == 0
+	})
 }
