@@ -253,7 +253,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("consumer: stream %q: %w", c.cfg.Stream, err)
 		}
-		c.order = newKeyOrder(stream, cons, c.cfg.FilterSubjects)
+		c.order = newKeyOrder(c.js, stream, cons, c.cfg.FilterSubjects)
 		go c.refreshOrder(ctx, c.order, stopRefresh)
 	}
 

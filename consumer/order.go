@@ -2,13 +2,16 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -31,6 +34,10 @@ import (
 
 // errOrderFloor: the durable's ack floor is not known yet (JetStream did not answer).
 var errOrderFloor = errors.New("consumer: the durable's ack floor is not known yet")
+
+// errStreamBehind: the stream's leader does not store yet a message the consumer was delivered
+// (a new leader catching up): the read is tried again later.
+var errStreamBehind = errors.New("consumer: the stream does not hold every message before the one delivered yet")
 
 // validOrderKey reports whether key can be stored in the key-order table; a message whose
 // key cannot is malformed in ordered mode.
@@ -56,6 +63,8 @@ func orderKeyOf(m *Message) string {
 // keyOrder is what an ordered consumer knows about the keyed messages of the stream above the
 // durable's ack floor.
 type keyOrder struct {
+	nc      *nats.Conn
+	getSubj string // the stream leader's message-get API subject
 	stream  jetstream.Stream
 	cons    jetstream.Consumer
 	filters []string // the consumer's filter subjects, or ">"
@@ -77,11 +86,23 @@ type keyOrder struct {
 	scanMu sync.Mutex // one scan at a time
 }
 
-func newKeyOrder(stream jetstream.Stream, cons jetstream.Consumer, filters []string) *keyOrder {
+func newKeyOrder(js jetstream.JetStream, stream jetstream.Stream, cons jetstream.Consumer, filters []string) *keyOrder {
 	if len(filters) == 0 {
 		filters = []string{">"}
 	}
-	return &keyOrder{stream: stream, cons: cons, filters: filters, pending: map[string][]uint64{}}
+	opts := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case opts.APIPrefix != "":
+		prefix = strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	case opts.Domain != "":
+		prefix = "$JS." + opts.Domain + ".API."
+	}
+	return &keyOrder{
+		nc:      js.Conn(),
+		getSubj: prefix + "STREAM.MSG.GET." + stream.CachedInfo().Config.Name,
+		stream:  stream, cons: cons, filters: filters, pending: map[string][]uint64{},
+	}
 }
 
 // refresh reads the durable's ack floor and forgets what it settles.
@@ -203,8 +224,17 @@ func (o *keyOrder) complete(ctx context.Context, seq uint64) error {
 func (o *keyOrder) scan(ctx context.Context, from, end uint64) (read uint64, err error) {
 	for _, f := range o.filters {
 		for next := from; next < end; {
-			raw, err := o.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(f))
+			raw, err := o.getNext(ctx, next, f)
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				// Nothing matches f from next on: true only if the stream leader stores
+				// everything before end (messages are stored in sequence order).
+				info, err := o.stream.Info(ctx)
+				if err != nil {
+					return read, fmt.Errorf("stream info: %w", err)
+				}
+				if info.State.LastSeq+1 < end {
+					return read, fmt.Errorf("%w: the stream's last sequence is %d, before %d", errStreamBehind, info.State.LastSeq, end-1)
+				}
 				break
 			}
 			if err != nil {
@@ -262,4 +292,58 @@ func (o *keyOrder) scannedMessages() uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.scanned
+}
+
+// msgGetTimeout bounds one read of a stream message.
+const msgGetTimeout = 5 * time.Second
+
+// getNext returns the first message of the stream at or after seq whose subject matches
+// filter. It asks the stream's leader (JetStream's STREAM.MSG.GET API), never a direct get:
+// with AllowDirect, direct gets may be answered by a replica that does not store the latest
+// messages yet, and a message missing from the answer would let a later one of its key be
+// applied first.
+func (o *keyOrder) getNext(ctx context.Context, seq uint64, filter string) (*jetstream.RawStreamMsg, error) {
+	req, err := json.Marshal(struct {
+		Seq     uint64 `json:"seq"`
+		NextFor string `json:"next_by_subj"`
+	}{seq, filter})
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, msgGetTimeout)
+	defer cancel()
+	reply, err := o.nc.RequestWithContext(rctx, o.getSubj, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     uint16 `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Subject  string `json:"subject"`
+			Sequence uint64 `json:"seq"`
+			Header   []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return nil, fmt.Errorf("message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == uint16(jetstream.JSErrCodeMessageNotFound):
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, fmt.Errorf("message get: %s (%d, %d)", resp.Error.Description, resp.Error.Code, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, errors.New("message get: empty answer")
+	}
+	out := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Sequence}
+	if len(resp.Message.Header) > 0 {
+		if out.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return nil, fmt.Errorf("message get: headers: %w", err)
+		}
+	}
+	return out, nil
 }

@@ -263,3 +263,73 @@ func TestOrderedKeyMovedPast(t *testing.T) {
 		return e.consumerInfo(testDurable).NumAckPending == 0
 	})
 }
+
+// What an instance reads back from the stream for the stretches it was not delivered: the
+// keyed messages of its filter subjects, from the stream's leader, each once.
+func TestOrderedReadsBackStretches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	pub := func(subject, key string) uint64 {
+		h := map[string][]string{outbox.HeaderMsgID: {newID()}}
+		if key != "" {
+			h[outbox.HeaderKey] = []string{key}
+		}
+		return e.publish(subject, h, "x").Sequence
+	}
+	a1 := pub("orders.a", "k1")                // 1
+	pub("orders.a", "")                        // 2: unkeyed
+	b1 := pub("orders.b", "k1")                // 3
+	c1 := pub("orders.c", "k2")                // 4: another subject
+	pub("orders.a", "")                        // 5
+	e.publish("orders.a", map[string][]string{ // 6: malformed (no id): not ordered
+		outbox.HeaderKey: {"k1"},
+	}, "x")
+	last := pub("orders.a", "k2") // 7
+
+	for _, tc := range []struct {
+		filters []string
+		want    map[string][]uint64
+		read    uint64
+	}{
+		{nil, map[string][]uint64{"k1": {a1, b1}, "k2": {c1}}, 6},
+		{[]string{"orders.a", "orders.b"}, map[string][]uint64{"k1": {a1, b1}}, 5},
+		{[]string{"orders.none"}, map[string][]uint64{}, 0},
+	} {
+		t.Run(fmt.Sprint(tc.filters), func(t *testing.T) {
+			durable := fmt.Sprintf("scan%d", len(tc.filters))
+			if len(tc.filters) > 0 && tc.filters[0] == "orders.none" {
+				durable = "scannone"
+			}
+			c := e.newConsumer(nil, &Config{Ordered: true, Durable: durable, FilterSubjects: tc.filters}, recordEffect)
+			cons, err := c.Setup(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream, err := e.nats.JS.Stream(ctx, testStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := newKeyOrder(e.nats.JS, stream, cons, tc.filters)
+			if err := o.complete(ctx, last); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(o.pending) != fmt.Sprint(tc.want) || o.scannedMessages() != tc.read {
+				t.Fatalf("read back %d messages, keyed %v; want %d, %v", o.scannedMessages(), o.pending, tc.read, tc.want)
+			}
+			if len(tc.want["k1"]) > 0 {
+				if !o.blocked("k1", a1, last) {
+					t.Fatalf("k1 at %d not blocked with %d applied", last, a1)
+				}
+				if o.blocked("k1", b1, last) {
+					t.Fatalf("k1 at %d blocked with %d applied", last, b1)
+				}
+			}
+			// A stream leader that does not store what was delivered yet: an error, not
+			// "nothing there".
+			if err := o.complete(ctx, last+5); !errors.Is(err, errStreamBehind) {
+				t.Fatalf("complete beyond the stream: %v, want errStreamBehind", err)
+			}
+		})
+	}
+}
