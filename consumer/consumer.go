@@ -79,8 +79,9 @@ var (
 	// ErrDeliveriesExhausted: the message arrived after MaxDeliveries deliveries without an
 	// outcome (earlier deliveries timed out: a crashed or stuck consumer).
 	ErrDeliveriesExhausted = errors.New("consumer: deliveries exhausted")
-	// ErrNoKeyOrderTable: Config.Ordered is set and the schema lacks the key-order table.
-	ErrNoKeyOrderTable = errors.New("consumer: Config.Ordered needs the txoutbox_consumer_key_order table (migration 003)")
+	// ErrKeyOrderTable: Config.Ordered is set and the schema lacks the key-order table, or the
+	// consumer's role may not read, insert and update it.
+	ErrKeyOrderTable = errors.New("consumer: Config.Ordered needs the txoutbox_consumer_key_order table (migration 003) with SELECT, INSERT and UPDATE")
 	// ErrOutOfOrder: in ordered mode, a message arrived after a later message of its key was
 	// applied, and no dedup row says it was applied itself. It is dead-lettered, never applied
 	// out of order nor dropped. It happens only when the dedup row was purged before the
@@ -212,8 +213,8 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
-// needs. A database that does not answer is not a configuration error: the handlers wait for
-// it like for any outage.
+// needs, or the consumer's role cannot use it. A database that does not answer is not a
+// configuration error: the handlers wait for it like for any outage.
 func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
@@ -223,7 +224,9 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	switch err := c.q.CheckKeyOrderTable(ctx, tx); {
 	case errors.Is(err, store.ErrNoKeyOrderTable):
-		return fmt.Errorf("%w: schema %q (run the migrations)", ErrNoKeyOrderTable, c.cfg.Schema)
+		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
+	case errors.Is(err, store.ErrKeyOrderPrivileges):
+		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (relay migrate grants --role consumer)", ErrKeyOrderTable, c.cfg.Schema)
 	case err != nil:
 		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
 	}

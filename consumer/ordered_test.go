@@ -227,8 +227,8 @@ func TestOrderedNeedsKeyOrderTable(t *testing.T) {
 	e := newEnv(t)
 	e.exec(`DROP TABLE txoutbox_consumer_key_order`)
 	c := e.newConsumer(nil, &Config{Ordered: true}, recordEffect)
-	if _, err := c.Setup(context.Background()); !errors.Is(err, ErrNoKeyOrderTable) {
-		t.Fatalf("Setup: %v, want ErrNoKeyOrderTable", err)
+	if _, err := c.Setup(context.Background()); !errors.Is(err, ErrKeyOrderTable) {
+		t.Fatalf("Setup: %v, want ErrKeyOrderTable", err)
 	}
 	c = e.newConsumer(nil, &Config{}, recordEffect)
 	if _, err := c.Setup(context.Background()); err != nil {

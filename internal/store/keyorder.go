@@ -47,14 +47,25 @@ func (q *Queries) QueueAdvanceKeyOrder(b *pgx.Batch, consumer, stream, key strin
 // ErrNoKeyOrderTable: the schema lacks migration 003's table.
 var ErrNoKeyOrderTable = errors.New("store: " + KeyOrderTable + " does not exist (run the migrations)")
 
-// CheckKeyOrderTable reports ErrNoKeyOrderTable when the schema lacks the table.
+// ErrKeyOrderPrivileges: the session's role may not read, insert and update the table.
+var ErrKeyOrderPrivileges = errors.New("store: " + KeyOrderTable + " needs SELECT, INSERT and UPDATE (relay migrate grants --role consumer)")
+
+// CheckKeyOrderTable reports ErrNoKeyOrderTable when the schema lacks the table, and
+// ErrKeyOrderPrivileges when the session's role cannot use it.
 func (q *Queries) CheckKeyOrderTable(ctx context.Context, db DBTX) error {
-	var ok bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q.keyOrderTable()).Scan(&ok); err != nil {
+	var exists, allowed bool
+	err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+       CASE WHEN to_regclass($1) IS NULL THEN false
+            ELSE has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT')
+                 AND has_table_privilege(to_regclass($1), 'UPDATE') END`, // a list of privileges would mean "any of"
+		q.keyOrderTable()).Scan(&exists, &allowed)
+	switch {
+	case err != nil:
 		return err
-	}
-	if !ok {
+	case !exists:
 		return ErrNoKeyOrderTable
+	case !allowed:
+		return ErrKeyOrderPrivileges
 	}
 	return nil
 }
