@@ -49,8 +49,9 @@ func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orde
 // take over at once and are delivered the key's later messages long before JetStream
 // redelivers the dead instance's ones (after AckWait). Every message's effect is applied
 // exactly once, in stream order per key; a message dead-lettered as Permanent lets its key
-// go on. The durable reads orders.created only: the keys' messages on orders.ignored, which
-// it is never delivered, hold nothing back. TXOUTBOX_ORDERED_PER_KEY=N runs eight keys of N
+// go on; unkeyed messages are applied exactly once too. One of the new instances runs in batch
+// mode. The durable reads orders.created only: the keys' messages on orders.ignored, which it
+// is never delivered, hold nothing back. TXOUTBOX_ORDERED_PER_KEY=N runs eight keys of N
 // messages.
 func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	t.Parallel()
@@ -86,6 +87,10 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 					outbox.HeaderMsgID: {newID()}, outbox.HeaderKey: {k},
 				}, data)
 			}
+		}
+		if n%4 == 0 { // unkeyed messages: not ordered, applied exactly once
+			e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID()}}, fmt.Sprintf("unkeyed:%d", n))
+			total++
 		}
 	}
 
@@ -147,7 +152,9 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	var waits atomic.Int64
 	hk := hooks{waiting: func(Message) { waits.Add(1) }}
 	b := e.startOrdered(t, cfg, handler("b", nil), hk)
-	c := e.startOrdered(t, cfg, handler("c", nil), hk)
+	batchCfg := *cfg
+	batchCfg.BatchSize = 8 // keyed messages one transaction each, unkeyed ones batched
+	c := e.startOrdered(t, &batchCfg, handler("c", nil), hk)
 
 	testsvc.Eventually(t, 60*time.Second+time.Duration(total)*10*time.Millisecond, "every message applied", func() bool {
 		return e.count(`SELECT count(*) FROM applied`) >= total
