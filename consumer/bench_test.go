@@ -18,24 +18,30 @@ import (
 // with its dedup row and a one-row business update (UPDATE accounts … WHERE id = $1 over
 // 1,000 accounts), in per-message mode (one transaction and commit per message) and in batch
 // mode (one transaction per batch, a savepoint per message), at concurrency 1 and 4. Payloads
-// are 512 random bytes. Run the cases in one invocation and compare them, e.g.
+// are 512 random bytes. The keyed cases give the messages 100 ordering keys, consumed without
+// and with Ordered (the per-key applied-order check). Run the cases in one invocation and
+// compare them, e.g.
 //
 //	go test ./consumer -run '^$' -bench BenchmarkConsume -benchtime 5000x -count 1
 func BenchmarkConsume(b *testing.B) {
 	for _, bc := range []struct {
 		name        string
 		batch, conc int
+		keys        int
+		ordered     bool
 	}{
-		{"per-message/c=1", 1, 1},
-		{"batch=50/c=1", 50, 1},
-		{"per-message/c=4", 1, 4},
-		{"batch=50/c=4", 50, 4},
+		{"per-message/c=1", 1, 1, 0, false},
+		{"batch=50/c=1", 50, 1, 0, false},
+		{"per-message/c=4", 1, 4, 0, false},
+		{"batch=50/c=4", 50, 4, 0, false},
+		{"keyed/per-message/c=4", 1, 4, 100, false},
+		{"keyed/ordered/per-message/c=4", 1, 4, 100, true},
 	} {
-		b.Run(bc.name, func(b *testing.B) { benchConsume(b, bc.batch, bc.conc) })
+		b.Run(bc.name, func(b *testing.B) { benchConsume(b, bc.batch, bc.conc, bc.keys, bc.ordered) })
 	}
 }
 
-func benchConsume(b *testing.B, batch, conc int) {
+func benchConsume(b *testing.B, batch, conc, keys int, ordered bool) {
 	ctx := context.Background()
 	db := testsvc.NewDB(b)
 	n := testsvc.NewNATS(b)
@@ -57,6 +63,9 @@ func benchConsume(b *testing.B, batch, conc int) {
 	for i := range b.N {
 		m := nats.NewMsg("orders.created")
 		m.Header[outbox.HeaderMsgID] = []string{newID()}
+		if keys > 0 {
+			m.Header[outbox.HeaderKey] = []string{fmt.Sprintf("acct-%d", i%keys)}
+		}
 		m.Data = payload
 		if _, err := pub.PublishMsgAsync(m); err != nil {
 			b.Fatalf("publish %d: %v", i, err)
@@ -74,7 +83,7 @@ func benchConsume(b *testing.B, batch, conc int) {
 	}
 	c, err := New(db.Pool, n.JS, h, &Config{
 		Stream: testStream, Durable: testDurable, Schema: db.Schema,
-		BatchSize: batch, Concurrency: conc, Logger: quietLogger(),
+		BatchSize: batch, Concurrency: conc, Ordered: ordered, Logger: quietLogger(),
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -77,12 +77,19 @@ type Config struct {
 	// a batch takes what has already arrived and does not wait.
 	BatchWait time.Duration
 
-	// Ordered, when set, handles the messages of one ordering key (the Txoutbox-Key header)
-	// one after another, in delivery order, while different keys (and unkeyed messages) run
-	// in parallel. A failed keyed message is retried in place, holding its key back, instead
-	// of being nak'ed, so that a later message of the key cannot overtake it. Order holds
-	// within one consumer instance: run a single instance per durable (or split the keys
-	// over subjects and durables) when order matters. Defaults to false.
+	// Ordered, when set, applies the messages of one ordering key (the Txoutbox-Key header)
+	// in stream order, across consumer restarts, crashes and any number of instances of the
+	// durable, while different keys (and unkeyed messages) run in parallel. In the
+	// transaction that applies a keyed message, the consumer locks the key's row of
+	// txoutbox_consumer_key_order (migration 003; Setup refuses a schema without it) and
+	// applies the message only when every earlier message of the key in the stream was
+	// applied or dead-lettered; it then records the message's stream sequence for the key in
+	// that transaction. A message whose earlier ones are still out (held by another instance,
+	// or delivered to a consumer that died and waiting for their AckWait) waits, held and
+	// kept alive, without counting a delivery. A failed keyed message is retried in place,
+	// holding its key back; a dead-lettered one lets its key go on. Every instance of the
+	// durable must set Ordered. In batch mode keyed messages get one transaction each.
+	// Defaults to false.
 	Ordered bool
 
 	// MaxDeliveries is how many times a message is tried before it goes to the dead-letter

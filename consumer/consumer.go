@@ -79,6 +79,16 @@ var (
 	// ErrDeliveriesExhausted: the message arrived after MaxDeliveries deliveries without an
 	// outcome (earlier deliveries timed out: a crashed or stuck consumer).
 	ErrDeliveriesExhausted = errors.New("consumer: deliveries exhausted")
+	// ErrKeyOrderTable: Config.Ordered is set and the schema lacks the key-order table, or the
+	// consumer's role may not read, insert and update it.
+	ErrKeyOrderTable = errors.New("consumer: Config.Ordered needs the txoutbox_consumer_key_order table (migration 003) with SELECT, INSERT and UPDATE")
+	// ErrOutOfOrder: in ordered mode, a message arrived after a later message of its key was
+	// applied, and no dedup row says it was applied itself. It is dead-lettered, never applied
+	// out of order nor dropped. It happens only when the dedup row was purged before the
+	// message's last redelivery, when the stream lost the message while it was in flight, or
+	// when the stream was recreated (its sequences start again) without deleting the durable's
+	// rows of txoutbox_consumer_key_order.
+	ErrOutOfOrder = errors.New("consumer: message arrived after its key moved past it")
 )
 
 // Consumer is an idempotent JetStream consumer. Create it with New and start it with Run.
@@ -92,6 +102,7 @@ type Consumer struct {
 	m       *metrics
 	stats   counters
 	hooks   hooks
+	order   *keyOrder // ordered mode, while Run runs; set before the workers start
 
 	running  atomic.Bool
 	pgDown   atomic.Bool // for one log line per state change
@@ -111,6 +122,11 @@ type hooks struct {
 	onRetry func(msg Message, delay time.Duration)
 	// stopping runs when Run's graceful stop begins, before it drains the subscription.
 	stopping func()
+	// admitted observes a message the dispatcher took in.
+	admitted func(msg Message)
+	// waiting observes a keyed message found to wait for an earlier message of its key
+	// (ordered mode).
+	waiting func(msg Message)
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
@@ -188,7 +204,33 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	case dlq == c.cfg.Stream && len(c.cfg.FilterSubjects) == 0:
 		return nil, fmt.Errorf("%w: stream %q captures %q and the consumer reads all of it", ErrDeadLetterLoop, dlq, c.cfg.DeadLetterSubject)
 	}
+	if c.cfg.Ordered {
+		if err := c.checkKeyOrderTable(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return cons, nil
+}
+
+// checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
+// needs, or the consumer's role cannot use it. A database that does not answer is not a
+// configuration error: the handlers wait for it like for any outage.
+func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
+		return nil
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	switch err := c.q.CheckKeyOrderTable(ctx, tx); {
+	case errors.Is(err, store.ErrNoKeyOrderTable):
+		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
+	case errors.Is(err, store.ErrKeyOrderPrivileges):
+		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (relay migrate grants --role consumer)", ErrKeyOrderTable, c.cfg.Schema)
+	case err != nil:
+		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
+	}
+	return nil
 }
 
 // Run consumes until ctx is cancelled, then stops gracefully: it stops pulling, naks the
@@ -204,6 +246,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.Setup(ctx)
 	if err != nil {
 		return err
+	}
+
+	c.order = nil
+	stopRefresh := make(chan struct{})
+	defer close(stopRefresh)
+	if c.cfg.Ordered {
+		stream, err := c.js.Stream(ctx, c.cfg.Stream)
+		if err != nil {
+			return fmt.Errorf("consumer: stream %q: %w", c.cfg.Stream, err)
+		}
+		c.order = newKeyOrder(c.js, stream, cons, c.cfg.FilterSubjects)
+		go c.refreshOrder(ctx, c.order, stopRefresh)
 	}
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -295,5 +349,24 @@ func (c *Consumer) natsUp() {
 func (c *Consumer) pgUp() {
 	if c.pgDown.Load() && c.pgDown.Swap(false) {
 		c.log.Info("postgres available again")
+	}
+}
+
+// refreshOrder keeps the ordered mode's view of the durable's ack floor fresh (every
+// InProgressInterval), so that what it settles is forgotten and not read back from the stream.
+func (c *Consumer) refreshOrder(ctx context.Context, o *keyOrder, stop <-chan struct{}) {
+	t := time.NewTicker(c.cfg.InProgressInterval)
+	defer t.Stop()
+	for {
+		if err := o.refresh(ctx); err != nil && ctx.Err() == nil {
+			c.log.Debug("could not read the durable's ack floor", "err", err)
+		}
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,6 +21,8 @@ type item struct {
 	outages    int    // consecutive Postgres/NATS failures, not counted as attempts
 	orderKey   string // the key it is ordered by, in ordered mode
 	managed    bool   // held by a dispatcher, which can retry it in place
+	waits      int    // consecutive checks that found an earlier message of its key unsettled
+	slot       bool   // it holds a slot of dispatcher.sem; dispatcher.mu
 
 	touched time.Time // last in-progress ack (zero: none yet); dispatcher.mu
 
@@ -50,8 +53,12 @@ func newItem(raw jetstream.Msg, ordered bool) *item {
 	it := &item{raw: raw}
 	it.msg, it.bad = decode(raw)
 	it.deliveries = max(it.msg.Delivery, 1)
-	if ordered && it.bad == nil {
-		it.orderKey = it.msg.Key
+	if ordered && it.bad == nil && it.msg.Key != "" {
+		if err := validOrderKey(it.msg.Key); err != nil {
+			it.bad = err // it could not be recorded in the key-order table
+		} else {
+			it.orderKey = it.msg.Key
+		}
 	}
 	return it
 }
@@ -60,18 +67,25 @@ func newItem(raw jetstream.Msg, ordered bool) *item {
 func (it *item) attempt() int { return it.deliveries + it.retries }
 
 // dispatcher hands held messages to the workers: in batches of up to BatchSize, and, in
-// ordered mode, at most one message per key at a time, in delivery order.
+// ordered mode, at most one message per key at a time, in stream order.
+//
+// A message holds a slot of sem from its admission until it is released, except in ordered
+// mode while its key waits for an earlier message this instance does not hold (a parked key):
+// the key's messages then give their slots back, so that the earlier message, redelivered to
+// this instance, can be taken in. The messages held stay bounded by the durable's
+// MaxAckPending.
 type dispatcher struct {
 	c     *Consumer
-	sem   chan struct{} // one slot per held message
-	ready chan *item    // capacity = cap(sem), so sends never block
+	sem   chan struct{} // one slot per held message, parked keys' messages aside
+	ready chan *item    // sends never block while d.mu is held (see send)
 	stop  chan struct{} // closed by quit: workers return
 	done  chan struct{} // closed by shutdown, once the workers returned: keepalive returns
 
 	mu      sync.Mutex
 	held    map[*item]struct{}
-	waiting map[string][]*item       // busy keys and their queued messages (ordered mode)
-	timers  map[*time.Timer]struct{} // pending in-place retries; shutdown stops them
+	waiting map[string][]*item       // busy keys and their queued messages, by stream sequence (ordered mode)
+	parked  map[string]*parkedKey    // busy keys whose running message waits for an earlier one
+	timers  map[*time.Timer]struct{} // pending in-place retries and parked keys; shutdown stops them
 	closed  bool
 	quitted bool
 }
@@ -86,6 +100,7 @@ func newDispatcher(c *Consumer) *dispatcher {
 		done:    make(chan struct{}),
 		held:    make(map[*item]struct{}, n),
 		waiting: make(map[string][]*item),
+		parked:  make(map[string]*parkedKey),
 		timers:  make(map[*time.Timer]struct{}),
 	}
 }
@@ -107,7 +122,12 @@ func (d *dispatcher) admit(raw jetstream.Msg, stopping <-chan struct{}) {
 		return
 	}
 	it := newItem(raw, d.c.cfg.Ordered)
-	it.managed = true
+	it.managed, it.slot = true, true
+	if o := d.c.order; o != nil {
+		if md, err := raw.Metadata(); err == nil {
+			o.observe(md, it.orderKey)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -119,14 +139,69 @@ func (d *dispatcher) admit(raw jetstream.Msg, stopping <-chan struct{}) {
 	// still held then. Its AckWait started when JetStream delivered it, which may be long
 	// before this admission (it waited in the client's buffer while the consumer was full).
 	d.held[it] = struct{}{}
+	if h := d.c.hooks.admitted; h != nil {
+		h(it.msg)
+	}
 	if k := it.orderKey; k != "" {
 		if q, busy := d.waiting[k]; busy {
-			d.waiting[k] = append(q, it)
+			p := d.parked[k]
+			if p == nil {
+				d.waiting[k] = insertBySeq(q, it)
+				return
+			}
+			d.freeSlot(it)
+			if it.msg.StreamSeq < p.it.msg.StreamSeq && p.t.Stop() {
+				// The earlier message the key waits for, or one before it: it runs now.
+				delete(d.timers, p.t)
+				delete(d.parked, k)
+				d.waiting[k] = insertBySeq(q, p.it)
+				d.send(it)
+				return
+			}
+			d.waiting[k] = insertBySeq(q, it)
 			return
 		}
 		d.waiting[k] = nil
 	}
-	d.ready <- it
+	d.send(it)
+}
+
+// parkedKey is a key whose running message waits for an earlier message of the key.
+type parkedKey struct {
+	it *item       // the message, checked again when t fires
+	t  *time.Timer // its next check
+}
+
+// send hands it to the workers; d.mu held. ready is large enough for every message holding a
+// slot, but parked keys' messages hold none: when it is full, a goroutine waits to send.
+func (d *dispatcher) send(it *item) {
+	select {
+	case d.ready <- it:
+	default:
+		go func() {
+			select {
+			case d.ready <- it:
+			case <-d.stop: // still held: shutdown naks it
+			}
+		}()
+	}
+}
+
+// freeSlot gives it's slot back; d.mu held.
+func (d *dispatcher) freeSlot(it *item) {
+	if it.slot {
+		it.slot = false
+		<-d.sem
+	}
+}
+
+// insertBySeq inserts it into q, kept in stream order.
+func insertBySeq(q []*item, it *item) []*item {
+	i := len(q)
+	for i > 0 && q[i-1].msg.StreamSeq > it.msg.StreamSeq {
+		i--
+	}
+	return slices.Insert(q, i, it)
 }
 
 // take returns the next batch, or nil once the dispatcher quits.
@@ -180,9 +255,12 @@ func (d *dispatcher) work(ctx context.Context) {
 			return
 		}
 		var results []result
-		if d.c.cfg.BatchSize == 1 {
+		switch {
+		case d.c.cfg.BatchSize == 1:
 			results = []result{d.c.handle(ctx, batch[0])}
-		} else {
+		case d.c.order != nil:
+			results = d.c.handleOrderedBatch(ctx, batch)
+		default:
 			results = d.c.handleBatch(ctx, batch)
 		}
 		for i, it := range batch {
@@ -194,6 +272,8 @@ func (d *dispatcher) work(ctx context.Context) {
 // settle releases a finished message, or schedules its in-place retry.
 func (d *dispatcher) settle(it *item, r result) {
 	switch r.outcome {
+	case outcomeWaiting:
+		d.park(it, r.delay)
 	case outcomeRetryLocal, outcomeUnavailable:
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -206,7 +286,7 @@ func (d *dispatcher) settle(it *item, r result) {
 			defer d.mu.Unlock()
 			delete(d.timers, t) // t is set: settle held d.mu until it was
 			if !d.closed {
-				d.ready <- it
+				d.send(it)
 			}
 		})
 		d.timers[t] = struct{}{}
@@ -224,14 +304,50 @@ func (d *dispatcher) release(it *item) {
 		if k := it.orderKey; k != "" && !d.closed {
 			if q := d.waiting[k]; len(q) > 0 {
 				d.waiting[k] = q[1:]
-				d.ready <- q[0]
+				d.send(q[0])
 			} else {
 				delete(d.waiting, k)
 			}
 		}
-		<-d.sem
+		d.freeSlot(it)
 	}
 	d.mu.Unlock()
+}
+
+// park handles a message whose key waits for an earlier message: an earlier one queued here
+// runs first; otherwise the key's messages give their slots back and it is checked again
+// after delay (or as soon as an earlier message of the key is admitted).
+func (d *dispatcher) park(it *item, delay time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return // shutdown nak'ed it
+	}
+	k := it.orderKey
+	q := d.waiting[k]
+	if len(q) > 0 && q[0].msg.StreamSeq < it.msg.StreamSeq {
+		d.waiting[k] = insertBySeq(q[1:], it)
+		d.send(q[0])
+		return
+	}
+	d.freeSlot(it)
+	for _, w := range q {
+		d.freeSlot(w)
+	}
+	p := &parkedKey{it: it}
+	p.t = time.AfterFunc(delay, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		delete(d.timers, p.t) // p.t is set: park held d.mu until it was
+		if d.parked[k] == p {
+			delete(d.parked, k)
+		}
+		if !d.closed {
+			d.send(it)
+		}
+	})
+	d.parked[k] = p
+	d.timers[p.t] = struct{}{}
 }
 
 // keepalive sends an in-progress ack for every held message not touched for
@@ -300,8 +416,31 @@ func (d *dispatcher) shutdown() {
 		t.Stop() // one already firing finds the dispatcher closed
 	}
 	clear(d.timers)
+	clear(d.parked)
 	d.mu.Unlock()
 	for it := range held {
 		_ = it.final(it.raw.Nak)
 	}
+}
+
+// handleOrderedBatch is batch mode with the per-key order check: keyed messages are handled
+// one per transaction (each checks and records its key's applied sequence), the others as a
+// batch.
+func (c *Consumer) handleOrderedBatch(ctx context.Context, batch []*item) []result {
+	results := make([]result, len(batch))
+	var rest []*item
+	var restAt []int
+	for i, it := range batch {
+		if c.guarded(it) {
+			results[i] = c.handle(ctx, it)
+			continue
+		}
+		rest, restAt = append(rest, it), append(restAt, i)
+	}
+	if len(rest) > 0 {
+		for j, r := range c.handleBatch(ctx, rest) {
+			results[restAt[j]] = r
+		}
+	}
+	return results
 }

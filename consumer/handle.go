@@ -43,6 +43,9 @@ const (
 	DeadReasonPermanent = "permanent" // the handler returned a Permanent error
 	DeadReasonMalformed = "malformed" // the message could not be decoded
 	DeadReasonExhausted = "exhausted" // MaxDeliveries deliveries timed out without an outcome
+	// DeadReasonOutOfOrder: in ordered mode, the message arrived after its key had moved past
+	// it, with no dedup row saying it was applied (see ErrOutOfOrder).
+	DeadReasonOutOfOrder = "out-of-order"
 )
 
 const (
@@ -60,10 +63,11 @@ const (
 	outcomeRetryLocal                      // handler failed (ordered key): retry in place after delay
 	outcomeDeadLettered                    // published to the dead-letter subject and terminated
 	outcomeUnavailable                     // Postgres or NATS failed: put back after delay, no attempt counted
+	outcomeWaiting                         // an earlier message of its key is unsettled: put back after delay, no attempt counted
 )
 
 func (o outcome) String() string {
-	return [...]string{"?", "processed", "duplicate", "retry", "retry-local", "dead-lettered", "unavailable"}[o]
+	return [...]string{"?", "processed", "duplicate", "retry", "retry-local", "dead-lettered", "unavailable", "waiting"}[o]
 }
 
 // result is what happened to one message.
@@ -87,17 +91,41 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		return c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
 	}
 	it.msg.Delivery = it.attempt()
+	guarded := c.guarded(it)
+	if guarded {
+		if err := c.order.complete(ctx, it.msg.StreamSeq); err != nil {
+			return c.unavailable(it, opOrderScan, err)
+		}
+	}
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return c.unavailable(it, "begin", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+	if guarded {
+		if r, done := c.checkTurn(ctx, tx, it); done {
+			return r
+		}
+	}
+	var inserted bool
+	if guarded {
+		// Its turn: the dedup row and the key's new applied sequence in one round trip. A
+		// duplicate moves the key past it too, or the key's later messages would wait for it.
+		inserted, err = c.insertDedupAdvance(ctx, tx, it)
+	} else {
+		inserted, err = c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+	}
 	if err != nil {
 		return c.unavailable(it, "dedup insert", err)
 	}
 	c.pgUp()
 	if !inserted {
+		if guarded {
+			if err := tx.Commit(ctx); err != nil {
+				return c.unavailable(it, "commit", err)
+			}
+			c.order.settled(it.orderKey, it.msg.StreamSeq)
+		}
 		_ = tx.Rollback(ctx)
 		c.countDuplicate()
 		c.ack(ctx, it)
@@ -128,6 +156,9 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		// The outcome is unknown (the commit may have happened): never ack. If it did commit,
 		// the redelivery finds the dedup row.
 		return c.unavailable(it, "commit", err)
+	}
+	if guarded {
+		c.order.settled(it.orderKey, it.msg.StreamSeq)
 	}
 	c.countProcessed(1)
 	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
@@ -530,6 +561,15 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	if err != nil {
 		return c.unavailable(it, opDeadLetter, err)
 	}
+	if c.guarded(it) {
+		// The dead letter stands in for the message: its key moves past it before the term,
+		// or the key's later messages would wait for it forever. Had this failed, the message
+		// comes back and is dead-lettered again (the dead letter's Nats-Msg-Id stores it once).
+		if err := c.advanceKeyTx(ctx, it); err != nil {
+			return c.unavailable(it, "key order update", err)
+		}
+		c.order.settled(it.orderKey, it.msg.StreamSeq)
+	}
 	if c.dlqDown.Load() && c.dlqDown.Swap(false) {
 		c.log.Info("dead-letter publishing works again")
 	}
@@ -553,4 +593,85 @@ func (it *item) dedupRow(consumer string) store.DedupRow {
 		MessageID:      it.msg.ID,
 		StreamSeq:      it.msg.StreamSeq,
 	}
+}
+
+const opOrderScan = "key order scan"
+
+// guarded reports whether it goes through the per-key applied-order check: a keyed message
+// handled by Run's dispatcher in ordered mode.
+func (c *Consumer) guarded(it *item) bool {
+	return c.order != nil && it.orderKey != "" && it.managed && it.bad == nil
+}
+
+// checkTurn locks the key's row in tx and decides whether it may be applied now. done=false:
+// go on (its turn). done=true: r is the outcome, and tx was rolled back or must be.
+func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result, done bool) {
+	applied, err := c.q.LockKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey)
+	if err != nil {
+		return c.unavailable(it, "key order lock", err), true
+	}
+	c.pgUp()
+	seq := it.msg.StreamSeq
+	if seq <= applied {
+		// The key already moved past this message. Normally it was applied, and its dedup
+		// row says so; without one (a purged dedup row, a message the stream lost while it
+		// was in flight, a recreated stream) applying it now would break the key's order and
+		// acking it would drop it: it goes to the dead letters.
+		inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+		if err != nil {
+			return c.unavailable(it, "dedup insert", err), true
+		}
+		_ = tx.Rollback(ctx)
+		c.order.settled(it.orderKey, seq)
+		if !inserted {
+			c.countDuplicate()
+			c.ack(ctx, it)
+			return result{outcome: outcomeDuplicate}, true
+		}
+		return c.deadLetter(ctx, it, DeadReasonOutOfOrder,
+			fmt.Errorf("%w: stream sequence %d of key %q, which is already at %d", ErrOutOfOrder, seq, it.orderKey, applied)), true
+	}
+	if c.order.blocked(it.orderKey, applied, seq) {
+		_ = tx.Rollback(ctx)
+		it.waits++
+		if h := c.hooks.waiting; h != nil {
+			h(it.msg)
+		}
+		if it.waits == 1 {
+			c.log.Debug("message waits for an earlier message of its key", "stream_seq", seq, "key_applied_seq", applied)
+		}
+		return result{outcome: outcomeWaiting, delay: waitDelay(it.waits)}, true
+	}
+	it.waits = 0
+	return result{}, false
+}
+
+// waitDelay is how long a message waiting for an earlier one of its key waits before its
+// next check: 10ms, doubling up to 1s.
+func waitDelay(waits int) time.Duration {
+	return min(10*time.Millisecond<<min(waits-1, 7), time.Second)
+}
+
+// insertDedupAdvance inserts it's dedup row and records it as its key's highest applied
+// message, in tx and one round trip. It reports whether the dedup row was inserted.
+func (c *Consumer) insertDedupAdvance(ctx context.Context, tx pgx.Tx, it *item) (bool, error) {
+	b := &pgx.Batch{}
+	c.q.QueueInsertDedup(b, it.dedupRow(c.cfg.Durable))
+	c.q.QueueAdvanceKeyOrder(b, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected() == 1, err
+}
+
+// advanceKeyTx records it as its key's highest applied message, in a transaction of its own.
+func (c *Consumer) advanceKeyTx(ctx context.Context, it *item) error {
+	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		return c.q.AdvanceKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+	})
 }

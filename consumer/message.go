@@ -65,14 +65,22 @@ func decode(raw jetstream.Msg) (Message, error) {
 	}
 	m.Stream, m.StreamSeq, m.Timestamp = md.Stream, md.Sequence.Stream, md.Timestamp
 	m.Delivery = int(md.NumDelivered)
+	return m, decodeHeaders(&m)
+}
+
+// decodeHeaders sets m's ID, Key, BizKey and IdempotencyKey from m.Headers, or reports why
+// they are malformed. The ordered consumer classifies the messages it reads from the stream
+// (not delivered to it) with it too, so that both agree on which messages have a key.
+func decodeHeaders(m *Message) error {
+	var err error
 	if m.ID, err = single(m.Headers, outbox.HeaderMsgID); err != nil {
-		return m, err
+		return err
 	}
 	if m.Key, err = single(m.Headers, outbox.HeaderKey); err != nil {
-		return m, err
+		return err
 	}
 	if m.BizKey, err = single(m.Headers, outbox.HeaderBizKey); err != nil {
-		return m, err
+		return err
 	}
 	switch {
 	case m.BizKey != "":
@@ -80,19 +88,19 @@ func decode(raw jetstream.Msg) (Message, error) {
 	case m.ID != "":
 		m.IdempotencyKey = m.ID
 	default:
-		return m, fmt.Errorf("%w: neither %s nor %s is set", ErrMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
+		return fmt.Errorf("%w: neither %s nor %s is set", ErrMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
 	}
 	// Both end up in text columns of the dedup row: a value PostgreSQL refuses would make the
 	// insert fail on every delivery, forever, instead of dead-lettering the message.
 	for _, v := range []struct{ what, s string }{{"idempotency key", m.IdempotencyKey}, {outbox.HeaderMsgID, m.ID}} {
 		if len(v.s) > MaxIdempotencyKeyLength {
-			return m, fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), MaxIdempotencyKeyLength)
+			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), MaxIdempotencyKeyLength)
 		}
 		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
-			return m, fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, v.what)
+			return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, v.what)
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // single returns the only value of header name, exactly as it arrived; several different

@@ -19,8 +19,8 @@ const (
 	// leases, and runs the check-back (resolve, stale report, purge of published, rolled back
 	// and dedup rows). It cannot insert messages.
 	RoleRelay = "relay"
-	// RoleConsumer records the messages it processed in the dedup table. It cannot touch the
-	// outbox.
+	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
+	// each key's applied sequence. It cannot touch the outbox.
 	RoleConsumer = "consumer"
 	// RoleAdmin owns the schema and its tables: it migrates (relay migrate up/down), runs
 	// every admin command and grants the other roles.
@@ -102,6 +102,8 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Record processed messages (INSERT ... ON CONFLICT DO NOTHING RETURNING).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT ON %s TO %s;\n", dedup, g)
+		b.WriteString("-- Ordered consumers lock and advance each key's applied sequence (INSERT ... ON CONFLICT DO UPDATE RETURNING).\n")
+		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE ON %s TO %s;\n", t("txoutbox_consumer_key_order"), g)
 	case RoleAdmin:
 		b.WriteString("-- The admin owns the schema and every table in it: it migrates, and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)

@@ -206,7 +206,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	cons, err := consumer.New(poolOf(migrations.RoleConsumer), n.JS, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id) VALUES ($1)`, msg.Headers.Get("Nats-Msg-Id"))
 		return err
-	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
+	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: db.Schema, Ordered: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +231,14 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 	_, err = poolOf(migrations.RoleConsumer).Exec(ctx, `SELECT count(*) FROM txoutbox_messages`)
 	wantDenied(t, "consumer SELECT the outbox", err)
+	// An ordered consumer whose role cannot update the key-order table refuses to start,
+	// instead of waiting for the database forever.
+	if _, err := db.Pool.Exec(ctx, `REVOKE UPDATE ON txoutbox_consumer_key_order FROM `+login[migrations.RoleConsumer]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cons.Setup(ctx); !errors.Is(err, consumer.ErrKeyOrderTable) {
+		t.Errorf("ordered consumer without UPDATE on the key-order table: Setup returned %v, want consumer.ErrKeyOrderTable", err)
+	}
 
 	// Admin: owns the schema, migrates and administers.
 	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "status"}, {"prepared", "list"}, {"dead", "list"}} {

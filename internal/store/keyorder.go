@@ -1,0 +1,71 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KeyOrderTable is the ordered consumer's per-key applied sequence (migration 003).
+const KeyOrderTable = "txoutbox_consumer_key_order"
+
+func (q *Queries) keyOrderTable() string { return pgx.Identifier{q.Schema, KeyOrderTable}.Sanitize() }
+
+// LockKeyOrder locks the (consumer, stream, key) row of the ordered consumer in tx, creating
+// it when missing, and returns the highest stream sequence applied for the key (0: none). The
+// lock is held until tx ends, so that one message of a key is checked and applied at a time.
+func (q *Queries) LockKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string) (uint64, error) {
+	// The no-op update locks an existing row as SELECT ... FOR UPDATE would, and a row
+	// inserted concurrently is waited for, in one round trip.
+	var applied int64
+	err := tx.QueryRow(ctx, `INSERT INTO `+q.keyOrderTable()+` AS k (consumer, stream, order_key, applied_seq)
+VALUES ($1, $2, $3, 0)
+ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = k.applied_seq
+RETURNING applied_seq`, consumer, stream, key).Scan(&applied)
+	return uint64(applied), err
+}
+
+func (q *Queries) advanceKeyOrderSQL() string {
+	return `INSERT INTO ` + q.keyOrderTable() + ` AS k (consumer, stream, order_key, applied_seq)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = greatest(k.applied_seq, excluded.applied_seq), updated_at = now()`
+}
+
+// AdvanceKeyOrder records seq as the key's highest applied stream sequence (it never moves
+// back), in tx.
+func (q *Queries) AdvanceKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string, seq uint64) error {
+	_, err := tx.Exec(ctx, q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
+	return err
+}
+
+// QueueAdvanceKeyOrder queues AdvanceKeyOrder's statement on b.
+func (q *Queries) QueueAdvanceKeyOrder(b *pgx.Batch, consumer, stream, key string, seq uint64) {
+	b.Queue(q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
+}
+
+// ErrNoKeyOrderTable: the schema lacks migration 003's table.
+var ErrNoKeyOrderTable = errors.New("store: " + KeyOrderTable + " does not exist (run the migrations)")
+
+// ErrKeyOrderPrivileges: the session's role may not read, insert and update the table.
+var ErrKeyOrderPrivileges = errors.New("store: " + KeyOrderTable + " needs SELECT, INSERT and UPDATE (relay migrate grants --role consumer)")
+
+// CheckKeyOrderTable reports ErrNoKeyOrderTable when the schema lacks the table, and
+// ErrKeyOrderPrivileges when the session's role cannot use it.
+func (q *Queries) CheckKeyOrderTable(ctx context.Context, db DBTX) error {
+	var exists, allowed bool
+	err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+       CASE WHEN to_regclass($1) IS NULL THEN false
+            ELSE has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT')
+                 AND has_table_privilege(to_regclass($1), 'UPDATE') END`, // a list of privileges would mean "any of"
+		q.keyOrderTable()).Scan(&exists, &allowed)
+	switch {
+	case err != nil:
+		return err
+	case !exists:
+		return ErrNoKeyOrderTable
+	case !allowed:
+		return ErrKeyOrderPrivileges
+	}
+	return nil
+}

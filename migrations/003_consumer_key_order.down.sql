@@ -1,0 +1,1 @@
+DROP TABLE txoutbox_consumer_key_order;
