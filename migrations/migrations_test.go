@@ -16,7 +16,7 @@ import (
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
 func TestLoadRefusesBadFiles(t *testing.T) {
 	t.Parallel()

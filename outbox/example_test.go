@@ -4,57 +4,65 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
-	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // A business change and its event, in one transaction: both commit or neither does.
 func ExampleClient_EnqueueTx() {
 	ctx := context.Background()
-	db, cleanup, err := testsvc.OpenDB(ctx, "example_enqueue")
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, total_cents int)`); err != nil {
+	defer pool.Close()
+	// At deploy time: the outbox's tables (relay migrate up does the same) and yours.
+	m, err := migrations.New(&migrations.Config{Schema: "example_enqueue"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_enqueue.orders (id text PRIMARY KEY, total_cents int)`); err != nil {
 		fmt.Println(err)
 		return
 	}
 
-	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	client, err := outbox.NewClient(&outbox.Config{Schema: "example_enqueue"})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-
-	tx, err := db.Pool.Begin(ctx)
+	orderID := uuid.NewString()
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO example_enqueue.orders VALUES ($1, 1200)`, orderID); err != nil {
+			return err
+		}
+		ids, err = client.EnqueueTx(ctx, tx, outbox.Message{
+			Subject: "orders.created",
+			Key:     orderID,
+			Payload: []byte(`{"total_cents":1200}`),
+		})
+		return err
+	})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('order-42', 1200)`); err != nil {
-		fmt.Println(err)
-		return
-	}
-	if _, err := client.EnqueueTx(ctx, tx, outbox.Message{
-		Subject: "orders.created",
-		Key:     "order-42",
-		Payload: []byte(`{"id":"order-42","total_cents":1200}`),
-	}); err != nil {
-		fmt.Println(err)
-		return
-	}
-	if err := tx.Commit(ctx); err != nil {
-		fmt.Println(err)
-		return
-	}
-	client.Ring() // no doorbell configured: a no-op
+	client.Ring() // wakes the relay when a doorbell is configured; here none is: a no-op
 
 	var subject, state string
-	if err := db.Pool.QueryRow(ctx, `SELECT subject, state FROM txoutbox_messages`).Scan(&subject, &state); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT subject, state FROM example_enqueue.txoutbox_messages WHERE message_id = $1`, ids[0]).Scan(&subject, &state); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -65,8 +73,12 @@ func ExampleClient_EnqueueTx() {
 // Invalid messages are refused before anything is written, with an error that says which
 // message and what is wrong.
 func ExampleMessageError() {
-	client, _ := outbox.NewClient(nil)
-	_, err := client.EnqueueTx(context.Background(), nil,
+	client, err := outbox.NewClient(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = client.EnqueueTx(context.Background(), nil,
 		outbox.Message{Subject: "orders.created"},
 		outbox.Message{Subject: "orders.*.created"},
 	)

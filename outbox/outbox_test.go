@@ -16,7 +16,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
 func newClient(t *testing.T, db *testsvc.DB, cfg *outbox.Config) *outbox.Client {
 	t.Helper()

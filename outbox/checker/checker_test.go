@@ -16,7 +16,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
 // The wire contract the check-back relies on: a JSON Request on Subject(prefix, group) gets
 // COMMIT, ROLLBACK or UNKNOWN; a checker error or panic a micro service error; a malformed
