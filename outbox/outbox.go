@@ -139,9 +139,9 @@ type Message struct {
 const (
 	// KeyLockBudget is how many distinct keys one transaction locks exactly; past it, calls
 	// lock the buckets of their keys.
-	KeyLockBudget = store.KeyLockBudget
+	KeyLockBudget = 256
 	// KeyLockBuckets is the number of buckets keys fall into (by hash) for bucket locks.
-	KeyLockBuckets = store.KeyLockBuckets
+	KeyLockBuckets = 256
 )
 
 // EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one

@@ -667,6 +667,6 @@ func (l *leaser) close() {
 	l.resetLocked("released")
 }
 
-// Close releases the relay's partitions and its connection. Run does this on return; tests
-// that drive runOnce directly call it.
+// Close releases the relay's partitions and its lease connection. Run does this when it
+// returns; call it for a relay that is not running any more (or never ran).
 func (r *Relay) Close() { r.lease.close() }

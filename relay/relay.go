@@ -44,7 +44,7 @@ var (
 	// it names the stream, the subject and the setting.
 	ErrStreamUnusable = errors.New("relay: stream unusable")
 	// ErrBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
-	// timeouts that JetStream gives no other reason for, see explainTimeouts). Rows are left
+	// timeouts that JetStream gives no other reason for). Rows are left
 	// as they are and retried; no attempt is counted.
 	ErrBrokerUnavailable = errors.New("relay: broker unavailable")
 	// ErrNoPartitions: the relay holds no partition lease (others hold them all).

@@ -1,0 +1,14 @@
+package relay
+
+import (
+	"testing"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// The documented limit is the one the queries apply.
+func TestLastErrorMaxBytesIsTheStores(t *testing.T) {
+	if LastErrorMaxBytes != store.MaxErrorText {
+		t.Fatalf("LastErrorMaxBytes is %d, the store cuts at %d", LastErrorMaxBytes, store.MaxErrorText)
+	}
+}
