@@ -69,8 +69,10 @@ type Config struct {
 	//
 	// Keep it at or below 64: every savepoint that writes takes a subtransaction id, and a
 	// transaction with more than 64 of them overflows PostgreSQL's per-backend subtransaction
-	// cache, which slows every other session's snapshots while it runs. Defaults to 1 (one
-	// transaction per message). At most 1000.
+	// cache, which slows every other session's snapshots while it runs. A consumer made with
+	// NewBatch runs its BatchHandler once per batch without savepoints (see NewBatch for its
+	// reruns), and the 64 bound does not apply to it. Defaults to 1 (one transaction per
+	// message), or DefaultBatchHandlerSize (100) with NewBatch. At most 1000.
 	BatchSize int
 
 	// BatchWait is how long a batch waits for more messages once it has one. Defaults to 0:
@@ -88,7 +90,8 @@ type Config struct {
 	// or delivered to a consumer that died and waiting for their AckWait) waits, held and
 	// kept alive, without counting a delivery. A failed keyed message is retried in place,
 	// holding its key back; a dead-lettered one lets its key go on. Every instance of the
-	// durable must set Ordered. In batch mode keyed messages get one transaction each.
+	// durable must set Ordered. In batch mode keyed messages get one transaction each (with
+	// NewBatch, a batch of one).
 	// Defaults to false.
 	Ordered bool
 

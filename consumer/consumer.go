@@ -32,7 +32,8 @@
 // Config.AckWait.
 //
 // In batch mode (Config.BatchSize above 1) a handler can run more than once for one delivery
-// (see Config.BatchSize): keep every side effect inside the transaction.
+// (see Config.BatchSize): keep every side effect inside the transaction. A consumer made with
+// NewBatch hands its BatchHandler the whole batch at once, for set-based SQL.
 //
 // Dedup rows must outlive every redelivery of their message: keep them several times longer
 // than the longest redelivery window (MaxDeliveries × BackoffMax, plus the relay's worst
@@ -103,6 +104,9 @@ type Consumer struct {
 	stats   counters
 	hooks   hooks
 	order   *keyOrder // ordered mode, while Run runs; set before the workers start
+
+	// batchHandler, when set (NewBatch), handles batches; handler runs it on batches of one.
+	batchHandler BatchHandler
 
 	running  atomic.Bool
 	pgDown   atomic.Bool // for one log line per state change

@@ -186,6 +186,9 @@ const (
 // back only its own savepoint, its dedup row included. The other messages' handlers thus run
 // twice, and all of them run again (one transaction each) when the batch commit is refused.
 func (c *Consumer) handleBatch(ctx context.Context, items []*item) []result {
+	if c.batchHandler != nil {
+		return c.handleSetBatch(ctx, items)
+	}
 	results := make([]result, len(items))
 	live := make([]int, 0, len(items))
 	for i, it := range items {

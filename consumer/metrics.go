@@ -29,7 +29,8 @@ type Stats struct {
 	// comes back and is skipped as a duplicate.
 	AckFailures int64
 	// HandlerCalls and HandlerNanos sum the handler's runs and their duration; in batch mode
-	// they include the reruns (see Config.BatchSize).
+	// they include the reruns (see Config.BatchSize and NewBatch). With NewBatch, a call is
+	// one run of the BatchHandler, however many messages it got.
 	HandlerCalls int64
 	HandlerNanos int64
 }
