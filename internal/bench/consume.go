@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,7 +19,7 @@ import (
 )
 
 func init() {
-	register(scenario{name: "consume", summary: "idempotent consumer throughput, per-message and batch mode", flags: consumeFlags})
+	register(scenario{name: "consume", summary: "idempotent consumer throughput: per-message, batch mode and batch handler", flags: consumeFlags})
 }
 
 // Yardstick C defaults.
@@ -29,10 +31,13 @@ const (
 	// PostgreSQL's per-backend subtransaction cache (consumer.Config.BatchSize).
 	DefaultConsumeBatchSize = 50
 	DefaultConsumeAccounts  = 1000
+	// DefaultConsumeBatchHandlerSize is the batch handler's batch: consumer.NewBatch's default.
+	DefaultConsumeBatchHandlerSize = consumer.DefaultBatchHandlerSize
 )
 
 type consumeOpts struct {
 	msgs, size, accounts, concurrency, batchSize int
+	batchHandlerSize                             int
 	cpuprofile                                   string
 	stall                                        time.Duration
 }
@@ -40,15 +45,18 @@ type consumeOpts struct {
 // consumeFlags is the `consume` scenario of the yardstick (issue 6):
 //
 //	50,000 messages in the stream; the idempotent consumer with a one-row business update per
-//	message, per-message mode and batch mode. Final line:
-//	consume msgs=50000 per_message_msgs_per_s=… batch_msgs_per_s=…
+//	message, per-message mode, batch mode and the batch handler (issue 18). Final line:
+//	consume msgs=50000 per_message_msgs_per_s=… batch_msgs_per_s=… batch_handler_msgs_per_s=…
 //
 // Each mode gets a fresh schema with an accounts table (--accounts rows at balance 0), a fresh
 // stream holding the same --msgs messages (random payloads, Nats-Msg-Id set, as the relay
 // publishes them) and a dead-letter stream. The consumer runs with its default settings except
 // Concurrency and BatchSize (1 in per-message mode); its handler adds 1 to the balance of the
 // account the message names (message i names account i mod accounts + 1) and dead-letters a
-// message whose account does not exist. Messages arrive in stream order, so with at least as
+// message whose account does not exist. In the batch-handler mode (consumer.NewBatch,
+// --batch-handler-size) one set-based statement per batch updates one row per message
+// (UPDATE … FROM unnest(ids, counts), the ids sorted, messages naming the same account
+// counted together), after the consumer recorded the batch's dedup rows in one statement. Messages arrive in stream order, so with at least as
 // many accounts as messages in flight (the consumer's MaxAckPending, 1,000) concurrent
 // transactions update disjoint rows, as in consumer/bench_test.go: with fewer, concurrent
 // batches lock the same rows in different orders and deadlock (PostgreSQL aborts one after
@@ -62,17 +70,19 @@ func consumeFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.msgs, "msgs", DefaultConsumeMsgs, "messages in the stream")
 	fs.IntVar(&o.size, "payload", DefaultPayload, "payload bytes per message (random)")
 	fs.IntVar(&o.accounts, "accounts", DefaultConsumeAccounts, "rows of the business table the messages update, round robin (fewer than the messages in flight make concurrent batches deadlock)")
-	fs.IntVar(&o.concurrency, "concurrency", DefaultConsumeConcurrency, "consumer.Config.Concurrency in both modes: messages (or batches) handled at once")
+	fs.IntVar(&o.concurrency, "concurrency", DefaultConsumeConcurrency, "consumer.Config.Concurrency in every mode: messages (or batches) handled at once")
 	fs.IntVar(&o.batchSize, "batch-size", DefaultConsumeBatchSize, "consumer.Config.BatchSize in batch mode (per-message mode uses 1)")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the consumer runs, one file per mode: cpu.pprof gives cpu.per-message.pprof and cpu.batch.pprof")
+	fs.IntVar(&o.batchHandlerSize, "batch-handler-size", DefaultConsumeBatchHandlerSize, "consumer.Config.BatchSize in the batch-handler mode (consumer.NewBatch, one set-based UPDATE per batch)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the consumer runs, one file per mode: cpu.pprof gives cpu.per-message.pprof, cpu.batch.pprof and cpu.batch-handler.pprof")
 	fs.DurationVar(&o.stall, "stall-timeout", time.Minute, "fail when the consumer processes nothing for this long")
 	return func(ctx context.Context, r *run) error { return consume(ctx, r, o) }
 }
 
 // consumeMode is one run of the consumer.
 type consumeMode struct {
-	name      string // per-message, batch
+	name      string // per-message, batch, batch-handler
 	batchSize int
+	set       bool // a consumer.BatchHandler (consumer.NewBatch) with one set-based statement per batch
 }
 
 // consumeResult is one mode's measurement and check.
@@ -113,6 +123,8 @@ func consume(ctx context.Context, r *run, o *consumeOpts) error {
 		return usageErr("--msgs, --accounts and --concurrency must be positive, --payload not negative")
 	case o.batchSize < 2 || o.batchSize > consumer.MaxBatchSize:
 		return usageErr("--batch-size must be between 2 and %d", consumer.MaxBatchSize)
+	case o.batchHandlerSize < 2 || o.batchHandlerSize > consumer.MaxBatchSize:
+		return usageErr("--batch-handler-size must be between 2 and %d", consumer.MaxBatchSize)
 	}
 	if err := r.start(ctx); err != nil {
 		return err
@@ -124,7 +136,8 @@ func consume(ctx context.Context, r *run, o *consumeOpts) error {
 	if err != nil {
 		return err
 	}
-	modes := []consumeMode{{"per-message", 1}, {"batch", o.batchSize}}
+	load0 := load1()
+	modes := []consumeMode{{"per-message", 1, false}, {"batch", o.batchSize, false}, {"batch-handler", o.batchHandlerSize, true}}
 	results := make([]consumeResult, len(modes))
 	var failed []string
 	for i, m := range modes {
@@ -137,23 +150,35 @@ func consume(ctx context.Context, r *run, o *consumeOpts) error {
 			failed = append(failed, fmt.Sprintf("%s mode: %s", m.name, res))
 		}
 	}
-	per, batch := results[0], results[1]
+	per, batch, bh := results[0], results[1], results[2]
 	perRate, batchRate := float64(o.msgs)/per.dur.Seconds(), float64(o.msgs)/batch.dur.Seconds()
+	setRate := float64(o.msgs) / bh.dur.Seconds()
+	var lost, dups, dead, skips, retries int64
+	for _, res := range results {
+		lost, dups, dead = lost+res.lost(o.msgs), dups+res.extraEffects, dead+res.deadLettered
+		skips, retries = skips+res.dedupSkips, retries+res.retries
+	}
 	r.result("msgs", o.msgs,
 		"per_message_msgs_per_s", perRate,
 		"batch_msgs_per_s", batchRate,
+		"batch_handler_msgs_per_s", setRate,
 		"batch_speedup", batchRate/perRate,
+		"batch_handler_speedup", setRate/perRate,
+		"batch_handler_vs_batch", setRate/batchRate,
 		"concurrency", o.concurrency,
 		"batch_size", o.batchSize,
+		"batch_handler_size", o.batchHandlerSize,
 		"per_message_s", per.dur.Seconds(),
 		"batch_s", batch.dur.Seconds(),
+		"batch_handler_s", bh.dur.Seconds(),
 		"accounts", o.accounts,
 		"payload", o.size,
-		"lost", per.lost(o.msgs)+batch.lost(o.msgs),
-		"duplicates", per.extraEffects+batch.extraEffects,
-		"dead_letters", per.deadLettered+batch.deadLettered,
-		"dedup_skips", per.dedupSkips+batch.dedupSkips,
-		"retries", per.retries+batch.retries,
+		"lost", lost,
+		"duplicates", dups,
+		"dead_letters", dead,
+		"dedup_skips", skips,
+		"retries", retries,
+		"load1_start", load0,
 		"load1", load1())
 	if len(failed) > 0 {
 		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(failed, "; "))
@@ -224,6 +249,7 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 		return res, err
 	}
 	update := "UPDATE " + accounts + " SET balance = balance + 1 WHERE id = $1"
+	setUpdate := "UPDATE " + accounts + " AS a SET balance = a.balance + u.n FROM unnest($1::integer[], $2::bigint[]) AS u(id, n) WHERE a.id = u.id"
 	handler := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 		acct, err := accountOf(set, msg.ID, o.accounts)
 		if err != nil {
@@ -238,7 +264,33 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 		}
 		return nil
 	}
-	c, err := consumer.New(pool, js, handler, &consumer.Config{
+	// The batch handler: the messages' accounts, counted and sorted (concurrent batches then
+	// lock their rows in one order), in one UPDATE … FROM unnest.
+	batchHandler := func(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error {
+		counts := make(map[int32]int64, len(msgs))
+		for i, msg := range msgs {
+			acct, err := accountOf(set, msg.ID, o.accounts)
+			if err != nil {
+				return &consumer.BatchError{Index: i, Err: consumer.Permanent(err)}
+			}
+			counts[int32(acct)]++
+		}
+		ids := slices.Sorted(maps.Keys(counts))
+		ns := make([]int64, len(ids))
+		for i, id := range ids {
+			ns[i] = counts[id]
+		}
+		tag, err := tx.Exec(ctx, setUpdate, ids, ns)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != int64(len(ids)) {
+			// Splitting the batch finds the message whose account is missing.
+			return consumer.Permanent(fmt.Errorf("%d of %d accounts exist", tag.RowsAffected(), len(ids)))
+		}
+		return nil
+	}
+	cfg := &consumer.Config{
 		Stream:            stream,
 		Durable:           durable,
 		Schema:            schema,
@@ -246,16 +298,22 @@ func consumeOnce(ctx context.Context, r *run, o *consumeOpts, set *msgSet, m con
 		BatchSize:         m.batchSize,
 		DeadLetterSubject: deadSubject,
 		Logger:            relayLogger(r.env.Stderr),
-	})
+	}
+	var c *consumer.Consumer
+	if m.set {
+		c, err = consumer.NewBatch(pool, js, batchHandler, cfg)
+	} else {
+		c, err = consumer.New(pool, js, handler, cfg)
+	}
 	if err != nil {
 		return res, err
 	}
 	if _, err := c.Setup(ctx); err != nil {
 		return res, err
 	}
-	cfg := c.Config()
+	eff := c.Config()
 	r.logf("%s: consumer %s: concurrency %d, batch size %d, max ack pending %d, pull buffer %d",
-		m.name, durable, cfg.Concurrency, cfg.BatchSize, cfg.MaxAckPending, cfg.PullMaxMessages)
+		m.name, durable, eff.Concurrency, eff.BatchSize, eff.MaxAckPending, eff.PullMaxMessages)
 
 	// 3. Run it; time until every message is processed.
 	stopProfile, err := startProfile(profilePath(o.cpuprofile, m.name))
