@@ -148,12 +148,12 @@ func TestConsumeSmall(t *testing.T) {
 		t.Fatalf("final line %v", kv)
 	}
 	per, batch := num(t, kv, "per_message_msgs_per_s"), num(t, kv, "batch_msgs_per_s")
-	if per <= 0 || batch <= 0 {
-		t.Fatalf("rates per_message=%v batch=%v", per, batch)
+	if set := num(t, kv, "batch_handler_msgs_per_s"); per <= 0 || batch <= 0 || set <= 0 {
+		t.Fatalf("rates per_message=%v batch=%v batch_handler=%v", per, batch, set)
 	}
 	// Both modes checked their effects in the database: 600 dedup rows, balances summing to
 	// 600 and each account at the count of messages naming it (3 for the first 100, else 2).
-	for _, mode := range []string{"per-message", "batch"} {
+	for _, mode := range []string{"per-message", "batch", "batch-handler"} {
 		want := mode + ": check: dedup rows 600 (+0 unknown), balance sum 600, accounts off 0 (missing 0, extra 0), dead letters 0, unacked 0"
 		if !strings.Contains(log, want) {
 			t.Fatalf("progress does not show %q:\n%s", want, log)
@@ -218,7 +218,7 @@ func TestConsumeCheckCountsEveryKindOfFault(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"},
-		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}} {
+		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}, {"consume", "--batch-handler-size", "1"}} {
 		var out bytes.Buffer
 		// Bad values are refused before any service is contacted.
 		code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
