@@ -61,7 +61,8 @@ var ErrBatchIndex = errors.New("consumer: BatchError names no message of the bat
 // For each batch the consumer, in one transaction: records the dedup rows of all its messages
 // in one statement; acks and leaves out the messages already processed (and any message whose
 // idempotency key comes earlier in the same batch); runs handler once with the rest; commits;
-// then acks them. When handler fails, the transaction is rolled back — nothing of it is
+// then acks them (in the background: the worker goes on with its next batch meanwhile, and Run
+// waits for these acks before it returns). When handler fails, the transaction is rolled back — nothing of it is
 // applied — and the batch is split: a *BatchError's message fails alone and the others run
 // again as one batch without it; any other error splits the batch in halves, each handled
 // again (dedup rows included) in a transaction of its own, down to a message handled alone.
@@ -269,4 +270,24 @@ func (c *Consumer) callBatchHandler(ctx context.Context, tx pgx.Tx, msgs []Messa
 		err = ErrTxAborted
 	}
 	return err
+}
+
+// ackBehind sends the acks of a committed batch in the background, so that the worker goes on
+// with its next batch meanwhile, and reports true; Run waits for them before it returns. Only
+// with a batch handler, and only for messages Run's dispatcher holds (a message released
+// before its ack lands is safe: its dedup row is committed, so a redelivery is a duplicate).
+func (c *Consumer) ackBehind(ctx context.Context, toAck []*item) bool {
+	if c.batchHandler == nil {
+		return false
+	}
+	for _, it := range toAck {
+		if !it.managed {
+			return false
+		}
+	}
+	c.acksBehind.Add(len(toAck))
+	for _, it := range toAck {
+		go func() { defer c.acksBehind.Done(); c.ack(ctx, it) }()
+	}
+	return true
 }

@@ -531,3 +531,26 @@ func TestBatchHandlerOrdered(t *testing.T) {
 		}
 	}
 }
+
+// Through Run, a committed batch's acks are sent while the next batch runs; a graceful stop
+// returns only once they are confirmed: nothing is left unacked.
+func TestBatchHandlerStopWaitsForAcks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 200 {
+		e.publishID("orders.created", newID(), strconv.Itoa(i))
+	}
+	c := e.newBatchConsumer(&Config{BatchSize: 50, Concurrency: 2}, recordEffects)
+	stop := e.run(c)
+	e.waitEffects(200)
+	testsvc.Eventually(t, 10*time.Second, "processed", func() bool { return c.Stats().Processed == 200 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if info := e.consumerInfo(testDurable); info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Errorf("after Run returned: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
+	}
+	if st := c.Stats(); st.AckFailures != 0 || st.Duplicates != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}

@@ -107,6 +107,8 @@ type Consumer struct {
 
 	// batchHandler, when set (NewBatch), handles batches; handler runs it on batches of one.
 	batchHandler BatchHandler
+	// acksBehind counts the acks of committed batches still being sent (NewBatch: see ackBehind).
+	acksBehind sync.WaitGroup
 
 	running  atomic.Bool
 	pgDown   atomic.Bool // for one log line per state change
@@ -333,6 +335,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	d.shutdown()
 	<-keepDone
+	c.acksBehind.Wait()
 	c.log.Info("consumer stopped")
 	return runErr
 }

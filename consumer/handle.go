@@ -385,6 +385,9 @@ func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, li
 	if h := c.hooks.afterCommit; h != nil && h(ctx, committed) != nil {
 		skipAcks = true
 	}
+	if !skipAcks && c.ackBehind(ctx, toAck) {
+		skipAcks = true
+	}
 	if !skipAcks {
 		var wg sync.WaitGroup
 		for _, it := range toAck {
