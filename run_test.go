@@ -29,16 +29,16 @@ func TestRunRefusesASecondRunWhileRunning(t *testing.T) {
 	n := testsvc.NewNATS(t)
 	n.Stream(t, "RUN", "run.>")
 	n.Stream(t, "RUN_DEAD", "txoutbox.dead.>")
-	r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, LeaseInterval: 50 * time.Millisecond})
+	r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, LeaseInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(db.Pool, n.JS, func(context.Context, pgx.Tx, consumer.Message) error { return nil },
-		&consumer.Config{Stream: "RUN", Durable: "run", Schema: db.Schema})
+		&consumer.Config{Stream: "RUN", Durable: "run", Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb, err := checkback.New(db.Pool, n.Conn, &checkback.Config{Schema: db.Schema})
+	cb, err := checkback.New(db.Pool, n.Conn, &checkback.Config{Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
