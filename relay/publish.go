@@ -21,6 +21,9 @@ type batchResult struct {
 	// brokerErr is the first broker-level error; rows it hit, and the later rows of their
 	// keys, are left untouched.
 	brokerErr error
+	// streamErr is the first ErrStreamUnavailable: rows of a stream without a leader, and
+	// the later rows of their keys, are left untouched; the other rows go on.
+	streamErr error
 	// heldKeys are the keys with a row that was not published (failed, or never sent because
 	// an earlier row of the key failed): the next batch must not publish their later rows.
 	heldKeys map[string]bool
@@ -61,16 +64,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	streamNames := map[string]string{} // subject → the stream capturing it, for describePermanent
 	for len(wave) > 0 {
 		outs := r.publishWave(ctx, rows, wave)
-		r.explainTimeouts(ctx, rows, wave, outs)
-		// No responders means no stream captures the subject, or JetStream itself is down;
-		// only the first is about the message.
-		jsDown := false
-		for _, o := range outs {
-			if isNoResponders(o.err) {
-				jsDown = !r.jetStreamAnswers(ctx)
-				break
-			}
-		}
+		r.explainFailures(ctx, rows, wave, outs)
 		var next []int
 		for j, i := range wave {
 			row, o := &rows[i], outs[j]
@@ -83,17 +77,24 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				}
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
 				r.failing.succeeded(r.log, row.Subject)
+				r.outages.succeeded(r, row.Subject)
 				if row.Key != "" {
 					pos[row.Key]++
 					if p := pos[row.Key]; p < len(chains[row.Key]) {
 						next = append(next, chains[row.Key][p])
 					}
 				}
-			case isBrokerError(o.err) || (jsDown && isNoResponders(o.err)):
+			case isBrokerError(o.err):
 				if res.brokerErr == nil {
 					res.brokerErr = o.err
 				}
 				r.m.failures.WithLabelValues("broker").Inc()
+			case errors.Is(o.err, ErrStreamUnavailable):
+				// An outage of the row's stream: the row is left as it is (no attempt), its
+				// key is held, the other rows of the batch go on.
+				if res.streamErr == nil {
+					res.streamErr = o.err
+				}
 			default:
 				perm := isPermanent(o.err)
 				text := describe(row, o.err)
@@ -224,7 +225,8 @@ func isBrokerError(err error) bool {
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		errors.Is(err, jetstream.ErrInvalidJSAck) ||
-		errors.Is(err, errAckWaitExpired)
+		errors.Is(err, errAckWaitExpired) ||
+		errors.Is(err, errJetStreamDown)
 }
 
 var errAckWaitExpired = errors.New("relay: no PubAck within the publish timeout")
@@ -271,8 +273,12 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			await(queue[0])
 			queue = queue[1:]
 		}
+		if err := r.knownOutage(ctx, rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: its stream has no leader (see explainFailures)
+			continue
+		}
 		if err := r.knownUnusable(ctx, rows[i].Subject); err != nil {
-			outs[j].err = err // not sent: its stream cannot take it (see explainTimeouts)
+			outs[j].err = err // not sent: its stream cannot take it (see explainFailures)
 			continue
 		}
 		msg, err := buildMsg(&rows[i])
