@@ -111,7 +111,7 @@ func (k *knownStreams) find(subj string) (string, bool) {
 // again (when a row of its subjects comes up); outageAsk bounds that question.
 const (
 	outageRecheck = 250 * time.Millisecond
-	outageAsk     = time.Second
+	outageAsk     = 500 * time.Millisecond
 )
 
 // streamOutages remembers the streams found unavailable. Their rows are not sent (they would

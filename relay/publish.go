@@ -24,9 +24,12 @@ type batchResult struct {
 	// streamErr is the first ErrStreamUnavailable: rows of a stream without a leader, and
 	// the later rows of their keys, are left untouched; the other rows go on.
 	streamErr error
-	// heldKeys are the keys with a row that was not published (failed, or never sent because
-	// an earlier row of the key failed): the next batch must not publish their later rows.
-	heldKeys map[string]bool
+	// heldKeys maps the keys with a row that was not published (failed, left to a stream
+	// outage, or never sent because an earlier row of the key was not published) to the
+	// lowest such row id: the next batch must not publish their rows after it. Rows before it
+	// (rows of an earlier batch claimed again, such as one left to a stream outage) may go:
+	// every row of the key before the held one was published.
+	heldKeys map[string]int64
 	// permanent lists the message ids of the failed rows that become dead at once.
 	permanent []uuid.UUID
 }
@@ -40,9 +43,14 @@ type outcome struct {
 // the first row of each key; each following wave holds the next row of every key whose
 // previous row was acknowledged. A key whose row failed sends nothing more in this batch, and
 // the claim query holds its later rows back until the failed one is published. Within a wave
-// all publishes are pipelined. Rows of the held keys are not sent at all.
-func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]bool) *batchResult {
-	res := &batchResult{heldKeys: map[string]bool{}}
+// all publishes are pipelined. Rows of the held keys after their held row are not sent at all.
+func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]int64) *batchResult {
+	res := &batchResult{heldKeys: map[string]int64{}}
+	hold := func(k string, id int64) {
+		if from, ok := res.heldKeys[k]; !ok || id < from {
+			res.heldKeys[k] = id
+		}
+	}
 	chains := map[string][]int{}
 	var wave []int
 	for i := range rows {
@@ -51,8 +59,8 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 			wave = append(wave, i)
 			continue
 		}
-		if held[k] {
-			res.heldKeys[k] = true
+		if from, ok := held[k]; ok && rows[i].ID > from {
+			hold(k, rows[i].ID)
 			continue
 		}
 		if len(chains[k]) == 0 {
@@ -122,7 +130,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	// Every key with a row left unpublished holds back its later rows in the next batch.
 	for k, chain := range chains {
 		if pos[k] < len(chain) {
-			res.heldKeys[k] = true
+			hold(k, rows[chain[pos[k]]].ID)
 		}
 	}
 	return res

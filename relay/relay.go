@@ -211,7 +211,7 @@ func (b *inflight) ids() []int64 {
 }
 
 // startPublish publishes rows in the background; rows of the held keys are left alone.
-func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, rows []store.Claimed, held map[string]bool) *inflight {
+func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, rows []store.Claimed, held map[string]int64) *inflight {
 	b := &inflight{conn: conn, rows: rows, done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
