@@ -490,7 +490,7 @@ func TestClusterLeaderKillMeasure(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("TXOUTBOX_CLUSTER_KILLS")); err == nil && v > 0 {
 		kills = v
 	}
-	var elections, resumes []time.Duration
+	var elections, resumes, lags []time.Duration
 	for i := 0; i < kills; i++ {
 		var res failoverResult
 		t.Run(fmt.Sprintf("kill%d", i), func(t *testing.T) {
@@ -501,6 +501,7 @@ func TestClusterLeaderKillMeasure(t *testing.T) {
 		}
 		elections = append(elections, res.election)
 		resumes = append(resumes, res.resumed)
+		lags = append(lags, res.resumed-res.election)
 	}
 	q := func(d []time.Duration) (time.Duration, time.Duration) {
 		s := slices.Clone(d)
@@ -509,7 +510,9 @@ func TestClusterLeaderKillMeasure(t *testing.T) {
 	}
 	ep, em := q(elections)
 	rp, rm := q(resumes)
-	t.Logf("%d leader kills: kill → new leader p50 %s max %s; kill → publishing resumed p50 %s max %s", kills, ep, em, rp, rm)
+	lp, lm := q(lags)
+	t.Logf("%d leader kills: kill → new leader p50 %s max %s; kill → publishing resumed p50 %s max %s; new leader → resumed p50 %s max %s",
+		kills, ep, em, rp, rm, lp, lm)
 }
 
 // A pipelined batch holds a key from the row the previous batch left unpublished on: a row of

@@ -84,13 +84,31 @@ func StartCluster(opts ClusterOptions) (*Cluster, error) {
 		}
 		c.root, c.ownRoot = dir, true
 	}
+	// The nodes' ports stay reserved (listened on) until the nodes start, so that the route
+	// relays, which listen on ports the kernel chooses, cannot be given one of them.
+	var reserved []net.Listener
+	release := func() {
+		for _, l := range reserved {
+			_ = l.Close()
+		}
+		reserved = nil
+	}
+	defer release()
+	reserve := func() (int, error) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("embedded nats cluster: free port: %w", err)
+		}
+		reserved = append(reserved, l)
+		return l.Addr().(*net.TCPAddr).Port, nil
+	}
 	for i := 0; i < opts.Size; i++ {
-		p, err := FreePort()
+		p, err := reserve()
 		if err != nil {
 			c.Shutdown()
 			return nil, err
 		}
-		cp, err := FreePort()
+		cp, err := reserve()
 		if err != nil {
 			c.Shutdown()
 			return nil, err
@@ -101,7 +119,7 @@ func StartCluster(opts ClusterOptions) (*Cluster, error) {
 	// A port nobody listens on, advertised as every node's route address: the nodes learn
 	// each other's route address from each other (gossip) and would connect directly,
 	// around the relays; this way only the relays connect them.
-	nowhere, err := FreePort()
+	nowhere, err := reserve()
 	if err != nil {
 		c.Shutdown()
 		return nil, err
@@ -136,6 +154,7 @@ func StartCluster(opts ClusterOptions) (*Cluster, error) {
 			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 		}
 	}
+	release()
 	// Start every node before waiting for any: a node is ready for connections only once its
 	// JetStream has started, which in a cluster needs the routes to its peers.
 	errs := make(chan error, len(c.Nodes))
@@ -152,11 +171,41 @@ func StartCluster(opts ClusterOptions) (*Cluster, error) {
 		c.Shutdown()
 		return nil, first
 	}
+	if err := c.WaitRoutes(30 * time.Second); err != nil {
+		c.Shutdown()
+		return nil, err
+	}
 	if err := c.WaitMetaLeader(30 * time.Second); err != nil {
 		c.Shutdown()
 		return nil, err
 	}
 	return c, nil
+}
+
+// WaitRoutes waits until every running node has a route to every other running node.
+func (c *Cluster) WaitRoutes(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		running := 0
+		for _, n := range c.Nodes {
+			if n.Running() {
+				running++
+			}
+		}
+		ok := true
+		for _, n := range c.Nodes {
+			if s := n.Server(); s != nil && s.NumRemotes() < running-1 {
+				ok = false
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("embedded nats cluster: nodes not all routed to each other within %s", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (n *ClusterNode) start() error {
@@ -167,7 +216,7 @@ func (n *ClusterNode) start() error {
 	}
 	var lastErr error
 	// The ports may be briefly unavailable right after a stop; retry a little.
-	for i := 0; i < 50; i++ {
+	for i := 0; i < 3; i++ {
 		o := n.opts // NewServer keeps and edits the options it is given
 		o.Routes = append([]*url.URL(nil), n.opts.Routes...)
 		srv, err := server.NewServer(&o)
