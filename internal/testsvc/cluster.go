@@ -43,12 +43,11 @@ func JetStreamCluster(tb testing.TB) *Cluster {
 // and waits until it has a leader.
 func (c *Cluster) Stream(tb testing.TB, name string, subjects ...string) jetstream.Stream {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	var s jetstream.Stream
 	var err error
 	// Right after start the meta leader may still be settling; ask again for a moment.
-	for {
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s, err = c.JS.CreateStream(ctx, jetstream.StreamConfig{
 			Name:       name,
 			Subjects:   subjects,
@@ -56,7 +55,8 @@ func (c *Cluster) Stream(tb testing.TB, name string, subjects ...string) jetstre
 			Replicas:   3,
 			Duplicates: 2 * time.Minute,
 		})
-		if err == nil || ctx.Err() != nil {
+		cancel()
+		if err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
