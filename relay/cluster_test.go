@@ -548,3 +548,76 @@ func TestHeldKeyHoldsFromTheUnpublishedRow(t *testing.T) {
 		t.Fatalf("ORDERS holds %q, want 1", got)
 	}
 }
+
+// A stream without a leader is an outage of that stream only: the rows of another stream go
+// on meanwhile, in the same batches.
+func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
+	e := newClusterEnv(t)
+	ctx := context.Background()
+	// OTHER has one replica; ACC's leader must be on another node, so that killing it leaves
+	// OTHER alone.
+	if _, err := e.cluster.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"},
+		Storage: jetstream.FileStorage, Replicas: 1, Duplicates: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.cluster.WaitStreamLeader("OTHER", nil, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; e.cluster.StreamLeader("ACC") == other; i++ {
+		if i == 10 {
+			t.Fatal("ACC's leader stays on OTHER's node")
+		}
+		e.cluster.StepDown(t, "ACC")
+		if _, err := e.cluster.WaitStreamLeader("ACC", other, 10*time.Second); err != nil {
+			t.Logf("ACC after step-down: %v", err)
+		}
+	}
+	logs := newEventLog()
+	r := e.relay(&Config{Subjects: []string{"acc.>", "other.>"}, PublishTimeout: time.Second, MaxAttempts: 2, Logger: slog.New(logs)})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	enqueue := func(msgs ...outbox.Message) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+			_, err := e.client.EnqueueTx(ctx, tx, msgs...)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(outbox.Message{Subject: "other.x", Payload: []byte("before")})
+	testsvc.Eventually(t, 20*time.Second, "the relay to publish", func() bool { return e.count("true") == 0 })
+
+	leader := e.cluster.KillLeader(t, "ACC")
+	enqueue(outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:1")}, outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:2")})
+	testsvc.Eventually(t, 20*time.Second, "the relay to see ACC unavailable", func() bool { return logs.count(slog.LevelWarn, msgStreamDown) == 1 })
+	var msgs []outbox.Message
+	for i := 0; i < 20; i++ {
+		msgs = append(msgs, outbox.Message{Subject: "other.x", Key: fmt.Sprintf("o%d", i%4), Payload: []byte(fmt.Sprintf("o:%d", i))})
+	}
+	enqueue(msgs...)
+	testsvc.Eventually(t, 20*time.Second, "OTHER's rows published", func() bool { return e.count("subject = 'other.x'") == 0 })
+	if l := e.cluster.StreamLeader("ACC"); l != nil {
+		t.Fatalf("ACC had a new leader (%s) before OTHER's rows were published: the test proves nothing", l.Name)
+	}
+	if n := e.count("subject = 'acc.x' AND attempts = 0 AND last_error IS NULL"); n != 2 {
+		t.Fatalf("%d untouched ACC rows while ACC has no leader, want 2", n)
+	}
+	if _, err := e.cluster.WaitStreamLeader("ACC", leader, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 20*time.Second, "ACC's rows published", func() bool { return e.count("true") == 0 })
+	e.checkStoredOnce(2)
+	if f := r.Stats().Failed.Load(); f != 0 {
+		t.Fatalf("%d failed publishes, want 0", f)
+	}
+}
