@@ -138,6 +138,10 @@ func (r *Relay) probeSubject(ctx context.Context, subj string, byStream map[stri
 			}
 			return &streamProbe{} // deleted between the look-up and the info
 		}
+		if p.infoErr == nil && known && attempt == 0 && !capturesSubject(&p.info.Config, subj) {
+			known = false // its subjects changed: ask which stream captures subj now
+			continue
+		}
 		if p.infoErr == nil {
 			if setting, reason := unusable(&p.info.Config); setting != "" {
 				r.unusable.put(r, &p.info.Config, subj, setting, reason)
