@@ -621,3 +621,29 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 		t.Fatalf("%d failed publishes, want 0", f)
 	}
 }
+
+// The publish outcomes explainFailures looks into: a PubAck timeout, no responders, and the
+// JetStream errors about the cluster's state right now; never an error about the message.
+func TestAmbiguousPublishOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"async timeout", jetstream.ErrAsyncPublishTimeout, true},
+		{"no PubAck", errAckWaitExpired, true},
+		{"no responders", nats.ErrNoResponders, true},
+		{"no stream response", jetstream.ErrNoStreamResponse, true},
+		{"10008", &jetstream.APIError{Code: 503, ErrorCode: 10008}, true},
+		{"10009", &jetstream.APIError{Code: 500, ErrorCode: 10009}, true},
+		{"10118", &jetstream.APIError{Code: 500, ErrorCode: 10118}, true},
+		{"too large", &jetstream.APIError{Code: 400, ErrorCode: 10054}, false},
+		{"sealed", &jetstream.APIError{Code: 400, ErrorCode: 10109}, false},
+		{"other", errors.New("something"), false},
+	} {
+		if got := isAmbiguous(c.err); got != c.want {
+			t.Errorf("%s: ambiguous = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
