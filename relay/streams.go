@@ -147,6 +147,7 @@ func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstre
 			return nil, "", fmt.Errorf("relay: stream %q: %w", n, err)
 		}
 		cfg := s.CachedInfo().Config
+		r.known.learn(&cfg)
 		streams[n] = cfg
 		for _, f := range cfg.Subjects {
 			if covers(f, subj) {
