@@ -284,8 +284,12 @@ func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
 // isAmbiguous reports a publish outcome that explainFailures must explain: it may be an
 // outage of the broker, of the stream, or the subject's own failure.
 func isAmbiguous(err error) bool {
-	return isAckTimeout(err) || isNoResponders(err) || isOutageCode(err)
+	return isAckTimeout(err) || isNoResponders(err) || isOutageCode(err) || isNotAPubAck(err)
 }
+
+// isNotAPubAck reports a reply that is not a PubAck: something other than JetStream (a core
+// NATS service on the subject) answered the publish.
+func isNotAPubAck(err error) bool { return errors.Is(err, jetstream.ErrInvalidJSAck) }
 
 // brokerDown marks err as a broker outage.
 func brokerDown(err error) error {

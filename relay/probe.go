@@ -159,6 +159,14 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 	if p.lookupErr != nil || p.skipped {
 		return brokerDown(err)
 	}
+	if isNotAPubAck(err) {
+		// A reply that is not a PubAck is about the subject (a service answers on it), not
+		// about the broker: the row fails, like any message failure.
+		if p.name == "" {
+			return fmt.Errorf("%w: a core NATS responder answered on subject %q instead of JetStream, and no JetStream stream captures it", err, subj)
+		}
+		return fmt.Errorf("%w: a core NATS responder on subject %q answered before stream %q", err, subj, p.name)
+	}
 	if p.name == "" {
 		if isAckTimeout(err) {
 			return fmt.Errorf("%w within %s on subject %q, and no JetStream stream captures it: something that is not a stream "+

@@ -257,7 +257,6 @@ func isBrokerError(err error) bool {
 		errors.Is(err, jetstream.ErrJetStreamPublisherClosed) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
-		errors.Is(err, jetstream.ErrInvalidJSAck) ||
 		errors.Is(err, errAckWaitExpired) ||
 		errors.Is(err, errJetStreamDown)
 }
