@@ -19,9 +19,9 @@ import (
 // values and payload exactly as they were given, byte for byte. What the wire would drop,
 // change, refuse or act on is refused here, never normalised on the way.
 var (
-	// ErrInvalidSubject: empty, white space or a control character, invalid UTF-8, an empty
-	// token, a wildcard token (* or >), too long, or a first token reserved for NATS ($JS,
-	// $JSC, $SYS, $NRG).
+	// ErrInvalidSubject: empty, ASCII white space or a control character (C0, DEL, C1),
+	// invalid UTF-8, an empty token, a wildcard token (* or >), too long, or a first token
+	// reserved for NATS ($JS, $JSC, $SYS, $NRG).
 	ErrInvalidSubject = errors.New("invalid subject")
 	// ErrMessageTooLarge: payload plus headers (as NATS counts them, including the headers the
 	// relay adds) exceed Config.MaxMessageBytes. ErrHeadersTooLarge wraps it.
@@ -107,7 +107,8 @@ const MaxHeaderBytes = 65535
 var reservedSubjectTokens = [...]string{"$JS", "$JSC", "$SYS", "$NRG"}
 
 // ValidateSubject reports whether s is a valid NATS publish subject: non-empty, at most
-// MaxSubjectLength bytes, valid UTF-8, no ASCII white space or control characters, no empty
+// MaxSubjectLength bytes, valid UTF-8, no ASCII white space and no control character (C0,
+// DEL, or C1: U+0080–U+009F, which includes NEL, U+0085), no empty
 // token (leading, trailing or doubled dots), no wildcard token (* or >), and a first token
 // that is not reserved for NATS: $JS (the JetStream API), $JSC, $SYS (the system account) or
 // $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token.
@@ -126,6 +127,11 @@ func ValidateSubject(s string) error {
 	}
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%w: subject is not valid UTF-8", ErrInvalidSubject)
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) { // C1: C0 and DEL are refused above
+			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidSubject, r, i)
+		}
 	}
 	toks := strings.Split(s, ".")
 	for i, tok := range toks {
@@ -160,6 +166,19 @@ func ValidateSubjectFilter(s string) error {
 		}
 	}
 	return ValidateSubject(strings.Join(toks, "."))
+}
+
+// ValidateHeaderName reports whether name can be the name of a header a producer sets: an RFC
+// 7230 token (letters, digits and !#$%&'*+-.^_`|~; what NATS and HTTP accept) that is not
+// reserved (see IsReservedHeader). Errors wrap ErrInvalidHeader.
+func ValidateHeaderName(name string) error {
+	if !validHeaderName(name) {
+		return fmt.Errorf("%w: name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, name)
+	}
+	if what := reservedHeader(name); what != "" {
+		return fmt.Errorf("%w: %q is reserved: %s", ErrInvalidHeader, name, what)
+	}
+	return nil
 }
 
 // validHeaderName reports whether name is an RFC 7230 token (what NATS and HTTP accept).

@@ -296,6 +296,31 @@ func TestValidateSubjectReservedForNATS(t *testing.T) {
 	}
 }
 
+// Subjects: every control character (C0, DEL, C1) is refused; other Unicode, white space
+// included (NATS splits subjects on ASCII white space only), is carried byte for byte.
+func TestValidateSubjectControlCharacters(t *testing.T) {
+	t.Parallel()
+	for r := rune(0); r <= 0x9f; r++ {
+		if r > 0x20 && r < 0x7f || r == '.' {
+			continue
+		}
+		s := "orders.a" + string(r) + "b"
+		if err := outbox.ValidateSubject(s); !errors.Is(err, outbox.ErrInvalidSubject) {
+			t.Errorf("ValidateSubject(%q) = %v, want ErrInvalidSubject", s, err)
+		}
+	}
+	for _, s := range []string{"orders.a\u00a0b", "orders.\u00a0", "注文.作成", "orders.🙂", "orders.a\u2028b"} {
+		if err := outbox.ValidateSubject(s); err != nil {
+			t.Errorf("ValidateSubject(%q) = %v, want it accepted", s, err)
+		}
+	}
+	for name, ok := range map[string]bool{"X-Trace": true, "traceparent": true, "a b": false, "X:Y": false, "": false, "Nats-Rollup": false, "Ünicode": false} {
+		if err := outbox.ValidateHeaderName(name); (err == nil) != ok || err != nil && !errors.Is(err, outbox.ErrInvalidHeader) {
+			t.Errorf("ValidateHeaderName(%q) = %v, want ok=%v", name, err, ok)
+		}
+	}
+}
+
 func TestIsReservedHeader(t *testing.T) {
 	t.Parallel()
 	for name, reserved := range map[string]bool{

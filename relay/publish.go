@@ -201,6 +201,11 @@ func isPermanent(err error) bool {
 	if errors.Is(err, errBadHeaders) || errors.As(err, &se) && se.Setting == "sealed" {
 		return true
 	}
+	// nats.go refuses, before sending, a message over the server's max_payload: no retry of
+	// the same row can be smaller.
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		_, ok := permanentCodes[apiErr.ErrorCode]
@@ -221,6 +226,9 @@ func (r *Relay) describePermanent(ctx context.Context, row *store.Claimed, err e
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		why = permanentCodes[apiErr.ErrorCode]
+	} else if errors.Is(err, nats.ErrMaxPayload) {
+		why = fmt.Sprintf("the message (payload %d bytes, plus its headers) is larger than the server's max_payload (%d bytes); "+
+			"set the producers' outbox.Config.MaxMessageBytes to at most max_payload, or raise max_payload", len(row.Payload), r.js.Conn().MaxPayload())
 	}
 	where := fmt.Sprintf("subject %q", row.Subject)
 	if apiErr != nil {
@@ -345,9 +353,12 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 }
 
 // errBadHeaders marks a stored row that cannot be published as it is: headers that are not a
-// JSON object of string lists, or a key or header that would not reach the consumer exactly
-// as stored (a row written before the producer's rules, or not by package outbox). The
-// relay never lets the wire alter a message: such a row is dead at once, with the reason.
+// JSON object of string lists, or a subject, key, header name or value the producer would
+// have refused (a row written before the producer's rules, or not by package outbox): a
+// subject that is not a literal publish subject or that addresses NATS itself ($JS.API.…, a
+// request the relay would make with its credentials), a key or header that would not reach
+// the consumer exactly as stored. The relay never sends such a row and never lets the wire
+// alter a message: it is dead at once, with the reason.
 var errBadHeaders = errors.New("relay: stored row cannot be published as it is")
 
 func buildMsg(row *store.Claimed) (*nats.Msg, error) {
@@ -357,7 +368,7 @@ func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 			return nil, fmt.Errorf("%w: the stored headers are not a JSON object of string lists: %v", errBadHeaders, err)
 		}
 	}
-	if err := checkStored(row.Key, h); err != nil {
+	if err := checkStored(row.Subject, row.Key, h); err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
 	}
 	h.Set(outbox.HeaderMsgID, row.MessageID.String())
@@ -367,9 +378,13 @@ func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Payload}, nil
 }
 
-// checkStored applies the producer's rules (package outbox) to a stored key and headers, so
-// that what the relay publishes arrives exactly as stored.
-func checkStored(key string, h nats.Header) error {
+// checkStored applies the producer's rules (package outbox) to a stored subject, key and
+// headers, so that what the relay publishes is a message, never a request to the server, and
+// arrives exactly as stored.
+func checkStored(subject, key string, h nats.Header) error {
+	if err := outbox.ValidateSubject(subject); err != nil {
+		return err
+	}
 	if err := outbox.ValidateKey(key); err != nil {
 		return err
 	}
@@ -383,8 +398,8 @@ func checkStored(key string, h nats.Header) error {
 			}
 			continue
 		}
-		if outbox.IsReservedHeader(name) {
-			return fmt.Errorf("%w: %q is reserved", outbox.ErrInvalidHeader, name)
+		if err := outbox.ValidateHeaderName(name); err != nil {
+			return err
 		}
 		if len(values) == 0 {
 			return fmt.Errorf("%w: %q has no value", outbox.ErrInvalidHeader, name)
