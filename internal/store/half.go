@@ -222,14 +222,14 @@ func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settle
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return false, "", fmt.Errorf("lock key: %w", err)
+			return false, "", fmt.Errorf("lock key: %w", lockTableFull(err))
 		}
 		ct, err := br.Exec()
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			return false, "", err
+			return false, "", lockTableFull(err)
 		}
 		if ct.RowsAffected() == 1 {
 			return true, StateReady, nil
