@@ -237,8 +237,8 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	}
 	block := headerOverhead + hsize + relayHeaderSize(m)
 	if block > MaxHeaderBytes {
-		return fail(ErrHeadersTooLarge, fmt.Sprintf("the header block NATS stores (the headers, the relay's %s, %s and %s, and framing) is %d bytes, the limit is %d bytes (nats-server refuses a larger header block whatever the payload)",
-			HeaderMsgID, HeaderKey, HeaderBizKey, block, MaxHeaderBytes))
+		return fail(ErrHeadersTooLarge, fmt.Sprintf("the header block NATS stores (the headers, the relay's %s, %s and %s, and framing) is %d bytes, the limit is %d bytes (nats-server stores at most %d whatever the payload, and a consumer's dead letter of the message adds up to %d)",
+			HeaderMsgID, HeaderKey, HeaderBizKey, block, MaxHeaderBytes, JetStreamMaxHeaderBytes, DeadLetterHeaderReserve))
 	}
 	if size := len(m.Payload) + block; size > c.cfg.MaxMessageBytes {
 		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",

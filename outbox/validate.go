@@ -82,13 +82,27 @@ const (
 	MaxKeyLength     = 1024
 )
 
+// JetStreamMaxHeaderBytes is the largest header block nats-server stores in a stream: it
+// refuses a message whose header block is longer than math.MaxUint16 bytes
+// (JSStreamHeaderExceedsMaximumErr, 10097, "header size exceeds maximum allowed of 64k"), even
+// when the whole message is below max_payload.
+const JetStreamMaxHeaderBytes = 65535
+
+// DeadLetterHeaderReserve is the room MaxHeaderBytes leaves below JetStreamMaxHeaderBytes for
+// what a consumer (package consumer) adds when it dead-letters a message: its Txoutbox-Dead-*
+// headers (the error cut to 1 KiB, the subject up to MaxSubjectLength, the durable and stream
+// names up to JetStream's 255 bytes each, counts and a time) and the dead letter's own
+// Nats-Msg-Id (durable:stream:sequence), less the relay's Nats-Msg-Id it leaves out: under
+// 3,400 bytes at worst (package consumer's tests measure it), rounded up. So every message
+// EnqueueTx accepts can be dead-lettered with every header it had.
+const DeadLetterHeaderReserve = 4096
+
 // MaxHeaderBytes bounds the header block of a message as NATS stores it: "NATS/1.0\r\n", one
 // "Name: value\r\n" line per value (the message's headers and the relay's Nats-Msg-Id,
-// Txoutbox-Key and Txoutbox-Biz-Key) and a final "\r\n". nats-server refuses to store a
-// message whose header block is longer than math.MaxUint16 bytes
-// (JSStreamHeaderExceedsMaximumErr, "header size exceeds maximum allowed of 64k"), even when
-// the whole message is below max_payload.
-const MaxHeaderBytes = 65535
+// Txoutbox-Key and Txoutbox-Biz-Key) and a final "\r\n". It is JetStream's limit
+// (JetStreamMaxHeaderBytes) less DeadLetterHeaderReserve, so that the message can also be
+// stored as a dead letter.
+const MaxHeaderBytes = JetStreamMaxHeaderBytes - DeadLetterHeaderReserve
 
 // What else nats-server (its client parser and stream.go's processJetStreamMsg) refuses for a
 // message by itself under default limits, and how each is closed:

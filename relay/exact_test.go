@@ -22,9 +22,11 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// TestHeaderBlockLimitIsJetStreams: outbox.MaxHeaderBytes is the real server's limit. One
-// byte over is refused at enqueue, before anything is written, and the message the relay
-// would have built from it is refused by JetStream; one byte shorter, JetStream stores it.
+// TestHeaderBlockLimitIsJetStreams: outbox.JetStreamMaxHeaderBytes is the real server's
+// limit, and outbox.MaxHeaderBytes leaves DeadLetterHeaderReserve below it. One byte over
+// MaxHeaderBytes is refused at enqueue, before anything is written; the message the relay
+// would build with a block one byte over JetStream's limit is refused by JetStream, one byte
+// shorter it is stored.
 func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -39,11 +41,12 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 			return err
 		})
 		var me *outbox.MessageError
-		if !errors.Is(err, outbox.ErrMessageTooLarge) || !errors.As(err, &me) || !strings.Contains(err.Error(), "65536") {
-			t.Fatalf("keyed=%v: err = %v, want a *MessageError wrapping ErrMessageTooLarge giving the size 65536", keyed, err)
+		if !errors.Is(err, outbox.ErrMessageTooLarge) || !errors.As(err, &me) || !strings.Contains(err.Error(), fmt.Sprint(outbox.MaxHeaderBytes+1)) {
+			t.Fatalf("keyed=%v: err = %v, want a *MessageError wrapping ErrMessageTooLarge giving the size %d", keyed, err, outbox.MaxHeaderBytes+1)
 		}
-		// The limit is JetStream's: the message the relay would have built is refused by the
-		// server, and the same message one byte shorter is stored.
+		// JetStream's own limit: the message the relay would have built with a block one byte
+		// over it is refused by the server, and the same message one byte shorter is stored.
+		m.Headers["X-Big"][0] = strings.Repeat("v", outbox.JetStreamMaxHeaderBytes+1-outbox.HeaderBlockSize(&m)+len(m.Headers["X-Big"][0]))
 		row := store.Claimed{MessageID: uuid.New(), Subject: m.Subject, Key: m.Key, Payload: m.Payload}
 		h := maps.Clone(m.Headers)
 		h[outbox.HeaderBizKey] = []string{m.BizKey}
@@ -53,11 +56,11 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := e.nats.JS.PublishMsg(context.Background(), msg); err == nil {
-			t.Fatalf("keyed=%v: JetStream stored a header block of %d bytes", keyed, outbox.MaxHeaderBytes+1)
+			t.Fatalf("keyed=%v: JetStream stored a header block of %d bytes", keyed, outbox.JetStreamMaxHeaderBytes+1)
 		}
 		msg.Header["X-Big"][0] = msg.Header["X-Big"][0][1:]
 		if _, err := e.nats.JS.PublishMsg(context.Background(), msg); err != nil {
-			t.Fatalf("keyed=%v: JetStream refused a header block of %d bytes: %v", keyed, outbox.MaxHeaderBytes, err)
+			t.Fatalf("keyed=%v: JetStream refused a header block of %d bytes: %v", keyed, outbox.JetStreamMaxHeaderBytes, err)
 		}
 	}
 	if n := e.count(`true`); n != 0 {

@@ -1,0 +1,166 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// rawHeaderBlock is the size of the header block NATS stores for h.
+func rawHeaderBlock(h nats.Header) int { return headerBlockSize(h) }
+
+// Every message package outbox accepts can be dead-lettered whole: at the producer's header
+// limit, with the longest subject, key and business key, a durable and a stream name of
+// JetStream's longest (255 bytes) and a handler error far over the 1 KiB it is cut to, the
+// dead letter keeps every header and the payload, at the first attempt, and what it added
+// fits in outbox.DeadLetterHeaderReserve.
+func TestDeadLetterOfLargestAcceptedMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	stream := strings.Repeat("S", 255)
+	if _, err := e.nats.JS.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"big.>"}, Storage: jetstream.MemoryStorage, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	subject := "big." + strings.Repeat("s", outbox.MaxSubjectLength-len("big."))
+	m := outbox.Message{Subject: subject, Key: strings.Repeat("k", outbox.MaxKeyLength), BizKey: strings.Repeat("b", outbox.MaxKeyLength),
+		Payload: []byte("the payload"), Headers: map[string][]string{"X-Big": {""}, "traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}
+	m.Headers["X-Big"][0] = strings.Repeat("v", outbox.MaxHeaderBytes-outbox.HeaderBlockSize(&m))
+	if n := outbox.HeaderBlockSize(&m); n != outbox.MaxHeaderBytes {
+		t.Fatalf("block %d, want %d", n, outbox.MaxHeaderBytes)
+	}
+	// What EnqueueTx accepts, published as the relay publishes it.
+	c, err := outbox.NewClient(&outbox.Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error { _, err := c.EnqueueTx(ctx, tx, m); return err }); err != nil {
+		t.Fatalf("EnqueueTx refused the message: %v", err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Header[outbox.HeaderMsgID] = []string{newID()}
+	msg.Header[outbox.HeaderKey] = []string{m.Key}
+	msg.Header[outbox.HeaderBizKey] = []string{m.BizKey}
+	for k, v := range m.Headers {
+		msg.Header[k] = v
+	}
+	msg.Data = m.Payload
+	if n := rawHeaderBlock(msg.Header); n != outbox.MaxHeaderBytes {
+		t.Fatalf("published block %d, want %d", n, outbox.MaxHeaderBytes)
+	}
+	if _, err := e.nats.JS.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := e.config(&Config{Durable: strings.Repeat("d", 255)})
+	cfg.Stream = stream
+	cons, err := New(e.db.Pool, e.nats.JS, func(context.Context, pgx.Tx, Message) error {
+		return Permanent(errors.New(strings.Repeat("é", 1500)))
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.run(cons)
+	testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return cons.Stats().DeadLettered == 1 || cons.Stats().Unavailable > 0 })
+	if cons.Stats().DeadLettered != 1 || cons.Stats().Unavailable != 0 || cons.Stats().HandlerCalls != 1 {
+		t.Fatalf("dead-lettered %d, put back %d times, handler calls %d; want 1, 0, 1", cons.Stats().DeadLettered, cons.Stats().Unavailable, cons.Stats().HandlerCalls)
+	}
+	dead := e.deadLetters()
+	if len(dead) != 1 {
+		t.Fatalf("DEAD holds %d messages", len(dead))
+	}
+	d := dead[0]
+	for k, v := range msg.Header {
+		if k == outbox.HeaderMsgID {
+			continue
+		}
+		if got := d.Header[k]; len(got) != len(v) || got[0] != v[0] {
+			t.Errorf("header %s did not arrive as it was (%d bytes, want %d)", k, len(strings.Join(got, "")), len(strings.Join(v, "")))
+		}
+	}
+	if string(d.Data) != string(m.Payload) || d.Header.Get(HeaderDeadHeadersDropped) != "" || d.Header.Get(HeaderDeadPayloadDropped) != "" {
+		t.Fatalf("dead letter: payload %q, headers dropped %q, payload dropped %q", d.Data, d.Header.Get(HeaderDeadHeadersDropped), d.Header.Get(HeaderDeadPayloadDropped))
+	}
+	if got := d.Header.Get(HeaderDeadSubject); got != subject {
+		t.Fatalf("dead subject %d bytes, want the original's %d", len(got), len(subject))
+	}
+	added := rawHeaderBlock(d.Header) - outbox.MaxHeaderBytes
+	t.Logf("the dead letter's header block is %d bytes: %d more than the original's (reserve %d)", rawHeaderBlock(d.Header), added, outbox.DeadLetterHeaderReserve)
+	if added > outbox.DeadLetterHeaderReserve {
+		t.Fatalf("the dead letter added %d bytes of headers, over outbox.DeadLetterHeaderReserve (%d)", added, outbox.DeadLetterHeaderReserve)
+	}
+}
+
+// A message from another publisher whose headers leave no room for the dead letter's (a
+// header block of JetStream's limit, or thousands of small headers) is still dead-lettered at
+// its first failure, never put back forever: the largest of its headers are left out, the
+// dead letter says how many (HeaderDeadHeadersDropped), and the payload and every
+// Txoutbox-Dead-* header arrive.
+func TestDeadLetterOfOversizedHeaderBlock(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		headers func() map[string][]string
+		dropped string
+	}{
+		{"one large header", func() map[string][]string {
+			h := map[string][]string{"X-Small": {"kept"}, "X-Big": {""}}
+			probe := nats.Header{outbox.HeaderMsgID: {newID()}, "X-Small": {"kept"}, "X-Big": {""}}
+			h["X-Big"][0] = strings.Repeat("v", outbox.JetStreamMaxHeaderBytes-rawHeaderBlock(probe))
+			return h
+		}, "1"},
+		{"many small headers", func() map[string][]string {
+			h := map[string][]string{"X-Small": {"kept"}}
+			// Within JetStream's limit by less than the dead letter adds.
+			for i := 0; rawHeaderBlock(h)+len("Nats-Msg-Id: \r\n")+36 < outbox.JetStreamMaxHeaderBytes-200; i++ {
+				h["X-H"] = append(h["X-H"], fmt.Sprintf("%s%05d", strings.Repeat("h", 20), i))
+			}
+			return h
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			h := tc.headers()
+			h[outbox.HeaderMsgID] = []string{newID()}
+			if n := rawHeaderBlock(h); n > outbox.JetStreamMaxHeaderBytes || n < outbox.JetStreamMaxHeaderBytes-outbox.DeadLetterHeaderReserve {
+				t.Fatalf("fixture block %d bytes", n)
+			}
+			e.publish("orders.created", h, "the payload")
+			c := e.newConsumer(nil, nil, func(context.Context, pgx.Tx, Message) error {
+				return Permanent(errors.New("cannot handle this order"))
+			})
+			e.run(c)
+					testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 || c.Stats().Unavailable > 0 })
+			if c.Stats().DeadLettered != 1 || c.Stats().Unavailable != 0 || c.Stats().HandlerCalls != 1 {
+				t.Fatalf("dead-lettered %d, put back %d times, handler calls %d; want 1, 0, 1", c.Stats().DeadLettered, c.Stats().Unavailable, c.Stats().HandlerCalls)
+			}
+			dead := e.deadLetters()
+			if len(dead) != 1 {
+				t.Fatalf("DEAD holds %d messages", len(dead))
+			}
+			d := dead[0]
+			if string(d.Data) != "the payload" || d.Header.Get(HeaderDeadPayloadDropped) != "" {
+				t.Fatalf("payload %q (dropped %q), want it whole", d.Data, d.Header.Get(HeaderDeadPayloadDropped))
+			}
+			dropped := d.Header.Get(HeaderDeadHeadersDropped)
+			if dropped == "" || tc.dropped != "" && dropped != tc.dropped {
+				t.Fatalf("%s = %q, want %q", HeaderDeadHeadersDropped, dropped, tc.dropped)
+			}
+			if d.Header.Get("X-Small") != "kept" || d.Header.Get(HeaderDeadReason) != DeadReasonPermanent || !strings.Contains(d.Header.Get(HeaderDeadError), "cannot handle this order") ||
+				d.Header.Get(HeaderDeadMsgID) != h[outbox.HeaderMsgID][0] {
+				t.Fatalf("dead letter headers: small %q, reason %q, error %q, msg id %q", d.Header.Get("X-Small"), d.Header.Get(HeaderDeadReason), d.Header.Get(HeaderDeadError), d.Header.Get(HeaderDeadMsgID))
+			}
+			t.Logf("%s: %s header values left out; the dead letter's block is %d bytes", tc.name, dropped, rawHeaderBlock(d.Header))
+		})
+	}
+}
