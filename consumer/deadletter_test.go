@@ -164,3 +164,35 @@ func TestDeadLetterOfOversizedHeaderBlock(t *testing.T) {
 		})
 	}
 }
+
+// A dead-letter stream whose max_msg_size is below the message's own headers: the dead
+// letter leaves out the payload, then the original's headers, and is stored with its
+// Txoutbox-Dead-* headers, saying what it left out, instead of being put back forever.
+func TestDeadLetterStreamSmallerThanTheHeaders(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	s, err := e.nats.JS.Stream(ctx, deadStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 2048
+	if _, err := e.nats.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID()}, "X-Big": {strings.Repeat("h", 3000)}}, "the payload")
+	c := e.newConsumer(nil, nil, func(context.Context, pgx.Tx, Message) error { return Permanent(errors.New("poison")) })
+	e.run(c)
+	testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 || c.Stats().Unavailable > 0 })
+	dead := e.deadLetters()
+	if c.Stats().Unavailable != 0 || len(dead) != 1 {
+		t.Fatalf("put back %d times, %d dead letters; want 0 and 1", c.Stats().Unavailable, len(dead))
+	}
+	d := dead[0]
+	if len(d.Data) != 0 || d.Header.Get(HeaderDeadPayloadDropped) != "true" || d.Header.Get(HeaderDeadHeadersDropped) != "1" ||
+		d.Header.Get("X-Big") != "" || d.Header.Get(HeaderDeadReason) != DeadReasonPermanent {
+		t.Fatalf("dead letter: payload %d bytes, dropped payload %q headers %q, X-Big %d bytes, reason %q", len(d.Data),
+			d.Header.Get(HeaderDeadPayloadDropped), d.Header.Get(HeaderDeadHeadersDropped), len(d.Header.Get("X-Big")), d.Header.Get(HeaderDeadReason))
+	}
+}

@@ -576,6 +576,11 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		out.Data = nil
 		out.Header.Set(HeaderDeadPayloadDropped, "true")
 		_, err = c.js.PublishMsg(pctx, out)
+		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+			// A limit below the headers themselves: the Txoutbox-Dead-* headers alone.
+			fitHeaders(out.Header, copied, outbox.JetStreamMaxHeaderBytes, true)
+			_, err = c.js.PublishMsg(pctx, out)
+		}
 	}
 	if err != nil {
 		return c.unavailable(it, opDeadLetter, err)
