@@ -24,6 +24,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"strings"
@@ -153,7 +154,7 @@ const (
 // such transactions at once need up to N × 512 besides every other lock held. Raise
 // max_locks_per_transaction (it takes a server restart), or run fewer bulk keyed transactions
 // at once and commit them sooner. The error says so.
-var ErrLockTableFull = store.ErrLockTableFull
+var ErrLockTableFull = errors.New("outbox: no room for a key lock")
 
 // EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
@@ -212,7 +213,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Messag
 			}
 			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
 		}
-		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+		return nil, fmt.Errorf("outbox: enqueue: %w", store.LockTableFull(err, ErrLockTableFull))
 	}
 	return ids, nil
 }

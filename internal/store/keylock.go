@@ -95,8 +95,17 @@ func keyLockArgs(hashes []int32) (keys, buckets []int32) {
 
 // ErrLockTableFull means PostgreSQL's shared lock table had no room for a lock a statement
 // needed (SQLSTATE 53200, "out of shared memory"). The transaction is aborted and wrote
-// nothing. Package outbox exports it as outbox.ErrLockTableFull.
+// nothing. Package outbox wraps it in outbox.ErrLockTableFull (LockTableFull).
 var ErrLockTableFull = errors.New("PostgreSQL's lock table is full (SQLSTATE 53200, out of shared memory)")
+
+// LockTableFull wraps err in sentinel when it is (or wraps) ErrLockTableFull; any other error
+// is returned as it is.
+func LockTableFull(err, sentinel error) error {
+	if errors.Is(err, ErrLockTableFull) {
+		return fmt.Errorf("%w: %w", sentinel, err)
+	}
+	return err
+}
 
 // lockTableHint says what fills the lock table and how to make room, with the arithmetic.
 var lockTableHint = fmt.Sprintf("the lock table has max_locks_per_transaction × (max_connections + max_prepared_transactions) entries "+
