@@ -196,3 +196,32 @@ func TestDeadLetterStreamSmallerThanTheHeaders(t *testing.T) {
 			d.Header.Get(HeaderDeadPayloadDropped), d.Header.Get(HeaderDeadHeadersDropped), len(d.Header.Get("X-Big")), d.Header.Get(HeaderDeadReason))
 	}
 }
+
+// outbox.DeadLetterHeaderReserve covers the most a dead letter adds to a message package
+// outbox accepted, every field at its longest: the durable and stream names at JetStream's
+// 255 bytes, the subject at outbox.MaxSubjectLength, the error at its 1 KiB cut, 20-digit
+// counts, the longest RFC 3339 time, both "dropped" markers and the dead letter's own
+// Nats-Msg-Id, less the relay's Nats-Msg-Id (a UUID) it leaves out.
+func TestDeadLetterHeaderReserveCoversTheWorstCase(t *testing.T) {
+	t.Parallel()
+	const name = 255 // JetStream's longest stream or consumer name
+	digits := strings.Repeat("9", 20)
+	h := nats.Header{}
+	h.Set(HeaderDeadConsumer, strings.Repeat("d", name))
+	h.Set(HeaderDeadReason, DeadReasonPermanent)
+	h.Set(HeaderDeadError, strings.Repeat("e", maxErrorHeader))
+	h.Set(HeaderDeadDeliveries, digits)
+	h.Set(HeaderDeadSubject, strings.Repeat("s", outbox.MaxSubjectLength))
+	h.Set(HeaderDeadStream, strings.Repeat("S", name))
+	h.Set(HeaderDeadStreamSeq, digits)
+	h.Set(HeaderDeadMsgID, newID())
+	h.Set(HeaderDeadAt, time.Date(2026, 12, 31, 23, 59, 59, 999999999, time.UTC).Format(time.RFC3339Nano))
+	h.Set(HeaderDeadPayloadDropped, "true")
+	h.Set(HeaderDeadHeadersDropped, digits)
+	h.Set(jetstream.MsgIDHeader, strings.Repeat("d", name)+":"+strings.Repeat("S", name)+":"+digits)
+	added := headerBlockSize(h) - len("NATS/1.0\r\n\r\n") - len(outbox.HeaderMsgID+": "+newID()+"\r\n")
+	t.Logf("a dead letter adds at most %d bytes of headers (reserve %d)", added, outbox.DeadLetterHeaderReserve)
+	if added > outbox.DeadLetterHeaderReserve {
+		t.Fatalf("a dead letter may add %d bytes of headers, over outbox.DeadLetterHeaderReserve (%d)", added, outbox.DeadLetterHeaderReserve)
+	}
+}
