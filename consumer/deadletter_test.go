@@ -140,7 +140,7 @@ func TestDeadLetterOfOversizedHeaderBlock(t *testing.T) {
 				return Permanent(errors.New("cannot handle this order"))
 			})
 			e.run(c)
-					testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 || c.Stats().Unavailable > 0 })
+			testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 || c.Stats().Unavailable > 0 })
 			if c.Stats().DeadLettered != 1 || c.Stats().Unavailable != 0 || c.Stats().HandlerCalls != 1 {
 				t.Fatalf("dead-lettered %d, put back %d times, handler calls %d; want 1, 0, 1", c.Stats().DeadLettered, c.Stats().Unavailable, c.Stats().HandlerCalls)
 			}
