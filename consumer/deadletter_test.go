@@ -119,7 +119,9 @@ func TestDeadLetterOfOversizedHeaderBlock(t *testing.T) {
 			return h
 		}, "1"},
 		{"many small headers", func() map[string][]string {
-			h := map[string][]string{"X-Small": {"kept"}}
+			// With a header of the dead letter's own name, which the dead letter replaces and
+			// never leaves out, however long its own value.
+			h := map[string][]string{"X-Small": {"kept"}, HeaderDeadError: {"forged"}}
 			// Within JetStream's limit by less than the dead letter adds.
 			for i := 0; rawHeaderBlock(h)+len("Nats-Msg-Id: \r\n")+36 < outbox.JetStreamMaxHeaderBytes-200; i++ {
 				h["X-H"] = append(h["X-H"], fmt.Sprintf("%s%05d", strings.Repeat("h", 20), i))
@@ -137,7 +139,7 @@ func TestDeadLetterOfOversizedHeaderBlock(t *testing.T) {
 			}
 			e.publish("orders.created", h, "the payload")
 			c := e.newConsumer(nil, nil, func(context.Context, pgx.Tx, Message) error {
-				return Permanent(errors.New("cannot handle this order"))
+				return Permanent(errors.New("cannot handle this order: " + strings.Repeat("x", 2000)))
 			})
 			e.run(c)
 			testsvc.Eventually(t, 20*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 || c.Stats().Unavailable > 0 })

@@ -632,6 +632,9 @@ func fitHeaders(h nats.Header, copied []string, limit int, all bool) {
 	}
 	var lines []line
 	for _, k := range copied {
+		if deadLetterOwn[k] {
+			continue // replaced by the dead letter's own value: never left out
+		}
 		for i, v := range h[k] {
 			lines = append(lines, line{k, i, len(k) + len(": ") + len(v) + len("\r\n")})
 		}
@@ -671,6 +674,13 @@ func fitHeaders(h nats.Header, copied []string, limit int, all bool) {
 	if dropped > 0 {
 		h.Set(HeaderDeadHeadersDropped, strconv.Itoa(dropped))
 	}
+}
+
+// deadLetterOwn are the headers a dead letter sets itself.
+var deadLetterOwn = map[string]bool{
+	HeaderDeadConsumer: true, HeaderDeadReason: true, HeaderDeadError: true, HeaderDeadDeliveries: true,
+	HeaderDeadSubject: true, HeaderDeadStream: true, HeaderDeadStreamSeq: true, HeaderDeadMsgID: true,
+	HeaderDeadAt: true, HeaderDeadPayloadDropped: true, HeaderDeadHeadersDropped: true, jetstream.MsgIDHeader: true,
 }
 
 // isHeaderTooLarge reports JetStream's refusal of a header block over 64 KiB.
