@@ -3,15 +3,19 @@ package txoutbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -25,16 +29,16 @@ func TestRunRefusesASecondRunWhileRunning(t *testing.T) {
 	n := testsvc.NewNATS(t)
 	n.Stream(t, "RUN", "run.>")
 	n.Stream(t, "RUN_DEAD", "txoutbox.dead.>")
-	r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, LeaseInterval: 50 * time.Millisecond})
+	r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, LeaseInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(db.Pool, n.JS, func(context.Context, pgx.Tx, consumer.Message) error { return nil },
-		&consumer.Config{Stream: "RUN", Durable: "run", Schema: db.Schema})
+		&consumer.Config{Stream: "RUN", Durable: "run", Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb, err := checkback.New(db.Pool, n.Conn, &checkback.Config{Schema: db.Schema})
+	cb, err := checkback.New(db.Pool, n.Conn, &checkback.Config{Schema: db.Schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +72,45 @@ func TestRunRefusesASecondRunWhileRunning(t *testing.T) {
 		}
 		if err := comp.run(stopped); errors.Is(err, txoutbox.ErrRunning) {
 			t.Fatalf("%s: Run after the first returned: %v", comp.name, err)
+		}
+	}
+}
+
+// Two components of one kind on one Prometheus registry share their collectors: neither New
+// fails (two relays in one process, a consumer restarted, two check-backs).
+func TestComponentsShareARegistry(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	reg := prometheus.NewRegistry()
+	for i := range 2 {
+		r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatalf("relay %d: %v", i+1, err)
+		}
+		r.Close()
+		if _, err := checkback.New(db.Pool, n.Conn, &checkback.Config{Schema: db.Schema, Registerer: reg}); err != nil {
+			t.Fatalf("check-back %d: %v", i+1, err)
+		}
+		if _, err := consumer.New(db.Pool, n.JS, func(context.Context, pgx.Tx, consumer.Message) error { return nil },
+			&consumer.Config{Stream: "S", Durable: "d", Schema: db.Schema, Registerer: reg}); err != nil {
+			t.Fatalf("consumer %d: %v", i+1, err)
+		}
+		if _, err := outbox.NewClient(&outbox.Config{Schema: db.Schema, Registerer: reg}); err != nil {
+			t.Fatalf("outbox client %d: %v", i+1, err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		seen[strings.SplitN(mf.GetName(), "_", 3)[1]] = true
+	}
+	for _, sub := range []string{"relay", "checkback", "consumer", "outbox"} {
+		if !seen[sub] {
+			t.Errorf("no txoutbox_%s_* metric registered", sub)
 		}
 	}
 }

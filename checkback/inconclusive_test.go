@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -109,5 +110,94 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 	}
 	if w := logs.lines(t, msgInconclusive, "orders"); len(w) != 1 {
 		t.Errorf("%d lines saying the group's checks are inconclusive, want still 1", len(w))
+	}
+}
+
+const msgSettledElsewhere = "a producer group has no inconclusive half messages left: its producer settled them, or they became check_exhausted or were removed"
+
+// A group's inconclusive state also ends when no half message a check found inconclusive is
+// left without a COMMIT or ROLLBACK from its checker: its producer settled them (commit or
+// roll back), or they became check_exhausted. One info line says so, and the group's next
+// incident warns again.
+func TestInconclusiveGroupEndsWhenItsRowsAreSettledElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	var logs lockedBuffer
+	cfg := fastConfig()
+	cfg.MaxChecks = 3
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cb := e.checkback(cfg)
+	e.serve("orders", answer(outbox.StateUnknown))
+	// until runs passes until cond holds.
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		testsvc.Eventually(t, 20*time.Second, what, func() bool {
+			if _, err := cb.resolveOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return cond()
+		})
+	}
+	warnings := func() int { return len(logs.lines(t, msgInconclusive, "orders")) }
+	ended := func() int { return len(logs.lines(t, msgSettledElsewhere, "orders")) }
+
+	// 1. UNKNOWN, then the producer commits one row and rolls the other back.
+	a := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	b := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	until("a warning for the group", func() bool { return warnings() == 1 })
+	if err := e.client.Commit(ctx, e.db.Pool, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Rollback(ctx, e.db.Pool, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	until("the group's inconclusive state to end", func() bool { return ended() == 1 })
+
+	// 2. A new incident warns again; its rows become check_exhausted; that ends it too.
+	e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	until("a second warning for the group", func() bool { return warnings() == 2 })
+	until("the row to be exhausted and the state to end", func() bool { return ended() == 2 })
+	var st string
+	if err := e.db.Pool.QueryRow(ctx, "SELECT state FROM txoutbox_messages WHERE state = 'check_exhausted'").Scan(&st); err != nil {
+		t.Fatalf("no check_exhausted row: %v", err)
+	}
+
+	// 3. And the next incident warns again.
+	e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	until("a third warning for the group", func() bool { return warnings() == 3 })
+	for _, l := range logs.lines(t, msgSettledElsewhere, "orders") {
+		if l["level"] != "INFO" {
+			t.Errorf("line %v, want INFO", l)
+		}
+	}
+	if n := len(logs.lines(t, msgConclusive, "orders")); n != 0 {
+		t.Errorf("%d lines saying the checker answered again; it never did", n)
+	}
+}
+
+// Past maxInconclusiveGroups groups, one warning says the check-back stops following further
+// groups one by one; their checks are logged at debug level, not one warning per check; once
+// there is room again, one info line says so.
+func TestInconclusiveGroupsOverflowWarnsOnce(t *testing.T) {
+	t.Parallel()
+	var logs lockedBuffer
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var g inconclusiveGroups
+	const groups = maxInconclusiveGroups + 50
+	for round := 0; round < 3; round++ {
+		for i := 0; i < groups; i++ {
+			g.inconclusive(log, fmt.Sprint("g", i), OutcomeUnknown, "UNKNOWN", "group", fmt.Sprint("g", i))
+		}
+	}
+	if n := len(logs.lines(t, msgInconclusive, "")); n != maxInconclusiveGroups {
+		t.Fatalf("%d warnings for %d groups × 3 checks, want one per followed group (%d)", n, groups, maxInconclusiveGroups)
+	}
+	if n := len(logs.lines(t, "", "")); n != maxInconclusiveGroups+1 {
+		t.Fatalf("%d lines, want %d warnings and one saying the rest are not followed", n, maxInconclusiveGroups)
+	}
+	g.conclusive(log, "g0")
+	if n := len(logs.lines(t, "the check-back follows every producer group with inconclusive checks again", "")); n != 1 {
+		t.Fatalf("%d lines saying there is room again, want 1", n)
 	}
 }

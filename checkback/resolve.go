@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox/outbox/checker"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -48,10 +50,29 @@ func (c *CheckBack) resolveOnce(ctx context.Context) (ResolveResult, error) {
 // background, and the next passes fence and check other groups meanwhile instead of waiting.
 func (c *CheckBack) resolve(ctx context.Context, wait bool) (ResolveResult, error) {
 	res := ResolveResult{Checks: map[string]int{}}
+	c.forgetSettledGroups(ctx)
 	fenced, ferr := c.fenceOnce(ctx)
 	res.Fenced = fenced
 	cerr := c.checkOnce(ctx, &res, wait)
 	return res, errors.Join(ferr, cerr)
+}
+
+// forgetSettledGroups ends the inconclusive state of the groups that have no prepared row a
+// check found inconclusive any more (settled by their producer, exhausted, removed), so that
+// a later incident of theirs is logged again. A failure is left for the next pass.
+func (c *CheckBack) forgetSettledGroups(ctx context.Context) {
+	snap := c.inconclusive.snapshot()
+	if len(snap) == 0 {
+		return
+	}
+	still, err := c.q.CheckedGroups(ctx, c.db, slices.Collect(maps.Keys(snap)))
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Debug("check-back: reading the groups with inconclusive half messages failed; trying at the next pass", "err", err)
+		}
+		return
+	}
+	c.inconclusive.settled(c.log, snap, still)
 }
 
 // fenceOnce rolls back due fence-mode rows under their row locks, in one short transaction.

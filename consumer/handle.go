@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,12 @@ const (
 	// HeaderDeadPayloadDropped is "true" when the payload had to be left out because the
 	// dead letter would exceed the server's maximum payload.
 	HeaderDeadPayloadDropped = "Txoutbox-Dead-Payload-Dropped"
+	// HeaderDeadHeadersDropped, when present, is the number of the original's header values
+	// left out of the dead letter (the largest first) because its header block would
+	// otherwise exceed what JetStream stores (outbox.JetStreamMaxHeaderBytes). It never
+	// happens to a message package outbox accepted: its limit, outbox.MaxHeaderBytes, leaves
+	// outbox.DeadLetterHeaderReserve for the Txoutbox-Dead-* headers.
+	HeaderDeadHeadersDropped = "Txoutbox-Dead-Headers-Dropped"
 )
 
 // Values of HeaderDeadReason.
@@ -527,14 +534,20 @@ func (c *Consumer) ack(ctx context.Context, it *item) {
 	}
 }
 
-// deadLetter publishes the message to the dead-letter subject and terminates it.
+// deadLetter publishes the message to the dead-letter subject and terminates it. What
+// JetStream could never store is left out rather than retried forever, and the dead letter
+// says so: the largest of the original's headers when the header block would exceed
+// JetStream's limit (HeaderDeadHeadersDropped), the payload when the whole would exceed the
+// server's max_payload or the dead-letter stream's max_msg_size (HeaderDeadPayloadDropped).
 func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, cause error) result {
 	out := nats.NewMsg(c.cfg.DeadLetterSubject)
+	var copied []string // the original's header names, copied as they were
 	for k, v := range it.raw.Headers() {
 		if strings.HasPrefix(strings.ToLower(k), "nats-") {
 			continue
 		}
 		out.Header[k] = append([]string(nil), v...)
+		copied = append(copied, k)
 	}
 	out.Header.Set(HeaderDeadConsumer, c.cfg.Durable)
 	out.Header.Set(HeaderDeadReason, reason)
@@ -550,19 +563,30 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	}
 	out.Header.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	out.Data = it.raw.Data()
-	var opts []jetstream.PublishOpt
 	if it.msg.Stream != "" {
-		opts = append(opts, jetstream.WithMsgID(fmt.Sprintf("%s:%s:%d", c.cfg.Durable, it.msg.Stream, it.msg.StreamSeq)))
+		// The dead letter's own id, so that a dead letter published twice is stored once.
+		out.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s:%s:%d", c.cfg.Durable, it.msg.Stream, it.msg.StreamSeq))
 	}
+	fitHeaders(out.Header, copied, outbox.JetStreamMaxHeaderBytes, false)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 	defer cancel()
-	_, err := c.js.PublishMsg(pctx, out, opts...)
+	_, err := c.js.PublishMsg(pctx, out)
+	// JetStream counts the header block otherwise than here: leave every copied header out.
+	if isHeaderTooLarge(err) {
+		fitHeaders(out.Header, copied, outbox.JetStreamMaxHeaderBytes, true)
+		_, err = c.js.PublishMsg(pctx, out)
+	}
 	// Too big for the connection, or for the dead-letter stream's max_msg_size: send the
 	// headers alone rather than retry the same publish forever.
 	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
 		out.Data = nil
 		out.Header.Set(HeaderDeadPayloadDropped, "true")
-		_, err = c.js.PublishMsg(pctx, out, opts...)
+		_, err = c.js.PublishMsg(pctx, out)
+		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+			// A limit below the headers themselves: the Txoutbox-Dead-* headers alone.
+			fitHeaders(out.Header, copied, outbox.JetStreamMaxHeaderBytes, true)
+			_, err = c.js.PublishMsg(pctx, out)
+		}
 	}
 	if err != nil {
 		return c.unavailable(it, opDeadLetter, err)
@@ -586,6 +610,89 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	c.log.Warn("message dead-lettered", "reason", reason, "subject", it.raw.Subject(),
 		"stream_seq", it.msg.StreamSeq, "attempts", it.attempt(), "dead_letter_subject", c.cfg.DeadLetterSubject, "err", cause)
 	return result{outcome: outcomeDeadLettered, err: cause}
+}
+
+// headerBlockSize is the size of the header block NATS sends for h: "NATS/1.0\r\n", a
+// "Name: value\r\n" line per value, and a final "\r\n" (an upper bound: NATS may trim values).
+func headerBlockSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}
+
+// fitHeaders leaves out of h the values of the copied header names, the largest line first,
+// until h's header block is at most limit bytes (all of them when all is set), and records in
+// HeaderDeadHeadersDropped how many values it left out.
+func fitHeaders(h nats.Header, copied []string, limit int, all bool) {
+	size := headerBlockSize(h)
+	if size <= limit && !all {
+		return
+	}
+	type line struct {
+		name string
+		i, n int
+	}
+	var lines []line
+	for _, k := range copied {
+		if deadLetterOwn[k] {
+			continue // replaced by the dead letter's own value: never left out
+		}
+		for i, v := range h[k] {
+			lines = append(lines, line{k, i, len(k) + len(": ") + len(v) + len("\r\n")})
+		}
+	}
+	sort.SliceStable(lines, func(a, b int) bool { return lines[a].n > lines[b].n })
+	drop := map[string]map[int]bool{}
+	dropped := 0
+	marker := len(HeaderDeadHeadersDropped) + len(": ") + 10 + len("\r\n")
+	if prev := h.Get(HeaderDeadHeadersDropped); prev != "" { // a second pass: counted already
+		dropped, _ = strconv.Atoi(prev)
+		marker = 0
+	}
+	for _, l := range lines {
+		if !all && size+marker <= limit {
+			break
+		}
+		if drop[l.name] == nil {
+			drop[l.name] = map[int]bool{}
+		}
+		drop[l.name][l.i] = true
+		size -= l.n
+		dropped++
+	}
+	for name, idx := range drop {
+		var keep []string
+		for i, v := range h[name] {
+			if !idx[i] {
+				keep = append(keep, v)
+			}
+		}
+		if len(keep) == 0 {
+			delete(h, name)
+		} else {
+			h[name] = keep
+		}
+	}
+	if dropped > 0 {
+		h.Set(HeaderDeadHeadersDropped, strconv.Itoa(dropped))
+	}
+}
+
+// deadLetterOwn are the headers a dead letter sets itself.
+var deadLetterOwn = map[string]bool{
+	HeaderDeadConsumer: true, HeaderDeadReason: true, HeaderDeadError: true, HeaderDeadDeliveries: true,
+	HeaderDeadSubject: true, HeaderDeadStream: true, HeaderDeadStreamSeq: true, HeaderDeadMsgID: true,
+	HeaderDeadAt: true, HeaderDeadPayloadDropped: true, HeaderDeadHeadersDropped: true, jetstream.MsgIDHeader: true,
+}
+
+// isHeaderTooLarge reports JetStream's refusal of a header block over 64 KiB.
+func isHeaderTooLarge(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10097
 }
 
 // headerValue makes s, which may quote a handler or the server, a header value that arrives

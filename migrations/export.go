@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,8 +17,16 @@ const (
 	FormatGoose = "goose"
 )
 
+// ErrSharedDir means an export's directory already holds other migration files: txoutbox's
+// versions (1, 2, …) would collide with the application's, or be counted in its version.
+var ErrSharedDir = errors.New("migrations: the export directory holds other migration files")
+
 // Export writes the migrations into dir (created if needed) in format, for deploy tools that
-// keep their own copy. It refuses to overwrite an existing file.
+// keep their own copy. It refuses to overwrite an existing file, and to write into a
+// directory holding any other .sql file (ErrSharedDir): txoutbox's migrations go in a
+// directory of their own, applied with a version table of their own (goose -table
+// txoutbox_goose_db_version; golang-migrate x-migrations-table=txoutbox_golang_migrate) or in a
+// schema of their own, so that they never mix with the application's.
 func Export(dir, format string) ([]string, error) {
 	ms, err := Load(FS)
 	if err != nil {
@@ -40,6 +49,11 @@ func Export(dir, format string) ([]string, error) {
 		default:
 			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
 		}
+	}
+	if others, _ := filepath.Glob(filepath.Join(dir, "*.sql")); len(others) > 0 {
+		return nil, fmt.Errorf("%w: %s holds %s: export into a directory of its own and apply it with a version table of its own "+
+			"(goose -dir DIR -table %s; golang-migrate -path DIR with x-migrations-table=%s in the database URL) or into a schema of its own",
+			ErrSharedDir, dir, filepath.Base(others[0]), OwnGooseTable, OwnGolangMigrateTable)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err

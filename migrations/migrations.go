@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -270,32 +271,165 @@ const (
 	GolangMigrateTable = "schema_migrations"
 	// GooseTable is goose's: one row per applied (or reverted) version.
 	GooseTable = "goose_db_version"
+	// OwnGolangMigrateTable and OwnGooseTable are version tables of txoutbox's own for those
+	// tools, for a schema the application's own golang-migrate or goose also uses: run
+	// golang-migrate with x-migrations-table=txoutbox_golang_migrate, goose with
+	// -table txoutbox_goose_db_version.
+	OwnGolangMigrateTable = "txoutbox_golang_migrate"
+	OwnGooseTable         = "txoutbox_goose_db_version"
 )
 
 // ErrManagedElsewhere: the schema's versions are recorded by another tool (golang-migrate or
 // goose), so `relay migrate up|down` leave it to that tool.
 var ErrManagedElsewhere = errors.New("migrations: schema managed by another migration tool")
 
-// applied returns the applied versions, in order, and where they were read from: txoutbox's
-// VersionTable, else golang-migrate's or goose's version table in the same schema, else none
-// ("").
+// foreignTable is a version table another tool keeps.
+type foreignTable struct {
+	tool, name string
+	own        bool // a table name of txoutbox's own: never the application's
+}
+
+// foreignTables are read in this order; txoutbox's own names first.
+var foreignTables = []foreignTable{
+	{"golang-migrate", OwnGolangMigrateTable, true},
+	{"goose", OwnGooseTable, true},
+	{"golang-migrate", GolangMigrateTable, false},
+	{"goose", GooseTable, false},
+}
+
+// createTableRe finds the tables a migration creates: its fingerprint in a schema.
+var createTableRe = regexp.MustCompile(`(?i)\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?([A-Za-z_][A-Za-z0-9_]*)`)
+
+// tablesOf returns the tables migration version v (1-based) creates.
+func (m *Migrator) tablesOf(v int) []string {
+	var out []string
+	for _, g := range createTableRe.FindAllStringSubmatch(m.migrations[v-1].Up, -1) {
+		out = append(out, strings.ToLower(g[1]))
+	}
+	return out
+}
+
+// schemaTables returns the names of the tables in the schema.
+func (m *Migrator) schemaTables(ctx context.Context, tx pgx.Tx) (map[string]bool, error) {
+	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')`, m.schema)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: list the tables of schema %q: %w", m.schema, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("migrations: list the tables of schema %q: %w", m.schema, err)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}
+
+// tablesVersion is the version txoutbox's tables in the schema show: the highest version
+// whose tables, and those of every version before it, all exist (a migration that creates no
+// table counts as applied only below one whose tables exist).
+func (m *Migrator) tablesVersion(tables map[string]bool) int {
+	v := 0
+	for k := 1; k <= len(m.migrations); k++ {
+		ts := m.tablesOf(k)
+		all := true
+		for _, t := range ts {
+			all = all && tables[t]
+		}
+		if !all {
+			break
+		}
+		if len(ts) > 0 {
+			v = k
+		}
+	}
+	return v
+}
+
+// fits reports whether version v agrees with the tables in the schema: every table of
+// versions up to v exists, none of a later version does.
+func (m *Migrator) fits(v int, tables map[string]bool) bool {
+	for k := 1; k <= len(m.migrations); k++ {
+		for _, t := range m.tablesOf(k) {
+			if tables[t] != (k <= v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// applied returns the applied versions, in order, and where they were read from:
+//
+//  1. txoutbox's VersionTable, when it records anything;
+//  2. else, when txoutbox's tables are in the schema, a version table of golang-migrate or
+//     goose (OwnGolangMigrateTable, OwnGooseTable, GolangMigrateTable, GooseTable, in that
+//     order) of the tool's shape, believed when it is txoutbox's (an own name, or a schema
+//     holding nothing but txoutbox's tables and the tools' version tables) or, in a schema
+//     shared with the application, when its version agrees with txoutbox's tables: every
+//     table of the versions up to it exists, none of a later one;
+//  3. else the tables themselves (applied by hand, or by a tool whose version table also
+//     counts the application's own migrations);
+//  4. else nothing ("").
+//
+// An application's own golang-migrate, goose or Rails table in a shared schema (public, by
+// default) is therefore never taken for txoutbox's: it is read only when txoutbox's tables
+// exist, and only believed when it agrees with them.
 func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, string, error) {
 	out, err := m.readOwn(ctx, tx)
 	if err != nil || len(out) > 0 {
 		return out, VersionTable, err
 	}
-	var v int
-	var src string
-	switch v, src, err = m.readForeign(ctx, tx); {
-	case err != nil:
+	tables, err := m.schemaTables(ctx, tx)
+	if err != nil {
 		return nil, "", err
-	case src == "":
+	}
+	tv := m.tablesVersion(tables)
+	if tv == 0 {
 		return nil, "", nil
 	}
-	for i := 1; i <= v; i++ {
-		out = append(out, applied{version: i})
+	dedicated := true // nothing in the schema but txoutbox's tables and tools' version tables
+	for t := range tables {
+		if !strings.HasPrefix(t, "txoutbox_") && t != GolangMigrateTable && t != GooseTable {
+			dedicated = false
+		}
 	}
-	return out, src, m.checkOrder(out, src)
+	for _, ft := range foreignTables {
+		if !tables[ft.name] {
+			continue
+		}
+		v, dirty, ok, err := m.readForeign(ctx, tx, ft)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok {
+			continue // not the tool's shape: someone else's table of that name
+		}
+		src := fmt.Sprintf("%s's %s.%s", ft.tool, m.schema, ft.name)
+		ours := ft.own || dedicated
+		switch {
+		case dirty && (ours || v == tv || v == tv+1):
+			return nil, "", fmt.Errorf("%w: %s says version %d is dirty (a migration failed half way): fix the schema, then `migrate force`", ErrInconsistentDatabase, src, v)
+		case dirty:
+			continue
+		case v > len(m.migrations) && ours:
+			return nil, "", fmt.Errorf("%w: schema %q is at version %d (%s), newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, v, src, len(m.migrations))
+		case v <= len(m.migrations) && (ours || m.fits(v, tables)):
+			return upTo(v), src, nil
+		}
+	}
+	return upTo(tv), fmt.Sprintf("txoutbox's tables in schema %q (no version table records txoutbox's migrations)", m.schema), nil
+}
+
+// upTo returns versions 1 to v as applied, with no time.
+func upTo(v int) []applied {
+	out := make([]applied, v)
+	for i := range out {
+		out[i] = applied{version: i + 1}
+	}
+	return out
 }
 
 func (m *Migrator) exists(ctx context.Context, tx pgx.Tx, table string) (bool, error) {
@@ -335,53 +469,87 @@ func (m *Migrator) checkOrder(out []applied, src string) error {
 		if a.version != i+1 {
 			return fmt.Errorf("%w: schema %q records version %d where %d was expected in %s (a version was skipped)", ErrInconsistentDatabase, m.schema, a.version, i+1, src)
 		}
-		if a.version > len(m.migrations) {
-			return fmt.Errorf("%w: schema %q is at version %d (%s), newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, a.version, src, len(m.migrations))
-		}
+	}
+	if n := len(out); n > len(m.migrations) {
+		return fmt.Errorf("%w: schema %q is at version %d (%s), newer than this binary's latest %d", ErrInconsistentDatabase, m.schema, out[n-1].version, src, len(m.migrations))
 	}
 	return nil
 }
 
-// readForeign reads golang-migrate's or goose's version table: the current version and a
-// description of where it came from ("" when neither table exists).
-func (m *Migrator) readForeign(ctx context.Context, tx pgx.Tx) (int, string, error) {
-	if ok, err := m.exists(ctx, tx, GolangMigrateTable); err != nil {
-		return 0, "", fmt.Errorf("migrations: read versions: %w", err)
-	} else if ok {
-		src := fmt.Sprintf("golang-migrate's %s.%s", m.schema, GolangMigrateTable)
-		var v int64
-		var dirty bool
-		err := tx.QueryRow(ctx, "SELECT version, dirty FROM "+pgx.Identifier{m.schema, GolangMigrateTable}.Sanitize()+" ORDER BY version DESC LIMIT 1").Scan(&v, &dirty)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return 0, src, nil
-		case err != nil:
-			return 0, "", fmt.Errorf("migrations: read %s: %w", src, err)
-		case dirty:
-			return 0, "", fmt.Errorf("%w: %s says version %d is dirty (a migration failed half way): fix the schema, then `migrate force`", ErrInconsistentDatabase, src, v)
-		}
-		return int(v), src, nil
+// foreignShape is, per tool, the columns (name and type) its version table must have.
+var foreignShape = map[string]map[string]string{
+	"golang-migrate": {"version": "bigint", "dirty": "boolean"},
+	"goose":          {"id": "integer", "version_id": "bigint", "is_applied": "boolean"},
+}
+
+// readForeign reads a golang-migrate or goose version table: the current version, whether
+// golang-migrate marked it dirty, and whether the table has the tool's shape at all (ok false:
+// another table of that name, such as Rails's schema_migrations).
+func (m *Migrator) readForeign(ctx context.Context, tx pgx.Tx, ft foreignTable) (v int, dirty, ok bool, err error) {
+	qt := pgx.Identifier{m.schema, ft.name}.Sanitize()
+	rows, err := tx.Query(ctx, `SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, qt)
+	if err != nil {
+		return 0, false, false, fmt.Errorf("migrations: read the columns of %s: %w", qt, err)
 	}
-	if ok, err := m.exists(ctx, tx, GooseTable); err != nil {
-		return 0, "", fmt.Errorf("migrations: read versions: %w", err)
-	} else if ok {
-		src := fmt.Sprintf("goose's %s.%s", m.schema, GooseTable)
+	cols := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			rows.Close()
+			return 0, false, false, err
+		}
+		cols[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return 0, false, false, fmt.Errorf("migrations: read the columns of %s: %w", qt, err)
+	}
+	for col, typ := range foreignShape[ft.tool] {
+		if t, found := cols[col]; !found || t != typ && !(typ == "bigint" && t == "integer") {
+			return 0, false, false, nil
+		}
+	}
+	src := fmt.Sprintf("%s's %s.%s", ft.tool, m.schema, ft.name)
+	var v64 int64
+	switch ft.tool {
+	case "golang-migrate":
+		err = tx.QueryRow(ctx, "SELECT version, dirty FROM "+qt+" ORDER BY version DESC LIMIT 1").Scan(&v64, &dirty)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, false, true, nil
+		}
+	case "goose":
 		// A version is applied when its newest row says so (goose records reverts as rows with
 		// is_applied false); goose's own row for version 0 is not a migration.
-		var v int64
-		err := tx.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM (
-  SELECT DISTINCT ON (version_id) version_id, is_applied FROM `+pgx.Identifier{m.schema, GooseTable}.Sanitize()+`
-  WHERE version_id > 0 ORDER BY version_id, id DESC) g WHERE is_applied`).Scan(&v)
-		if err != nil {
-			return 0, "", fmt.Errorf("migrations: read %s: %w", src, err)
-		}
-		return int(v), src, nil
+		err = tx.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM (
+  SELECT DISTINCT ON (version_id) version_id, is_applied FROM `+qt+`
+  WHERE version_id > 0 ORDER BY version_id, id DESC) g WHERE is_applied`).Scan(&v64)
 	}
-	return 0, "", nil
+	if err != nil {
+		return 0, false, false, fmt.Errorf("migrations: read %s: %w", src, err)
+	}
+	return int(v64), dirty, true, nil
+}
+
+// ErrNotUTF8 means the database's encoding is not UTF8. txoutbox stores text from outside
+// the process (checker, JetStream and handler errors) as valid UTF-8, cut on a character
+// boundary with a trailing "…" (U+2026), which a LATIN1 database, for one, cannot store
+// (SQLSTATE 22P05): Up refuses to install txoutbox there.
+var ErrNotUTF8 = errors.New("migrations: the database encoding is not UTF8")
+
+// checkEncoding refuses a database whose encoding is not UTF8.
+func checkEncoding(ctx context.Context, tx pgx.Tx) error {
+	var enc string
+	if err := tx.QueryRow(ctx, "SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()").Scan(&enc); err != nil {
+		return fmt.Errorf("migrations: read the database encoding: %w", err)
+	}
+	if enc != "UTF8" {
+		return fmt.Errorf("%w: it is %s; create the database with ENCODING 'UTF8' (e.g. CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0)", ErrNotUTF8, enc)
+	}
+	return nil
 }
 
 // Up applies every pending migration, each in its own transaction, and returns the versions
-// it applied.
+// it applied. It refuses a database whose encoding is not UTF8 (ErrNotUTF8).
 func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) {
 	if upToDate, err := m.notManagedElsewhere(ctx, db, "up"); err != nil || upToDate {
 		return nil, err
@@ -393,6 +561,9 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 			return done, err
 		}
 		app, _, err := m.applied(ctx, tx)
+		if err == nil && len(app) < len(m.migrations) {
+			err = checkEncoding(ctx, tx)
+		}
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return done, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -183,6 +184,18 @@ func TestExport(t *testing.T) {
 	if _, err := migrations.Export(dir, migrations.FormatGoose); err == nil {
 		t.Fatal("a second export into the same directory must refuse to overwrite")
 	}
+	// The application's own goose directory: versions 1 and 2 would collide with its own.
+	app := t.TempDir()
+	if err := os.WriteFile(filepath.Join(app, "00001_users.sql"), []byte("-- +goose Up\nCREATE TABLE users (id int);\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if written, err := migrations.Export(app, migrations.FormatGoose); !errors.Is(err, migrations.ErrSharedDir) || len(written) != 0 ||
+		!strings.Contains(err.Error(), migrations.OwnGooseTable) {
+		t.Fatalf("export into the application's goose directory: %v, %v; want ErrSharedDir naming %s", written, err, migrations.OwnGooseTable)
+	}
+	if entries, _ := os.ReadDir(app); len(entries) != 1 {
+		t.Fatalf("the refused export wrote into the directory: %v", entries)
+	}
 	gm := t.TempDir()
 	written, err = migrations.Export(gm, migrations.FormatGolangMigrate)
 	if err != nil || len(written) != 2*len(ms) {
@@ -194,5 +207,51 @@ func TestExport(t *testing.T) {
 	}
 	if _, err := migrations.Export(t.TempDir(), "flyway"); err == nil {
 		t.Fatal("unknown format accepted")
+	}
+}
+
+// Up refuses a database whose encoding is not UTF8, creating nothing there: txoutbox stores
+// text cut with a trailing "…", which LATIN1 cannot hold.
+func TestUpRefusesNonUTF8Database(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := testsvc.PostgresDSN(t)
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	name := "txoutbox_latin1_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), base)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = name
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	m, err := migrations.New(&migrations.Config{Schema: "outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := m.Up(ctx, conn)
+	if !errors.Is(err, migrations.ErrNotUTF8) || len(done) != 0 || !strings.Contains(err.Error(), "LATIN1") {
+		t.Fatalf("Up on a LATIN1 database = %v, %v; want ErrNotUTF8 naming LATIN1", done, err)
+	}
+	var schemas int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'").Scan(&schemas); err != nil || schemas != 0 {
+		t.Fatalf("the refused Up left the schema behind (%d, %v)", schemas, err)
 	}
 }

@@ -240,7 +240,7 @@ const poisonSQL = `DO $$BEGIN RAISE EXCEPTION 'txoutbox: the half message this t
 func (c *Client) commit(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
 	ok, state, err := c.q.SettleHalf(ctx, tx, store.HalfSettle{MessageID: id, Commit: true, By: store.SettledByProducer})
 	if err != nil && !errors.Is(err, store.ErrNoRow) {
-		return fmt.Errorf("outbox: commit half message %s: %w", id, err)
+		return fmt.Errorf("outbox: commit half message %s: %w", id, store.LockTableFull(err, ErrLockTableFull))
 	}
 	if !ok {
 		return settleError("commit", id, state, err)

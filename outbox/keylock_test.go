@@ -2,14 +2,20 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -158,8 +164,19 @@ func bigCall(key string) []outbox.Message {
 // the first bucket they share, which need not be the key's).
 func waitBucket(t *testing.T, db *testsvc.DB, pid uint32) {
 	t.Helper()
-	class := store.New(db.Schema).KeyBucketLockClass
-	testsvc.Eventually(t, 10*time.Second, fmt.Sprintf("backend %d to wait on a bucket lock", pid), func() bool {
+	waitAdvisory(t, db, pid, store.New(db.Schema).KeyBucketLockClass, "a bucket lock")
+}
+
+// waitKeyLock waits until the backend pid waits on a key's exact lock.
+func waitKeyLock(t *testing.T, db *testsvc.DB, pid uint32) {
+	t.Helper()
+	waitAdvisory(t, db, pid, store.New(db.Schema).KeyLockClass, "a key lock")
+}
+
+// waitAdvisory waits until the backend pid waits on an advisory lock of class.
+func waitAdvisory(t *testing.T, db *testsvc.DB, pid uint32, class int32, what string) {
+	t.Helper()
+	testsvc.Eventually(t, 10*time.Second, fmt.Sprintf("backend %d to wait on %s", pid, what), func() bool {
 		var waiting bool
 		_ = db.AdminPool.QueryRow(context.Background(), `SELECT count(*) > 0 FROM pg_stat_activity a JOIN pg_locks l USING (pid)
 			WHERE a.pid = $1 AND a.wait_event_type = 'Lock' AND a.wait_event = 'advisory'
@@ -195,13 +212,16 @@ func keyID(t *testing.T, db *testsvc.DB, key string, ids ...uuid.UUID) int64 {
 // against exclusive), and draws a later id.
 func TestKeyOrderAcrossLockModes(t *testing.T) {
 	t.Parallel()
+	one := func(k string) []outbox.Message { return []outbox.Message{{Subject: "k.v", Key: k}} }
 	for _, tc := range []struct {
 		name         string
 		first, later func(key string) []outbox.Message
+		waitsOnKey   bool // the later transaction waits on the key's own lock, not its bucket
 	}{
-		{"exact then bucket", func(k string) []outbox.Message { return []outbox.Message{{Subject: "k.v", Key: k}} }, bigCall},
-		{"bucket then exact", bigCall, func(k string) []outbox.Message { return []outbox.Message{{Subject: "k.v", Key: k}} }},
-		{"bucket then bucket", bigCall, bigCall},
+		{"exact then exact", one, one, true},
+		{"exact then bucket", one, bigCall, false},
+		{"bucket then exact", bigCall, one, false},
+		{"bucket then bucket", bigCall, bigCall, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -228,7 +248,11 @@ func TestKeyOrderAcrossLockModes(t *testing.T) {
 				ids, err := c.EnqueueTx(ctx, b, tc.later(key)...)
 				done <- result{ids, err}
 			}()
-			waitBucket(t, db, pid)
+			if tc.waitsOnKey {
+				waitKeyLock(t, db, pid)
+			} else {
+				waitBucket(t, db, pid)
+			}
 			select {
 			case r := <-done:
 				t.Fatalf("the second transaction enqueued while the first held the key: %v", r.err)
@@ -368,4 +392,125 @@ func TestHalfCommitAndBucketMode(t *testing.T) {
 			t.Fatalf("enqueued id %d, want above the half message's %d (committed later)", idb, idh)
 		}
 	})
+}
+
+// When PostgreSQL's shared lock table is full, EnqueueTx and CommitTx of a keyed message fail
+// with ErrLockTableFull (the server's 53200 wrapped, errors.As still finds it), saying what
+// fills the table and how to make room, and write nothing; once locks are released they work
+// again. It runs on a throwaway cluster of its own: filling the lock table of the shared test
+// server would make every other session on it fail.
+func TestLockTableFullIsNamed(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster of its own")
+	}
+	ctx := context.Background()
+	pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
+	if errors.Is(err, embedded.ErrNoPostgresBinaries) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Stop)
+	pool, err := pgxpool.New(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const schema = "app"
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	half, err := c.Prepare(ctx, pool, outbox.Message{Subject: "k.v", Key: "half-key"}, &outbox.PrepareOptions{Group: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The transactions that will meet the full table begin first (beginning takes no lock).
+	enq, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enq.Rollback(ctx)
+	com, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer com.Rollback(ctx)
+
+	// Fill the lock table: advisory locks in ever smaller steps, each step in a savepoint
+	// rolled back when the table has no room for it.
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	held := 0
+	for _, step := range []int{4096, 512, 64, 8, 1} {
+		for {
+			if _, err := holder.Exec(ctx, "SAVEPOINT fill"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := holder.Exec(ctx, "SELECT count(pg_advisory_xact_lock(7, g)) FROM generate_series($1::int, $2::int) g", held, held+step-1)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+				if _, err := holder.Exec(ctx, "ROLLBACK TO SAVEPOINT fill"); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			held += step
+			if held > 1_000_000 {
+				t.Fatal("the lock table never filled")
+			}
+		}
+	}
+	t.Logf("the lock table is full with %d advisory locks of one session", held)
+
+	check := func(what string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, outbox.ErrLockTableFull) || !errors.As(err, &pgErr) || pgErr.Code != "53200" {
+			t.Fatalf("%s: %v, want ErrLockTableFull wrapping the server's 53200", what, err)
+		}
+		for _, want := range []string{"max_locks_per_transaction", "max_connections", "KeyLockBudget", "512"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not say %s", what, err, want)
+			}
+		}
+	}
+	_, err = c.EnqueueTx(ctx, enq, keyed("full-", 3)...)
+	check("EnqueueTx", err)
+	check("CommitTx", c.CommitTx(ctx, com, half.ID))
+	_ = enq.Rollback(ctx)
+	_ = com.Rollback(ctx)
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Room again: the same calls succeed; nothing of the failed ones was written.
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM app.txoutbox_messages WHERE state <> 'prepared'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows written by the failed calls (%v)", n, err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := c.EnqueueTx(ctx, tx, keyed("full-", 3)...); err != nil {
+			return err
+		}
+		return c.CommitTx(ctx, tx, half.ID)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"strings"
@@ -144,6 +145,17 @@ const (
 	KeyLockBuckets = 256
 )
 
+// ErrLockTableFull is returned (wrapped, with the server's error) by EnqueueTx, CommitTx and
+// Commit when PostgreSQL's shared lock table has no room for a key lock (SQLSTATE 53200,
+// "out of shared memory"): the transaction is aborted and nothing was written. The lock
+// table has max_locks_per_transaction × (max_connections + max_prepared_transactions)
+// entries (6,400 with PostgreSQL's defaults) shared by every session; a transaction
+// enqueueing keys uses at most KeyLockBuckets + KeyLockBudget (512) of them per outbox, so N
+// such transactions at once need up to N × 512 besides every other lock held. Raise
+// max_locks_per_transaction (it takes a server restart), or run fewer bulk keyed transactions
+// at once and commit them sooner. The error says so.
+var ErrLockTableFull = errors.New("outbox: no room for a key lock")
+
 // EnqueueTx validates msgs and inserts them, in order, in the caller's transaction tx, in one
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
 // is written: if one message is invalid, none is written and the error (a *MessageError
@@ -158,8 +170,10 @@ const (
 // transaction: a transaction locks up to KeyLockBudget distinct keys exactly (each key, plus a
 // shared lock on its bucket, its hash modulo KeyLockBuckets), and a call that would take it past
 // that budget locks the buckets of its keys exclusively instead. A transaction so holds at
-// most KeyLockBuckets + 2×KeyLockBudget advisory locks per outbox, of PostgreSQL's lock table
-// shared by all sessions (max_locks_per_transaction × max_connections entries). Until it
+// most KeyLockBuckets + 2×KeyLockBudget advisory locks per outbox, in KeyLockBuckets +
+// KeyLockBudget entries of PostgreSQL's lock table shared by all sessions
+// (max_locks_per_transaction × (max_connections + max_prepared_transactions) entries); when
+// that table is full, EnqueueTx fails with ErrLockTableFull, saying how to make room. Until it
 // commits or rolls back, a transaction that locked buckets also blocks every other
 // transaction enqueueing a key of those buckets — one call with a few thousand keys covers
 // them all: keep bulk enqueues short. Half messages committed with Commit or CommitTx take
@@ -199,7 +213,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Messag
 			}
 			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
 		}
-		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+		return nil, fmt.Errorf("outbox: enqueue: %w", store.LockTableFull(err, ErrLockTableFull))
 	}
 	return ids, nil
 }
@@ -224,8 +238,8 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	}
 	block := headerOverhead + hsize + relayHeaderSize(m)
 	if block > MaxHeaderBytes {
-		return fail(ErrHeadersTooLarge, fmt.Sprintf("the header block NATS stores (the headers, the relay's %s, %s and %s, and framing) is %d bytes, the limit is %d bytes (nats-server refuses a larger header block whatever the payload)",
-			HeaderMsgID, HeaderKey, HeaderBizKey, block, MaxHeaderBytes))
+		return fail(ErrHeadersTooLarge, fmt.Sprintf("the header block NATS stores (the headers, the relay's %s, %s and %s, and framing) is %d bytes, the limit is %d bytes (nats-server stores at most %d whatever the payload, and a consumer's dead letter of the message adds up to %d)",
+			HeaderMsgID, HeaderKey, HeaderBizKey, block, MaxHeaderBytes, JetStreamMaxHeaderBytes, DeadLetterHeaderReserve))
 	}
 	if size := len(m.Payload) + block; size > c.cfg.MaxMessageBytes {
 		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",

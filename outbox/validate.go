@@ -19,9 +19,9 @@ import (
 // values and payload exactly as they were given, byte for byte. What the wire would drop,
 // change, refuse or act on is refused here, never normalised on the way.
 var (
-	// ErrInvalidSubject: empty, white space or a control character, invalid UTF-8, an empty
-	// token, a wildcard token (* or >), too long, or a first token reserved for NATS ($JS,
-	// $JSC, $SYS, $NRG).
+	// ErrInvalidSubject: empty, ASCII white space or a control character (C0, DEL, C1),
+	// invalid UTF-8, an empty token, a wildcard token (* or >), too long, or a first token
+	// reserved for NATS ($JS, $JSC, $SYS, $NRG).
 	ErrInvalidSubject = errors.New("invalid subject")
 	// ErrMessageTooLarge: payload plus headers (as NATS counts them, including the headers the
 	// relay adds) exceed Config.MaxMessageBytes. ErrHeadersTooLarge wraps it.
@@ -82,13 +82,27 @@ const (
 	MaxKeyLength     = 1024
 )
 
+// JetStreamMaxHeaderBytes is the largest header block nats-server stores in a stream: it
+// refuses a message whose header block is longer than math.MaxUint16 bytes
+// (JSStreamHeaderExceedsMaximumErr, 10097, "header size exceeds maximum allowed of 64k"), even
+// when the whole message is below max_payload.
+const JetStreamMaxHeaderBytes = 65535
+
+// DeadLetterHeaderReserve is the room MaxHeaderBytes leaves below JetStreamMaxHeaderBytes for
+// what a consumer (package consumer) adds when it dead-letters a message: its Txoutbox-Dead-*
+// headers (the error cut to 1 KiB, the subject up to MaxSubjectLength, the durable and stream
+// names up to JetStream's 255 bytes each, counts and a time) and the dead letter's own
+// Nats-Msg-Id (durable:stream:sequence), less the relay's Nats-Msg-Id it leaves out: 3,481
+// bytes with every field at its longest (package consumer's tests compute it), rounded up. So every message
+// EnqueueTx accepts can be dead-lettered with every header it had.
+const DeadLetterHeaderReserve = 4096
+
 // MaxHeaderBytes bounds the header block of a message as NATS stores it: "NATS/1.0\r\n", one
 // "Name: value\r\n" line per value (the message's headers and the relay's Nats-Msg-Id,
-// Txoutbox-Key and Txoutbox-Biz-Key) and a final "\r\n". nats-server refuses to store a
-// message whose header block is longer than math.MaxUint16 bytes
-// (JSStreamHeaderExceedsMaximumErr, "header size exceeds maximum allowed of 64k"), even when
-// the whole message is below max_payload.
-const MaxHeaderBytes = 65535
+// Txoutbox-Key and Txoutbox-Biz-Key) and a final "\r\n". It is JetStream's limit
+// (JetStreamMaxHeaderBytes) less DeadLetterHeaderReserve, so that the message can also be
+// stored as a dead letter.
+const MaxHeaderBytes = JetStreamMaxHeaderBytes - DeadLetterHeaderReserve
 
 // What else nats-server (its client parser and stream.go's processJetStreamMsg) refuses for a
 // message by itself under default limits, and how each is closed:
@@ -107,7 +121,8 @@ const MaxHeaderBytes = 65535
 var reservedSubjectTokens = [...]string{"$JS", "$JSC", "$SYS", "$NRG"}
 
 // ValidateSubject reports whether s is a valid NATS publish subject: non-empty, at most
-// MaxSubjectLength bytes, valid UTF-8, no ASCII white space or control characters, no empty
+// MaxSubjectLength bytes, valid UTF-8, no ASCII white space and no control character (C0,
+// DEL, or C1: U+0080–U+009F, which includes NEL, U+0085), no empty
 // token (leading, trailing or doubled dots), no wildcard token (* or >), and a first token
 // that is not reserved for NATS: $JS (the JetStream API), $JSC, $SYS (the system account) or
 // $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token.
@@ -126,6 +141,11 @@ func ValidateSubject(s string) error {
 	}
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%w: subject is not valid UTF-8", ErrInvalidSubject)
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) { // C1: C0 and DEL are refused above
+			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidSubject, r, i)
+		}
 	}
 	toks := strings.Split(s, ".")
 	for i, tok := range toks {
@@ -160,6 +180,19 @@ func ValidateSubjectFilter(s string) error {
 		}
 	}
 	return ValidateSubject(strings.Join(toks, "."))
+}
+
+// ValidateHeaderName reports whether name can be the name of a header a producer sets: an RFC
+// 7230 token (letters, digits and !#$%&'*+-.^_`|~; what NATS and HTTP accept) that is not
+// reserved (see IsReservedHeader). Errors wrap ErrInvalidHeader.
+func ValidateHeaderName(name string) error {
+	if !validHeaderName(name) {
+		return fmt.Errorf("%w: name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, name)
+	}
+	if what := reservedHeader(name); what != "" {
+		return fmt.Errorf("%w: %q is reserved: %s", ErrInvalidHeader, name, what)
+	}
+	return nil
 }
 
 // validHeaderName reports whether name is an RFC 7230 token (what NATS and HTTP accept).

@@ -214,16 +214,19 @@ func sortedHeaders(h map[string][]string) []string {
 	return out
 }
 
-// nats-server refuses a header block over 65535 bytes whatever the payload: the block as the
-// relay publishes it (its own headers included) may be exactly MaxHeaderBytes, not one more.
+// nats-server refuses a header block over 65535 bytes whatever the payload, and a consumer's
+// dead letter adds up to DeadLetterHeaderReserve: the block as the relay publishes it (its own
+// headers included) may be exactly MaxHeaderBytes, not one more.
 func TestHeaderBlockLimitExact(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testsvc.NewDB(t)
 	c := newClient(t, db, nil) // MaxMessageBytes 1 MiB: only the header block limit applies
-	if outbox.MaxHeaderBytes != 65535 {
-		t.Fatalf("MaxHeaderBytes = %d, want nats-server's 65535", outbox.MaxHeaderBytes)
+	if outbox.JetStreamMaxHeaderBytes != 65535 || outbox.MaxHeaderBytes != 65535-outbox.DeadLetterHeaderReserve {
+		t.Fatalf("MaxHeaderBytes = %d, want nats-server's 65535 less the dead-letter reserve %d", outbox.MaxHeaderBytes, outbox.DeadLetterHeaderReserve)
 	}
+	const limit = outbox.MaxHeaderBytes
+	over := fmt.Sprintf("%d|%d", limit+1, limit)
 	line := func(name, value string) int { return len(name + ": " + value + "\r\n") }
 	uuid36 := strings.Repeat("0", 36)
 	for _, tc := range []struct {
@@ -244,18 +247,18 @@ func TestHeaderBlockLimitExact(t *testing.T) {
 			if tc.bizKey != "" {
 				fixed += line("Txoutbox-Biz-Key", tc.bizKey)
 			}
-			pad := strings.Repeat("p", 65535-fixed)
+			pad := strings.Repeat("p", limit-fixed)
 			m := outbox.Message{Subject: "a.b", Key: tc.key, BizKey: tc.bizKey, Payload: []byte("payload"),
 				Headers: map[string][]string{"X-Pad": {pad}, "X-Small": {"s"}}}
-			if got := outbox.HeaderBlockSize(&m); got != 65535 {
-				t.Fatalf("HeaderBlockSize = %d, want 65535", got)
+			if got := outbox.HeaderBlockSize(&m); got != limit {
+				t.Fatalf("HeaderBlockSize = %d, want %d", got, limit)
 			}
-			if got := outbox.EncodedSize(&m); got != 65535+len("payload") {
-				t.Fatalf("EncodedSize = %d, want %d", got, 65535+len("payload"))
+			if got := outbox.EncodedSize(&m); got != limit+len("payload") {
+				t.Fatalf("EncodedSize = %d, want %d", got, limit+len("payload"))
 			}
 			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { _, err := c.EnqueueTx(ctx, tx, m); return err })
 			if err != nil {
-				t.Fatalf("a header block of exactly 65535 bytes must be accepted: %v", err)
+				t.Fatalf("a header block of exactly MaxHeaderBytes (%d) must be accepted: %v", limit, err)
 			}
 			m.Headers["X-Pad"] = []string{pad + "p"}
 			tx, err := db.Pool.Begin(ctx)
@@ -264,12 +267,12 @@ func TestHeaderBlockLimitExact(t *testing.T) {
 			}
 			defer tx.Rollback(ctx)
 			_, err = c.EnqueueTx(ctx, tx, outbox.Message{Subject: "ok"}, m)
-			checkRefused(t, err, 1, outbox.ErrHeadersTooLarge, "65536|65535")
+			checkRefused(t, err, 1, outbox.ErrHeadersTooLarge, over)
 			if !errors.Is(err, outbox.ErrMessageTooLarge) {
 				t.Fatalf("ErrHeadersTooLarge must also be ErrMessageTooLarge: %v", err)
 			}
 			_, err = c.Prepare(ctx, db.Pool, m, &outbox.PrepareOptions{Group: "g"})
-			checkRefused(t, err, 0, outbox.ErrHeadersTooLarge, "65536|65535")
+			checkRefused(t, err, 0, outbox.ErrHeadersTooLarge, over)
 		})
 	}
 }
@@ -292,6 +295,31 @@ func TestValidateSubjectReservedForNATS(t *testing.T) {
 		err := outbox.ValidateSubjectFilter(s)
 		if (err == nil) != ok || (err != nil && !errors.Is(err, outbox.ErrInvalidSubject)) {
 			t.Errorf("ValidateSubjectFilter(%q) = %v, want ok=%v", s, err, ok)
+		}
+	}
+}
+
+// Subjects: every control character (C0, DEL, C1) is refused; other Unicode, white space
+// included (NATS splits subjects on ASCII white space only), is carried byte for byte.
+func TestValidateSubjectControlCharacters(t *testing.T) {
+	t.Parallel()
+	for r := rune(0); r <= 0x9f; r++ {
+		if r > 0x20 && r < 0x7f || r == '.' {
+			continue
+		}
+		s := "orders.a" + string(r) + "b"
+		if err := outbox.ValidateSubject(s); !errors.Is(err, outbox.ErrInvalidSubject) {
+			t.Errorf("ValidateSubject(%q) = %v, want ErrInvalidSubject", s, err)
+		}
+	}
+	for _, s := range []string{"orders.a\u00a0b", "orders.\u00a0", "注文.作成", "orders.🙂", "orders.a\u2028b"} {
+		if err := outbox.ValidateSubject(s); err != nil {
+			t.Errorf("ValidateSubject(%q) = %v, want it accepted", s, err)
+		}
+	}
+	for name, ok := range map[string]bool{"X-Trace": true, "traceparent": true, "a b": false, "X:Y": false, "": false, "Nats-Rollup": false, "Ünicode": false} {
+		if err := outbox.ValidateHeaderName(name); (err == nil) != ok || err != nil && !errors.Is(err, outbox.ErrInvalidHeader) {
+			t.Errorf("ValidateHeaderName(%q) = %v, want ok=%v", name, err, ok)
 		}
 	}
 }

@@ -1,23 +1,32 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// TestHeaderBlockLimitIsJetStreams: outbox.MaxHeaderBytes is the real server's limit. One
-// byte over is refused at enqueue, before anything is written, and the message the relay
-// would have built from it is refused by JetStream; one byte shorter, JetStream stores it.
+// TestHeaderBlockLimitIsJetStreams: outbox.JetStreamMaxHeaderBytes is the real server's
+// limit, and outbox.MaxHeaderBytes leaves DeadLetterHeaderReserve below it. One byte over
+// MaxHeaderBytes is refused at enqueue, before anything is written; the message the relay
+// would build with a block one byte over JetStream's limit is refused by JetStream, one byte
+// shorter it is stored.
 func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -32,11 +41,12 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 			return err
 		})
 		var me *outbox.MessageError
-		if !errors.Is(err, outbox.ErrMessageTooLarge) || !errors.As(err, &me) || !strings.Contains(err.Error(), "65536") {
-			t.Fatalf("keyed=%v: err = %v, want a *MessageError wrapping ErrMessageTooLarge giving the size 65536", keyed, err)
+		if !errors.Is(err, outbox.ErrMessageTooLarge) || !errors.As(err, &me) || !strings.Contains(err.Error(), fmt.Sprint(outbox.MaxHeaderBytes+1)) {
+			t.Fatalf("keyed=%v: err = %v, want a *MessageError wrapping ErrMessageTooLarge giving the size %d", keyed, err, outbox.MaxHeaderBytes+1)
 		}
-		// The limit is JetStream's: the message the relay would have built is refused by the
-		// server, and the same message one byte shorter is stored.
+		// JetStream's own limit: the message the relay would have built with a block one byte
+		// over it is refused by the server, and the same message one byte shorter is stored.
+		m.Headers["X-Big"][0] = strings.Repeat("v", outbox.JetStreamMaxHeaderBytes+1-outbox.HeaderBlockSize(&m)+len(m.Headers["X-Big"][0]))
 		row := store.Claimed{MessageID: uuid.New(), Subject: m.Subject, Key: m.Key, Payload: m.Payload}
 		h := maps.Clone(m.Headers)
 		h[outbox.HeaderBizKey] = []string{m.BizKey}
@@ -46,11 +56,11 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := e.nats.JS.PublishMsg(context.Background(), msg); err == nil {
-			t.Fatalf("keyed=%v: JetStream stored a header block of %d bytes", keyed, outbox.MaxHeaderBytes+1)
+			t.Fatalf("keyed=%v: JetStream stored a header block of %d bytes", keyed, outbox.JetStreamMaxHeaderBytes+1)
 		}
 		msg.Header["X-Big"][0] = msg.Header["X-Big"][0][1:]
 		if _, err := e.nats.JS.PublishMsg(context.Background(), msg); err != nil {
-			t.Fatalf("keyed=%v: JetStream refused a header block of %d bytes: %v", keyed, outbox.MaxHeaderBytes, err)
+			t.Fatalf("keyed=%v: JetStream refused a header block of %d bytes: %v", keyed, outbox.JetStreamMaxHeaderBytes, err)
 		}
 	}
 	if n := e.count(`true`); n != 0 {
@@ -58,40 +68,160 @@ func TestHeaderBlockLimitIsJetStreams(t *testing.T) {
 	}
 }
 
-// A stored row that would not arrive as stored (written before the producer's rules, or not
-// by package outbox) is never altered on the wire: it is dead at once, saying why, and holds
-// its key back; the rows next to it are published.
+// A stored row that the producer would have refused (written before the producer's rules, or
+// not by package outbox) is never sent and never altered on the wire: it is dead at once,
+// saying why, and holds its key back; the rows next to it are published. The class: every
+// rule of package outbox's validation applies to the stored subject (not a literal publish
+// subject, or NATS's own, where a publish is a request to the server made with the relay's
+// credentials), key, header names and header values.
 func TestStoredRowThatWouldBeAlteredIsDead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	bad := []struct{ key, headers, why string }{
-		{"k1 ", `{}`, "white space"},
-		{"k2", `{"X-V": ["trailing "]}`, "white space"},
-		{"k3", `{"X-V": ["a\u00a0"]}`, "white space"},
-		{"k4", `{"Nats-Expected-Stream": ["OTHER"]}`, "reserved"},
-		{"k5", `{"Txoutbox-Biz-Key": [" biz"]}`, "white space"},
-		{"k6", `{"Status": ["404"]}`, "reserved"},
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("first")})
+	r := e.relay(nil)
+	drain(t, r)
+	bad := []struct{ subject, key, headers, why string }{
+		{"orders.created", "k1 ", `{}`, "white space"},
+		{"orders.created", "k2", `{"X-V": ["trailing "]}`, "white space"},
+		{"orders.created", "k3", `{"X-V": ["a\u00a0"]}`, "white space"},
+		{"orders.created", "k4", `{"Nats-Expected-Stream": ["OTHER"]}`, "reserved"},
+		{"orders.created", "k5", `{"Txoutbox-Biz-Key": [" biz"]}`, "white space"},
+		{"orders.created", "k6", `{"Status": ["404"]}`, "reserved"},
+		{"orders.created", "k7", `{"bad name": ["v"]}`, "not a valid header name"},
+		{"orders.created", "k8", `{"X:Y": ["v"]}`, "not a valid header name"},
+		{"orders.created", "k9", `{"nats-rollup": ["all"]}`, "reserved"},
+		{"$JS.API.STREAM.PURGE.ORDERS", "k10", `{}`, "reserved for NATS"},
+		{"$SYS.REQ.SERVER.PING", "k11", `{}`, "reserved for NATS"},
+		{"orders.created ", "k12", `{}`, "whitespace"},
+		{"orders.*", "k13", `{}`, "wildcard"},
+		{"orders.>", "k14", `{}`, "wildcard"},
+		{"orders..created", "k15", `{}`, "empty"},
+		{"orders.a\u0085b", "k16", `{}`, "control character"},
+		{"", "k17", `{}`, "empty"},
 	}
 	for i, b := range bad {
 		_, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, ready_at)
-VALUES ($1, 'orders.created', $2, 0, $3::jsonb, $4, now())`, uuid.New(), b.key, b.headers, []byte(fmt.Sprint("bad-", i)))
+VALUES ($1, $2, $3, 0, $4::jsonb, $5, now())`, uuid.New(), b.subject, b.key, b.headers, []byte(fmt.Sprint("bad-", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("fine")})
-	r := e.relay(nil)
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("fine")},
+		outbox.Message{Subject: "orders.created", Key: "k10", Payload: []byte("held")})
 	if _, err := r.runOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for i, b := range bad {
 		row := e.row(fmt.Sprint("bad-", i))
 		if row.state != "dead" || row.attempts != 1 || !strings.Contains(row.lastErr, b.why) {
-			t.Errorf("row with key %q headers %s: %+v, want dead after 1 attempt saying %q", b.key, b.headers, row, b.why)
+			t.Errorf("row with subject %q key %q headers %s: %+v, want dead after 1 attempt saying %q", b.subject, b.key, b.headers, row, b.why)
 		}
 	}
-	if got := payloads(e.streamMsgs("ORDERS")); got != "fine" {
-		t.Fatalf("ORDERS holds %q, want only the good row", got)
+	// Nothing was purged: the stream still holds what it held, and the good row.
+	if got := payloads(e.streamMsgs("ORDERS")); got != "first,fine" {
+		t.Fatalf("ORDERS holds %q, want first,fine", got)
+	}
+	if row := e.row("held"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("the row behind a dead one of its key: %+v, want ready, held back", row)
+	}
+}
+
+// lockedBuffer is an io.Writer for a test's logger.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startSmallNATS starts a JetStream nats-server whose max_payload is maxPayload bytes, below
+// the producers' default limit (outbox.DefaultMaxMessageBytes), with the stream ORDERS.
+func startSmallNATS(t *testing.T, maxPayload int32) *testsvc.NATS {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		MaxPayload: maxPayload, NoLog: true, NoSigs: true, DisableJetStreamBanner: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	nc, err := testsvc.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &testsvc.NATS{Conn: nc, JS: js}
+	n.Stream(t, "ORDERS", "orders.>")
+	return n
+}
+
+// A message that package outbox accepted under its default limit but that is over the
+// server's max_payload can never be published (nats.go refuses it before sending): its row
+// is dead at once, saying so and naming the limit, and holds its key back; the start check
+// warns that the server takes less than producers may enqueue. The other rows are published.
+func TestMessageOverServerMaxPayloadIsDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxPayload = 256 << 10
+	e := &env{t: t, db: db, nats: startSmallNATS(t, maxPayload), client: client}
+	logs := &lockedBuffer{}
+	r := e.relay(&Config{Subjects: []string{"orders.>"}, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	if err := r.CheckStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); strings.Count(out, `"limit":"the server's max_payload"`) != 1 || !strings.Contains(out, fmt.Sprintf(`"limit_bytes":%d`, maxPayload)) {
+		t.Fatalf("want one warning naming the server's max_payload (%d bytes); logs:\n%s", maxPayload, out)
+	}
+	big := make([]byte, maxPayload+1)
+	e.enqueue(
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: big},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("after")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("fine")},
+		outbox.Message{Subject: "orders.created", Payload: make([]byte, maxPayload-200)}, // fits with its headers
+	)
+	if _, err := r.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var st, lastErr string
+	var attempts int
+	if err := db.Pool.QueryRow(ctx, "SELECT state, attempts, last_error FROM txoutbox_messages WHERE length(payload) = $1", len(big)).Scan(&st, &attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if st != "dead" || attempts != 1 || !strings.Contains(lastErr, "max_payload") || !strings.Contains(lastErr, fmt.Sprint(maxPayload)) {
+		t.Fatalf("the row over max_payload: state %s, %d attempts, last_error %q; want dead at once, naming max_payload and its value", st, attempts, lastErr)
+	}
+	if row := e.row("after"); row.state != "ready" || row.attempts != 0 {
+		t.Fatalf("the row behind it: %+v, want ready, held back", row)
+	}
+	if n := len(e.streamMsgs("ORDERS")); n != 2 {
+		t.Fatalf("ORDERS holds %d messages, want the 2 that fit", n)
+	}
+	if n := e.count("true"); n != 2 {
+		t.Fatalf("%d rows left, want the dead one and the one held behind it", n)
 	}
 }

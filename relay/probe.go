@@ -13,37 +13,39 @@ import (
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
-// A publish whose PubAck does not come within PublishTimeout is, by itself, ambiguous: the
-// broker may have stopped answering (an outage: no attempt counted, the relay backs off), or
-// only the stream capturing the subject does not answer (a stream with no_ack, a stream
-// without a leader, a subscriber that is not a stream). Treating the second as the first
-// stalls every subject behind one, and republishes its messages forever. explainTimeouts
-// tells them apart by asking JetStream about the subject (the stream capturing it, then that
-// stream's info; one short deadline for a wave):
+// A publish that gets no PubAck within PublishTimeout, "no responders", or a JetStream error
+// about the cluster's state right now (outageCodes) is, by itself, ambiguous: the broker may
+// not answer (an outage of the relay's NATS or of JetStream), the stream capturing the
+// subject may have no leader (an election under way: an outage of that stream), or no stream
+// captures the subject at all (the subject's own failure). explainFailures tells them apart by
+// asking JetStream about the subject: the stream capturing it (from the streams the relay
+// knows, see knownStreams, else JetStream's subject look-up, which the cluster's meta leader
+// answers), then that stream's info (one short deadline for a wave):
 //
-//   - the stream has a setting that makes it unusable (no_ack) → the subject's own failure,
-//     whatever the rest of the wave did: JetStream answered and said why. The stream is
-//     remembered (unusableStreams) so that its later rows fail at once, unsent, instead of
-//     holding up every batch they are in for a publish timeout;
-//   - no stream captures the subject → the subject's own failure (something that is not a
-//     stream took the message without answering, or the stream was just deleted);
-//   - the stream looks usable, or its info does not answer either (a stream without a
-//     leader), or there was no time left to ask → the subject's own failure when another
-//     publish of the same wave was acknowledged (the broker works; this stream does not),
-//     a broker outage otherwise;
-//   - the lookup itself fails (JetStream's API does not answer), or the connection is down
-//     → a broker outage, as before.
+//   - the connection is down, JetStream's subject look-up does not answer, or there was no
+//     time left to ask → a broker outage: nothing counted, the relay backs off;
+//   - no stream captures the subject (the look-up says so) → the subject's own failure
+//     (something that is not a stream took the message without answering, or nobody did);
+//   - the stream has a setting that makes it unusable (no_ack) → the subject's own failure:
+//     JetStream answered and said why. The stream is remembered (unusableStreams) so that its
+//     later rows fail at once, unsent;
+//   - otherwise a stream captures the subject and can take publishes: its info does not
+//     answer, answers 10008 or names no leader (an election under way), or answers with a
+//     leader (the leader just changed) → an outage of that stream (ErrStreamUnavailable):
+//     nothing counted, its rows left as they are, its keys held, the other streams' rows
+//     going on. The stream is remembered (streamOutages): its rows are not sent until its info
+//     answers with a leader again.
 //
 // A subject's own failure is a message-level failure: it counts an attempt and the row waits
 // for its retry with backoff. Counting is deliberate. The attempt is what holds back the later
 // rows of the row's key (the claim skips a key whose earlier row has attempts > 0 and waits
 // for its retry; the batch's heldKeys do the same for the next pipelined batch), the backoff
-// is what keeps the row from holding up every batch for a publish timeout, and the error
-// stored says what happened. A stream that stays silent through MaxAttempts retries (about a
-// quarter of an hour with the defaults) makes its rows dead: kept, listed and requeued like
-// any dead row, never lost. Messages published to a no_ack stream may be stored even though
-// no PubAck came; a later republish of the same id within the duplicate window is dropped
-// by JetStream, and the consumer's dedup row absorbs one outside it.
+// is what keeps the row from holding up every batch, and the error stored says what
+// happened; after MaxAttempts the row is dead, kept and requeueable. A stream that exists and
+// can take publishes never makes its rows fail this way: however long it has no leader, its
+// rows wait. Messages published to a stream without a PubAck may have been stored; the
+// republish of the same id within the duplicate window is dropped by JetStream, and the
+// consumer's dedup row absorbs one outside it.
 
 // errNoPubAck marks a publish that timed out while the broker itself answered.
 var errNoPubAck = errors.New("no PubAck")
@@ -56,118 +58,134 @@ func isAckTimeout(err error) bool {
 // streamProbe is what JetStream said about the stream capturing a subject.
 type streamProbe struct {
 	name      string // "" when no stream captures the subject (or it was not asked)
-	cfg       jetstream.StreamConfig
-	lookupErr error // the lookup by subject failed: JetStream's API did not answer
+	info      *jetstream.StreamInfo
+	lookupErr error // the look-up by subject failed: JetStream's API did not answer
 	infoErr   error // the stream's info failed
 	skipped   bool  // no time was left to ask
 }
 
-// explainTimeouts rewrites the outcome of each timed-out publish of a wave that is the
-// subject's own failure into a message-level error; the others stay broker errors. See above.
-func (r *Relay) explainTimeouts(ctx context.Context, rows []store.Claimed, wave []int, outs []outcome) {
-	acked := false
-	var timedOut []int
+// explainFailures rewrites the outcome of each ambiguous publish of a wave (isAmbiguous): a
+// broker outage, an outage of its stream, or the subject's own failure. See above.
+func (r *Relay) explainFailures(ctx context.Context, rows []store.Claimed, wave []int, outs []outcome) {
+	var todo []int
 	for j, o := range outs {
-		switch {
-		case o.err == nil:
-			acked = true
-		case isAckTimeout(o.err):
-			timedOut = append(timedOut, j)
+		if o.err != nil && isAmbiguous(o.err) {
+			todo = append(todo, j)
 		}
 	}
-	if len(timedOut) == 0 || !r.pub.Conn().IsConnected() {
+	if len(todo) == 0 {
+		return
+	}
+	if !r.pub.Conn().IsConnected() {
+		for _, j := range todo {
+			outs[j].err = brokerDown(outs[j].err)
+		}
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
 	defer cancel()
 	bySubject := map[string]*streamProbe{}
-	var found []*streamProbe // probes that found a stream and its configuration
+	byStream := map[string]*streamProbe{}
 	apiDown := false
-	for _, j := range timedOut {
+	for _, j := range todo {
 		row := &rows[wave[j]]
 		p, ok := bySubject[row.Subject]
 		if !ok {
-			p = r.probeSubject(pctx, row.Subject, found, apiDown)
+			p = r.probeSubject(pctx, row.Subject, byStream, apiDown)
 			bySubject[row.Subject] = p
 			if p.lookupErr != nil {
-				apiDown = true // ask no more: the subjects not asked yet stay broker errors
-			}
-			if p.name != "" && p.infoErr == nil {
-				found = append(found, p)
+				apiDown = true // ask no more: the subjects not asked yet are broker outages too
 			}
 		}
-		if err := r.subjectFailure(row.Subject, p, acked, outs[j].err); err != nil {
-			outs[j].err = err
-		}
+		outs[j].err = r.verdict(row.Subject, p, outs[j].err)
 	}
 }
 
-// probeSubject asks JetStream which stream captures subj and how it is configured. A stream
-// already found whose subjects capture subj answers without asking (streams of one account
-// never overlap).
-func (r *Relay) probeSubject(ctx context.Context, subj string, found []*streamProbe, apiDown bool) *streamProbe {
-	for _, p := range found {
-		if capturesSubject(&p.cfg, subj) {
-			return p
-		}
-	}
-	if apiDown {
-		return &streamProbe{lookupErr: errors.New("JetStream's API did not answer for another subject")}
+// probeSubject asks JetStream which stream captures subj and for that stream's info. A stream
+// the relay knows (knownStreams) is not looked up again, and a stream already asked about in
+// this wave (byStream) is not asked again.
+func (r *Relay) probeSubject(ctx context.Context, subj string, byStream map[string]*streamProbe, apiDown bool) *streamProbe {
+	name, known := r.known.find(subj)
+	if p, ok := byStream[name]; known && ok {
+		return p
 	}
 	if ctx.Err() != nil {
 		return &streamProbe{skipped: true}
 	}
-	name, err := r.pub.StreamNameBySubject(ctx, subj)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return &streamProbe{}
-	case err != nil:
-		return &streamProbe{lookupErr: err}
-	}
-	p := &streamProbe{name: name}
-	s, err := r.pub.Stream(ctx, name)
-	if err != nil {
-		p.infoErr = err
+	for attempt := 0; ; attempt++ {
+		if !known {
+			if apiDown {
+				return &streamProbe{lookupErr: errors.New("JetStream's API did not answer for another subject")}
+			}
+			n, err := r.pub.StreamNameBySubject(ctx, subj)
+			switch {
+			case errors.Is(err, jetstream.ErrStreamNotFound):
+				return &streamProbe{}
+			case err != nil:
+				return &streamProbe{lookupErr: err}
+			}
+			name = n
+			if p, ok := byStream[name]; ok {
+				return p
+			}
+		}
+		p := &streamProbe{name: name}
+		p.info, p.infoErr = r.streamInfo(ctx, name)
+		if errors.Is(p.infoErr, jetstream.ErrStreamNotFound) {
+			if known && attempt == 0 {
+				known = false // a stream the relay knew was deleted: ask which one captures subj now
+				continue
+			}
+			return &streamProbe{} // deleted between the look-up and the info
+		}
+		if p.infoErr == nil && known && attempt == 0 && !capturesSubject(&p.info.Config, subj) {
+			known = false // its subjects changed: ask which stream captures subj now
+			continue
+		}
+		if p.infoErr == nil {
+			if setting, reason := unusable(&p.info.Config); setting != "" {
+				r.unusable.put(r, &p.info.Config, subj, setting, reason)
+			}
+		}
+		byStream[name] = p
 		return p
 	}
-	p.cfg = s.CachedInfo().Config
-	if setting, reason := unusable(&p.cfg); setting != "" {
-		r.unusable.put(r, &p.cfg, subj, setting, reason)
-	}
-	return p
 }
 
-// subjectFailure returns the message-level error for a publish on subj that timed out, or
-// nil when the timeout stays a broker error.
-func (r *Relay) subjectFailure(subj string, p *streamProbe, acked bool, timeout error) error {
-	if p.lookupErr != nil {
-		return nil
+// verdict returns the outcome of an ambiguous publish on subj that failed with err, given
+// what JetStream said about its stream: a broker outage, a stream outage, or the subject's
+// own (message-level) failure.
+func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
+	if p.lookupErr != nil || p.skipped {
+		return brokerDown(err)
 	}
-	if p.name != "" && p.infoErr == nil {
-		if setting, reason := unusable(&p.cfg); setting != "" {
+	if isNotAPubAck(err) {
+		// A reply that is not a PubAck is about the subject (a service answers on it), not
+		// about the broker: the row fails, like any message failure.
+		if p.name == "" {
+			return fmt.Errorf("%w: a core NATS responder answered on subject %q instead of JetStream, and no JetStream stream captures it", err, subj)
+		}
+		return fmt.Errorf("%w: a core NATS responder on subject %q answered before stream %q", err, subj, p.name)
+	}
+	if p.name == "" {
+		if isAckTimeout(err) {
+			return fmt.Errorf("%w within %s on subject %q, and no JetStream stream captures it: something that is not a stream "+
+				"took the message without answering, or the stream was deleted", errNoPubAck, r.cfg.PublishTimeout, subj)
+		}
+		return err // describe says that no stream captures the subject
+	}
+	if p.infoErr == nil {
+		if setting, reason := unusable(&p.info.Config); setting != "" {
 			return &StreamError{Subject: subj, Stream: p.name, Err: ErrStreamUnusable, Setting: setting, Reason: reason}
 		}
 	}
-	wait := r.cfg.PublishTimeout.String()
-	if p.name == "" && !p.skipped {
-		return fmt.Errorf("%w within %s on subject %q, and no JetStream stream captures it: something that is not a stream "+
-			"took the message without answering, or the stream was deleted", errNoPubAck, wait, subj)
+	reason := outageReason(err, p.info, p.infoErr)
+	subjects := r.known.subjects(p.name)
+	if p.info != nil {
+		subjects = p.info.Config.Subjects
 	}
-	if !acked {
-		return nil // nothing in the wave was acknowledged: the broker may be down
-	}
-	switch {
-	case p.skipped:
-		return fmt.Errorf("%w within %s on subject %q while other publishes of the batch were acknowledged; "+
-			"there was no time left to ask JetStream about its stream (the message may have been stored)", errNoPubAck, wait, subj)
-	case p.infoErr != nil:
-		return fmt.Errorf("%w within %s from stream %q (capturing %q) while other publishes of the batch were acknowledged, "+
-			"and the stream's info did not answer either (%s): a stream without a leader? (the message may have been stored)",
-			errNoPubAck, wait, p.name, subj, safetext.Text(p.infoErr.Error(), 256))
-	}
-	return fmt.Errorf("%w within %s from stream %q (capturing %q) while other publishes of the batch were acknowledged; "+
-		"the stream answers and its settings allow publishes: a slow stream, or one changing leader? "+
-		"(the message may have been stored; %v)", errNoPubAck, wait, p.name, subj, timeout)
+	r.outages.begin(r, p.name, subjects, subj, reason)
+	return &streamOutageError{stream: p.name, subject: subj, reason: reason}
 }
 
 // capturesSubject reports whether a stream with cfg captures the literal subject subj.

@@ -21,9 +21,15 @@ type batchResult struct {
 	// brokerErr is the first broker-level error; rows it hit, and the later rows of their
 	// keys, are left untouched.
 	brokerErr error
-	// heldKeys are the keys with a row that was not published (failed, or never sent because
-	// an earlier row of the key failed): the next batch must not publish their later rows.
-	heldKeys map[string]bool
+	// streamErr is the first ErrStreamUnavailable: rows of a stream without a leader, and
+	// the later rows of their keys, are left untouched; the other rows go on.
+	streamErr error
+	// heldKeys maps the keys with a row that was not published (failed, left to a stream
+	// outage, or never sent because an earlier row of the key was not published) to the
+	// lowest such row id: the next batch must not publish their rows after it. Rows before it
+	// (rows of an earlier batch claimed again, such as one left to a stream outage) may go:
+	// every row of the key before the held one was published.
+	heldKeys map[string]int64
 	// permanent lists the message ids of the failed rows that become dead at once.
 	permanent []uuid.UUID
 	// withheld counts the rows not sent because the relay's lease had ended (see
@@ -40,11 +46,16 @@ type outcome struct {
 // the first row of each key; each following wave holds the next row of every key whose
 // previous row was acknowledged. A key whose row failed sends nothing more in this batch, and
 // the claim query holds its later rows back until the failed one is published. Within a wave
-// all publishes are pipelined. Rows of the held keys are not sent at all. Each row is sent only
-// while the lease the batch was claimed under (generation gen) is still valid: once it is
-// not, nothing more of the batch is sent and the rest is left as it is.
-func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]bool, gen uint64) *batchResult {
-	res := &batchResult{heldKeys: map[string]bool{}}
+// all publishes are pipelined. Rows of the held keys after their held row are not sent at all.
+// Each row is sent only while the lease the batch was claimed under (generation gen) is still
+// valid: once it is not, nothing more of the batch is sent and the rest is left as it is.
+func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[string]int64, gen uint64) *batchResult {
+	res := &batchResult{heldKeys: map[string]int64{}}
+	hold := func(k string, id int64) {
+		if from, ok := res.heldKeys[k]; !ok || id < from {
+			res.heldKeys[k] = id
+		}
+	}
 	chains := map[string][]int{}
 	var wave []int
 	for i := range rows {
@@ -53,8 +64,8 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 			wave = append(wave, i)
 			continue
 		}
-		if held[k] {
-			res.heldKeys[k] = true
+		if from, ok := held[k]; ok && rows[i].ID > from {
+			hold(k, rows[i].ID)
 			continue
 		}
 		if len(chains[k]) == 0 {
@@ -66,7 +77,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	for _, chain := range chains {
 		eligible += len(chain) - 1
 	}
-	brokerHit := 0
+	brokerHit, streamHit := 0, 0
 	pos := map[string]int{}
 	streamNames := map[string]string{} // subject → the stream capturing it, for describePermanent
 	for n := 1; len(wave) > 0; n++ {
@@ -74,16 +85,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 			h(n)
 		}
 		outs := r.publishWave(ctx, rows, wave, gen)
-		r.explainTimeouts(ctx, rows, wave, outs)
-		// No responders means no stream captures the subject, or JetStream itself is down;
-		// only the first is about the message.
-		jsDown := false
-		for _, o := range outs {
-			if isNoResponders(o.err) {
-				jsDown = !r.jetStreamAnswers(ctx)
-				break
-			}
-		}
+		r.explainFailures(ctx, rows, wave, outs)
 		var next []int
 		for j, i := range wave {
 			row, o := &rows[i], outs[j]
@@ -98,18 +100,26 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				}
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
 				r.failing.succeeded(r.log, row.Subject)
+				r.outages.succeeded(r, row.Subject)
 				if row.Key != "" {
 					pos[row.Key]++
 					if p := pos[row.Key]; p < len(chains[row.Key]) {
 						next = append(next, chains[row.Key][p])
 					}
 				}
-			case isBrokerError(o.err) || (jsDown && isNoResponders(o.err)):
+			case isBrokerError(o.err):
 				brokerHit++
 				if res.brokerErr == nil {
 					res.brokerErr = o.err
 				}
 				r.m.failures.WithLabelValues("broker").Inc()
+			case errors.Is(o.err, ErrStreamUnavailable):
+				// An outage of the row's stream: the row is left as it is (no attempt), its
+				// key is held, the other rows of the batch go on.
+				streamHit++
+				if res.streamErr == nil {
+					res.streamErr = o.err
+				}
 			default:
 				perm := isPermanent(o.err)
 				text := describe(row, o.err)
@@ -136,7 +146,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	}
 	if res.withheld > 0 {
 		// Count every row of the batch left unsent for the lease, not only the wave's.
-		res.withheld = eligible - len(res.published) - len(res.failed) - brokerHit
+		res.withheld = eligible - len(res.published) - len(res.failed) - brokerHit - streamHit
 		r.stats.Withheld.Add(int64(res.withheld))
 		r.m.changes.WithLabelValues("expired").Inc()
 		r.log.Warn("this relay's partition lease ended before it could publish its whole batch (a pause, or partitions released or lost): "+
@@ -145,7 +155,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 	// Every key with a row left unpublished holds back its later rows in the next batch.
 	for k, chain := range chains {
 		if pos[k] < len(chain) {
-			res.heldKeys[k] = true
+			hold(k, rows[chain[pos[k]]].ID)
 		}
 	}
 	return res
@@ -191,6 +201,11 @@ func isPermanent(err error) bool {
 	if errors.Is(err, errBadHeaders) || errors.As(err, &se) && se.Setting == "sealed" {
 		return true
 	}
+	// nats.go refuses, before sending, a message over the server's max_payload: no retry of
+	// the same row can be smaller.
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		_, ok := permanentCodes[apiErr.ErrorCode]
@@ -211,6 +226,9 @@ func (r *Relay) describePermanent(ctx context.Context, row *store.Claimed, err e
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		why = permanentCodes[apiErr.ErrorCode]
+	} else if errors.Is(err, nats.ErrMaxPayload) {
+		why = fmt.Sprintf("the message (payload %d bytes, plus its headers) is larger than the server's max_payload (%d bytes); "+
+			"set the producers' outbox.Config.MaxMessageBytes to at most max_payload, or raise max_payload", len(row.Payload), r.js.Conn().MaxPayload())
 	}
 	where := fmt.Sprintf("subject %q", row.Subject)
 	if apiErr != nil {
@@ -247,8 +265,8 @@ func isBrokerError(err error) bool {
 		errors.Is(err, jetstream.ErrJetStreamPublisherClosed) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
-		errors.Is(err, jetstream.ErrInvalidJSAck) ||
-		errors.Is(err, errAckWaitExpired)
+		errors.Is(err, errAckWaitExpired) ||
+		errors.Is(err, errJetStreamDown)
 }
 
 var errAckWaitExpired = errors.New("relay: no PubAck within the publish timeout")
@@ -304,8 +322,12 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = errLeaseEnded
 			continue
 		}
+		if err := r.knownOutage(ctx, rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: its stream has no leader (see explainFailures)
+			continue
+		}
 		if err := r.knownUnusable(ctx, rows[i].Subject); err != nil {
-			outs[j].err = err // not sent: its stream cannot take it (see explainTimeouts)
+			outs[j].err = err // not sent: its stream cannot take it (see explainFailures)
 			continue
 		}
 		msg, err := buildMsg(&rows[i])
@@ -331,9 +353,12 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 }
 
 // errBadHeaders marks a stored row that cannot be published as it is: headers that are not a
-// JSON object of string lists, or a key or header that would not reach the consumer exactly
-// as stored (a row written before the producer's rules, or not by package outbox). The
-// relay never lets the wire alter a message: such a row is dead at once, with the reason.
+// JSON object of string lists, or a subject, key, header name or value the producer would
+// have refused (a row written before the producer's rules, or not by package outbox): a
+// subject that is not a literal publish subject or that addresses NATS itself ($JS.API.…, a
+// request the relay would make with its credentials), a key or header that would not reach
+// the consumer exactly as stored. The relay never sends such a row and never lets the wire
+// alter a message: it is dead at once, with the reason.
 var errBadHeaders = errors.New("relay: stored row cannot be published as it is")
 
 func buildMsg(row *store.Claimed) (*nats.Msg, error) {
@@ -343,7 +368,7 @@ func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 			return nil, fmt.Errorf("%w: the stored headers are not a JSON object of string lists: %v", errBadHeaders, err)
 		}
 	}
-	if err := checkStored(row.Key, h); err != nil {
+	if err := checkStored(row.Subject, row.Key, h); err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
 	}
 	h.Set(outbox.HeaderMsgID, row.MessageID.String())
@@ -353,9 +378,13 @@ func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Payload}, nil
 }
 
-// checkStored applies the producer's rules (package outbox) to a stored key and headers, so
-// that what the relay publishes arrives exactly as stored.
-func checkStored(key string, h nats.Header) error {
+// checkStored applies the producer's rules (package outbox) to a stored subject, key and
+// headers, so that what the relay publishes is a message, never a request to the server, and
+// arrives exactly as stored.
+func checkStored(subject, key string, h nats.Header) error {
+	if err := outbox.ValidateSubject(subject); err != nil {
+		return err
+	}
 	if err := outbox.ValidateKey(key); err != nil {
 		return err
 	}
@@ -369,8 +398,8 @@ func checkStored(key string, h nats.Header) error {
 			}
 			continue
 		}
-		if outbox.IsReservedHeader(name) {
-			return fmt.Errorf("%w: %q is reserved", outbox.ErrInvalidHeader, name)
+		if err := outbox.ValidateHeaderName(name); err != nil {
+			return err
 		}
 		if len(values) == 0 {
 			return fmt.Errorf("%w: %q has no value", outbox.ErrInvalidHeader, name)

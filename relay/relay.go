@@ -69,6 +69,8 @@ type Relay struct {
 	natsDownSince atomic.Int64
 	failing       failingSubjects
 	unusable      unusableStreams
+	known         knownStreams
+	outages       streamOutages
 	hooks         hooks
 	stats         counters
 }
@@ -171,7 +173,8 @@ func (r *Relay) Wake() {
 	}
 }
 
-// Run checks the streams (see Config.Subjects), then publishes until ctx is cancelled. On
+// Run checks the streams (see Config.Subjects; while JetStream or a stream cannot answer, as
+// during a leader election, it waits and checks again), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
 // start when a live relay of the same outbox has another partition count, and
@@ -181,7 +184,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("relay: Run: %w", txoutbox.ErrRunning)
 	}
 	defer r.running.Store(false)
-	if err := r.CheckStreams(ctx); err != nil {
+	if err := r.checkStreamsWaiting(ctx); err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return nil // stopped while waiting for JetStream
+		}
 		return err
 	}
 	if !r.cfg.DisableDoorbell {
@@ -232,7 +238,7 @@ func (b *inflight) ids() []int64 {
 }
 
 // startPublish publishes rows in the background; rows of the held keys are left alone.
-func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, rows []store.Claimed, held map[string]bool) *inflight {
+func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, rows []store.Claimed, held map[string]int64) *inflight {
 	b := &inflight{conn: conn, rows: rows, done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
@@ -250,6 +256,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 	bctx := context.WithoutCancel(ctx) // a claimed batch is always published and settled
 	poll := r.cfg.PollMin
 	outage := 0
+	streamWait := 0 // batches in a row that only met streams without a leader
 	var cur *inflight
 	for {
 		stopping := ctx.Err() != nil
@@ -286,7 +293,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			}
 			serr := r.finish(bctx, cur)
 			progressed = serr == nil
-			if serr != nil && nb != nil {
+			if serr != nil && nb != nil && !errors.Is(serr, ErrStreamUnavailable) {
 				// The settle failed (its rows stay ready and are republished later); do not
 				// run ahead of it: finish what is in flight first.
 				<-nb.done
@@ -310,7 +317,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			// Work in flight: claim the next batch at once. Only a batch that went through
 			// ends an outage; one merely started (after a backoff) proves nothing yet.
 			if progressed {
-				outage, poll = 0, r.cfg.PollMin
+				outage, streamWait, poll = 0, 0, r.cfg.PollMin
 				r.setHealth(healthOK, nil)
 			}
 			continue
@@ -324,9 +331,15 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		var wait time.Duration
 		switch {
 		case err == nil:
-			outage = 0
+			outage, streamWait = 0, 0
 			r.setHealth(healthOK, nil)
 			wait, poll = poll, min(poll*2, r.cfg.PollMax)
+		case errors.Is(err, ErrStreamUnavailable):
+			// A stream without a leader, and nothing else to publish: its rows wait (no
+			// attempt); look again soon, since an election usually takes seconds. Not a broker
+			// outage: health and the handover are left alone.
+			streamWait++
+			wait = backoff(streamWait, 50*time.Millisecond, outageRecheck, r.cfg.BackoffJitter)
 		case errors.Is(err, ErrNoPartitions):
 			r.setHealth(healthStandby, nil)
 			wait = r.cfg.LeaseInterval
@@ -370,6 +383,11 @@ func (r *Relay) finish(ctx context.Context, b *inflight) error {
 	}
 	if b.res.brokerErr != nil {
 		return fmt.Errorf("%w: %v", ErrBrokerUnavailable, b.res.brokerErr)
+	}
+	if b.res.streamErr != nil && len(b.res.published) == 0 {
+		// Nothing went out: every row sent was of a stream without a leader (or held behind
+		// one). The caller waits a little before claiming them again.
+		return b.res.streamErr
 	}
 	return nil
 }

@@ -114,12 +114,26 @@ func (r *Relay) CheckStreams(ctx context.Context) error {
 	return nil
 }
 
-// warnStream logs what makes a usable stream a risk for some messages.
+// warnStream logs what makes a usable stream a risk for some messages. A message larger than
+// the stream's max_msg_size (JetStream refuses it, 10054) or the server's max_payload (nats.go
+// refuses it before sending, nats.ErrMaxPayload) can never be published: its row is dead at
+// once and holds its key back until it is purged or requeued. The producers' limit,
+// outbox.Config.MaxMessageBytes, defaults to outbox.DefaultMaxMessageBytes.
 func (r *Relay) warnStream(subj string, cfg *jetstream.StreamConfig) {
-	if cfg.MaxMsgSize > 0 && int(cfg.MaxMsgSize) < outbox.DefaultMaxMessageBytes {
-		r.log.Warn("stream accepts smaller messages than producers may enqueue: larger ones are refused and become dead at once; "+
-			"set the producers' outbox.Config.MaxMessageBytes to at most the stream's max_msg_size, or raise it",
-			"stream", cfg.Name, "subject", subj, "max_msg_size", cfg.MaxMsgSize, "producer_default_max_bytes", outbox.DefaultMaxMessageBytes)
+	limit, setting := int64(outbox.DefaultMaxMessageBytes), ""
+	if cfg.MaxMsgSize > 0 && int64(cfg.MaxMsgSize) < limit {
+		limit, setting = int64(cfg.MaxMsgSize), "the stream's max_msg_size"
+	}
+	if nc := r.js.Conn(); nc != nil {
+		if mp := nc.MaxPayload(); mp > 0 && mp < limit {
+			limit, setting = mp, "the server's max_payload"
+		}
+	}
+	if setting != "" {
+		r.log.Warn("stream accepts smaller messages than producers may enqueue by default: a larger one can never be published, "+
+			"its row becomes dead at once and holds its key back; set the producers' outbox.Config.MaxMessageBytes to at most the limit, or raise it",
+			"stream", cfg.Name, "subject", subj, "limit_bytes", limit, "limit", setting, "max_msg_size", cfg.MaxMsgSize,
+			"producer_default_max_bytes", outbox.DefaultMaxMessageBytes)
 	}
 	if cfg.SubjectTransform != nil {
 		r.log.Warn("stream rewrites the subjects it stores (subject_transform): consumers see other subjects than the producers gave",
@@ -147,6 +161,7 @@ func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstre
 			return nil, "", fmt.Errorf("relay: stream %q: %w", n, err)
 		}
 		cfg := s.CachedInfo().Config
+		r.known.learn(&cfg)
 		streams[n] = cfg
 		for _, f := range cfg.Subjects {
 			if covers(f, subj) {

@@ -116,6 +116,7 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	if !sc.hidden {
 		fs.BoolVar(&r.keep, "keep", false, "keep the schema and streams after the run (for inspection)")
 		fs.BoolVar(&r.natsInProcess, "nats-in-process", false, "without NATS_URL, run the embedded nats-server in this process instead of a child process")
+		fs.BoolVar(&r.natsCluster, "nats-cluster", false, "without NATS_URL, run a three-node embedded JetStream cluster on loopback instead of one server, and give the streams three replicas (R3)")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(env.Stderr, "outbox-bench %s: %s\n\nFlags:\n", sc.name, sc.summary)

@@ -38,8 +38,21 @@ func untilStdinCloses(ctx context.Context) (context.Context, context.CancelFunc)
 	return ctx, cancel
 }
 
-func natsServerFlags(*flag.FlagSet) func(context.Context, *run) error {
+func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
+	cluster := fs.Bool("cluster", false, "a three-node cluster")
 	return func(ctx context.Context, r *run) error {
+		if *cluster {
+			c, err := embedded.StartCluster(embedded.ClusterOptions{})
+			if err != nil {
+				return err
+			}
+			defer c.Shutdown()
+			fmt.Fprintf(r.env.Stdout, "nats-url %s\n", c.URLs())
+			ctx, cancel := untilStdinCloses(ctx)
+			defer cancel()
+			<-ctx.Done()
+			return nil
+		}
 		srv, err := embedded.StartNATS(embedded.NATSOptions{})
 		if err != nil {
 			return err

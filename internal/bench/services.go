@@ -28,7 +28,8 @@ import (
 // LocalDSN is the PostgreSQL used when DATABASE_URL is unset and it answers.
 const LocalDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
-// Stream settings of the yardstick: file storage, one replica, a two-minute duplicate window.
+// Stream settings of the yardstick: file storage, one replica (three with --nats-cluster), a
+// two-minute duplicate window.
 const (
 	StreamDuplicates = 2 * time.Minute
 	streamPrefix     = "BENCH_"
@@ -41,6 +42,7 @@ type run struct {
 	name          string
 	keep          bool
 	natsInProcess bool
+	natsCluster   bool // a three-node cluster and R3 streams
 	began         time.Time
 
 	mu      sync.Mutex
@@ -143,6 +145,13 @@ func (r *run) start(ctx context.Context) error {
 	switch {
 	case r.NATSURL != "":
 		r.natsDesc = "NATS_URL"
+	case r.natsInProcess && r.natsCluster:
+		c, err := embedded.StartCluster(embedded.ClusterOptions{})
+		if err != nil {
+			return err
+		}
+		r.atExit(c.Shutdown)
+		r.NATSURL, r.natsDesc = c.URLs(), "embedded three-node cluster, in process"
 	case r.natsInProcess:
 		srv, err := embedded.StartNATS(embedded.NATSOptions{})
 		if err != nil {
@@ -157,6 +166,9 @@ func (r *run) start(ctx context.Context) error {
 		}
 		r.atExit(stop)
 		r.NATSURL, r.natsDesc = url, "embedded, child process"
+		if r.natsCluster {
+			r.natsDesc = "embedded three-node cluster, child process"
+		}
 	}
 	if r.NC, err = r.ConnectNATS("outbox-bench"); err != nil {
 		return err
@@ -257,7 +269,7 @@ func (r *run) ResetStream(ctx context.Context, name string, subjects ...string) 
 		Name:       name,
 		Subjects:   subjects,
 		Storage:    jetstream.FileStorage,
-		Replicas:   1,
+		Replicas:   r.replicas(),
 		Duplicates: StreamDuplicates,
 	})
 	if err != nil {
@@ -266,7 +278,27 @@ func (r *run) ResetStream(ctx context.Context, name string, subjects ...string) 
 	if !r.keep {
 		r.atExit(func() { r.DeleteStream(name) })
 	}
+	if r.replicas() > 1 && len(subjects) > 0 {
+		// A new replicated stream's leader takes a moment to be subscribed to its subjects on
+		// every node: until then publishes get "no responders". Wait with one publish that
+		// retries, then purge it, so that both publishers start on a stream that answers.
+		subj := strings.NewReplacer(">", "ready", "*", "ready").Replace(subjects[0])
+		if _, err := r.JS.Publish(ctx, subj, nil, jetstream.WithRetryAttempts(100), jetstream.WithRetryWait(50*time.Millisecond)); err != nil {
+			return nil, fmt.Errorf("stream %s: first publish: %w", name, err)
+		}
+		if err := s.Purge(ctx); err != nil {
+			return nil, fmt.Errorf("stream %s: purge: %w", name, err)
+		}
+	}
 	return s, nil
+}
+
+// replicas is the streams' replica count: 3 with --nats-cluster, else 1.
+func (r *run) replicas() int {
+	if r.natsCluster {
+		return 3
+	}
+	return 1
 }
 
 // DeleteStream deletes a stream, ignoring a missing one.
@@ -357,7 +389,11 @@ func (c *child) stop(timeout time.Duration) error {
 
 // startNATSProcess starts an embedded nats-server (with JetStream) in a child process.
 func (r *run) startNATSProcess(context.Context) (string, func(), error) {
-	c, err := r.startChild([]string{natsServerMode})
+	args := []string{natsServerMode}
+	if r.natsCluster {
+		args = append(args, "-cluster")
+	}
+	c, err := r.startChild(args)
 	if err != nil {
 		return "", nil, err
 	}

@@ -47,8 +47,7 @@ const (
 
 // ChaosConfig configures the chaos proof.
 type ChaosConfig struct {
-	// DSN is a PostgreSQL the run may create a database in. Empty: the local PostgreSQL on
-	// 127.0.0.1:5432, else a throwaway cluster.
+	// DSN is a PostgreSQL the run may create a database in. Empty: a throwaway cluster.
 	DSN string
 	// Messages is how many messages, at least, go through the whole chain (orders and
 	// payments that commit). Defaults to DefaultChaosMessages.
@@ -331,7 +330,7 @@ func (c *chaos) setup(ctx context.Context) error {
 			return fmt.Errorf("chaos: build the relay (run from inside the txoutbox module, or pass -relay-bin): %w\n%s", err, out)
 		}
 	}
-	c.svc, err = startServices(ctx, serviceOptions{DSN: c.cfg.DSN, NoNATS: true, Log: func(f string, a ...any) { c.say(f, a...) }})
+	c.svc, err = startServices(ctx, serviceOptions{DSN: c.cfg.DSN, NoNATS: true, Keep: c.cfg.Keep, Log: func(f string, a ...any) { c.say(f, a...) }})
 	if err != nil {
 		return err
 	}

@@ -176,7 +176,7 @@ func (r *run) say(format string, args ...any) { fmt.Fprintf(r.out, format+"\n", 
 func (r *run) setup(ctx context.Context) error {
 	r.say("txoutbox demo: producer → outbox → relay → JetStream → idempotent consumer, with faults injected.")
 	r.say("")
-	svc, err := startServices(ctx, serviceOptions{DSN: r.cfg.DSN, NATSURL: r.cfg.NATSURL, Log: func(f string, a ...any) { r.say("  "+f, a...) }})
+	svc, err := startServices(ctx, serviceOptions{DSN: r.cfg.DSN, NATSURL: r.cfg.NATSURL, Keep: r.cfg.Keep, Log: func(f string, a ...any) { r.say("  "+f, a...) }})
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,10 @@
 // from the database. With -chaos it runs the chaos proof instead: the relay and the consumer
 // as separate processes, killed and cut off at random while thousands of messages go through.
 //
-// With no DATABASE_URL it uses the PostgreSQL on 127.0.0.1:5432 if one answers, else a
-// throwaway cluster from the local PostgreSQL binaries (removed at exit, also on Ctrl-C); with
-// no NATS_URL it starts an embedded nats-server with JetStream in a temporary directory.
+// With no DATABASE_URL it starts a throwaway cluster from the local PostgreSQL binaries
+// (removed at exit, also on Ctrl-C; kept running with -keep), and never writes into a
+// PostgreSQL that merely happens to run on this machine; with no NATS_URL it starts an
+// embedded nats-server with JetStream in a temporary directory.
 package demo
 
 import (
@@ -34,9 +35,9 @@ Usage:
   go run ./cmd/producer-demo [flags]            # the demo (about 15 seconds)
   go run ./cmd/producer-demo -chaos [flags]     # the chaos proof (separate processes, SIGKILLs)
 
-Services: DATABASE_URL, else the PostgreSQL on 127.0.0.1:5432, else a throwaway cluster from
-the local PostgreSQL binaries; NATS_URL, else an embedded nats-server with JetStream (the chaos
-proof always embeds NATS: it restarts it).
+Services: DATABASE_URL, else a throwaway cluster from the local PostgreSQL binaries (never a
+PostgreSQL that merely runs here: nobody named it); NATS_URL, else an embedded nats-server
+with JetStream (the chaos proof always embeds NATS: it restarts it).
 
 Flags:
 `
@@ -74,7 +75,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var chaos bool
 	fs := flag.NewFlagSet("producer-demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.DSN, "database-url", "", "PostgreSQL URL (env DATABASE_URL; default: local or throwaway)")
+	fs.StringVar(&cfg.DSN, "database-url", "", "PostgreSQL URL (env DATABASE_URL; default: a throwaway cluster)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL (env NATS_URL; default: an embedded nats-server)")
 	fs.IntVar(&cfg.Orders, "orders", cfg.Orders, "orders to create")
 	fs.IntVar(&cfg.Payments, "payments", cfg.Payments, "payments to capture with half messages")

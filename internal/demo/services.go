@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,9 +16,6 @@ import (
 	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/migrations"
 )
-
-// LocalDSN is where the demo looks for a running PostgreSQL when DATABASE_URL is not set.
-const LocalDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 // services are the PostgreSQL and NATS the demo runs against, and what to stop on exit.
 type services struct {
@@ -29,38 +27,41 @@ type services struct {
 	PostgresFrom, NATSFrom string
 
 	pg *embedded.Postgres
+	// keep leaves the throwaway cluster running at Close (-keep), saying how to stop it.
+	keep bool
+	log  func(format string, args ...any)
 }
 
 type serviceOptions struct {
-	DSN     string // "" = local PostgreSQL if one answers, else a throwaway cluster
+	// DSN is the PostgreSQL to use; "" starts a throwaway cluster. A PostgreSQL that merely
+	// happens to run on this machine is never written into: nobody named it.
+	DSN     string
 	NATSURL string // "" = an embedded nats-server
 	NoNATS  bool   // the caller starts NATS itself
+	Keep    bool   // leave a throwaway cluster running at exit
 	Log     func(format string, args ...any)
 }
 
 // startServices finds or starts PostgreSQL and NATS.
 func startServices(ctx context.Context, o serviceOptions) (*services, error) {
-	s := &services{DSN: o.DSN, NATSURL: o.NATSURL}
+	s := &services{DSN: o.DSN, NATSURL: o.NATSURL, keep: o.Keep, log: o.Log}
 	switch {
 	case s.DSN != "":
 		if err := embedded.Ping(ctx, s.DSN, 5*time.Second); err != nil {
 			return nil, fmt.Errorf("DATABASE_URL is set but PostgreSQL does not answer there: %w", err)
 		}
 		s.PostgresFrom = "DATABASE_URL (" + redact.DSN(s.DSN) + ")"
-	case embedded.Ping(ctx, LocalDSN, 2*time.Second) == nil:
-		s.DSN = LocalDSN
-		s.PostgresFrom = "the PostgreSQL running on 127.0.0.1:5432 (DATABASE_URL is not set)"
 	default:
 		_, err := embedded.FindPostgresBinaries()
 		if err == nil {
-			o.Log("no DATABASE_URL and no PostgreSQL on 127.0.0.1:5432: starting a throwaway cluster from the local binaries …")
+			o.Log("no DATABASE_URL: starting a throwaway PostgreSQL cluster from the local binaries (a PostgreSQL already running here is left alone) …")
 			var pg *embedded.Postgres
 			if pg, err = embedded.StartPostgres(ctx, embedded.PostgresOptions{}); err == nil {
 				s.pg = pg
 			}
 		}
 		if errors.Is(err, embedded.ErrNoPostgresBinaries) {
-			return nil, fmt.Errorf("no DATABASE_URL, no PostgreSQL answering on 127.0.0.1:5432, and no PostgreSQL binaries to start one.\n"+
+			return nil, fmt.Errorf("no DATABASE_URL, and no PostgreSQL binaries to start a throwaway cluster.\n"+
 				"  Either set DATABASE_URL to a PostgreSQL you can create schemas in, e.g.\n"+
 				"    DATABASE_URL=postgres://user:pass@host:5432/db go run ./cmd/producer-demo\n"+
 				"  or install the PostgreSQL server binaries (initdb, pg_ctl) so the demo can start a throwaway cluster:\n"+
@@ -71,7 +72,11 @@ func startServices(ctx context.Context, o serviceOptions) (*services, error) {
 			return nil, err
 		}
 		s.DSN = s.pg.DSN()
-		s.PostgresFrom = fmt.Sprintf("a throwaway cluster on 127.0.0.1:%d in %s (removed at exit)", s.pg.Port, s.pg.Dir)
+		if o.Keep {
+			s.PostgresFrom = fmt.Sprintf("a throwaway cluster on 127.0.0.1:%d in %s (kept running at exit: -keep)", s.pg.Port, s.pg.Dir)
+		} else {
+			s.PostgresFrom = fmt.Sprintf("a throwaway cluster on 127.0.0.1:%d in %s (removed at exit)", s.pg.Port, s.pg.Dir)
+		}
 	}
 	if o.NoNATS {
 		return s, nil
@@ -98,7 +103,14 @@ func (s *services) Close() {
 		s.NATS = nil
 	}
 	if s.pg != nil {
-		s.pg.Stop()
+		if s.keep {
+			if s.log != nil {
+				s.log("The throwaway PostgreSQL cluster is kept running (-keep): psql %q; when done: pg_ctl -D %s stop (as the user it runs as), then rm -rf %s",
+					s.pg.DSN(), filepath.Join(s.pg.Dir, "data"), s.pg.Dir)
+			}
+		} else {
+			s.pg.Stop()
+		}
 		s.pg = nil
 	}
 }

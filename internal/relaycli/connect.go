@@ -214,8 +214,8 @@ func tlsRefusal(err error) bool {
 // checkNATSURL refuses, before anything connects, a NATS URL (or comma-separated list, as
 // nats.go takes) that nats.go would take and never connect with: one that does not parse, an
 // empty server, a scheme other than nats, tls, ws or wss (or websocket servers mixed with
-// others), no host, a port out of range, a path, query or fragment. The message masks its
-// credentials.
+// others), no host, a port out of range, a fragment, or a path or query on a server other than
+// ws:// and wss:// (see checkNATSServer). The message masks its credentials.
 func checkNATSURL(s string) error {
 	var ws *bool // whether the servers so far are websocket servers
 	for _, u := range strings.Split(s, ",") {
@@ -262,8 +262,14 @@ func checkNATSServer(p *url.URL) error {
 			return fmt.Errorf("port %s out of range", port)
 		}
 	}
-	if (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
-		return errors.New("a NATS URL has no path, query or fragment")
+	// nats.go sends a websocket URL's path and query in the HTTP upgrade request (a proxy
+	// or load balancer may route on them: wss://host/nats); for nats:// and tls:// it
+	// ignores them, so one there is a typo. No scheme ever uses a fragment.
+	if p.Fragment != "" {
+		return errors.New("a NATS URL has no fragment")
+	}
+	if ws := p.Scheme == "ws" || p.Scheme == "wss"; !ws && ((p.Path != "" && p.Path != "/") || p.RawQuery != "") {
+		return fmt.Errorf("a %s:// URL has no path or query (only ws:// and wss:// do)", p.Scheme)
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ type halfSQL struct {
 	release         string
 	staleReady      string
 	byGroup         string
+	checkedGroups   string
 	countHalf       string
 	purgePublished  string
 	purgeRolledBack string
@@ -126,6 +127,8 @@ FROM (SELECT coalesce(ready_at, created_at) AS t FROM ` + m + `
   coalesce(max(check_count) FILTER (WHERE state = 'prepared'), 0)
 FROM ` + m + ` WHERE state = 'prepared' OR state = 'check_exhausted'
 GROUP BY 1 ORDER BY 1 LIMIT $1`
+	h.checkedGroups = `SELECT DISTINCT producer_group FROM ` + m + `
+WHERE state = 'prepared' AND check_count > 0 AND producer_group = ANY($1::text[])`
 	h.countHalf = `SELECT
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'prepared' LIMIT $1) a),
   (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'check_exhausted' LIMIT $1) b)`
@@ -222,14 +225,14 @@ func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settle
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return false, "", fmt.Errorf("lock key: %w", err)
+			return false, "", fmt.Errorf("lock key: %w", lockTableFull(err))
 		}
 		ct, err := br.Exec()
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			return false, "", err
+			return false, "", lockTableFull(err)
 		}
 		if ct.RowsAffected() == 1 {
 			return true, StateReady, nil
@@ -409,6 +412,16 @@ func (q *Queries) HalfByGroup(ctx context.Context, db DBTX, limit int) ([]GroupH
 		out = append(out, g)
 	}
 	return out, rows.Err()
+}
+
+// CheckedGroups returns the groups among groups that have a prepared row checked at least
+// once (a row a check found inconclusive and nothing has settled since).
+func (q *Queries) CheckedGroups(ctx context.Context, db DBTX, groups []string) ([]string, error) {
+	rows, err := db.Query(ctx, q.half.checkedGroups, groups)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // ListHalf returns up to limit rows in the given states (of group, unless ""), oldest first.

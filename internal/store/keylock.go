@@ -1,8 +1,12 @@
 package store
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Key locks. For one key, id order must be commit order: two transactions that write a row of
@@ -87,4 +91,36 @@ func keyLockArgs(hashes []int32) (keys, buckets []int32) {
 	}
 	slices.Sort(buckets)
 	return keys, slices.Compact(buckets)
+}
+
+// ErrLockTableFull means PostgreSQL's shared lock table had no room for a lock a statement
+// needed (SQLSTATE 53200, "out of shared memory"). The transaction is aborted and wrote
+// nothing. Package outbox wraps it in outbox.ErrLockTableFull (LockTableFull).
+var ErrLockTableFull = errors.New("PostgreSQL's lock table is full (SQLSTATE 53200, out of shared memory)")
+
+// LockTableFull wraps err in sentinel when it is (or wraps) ErrLockTableFull; any other error
+// is returned as it is.
+func LockTableFull(err, sentinel error) error {
+	if errors.Is(err, ErrLockTableFull) {
+		return fmt.Errorf("%w: %w", sentinel, err)
+	}
+	return err
+}
+
+// lockTableHint says what fills the lock table and how to make room, with the arithmetic.
+var lockTableHint = fmt.Sprintf("the lock table has max_locks_per_transaction × (max_connections + max_prepared_transactions) entries "+
+	"(6,400 with PostgreSQL's defaults), shared by every session; a transaction enqueueing keys takes at most %d of them per outbox schema "+
+	"(a lock per key up to KeyLockBudget = %d keys, plus a lock per bucket of KeyLockBuckets = %d), "+
+	"so N such transactions at once need up to N × %d entries besides every other lock held: raise max_locks_per_transaction "+
+	"(a server restart), or run fewer bulk keyed transactions at once and commit them sooner",
+	KeyLockBuckets+KeyLockBudget, KeyLockBudget, KeyLockBuckets, KeyLockBuckets+KeyLockBudget)
+
+// lockTableFull wraps err in ErrLockTableFull, with what to do, when PostgreSQL ran out of
+// lock table entries; any other error is returned as it is.
+func lockTableFull(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+		return fmt.Errorf("%w: %s: %w", ErrLockTableFull, lockTableHint, err)
+	}
+	return err
 }

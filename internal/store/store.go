@@ -223,14 +223,14 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	if len(lockKeys) > 0 {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return fmt.Errorf("lock keys: %w", err)
+			return fmt.Errorf("lock keys: %w", lockTableFull(err))
 		}
 	}
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return err
+		return lockTableFull(err)
 	}
-	return br.Close()
+	return lockTableFull(br.Close())
 }
 
 // Claimed is a ready row taken by the relay.

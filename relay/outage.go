@@ -1,0 +1,300 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/safetext"
+)
+
+// A stream of a JetStream cluster elects a leader when its leader dies, steps down or loses
+// its quorum. Until one is elected — seconds, or as long as a quorum of its replicas is
+// missing — nobody subscribes to its subjects: publishes get "no responders" at once (or time
+// out when the leader died with them in flight), its info does not answer (or a replica
+// answers 10008 "JetStream system temporarily unavailable"), while the cluster's meta leader
+// still answers the account info and the subject lookup. That is an outage of that stream,
+// never a failure of its messages: its rows are left as they are (no attempt, no backoff, no
+// last_error), its keys are held, and the rows of the other streams go on. See
+// explainFailures for how the relay tells it from "no stream captures this subject".
+
+// ErrStreamUnavailable: a stream capturing rows' subjects has no leader (an election is under
+// way) or does not acknowledge while JetStream itself answers. Its rows are left as they are,
+// no attempt counted, and published once it acknowledges again; the other streams' rows go on.
+var ErrStreamUnavailable = errors.New("relay: stream unavailable")
+
+// streamOutageError is the outcome of a row whose stream is unavailable.
+type streamOutageError struct {
+	stream, subject, reason string
+}
+
+func (e *streamOutageError) Error() string {
+	return fmt.Sprintf("%v: stream %q (capturing %q) %s", ErrStreamUnavailable, e.stream, e.subject, e.reason)
+}
+
+func (e *streamOutageError) Unwrap() error { return ErrStreamUnavailable }
+
+// errJetStreamDown marks a publish outcome that is a broker outage: NATS or JetStream's API
+// did not answer the relay's questions about it.
+var errJetStreamDown = errors.New("relay: JetStream did not answer")
+
+// outageCodes are the JetStream API errors that are about a stream's (or the cluster's)
+// state right now, never about the message or the configuration.
+var outageCodes = map[jetstream.ErrorCode]string{
+	10008: "JetStream system temporarily unavailable",
+	10009: "JetStream cluster can not handle request (not the leader)",
+	10118: "stream is offline",
+}
+
+// isOutageCode reports a JetStream API error in outageCodes.
+func isOutageCode(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		_, ok := outageCodes[apiErr.ErrorCode]
+		return ok
+	}
+	return false
+}
+
+// knownStreams maps the streams the relay has seen to the subjects they capture: learned by
+// the start check (CheckStreams) and by every look-up while the relay runs. It lets the relay
+// name the stream of a subject without JetStream's subject look-up, and so tell "the stream
+// capturing this subject has no leader" from "no stream captures it" while the cluster is
+// electing. A stream that JetStream says does not exist is forgotten.
+type knownStreams struct {
+	mu sync.Mutex
+	m  map[string][]string // stream name → subject filters
+}
+
+func (k *knownStreams) learn(cfg *jetstream.StreamConfig) {
+	if cfg == nil || cfg.Name == "" {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string][]string{}
+	}
+	k.m[cfg.Name] = append([]string(nil), cfg.Subjects...)
+}
+
+func (k *knownStreams) forget(name string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.m, name)
+}
+
+// subjects returns the subject filters of a known stream (nil if unknown).
+func (k *knownStreams) subjects(name string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.m[name]
+}
+
+// find returns the known stream capturing the literal subject subj.
+func (k *knownStreams) find(subj string) (string, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for name, subjects := range k.m {
+		if capturesSubject(&jetstream.StreamConfig{Subjects: subjects}, subj) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// outageRecheck is how often the relay asks a stream in outage whether it has a leader
+// again (when a row of its subjects comes up); outageAsk bounds that question.
+const (
+	outageRecheck = 250 * time.Millisecond
+	outageAsk     = 500 * time.Millisecond
+)
+
+// streamOutages remembers the streams found unavailable. Their rows are not sent (they would
+// only get "no responders", or hold up their batch for a publish timeout) until the stream's
+// info answers with a leader; the next publish on one of its subjects that is acknowledged
+// ends the outage. One warning when an outage starts, one info line when it ends.
+type streamOutages struct {
+	n  atomic.Int32 // len(m), read without the lock for every row sent and acknowledged
+	mu sync.Mutex
+	m  map[string]*streamOutage // by stream name
+}
+
+type streamOutage struct {
+	subjects []string
+	reason   string
+	since    time.Time
+	checked  time.Time // when the stream was last found unavailable
+	probing  bool      // its info answered with a leader: rows are sent again
+}
+
+// begin records that stream name is unavailable; subj is the subject that showed it.
+func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, reason string) {
+	now := time.Now()
+	o.mu.Lock()
+	if o.m == nil {
+		o.m = map[string]*streamOutage{}
+	}
+	e, known := o.m[name]
+	if !known {
+		e = &streamOutage{since: now}
+		o.m[name] = e
+		o.n.Store(int32(len(o.m)))
+	}
+	if len(subjects) > 0 {
+		e.subjects = subjects
+	} else if len(e.subjects) == 0 {
+		e.subjects = []string{subj}
+	}
+	e.reason, e.checked, e.probing = reason, now, false
+	o.mu.Unlock()
+	if !known {
+		r.log.Warn("stream unavailable: its messages wait, no attempt counted, until it acknowledges again (the other streams go on)",
+			"stream", name, "subject", subj, "why", reason)
+	} else {
+		r.log.Debug("stream still unavailable", "stream", name, "subject", subj, "why", reason)
+	}
+}
+
+// succeeded ends the outage of the stream capturing subj, if any: a publish on it was
+// acknowledged.
+func (o *streamOutages) succeeded(r *Relay, subj string) {
+	if o.n.Load() == 0 {
+		return
+	}
+	o.mu.Lock()
+	var name string
+	var e *streamOutage
+	for n, x := range o.m {
+		if capturesSubject(&jetstream.StreamConfig{Subjects: x.subjects}, subj) {
+			name, e = n, x
+			break
+		}
+	}
+	if e != nil {
+		delete(o.m, name)
+		o.n.Store(int32(len(o.m)))
+	}
+	o.mu.Unlock()
+	if e != nil {
+		r.log.Info("stream available again: its messages are published", "stream", name,
+			"outage", time.Since(e.since).Round(time.Millisecond).String())
+	}
+}
+
+// find returns the stream in outage capturing subj, if any.
+func (o *streamOutages) find(subj string) (string, *streamOutage) {
+	if o.n.Load() == 0 {
+		return "", nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for name, e := range o.m {
+		if capturesSubject(&jetstream.StreamConfig{Subjects: e.subjects}, subj) {
+			return name, e
+		}
+	}
+	return "", nil
+}
+
+// knownOutage returns the error for a row on subj when the stream capturing it is known to be
+// unavailable, nil when the row is to be sent. At most every outageRecheck the stream's info
+// is asked for: once it answers with a leader, rows are sent again.
+func (r *Relay) knownOutage(ctx context.Context, subj string) error {
+	name, e := r.outages.find(subj)
+	if e == nil {
+		return nil
+	}
+	r.outages.mu.Lock()
+	probing, due, reason := e.probing, time.Since(e.checked) >= outageRecheck, e.reason
+	r.outages.mu.Unlock()
+	if probing {
+		return nil
+	}
+	if due {
+		actx, cancel := context.WithTimeout(ctx, min(r.probeTimeout(), outageAsk))
+		info, err := r.streamInfo(actx, name)
+		cancel()
+		r.outages.mu.Lock()
+		switch {
+		case err == nil && hasLeader(info):
+			e.probing = true
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			e.probing = true // deleted: the publish will say what is left
+		default:
+			e.checked = time.Now()
+		}
+		probing = e.probing
+		r.outages.mu.Unlock()
+		if probing {
+			return nil
+		}
+	}
+	return &streamOutageError{stream: name, subject: subj, reason: reason}
+}
+
+// streamInfo asks JetStream for a stream's info and learns its subjects.
+func (r *Relay) streamInfo(ctx context.Context, name string) (*jetstream.StreamInfo, error) {
+	s, err := r.pub.Stream(ctx, name)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.known.forget(name)
+		}
+		return nil, err
+	}
+	info := s.CachedInfo()
+	r.known.learn(&info.Config)
+	return info, nil
+}
+
+// hasLeader reports whether a stream's info names a leader (a stream of a single server has
+// no cluster info and is its own leader).
+func hasLeader(info *jetstream.StreamInfo) bool {
+	return info.Cluster == nil || info.Cluster.Leader != ""
+}
+
+// outageReason says why a stream whose publishes failed with err is taken as unavailable,
+// from what its info said (infoErr; info when it answered).
+func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
+	var apiErr *jetstream.APIError
+	published := "its publishes time out"
+	switch {
+	case isNoResponders(err):
+		published = "nobody takes its publishes (no responders)"
+	case errors.As(err, &apiErr):
+		published = fmt.Sprintf("its publishes are refused for now (%v)", safetext.Text(err.Error(), 200))
+	}
+	switch {
+	case infoErr != nil && errors.As(infoErr, &apiErr) && outageCodes[apiErr.ErrorCode] != "":
+		return fmt.Sprintf("has no leader: %s and its info says %q (%d): a leader election under way?",
+			published, outageCodes[apiErr.ErrorCode], apiErr.ErrorCode)
+	case infoErr != nil:
+		return fmt.Sprintf("has no leader: %s and its info does not answer (%s): a leader election under way?",
+			published, safetext.Text(infoErr.Error(), 200))
+	case info != nil && !hasLeader(info):
+		return fmt.Sprintf("has no leader: %s and its info names none: a leader election under way?", published)
+	}
+	return fmt.Sprintf("%s while its info answers with a leader: its leader just changed?", published)
+}
+
+// isAmbiguous reports a publish outcome that explainFailures must explain: it may be an
+// outage of the broker, of the stream, or the subject's own failure.
+func isAmbiguous(err error) bool {
+	return isAckTimeout(err) || isNoResponders(err) || isOutageCode(err) || isNotAPubAck(err)
+}
+
+// isNotAPubAck reports a reply that is not a PubAck: something other than JetStream (a core
+// NATS service on the subject) answered the publish.
+func isNotAPubAck(err error) bool { return errors.Is(err, jetstream.ErrInvalidJSAck) }
+
+// brokerDown marks err as a broker outage.
+func brokerDown(err error) error {
+	if isBrokerError(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errJetStreamDown, err)
+}

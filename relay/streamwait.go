@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// streamCheckTimeout bounds one pass of the start check: a JetStream that does not answer
+// within it is waited for, and asked again. It is the publish timeout (how long JetStream may
+// take to answer), kept within [2s, 10s].
+func (r *Relay) streamCheckTimeout() time.Duration {
+	return min(max(r.cfg.PublishTimeout, 2*time.Second), 10*time.Second)
+}
+
+// checkStreamsWaiting runs CheckStreams until it gets an answer. While JetStream or a stream
+// cannot answer (streamCheckWaitable: timeouts, no responders, a cluster or a stream electing
+// a leader) it waits, logging one warning with the error and one info line once the check
+// passes; an answer that says the configuration is wrong (a missing stream, a short
+// duplicate window, an unusable stream, a refused request) ends it with that error. It
+// returns ctx's error when ctx ends while it waits.
+func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
+	delay := 100 * time.Millisecond
+	waited := false
+	for {
+		cctx, cancel := context.WithTimeout(ctx, r.streamCheckTimeout())
+		err := r.CheckStreams(cctx)
+		cancel()
+		switch {
+		case err == nil:
+			if waited {
+				r.log.Info("streams checked: JetStream answers")
+			}
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !streamCheckWaitable(err):
+			return err
+		case !waited:
+			waited = true
+			r.log.Warn("waiting for JetStream to answer the start-up stream check", "err", err,
+				"why", "a stream or the cluster electing a leader, JetStream starting or out of reach; checked again until it answers")
+		default:
+			r.log.Debug("still waiting for JetStream to answer the start-up stream check", "err", err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// streamCheckWaitable reports whether a failed stream check may pass by waiting: JetStream
+// or a stream did not answer (a timeout; no responders, which the client reports as
+// "JetStream not enabled"; the connection reconnecting), or answered that it cannot answer
+// now (outageCodes: 10008 "JetStream system temporarily unavailable", not the leader, stream
+// offline). Every other answer is final: a *StreamError, or any other JetStream API error
+// (not authorised, JetStream not enabled for the account, an invalid stream configuration).
+// Error types and codes are read, never messages.
+func streamCheckWaitable(err error) bool {
+	var se *StreamError
+	if errors.As(err, &se) {
+		return false
+	}
+	for _, e := range []error{
+		context.DeadlineExceeded, nats.ErrTimeout, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
+		jetstream.ErrJetStreamNotEnabled, nats.ErrDisconnected, nats.ErrConnectionReconnecting,
+		nats.ErrNoServers, nats.ErrStaleConnection,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		_, ok := outageCodes[apiErr.ErrorCode]
+		return ok
+	}
+	return false
+}
