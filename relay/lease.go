@@ -160,6 +160,10 @@ type leaseSnap struct {
 type seenBeat struct {
 	beat time.Time
 	at   time.Time
+	// fencedAt is when this relay ended the member's session for this heartbeat (zero if it
+	// has not): the backend may outlive pg_terminate_backend's return for a moment, and the
+	// fence is not sent (nor logged) again for it until another fence interval has passed.
+	fencedAt time.Time
 }
 
 func newLeaser(r *Relay) *leaser {
@@ -567,8 +571,9 @@ func (l *leaser) fenceStaleLocked(ctx context.Context, view store.Membership, no
 	fencedAny := false
 	for _, m := range view.Members {
 		s, ok := l.seen[m.Instance]
-		if m.Instance == l.reg.Instance || heldBy[m.PID] == 0 || !ok ||
-			now.Sub(s.at) < fenceFactor*memberInterval(m, l.r.cfg.LeaseInterval) {
+		interval := fenceFactor * memberInterval(m, l.r.cfg.LeaseInterval)
+		if m.Instance == l.reg.Instance || heldBy[m.PID] == 0 || !ok || now.Sub(s.at) < interval ||
+			(!s.fencedAt.IsZero() && now.Sub(s.fencedAt) < interval) {
 			continue
 		}
 		fenced, err := l.r.q.FenceRelay(ctx, l.conn, m.Instance, s.beat)
@@ -581,6 +586,8 @@ func (l *leaser) fenceStaleLocked(ctx context.Context, view store.Membership, no
 			}
 		case fenced:
 			fencedAny = true
+			s.fencedAt = now
+			l.seen[m.Instance] = s
 			l.r.m.changes.WithLabelValues("fenced").Add(float64(heldBy[m.PID]))
 			l.r.log.Warn("ended the lease session of a relay that stopped heartbeating; its partitions are free",
 				"relay_id", m.RelayID, "backend_pid", m.PID, "partitions", heldBy[m.PID],
