@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +47,10 @@ const (
 	chaosRollback      = 0.05
 )
 
+// ErrChaosFaultMissing is returned by RunChaos, with the result, when a kind of fault it must
+// inject never happened.
+var ErrChaosFaultMissing = errors.New("chaos: a kind of fault never happened")
+
 // ChaosConfig configures the chaos proof.
 type ChaosConfig struct {
 	// DSN is a PostgreSQL the run may create a database in. Empty: a throwaway cluster.
@@ -69,6 +75,12 @@ type ChaosConfig struct {
 	Seed uint64
 	// Keep keeps the chaos database.
 	Keep bool
+	// Cluster runs NATS as a three-node JetStream cluster on loopback with R3 streams, and
+	// the relay and the consumers connect with every node's URL; the NATS fault is then a
+	// SIGKILL-like kill of the stream leader's node (restarted with its store 0.5–4 s later)
+	// or a leader step-down, instead of a server restart. Defaults to false: one embedded
+	// server, restarted.
+	Cluster bool
 	// Out receives the progress and the report. Defaults to io.Discard.
 	Out io.Writer
 }
@@ -84,6 +96,12 @@ type ChaosResult struct {
 	ConsumerStarts, ConsumerKills, ConsumerFaultKills, ConsumerOtherExits int64
 	NATSRestarts                                                          int64
 	RelayBackendsTerminated, ConsumerBackendsTerminated                   int64
+
+	// With Cluster: kills of the node leading the stream (its routes cut first, so nothing is
+	// handed over), successful leader step-downs, and how long the stream had no leader after
+	// each kill (until a replica won the election), in kill order.
+	LeaderKills, StepDowns int64
+	Leaderless             []time.Duration
 
 	// Observed on the wire by a core NATS subscription: every PubAck for the stream and how
 	// many said "duplicate" (a republish the stream's duplicate window absorbed), and every
@@ -117,7 +135,15 @@ type chaos struct {
 	prod     *producer
 	chk      *payChecker
 
+	cluster *embedded.Cluster // with Cluster, instead of nats
+	natsURL string            // the server's URL, or every node's
+
 	natsRestarts, relayTerminated, consumerTerminated atomic.Int64
+	leaderKills, stepDowns                            atomic.Int64
+	nodeDown                                          atomic.Bool    // a killed node is not restarted yet
+	restarting                                        sync.WaitGroup // the restarts of killed nodes
+	leaderlessMu                                      sync.Mutex
+	leaderless                                        []time.Duration
 	pubAcks, dupAcks, deliveries, redeliveries        atomic.Int64
 
 	statsMu   sync.Mutex
@@ -129,8 +155,9 @@ type chaos struct {
 // this process through the outbox, a relay process (the real relay binary) and JetStream to a
 // consumer process, while it SIGKILLs both processes at random moments, arms their fault
 // points (the relay kills itself between publish and settle, the consumer between commit and
-// ack), restarts the NATS server and terminates their PostgreSQL backends. When everything is
-// delivered it stops them and checks the invariants from the database and the streams.
+// ack), restarts the NATS server (with cfg.Cluster: kills the stream leader's node or makes the
+// leader step down) and terminates their PostgreSQL backends. When everything is delivered it
+// stops them and checks the invariants from the database and the streams.
 func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
 	if cfg.Messages <= 0 {
 		cfg.Messages = DefaultChaosMessages
@@ -178,13 +205,16 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 		return nil, err
 	}
 	c.say("txoutbox chaos proof: %d messages, producers spread over %s, seed %d; logs in %s", c.cfg.Messages, c.cfg.ProduceFor, c.cfg.Seed, c.workDir)
+	if c.cfg.Cluster {
+		c.say("on a three-node JetStream cluster, R3 streams")
+	}
 	if err := c.setup(ctx); err != nil {
 		return nil, err
 	}
 
 	// Observe PubAcks and deliveries on the wire, on a connection that reconnects faster than
 	// the relay's (250ms), so that it is back first after a NATS restart.
-	obsNC, err := nats.Connect(c.nats.URL(), nats.Name("txoutbox-chaos-observer"), nats.MaxReconnects(-1),
+	obsNC, err := nats.Connect(c.natsURL, nats.Name("txoutbox-chaos-observer"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
@@ -310,6 +340,10 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	}
 	res := c.result(t)
 	c.report(res)
+	if c.cfg.Cluster && (res.LeaderKills == 0 || res.StepDowns == 0) {
+		return res, fmt.Errorf("%w: the stream leader's node was killed %d times and the leader stepped down %d times; want both",
+			ErrChaosFaultMissing, res.LeaderKills, res.StepDowns)
+	}
 	return res, nil
 }
 
@@ -359,18 +393,31 @@ func (c *chaos) setup(ctx context.Context) error {
 		return err
 	}
 
-	// NATS is embedded here, whatever NATS_URL says: the run restarts it.
-	if c.nats, err = embedded.StartNATS(embedded.NATSOptions{StoreDir: filepath.Join(c.workDir, "nats")}); err != nil {
-		return err
+	// NATS is embedded here, whatever NATS_URL says: the run restarts it, or kills its nodes.
+	if c.cfg.Cluster {
+		if c.cluster, err = embedded.StartCluster(embedded.ClusterOptions{StoreDir: filepath.Join(c.workDir, "nats"), Name: "txoutbox-chaos"}); err != nil {
+			return err
+		}
+		c.natsURL = c.cluster.URLs()
+		c.say("NATS: three-node embedded JetStream cluster on %s (stream leaders killed and stepped down during the run)", c.natsURL)
+	} else {
+		if c.nats, err = embedded.StartNATS(embedded.NATSOptions{StoreDir: filepath.Join(c.workDir, "nats")}); err != nil {
+			return err
+		}
+		c.natsURL = c.nats.URL()
+		c.say("NATS: embedded nats-server with JetStream on %s (restarted during the run)", c.natsURL)
 	}
-	c.say("NATS: embedded nats-server with JetStream on %s (restarted during the run)", c.nats.URL())
-	if c.nc, err = connectNATS(c.nats.URL(), "txoutbox-chaos-orchestrator"); err != nil {
+	if c.nc, err = connectNATS(c.natsURL, "txoutbox-chaos-orchestrator"); err != nil {
 		return err
 	}
 	if c.js, err = jetstream.New(c.nc); err != nil {
 		return err
 	}
-	if err := createStreams(ctx, c.js); err != nil {
+	if c.cfg.Cluster {
+		if err := c.createClusterStreams(ctx); err != nil {
+			return err
+		}
+	} else if err := createStreams(ctx, c.js); err != nil {
 		return err
 	}
 	client, err := outbox.NewClient(&outbox.Config{Schema: chaosSchema}) // no doorbell: the relay polls
@@ -393,6 +440,9 @@ func (c *chaos) close(passed bool) {
 	}
 	if c.nats != nil {
 		c.nats.Stop()
+	}
+	if c.cluster != nil {
+		c.cluster.Shutdown()
 	}
 	if c.admin != nil {
 		if c.dbName != "" && !c.cfg.Keep {
@@ -440,7 +490,7 @@ func armed(n int, point, spec string) string {
 
 func (c *chaos) relayCmd(n int) *exec.Cmd {
 	cmd := exec.Command(c.relayBin, "run",
-		"--database-url", c.dsn, "--nats-url", c.nats.URL(), "--schema", chaosSchema,
+		"--database-url", c.dsn, "--nats-url", c.natsURL, "--schema", chaosSchema,
 		"--relay-id", "chaos-relay-"+strconv.Itoa(n), "--subjects", strings.Join(streamSubjects, ","),
 		"--poll-max", "100ms", "--publish-timeout", "2s", "--backoff-base", "200ms", "--backoff-max", "2s",
 		"--lease-interval", "250ms", "--retention", "1h", "--no-doorbell",
@@ -460,7 +510,7 @@ func (c *chaos) consumerCmd(n int) *exec.Cmd {
 		batch = "16" // every third incarnation runs in batch mode: one commit, then the acks
 	}
 	cmd := exec.Command(c.cfg.ConsumerExe, "-role", "consumer",
-		"-database-url", c.dsn, "-nats-url", c.nats.URL(), "-schema", chaosSchema,
+		"-database-url", c.dsn, "-nats-url", c.natsURL, "-schema", chaosSchema,
 		"-app-name", chaosConsumerApp, "-ack-wait", chaosAckWait.String(), "-batch", batch,
 		"-fault", armed(n, fault.ConsumerAfterCommit, chaosConsumerFault))
 	cmd.Env = childEnv(c.cfg.ConsumerEnv...)
@@ -522,11 +572,16 @@ func (c *chaos) observe(m *nats.Msg) {
 	}
 }
 
-// inject injects one fault every 0.5–2 s until ctx ends.
+// inject injects one fault every 0.5–2 s until ctx ends (and every killed node is running
+// again).
 func (c *chaos) inject(ctx context.Context) {
+	defer c.restarting.Wait()
 	rnd := rand.New(rand.NewPCG(c.cfg.Seed, 3)) // a stream of its own per goroutine
 	// Each kind of fault once, in random order, then at random: every run has them all.
 	first := []int{0, 3, 6, 8, 9}
+	if c.cfg.Cluster {
+		first = []int{0, 3, 6, 7, 8, 9} // 6: kill the stream leader's node, 7: leader step-down
+	}
 	rnd.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 	for i := 0; ; i++ {
 		if !sleepCtx(ctx, time.Duration(500+rnd.IntN(1500))*time.Millisecond) {
@@ -541,6 +596,13 @@ func (c *chaos) inject(ctx context.Context) {
 			retry(ctx, c.relay.kill)
 		case x < 6:
 			retry(ctx, c.consumer.kill)
+		case x < 8 && c.cfg.Cluster:
+			if x == 6 && c.killLeader(ctx, time.Duration(500+rnd.IntN(3500))*time.Millisecond) {
+				break
+			}
+			// A step-down (also instead of a kill while a killed node is down: two nodes
+			// down would leave the streams without a quorum).
+			retry(ctx, func() bool { return c.stepDown(ctx) })
 		case x < 8:
 			c.restartNATS(ctx, time.Duration(200+rnd.IntN(1300))*time.Millisecond)
 		case x < 9:
@@ -575,6 +637,99 @@ func (c *chaos) restartNATS(ctx context.Context, down time.Duration) {
 		}
 	}
 	c.natsRestarts.Add(1)
+}
+
+// createClusterStreams creates the streams with three replicas, asking again while the
+// cluster's meta leader is settling, and waits until both have a leader.
+func (c *chaos) createClusterStreams(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := createStreamsReplicas(sctx, c.js, 3)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	for _, name := range []string{streamName, deadStreamName} {
+		if _, err := c.cluster.WaitStreamLeader(name, nil, 30*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// killLeader kills the node that leads the stream as SIGKILL would (its routes are cut
+// first: it hands no leadership over) and starts it again with its store after down. It
+// does nothing, and reports false, while a node killed before is not running again (two
+// nodes down would leave no quorum), or when no replica is current enough to take over.
+func (c *chaos) killLeader(ctx context.Context, down time.Duration) bool {
+	if c.nodeDown.Load() {
+		return false
+	}
+	// A node restarted a moment ago may still be catching up: kill only a leader whose
+	// followers could replace it.
+	if err := c.cluster.WaitStreamCurrent(streamName, 20*time.Second); err != nil {
+		c.say("kill the stream leader: %v; a step-down instead", err)
+		return false
+	}
+	leader := c.cluster.StreamLeader(streamName)
+	if leader == nil {
+		return false
+	}
+	c.nodeDown.Store(true)
+	killed := time.Now()
+	leader.Kill()
+	c.leaderKills.Add(1)
+	c.restarting.Add(2)
+	go func() { // how long the stream has no leader: until a replica wins the election
+		defer c.restarting.Done()
+		for time.Since(killed) < 2*time.Minute {
+			if c.cluster.StreamLeader(streamName) != nil {
+				c.leaderlessMu.Lock()
+				c.leaderless = append(c.leaderless, time.Since(killed))
+				c.leaderlessMu.Unlock()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	go func() {
+		defer c.restarting.Done()
+		sleepCtx(ctx, down) // cut short when the faults end: every node runs at the end
+		for {
+			err := leader.Start()
+			if err == nil {
+				break
+			}
+			c.say("restart NATS node %s: %v; trying again", leader.Name, err)
+			if !sleepCtx(context.WithoutCancel(ctx), time.Second) {
+				return
+			}
+		}
+		c.nodeDown.Store(false)
+	}()
+	return true
+}
+
+// stepDown asks the stream's leader to step down and reports whether it did.
+func (c *chaos) stepDown(ctx context.Context) bool {
+	if c.cluster.StreamLeader(streamName) == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if embedded.StepDown(ctx, c.nc, streamName) != nil {
+		return false
+	}
+	c.stepDowns.Add(1)
+	return true
 }
 
 // terminate terminates the chaos database's backends whose application_name is like app.
@@ -663,10 +818,14 @@ func (c *chaos) progress(ctx context.Context, started time.Time) {
 	}
 	p := c.prod
 	st := c.consumerStats()
-	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · NATS restarts %d · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
+	natsFaults := fmt.Sprintf("NATS restarts %d", c.natsRestarts.Load())
+	if c.cfg.Cluster {
+		natsFaults = fmt.Sprintf("leader kills %d, step-downs %d", c.leaderKills.Load(), c.stepDowns.Load())
+	}
+	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · %s · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
 		time.Since(started).Seconds(), p.ordersCommitted.Load()+p.ordersPoisoned.Load(), p.charged.Load(), open, pending, unacked, effects,
 		c.relay.kills.Load(), c.relay.selfKills.Load(), c.consumer.kills.Load(), c.consumer.selfKills.Load(),
-		c.natsRestarts.Load(), c.relayTerminated.Load()+c.consumerTerminated.Load(), c.dupAcks.Load(), st[1])
+		natsFaults, c.relayTerminated.Load()+c.consumerTerminated.Load(), c.dupAcks.Load(), st[1])
 }
 
 func (c *chaos) result(t *Tally) *ChaosResult {
@@ -683,6 +842,9 @@ func (c *chaos) result(t *Tally) *ChaosResult {
 		ConsumerFaultKills:         c.consumer.hits(fault.ConsumerAfterCommit),
 		ConsumerOtherExits:         c.consumer.otherExits.Load(),
 		NATSRestarts:               c.natsRestarts.Load(),
+		LeaderKills:                c.leaderKills.Load(),
+		StepDowns:                  c.stepDowns.Load(),
+		Leaderless:                 c.leaderlessTimes(),
 		RelayBackendsTerminated:    c.relayTerminated.Load(),
 		ConsumerBackendsTerminated: c.consumerTerminated.Load(),
 		PubAcks:                    c.pubAcks.Load(),
@@ -709,7 +871,12 @@ func (c *chaos) report(r *ChaosResult) {
 		r.RelayKills, r.RelayFaultKills, r.RelayStarts, r.RelayOtherExits)
 	line("consumer processes SIGKILLed", "%d at random moments + %d by their fault point between commit and ack (%d starts, %d other exits)",
 		r.ConsumerKills, r.ConsumerFaultKills, r.ConsumerStarts, r.ConsumerOtherExits)
-	line("NATS server restarts", "%d", r.NATSRestarts)
+	if c.cfg.Cluster {
+		line("stream leader's node killed (like SIGKILL)", "%d, restarted with its store 0.5–4 s later; leaderless after a kill: %s", r.LeaderKills, durationSpread(r.Leaderless))
+		line("stream leader step-downs", "%d", r.StepDowns)
+	} else {
+		line("NATS server restarts", "%d", r.NATSRestarts)
+	}
 	line("PostgreSQL backends terminated", "%d of the relay, %d of the consumer", r.RelayBackendsTerminated, r.ConsumerBackendsTerminated)
 	line("duplicates absorbed by JetStream", "%d duplicate PubAcks of %d (republishes inside the duplicate window; seen on the wire)", r.DuplicatePubAcks, r.PubAcks)
 	line("duplicates absorbed by the dedup table", "%d or more (counted by the consumer processes)", r.ConsumerDuplicates)
@@ -718,6 +885,22 @@ func (c *chaos) report(r *ChaosResult) {
 	line("effects applied (ledger rows)", "%d = %d orders + %d payments", t.Effects, t.OrderEffects, t.PaymentEffects)
 	c.say("")
 	printInvariants(c.out, t)
+}
+
+func (c *chaos) leaderlessTimes() []time.Duration {
+	c.leaderlessMu.Lock()
+	defer c.leaderlessMu.Unlock()
+	return slices.Clone(c.leaderless)
+}
+
+// durationSpread describes ds as "p50 X, max Y (n)".
+func durationSpread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none measured"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("p50 %.1fs, max %.1fs (%d elections)", s[(len(s)-1)/2].Seconds(), s[len(s)-1].Seconds(), len(s))
 }
 
 // withDatabase returns dsn pointing at database db.

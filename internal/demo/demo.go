@@ -216,13 +216,18 @@ func (r *run) setup(ctx context.Context) error {
 // createStreams creates the demo's stream (two-minute duplicate window) and its dead-letter
 // stream.
 func createStreams(ctx context.Context, js jetstream.JetStream) error {
+	return createStreamsReplicas(ctx, js, 1)
+}
+
+// createStreamsReplicas is createStreams with the given number of replicas per stream.
+func createStreamsReplicas(ctx context.Context, js jetstream.JetStream, replicas int) error {
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+		Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: replicas,
 	}); err != nil {
 		return fmt.Errorf("create stream %s: %w", streamName, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: replicas,
 	}); err != nil {
 		return fmt.Errorf("create stream %s: %w", deadStreamName, err)
 	}

@@ -34,10 +34,12 @@ const usage = `producer-demo: the whole txoutbox chain on this machine, with fau
 Usage:
   go run ./cmd/producer-demo [flags]            # the demo (about 15 seconds)
   go run ./cmd/producer-demo -chaos [flags]     # the chaos proof (separate processes, SIGKILLs)
+  go run ./cmd/producer-demo -chaos -cluster    # the chaos proof on a three-node JetStream cluster
 
 Services: DATABASE_URL, else a throwaway cluster from the local PostgreSQL binaries (never a
 PostgreSQL that merely runs here: nobody named it); NATS_URL, else an embedded nats-server
-with JetStream (the chaos proof always embeds NATS: it restarts it).
+with JetStream (the chaos proof always embeds NATS: it restarts it, or with -cluster kills and
+restarts its nodes).
 
 Flags:
 `
@@ -97,6 +99,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cc.Messages, "messages", DefaultChaosMessages, "chaos: messages to send (at least)")
 	fs.DurationVar(&cc.ProduceFor, "produce-for", 0, "chaos: spread the messages over this long (default: messages/100 per second, at least 20s)")
 	fs.StringVar(&cc.RelayBin, "relay-bin", "", "chaos: the relay binary (default: go build ./cmd/relay)")
+	fs.BoolVar(&cc.Cluster, "cluster", false, "chaos: a three-node JetStream cluster with R3 streams, whose stream leader is killed and stepped down")
 	// The consumer role (hidden).
 	fs.StringVar(&roleName, "role", "", "")
 	fs.StringVar(&role.Schema, "schema", "", "")
@@ -141,6 +144,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
+	if cc.Cluster && !chaos {
+		fmt.Fprintln(stderr, "producer-demo: -cluster is for -chaos")
+		return 2
+	}
 	if chaos {
 		if cfg.MetricsAddr != "" || cfg.Linger != 0 {
 			fmt.Fprintln(stderr, "producer-demo: -metrics-addr and -linger are for the demo, not -chaos")

@@ -116,6 +116,14 @@ func TestVerifyDetectsViolations(t *testing.T) {
 	mustFail("lost message", "every committed message reached the stream", "dead letters are exactly the poisoned orders",
 		"every committed order was applied exactly once")
 
+	// Two messages of one key stored in the reverse of their commit (outbox id) order.
+	k1, k2 := uuid.NewString(), uuid.NewString()
+	exec(`INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, payload, state)
+		VALUES ($1, 'orders.created', 'c9', 0, '', 'published'), ($2, 'orders.created', 'c9', 0, '', 'published')`, k1, k2)
+	publish(orderSubject, k2, nil)
+	publish(orderSubject, k1, nil)
+	mustFail("key order", "every key's messages are in the stream in commit order")
+
 	// A charged payment whose half message was rolled back, and a prepared row left over.
 	exec(`UPDATE txoutbox_messages SET state = 'rolled_back' WHERE message_id = $1`, p1)
 	exec(`INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state) VALUES ($1, 'orders.created', 0, '', 'ready')`, uuid.NewString())
