@@ -45,6 +45,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/jserr"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -119,6 +120,8 @@ type Consumer struct {
 
 // hooks are fault-injection and observation points for tests.
 type hooks struct {
+	// setupWait observes a Setup that JetStream could not answer and that Run waits out.
+	setupWait func(err error)
 	// beforeCommit runs just before a transaction's commit.
 	beforeCommit func(ctx context.Context)
 	// afterCommit runs after a transaction committed and before its messages are acked; an
@@ -176,8 +179,8 @@ func (c *Consumer) Stats() Stats { return c.stats.snapshot() }
 // acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
 // that a stream captures the dead-letter subject without sending it back to this consumer.
 // It first refuses a nats-server older than the configuration needs (a *ServerVersionError,
-// ErrServerTooOld: MinServerVersion, MinServerVersionFilterSubjects). Run calls it; call it
-// yourself to fail fast at start-up.
+// ErrServerTooOld: MinServerVersion, MinServerVersionFilterSubjects). Run calls it, and waits
+// while JetStream cannot answer; call it yourself to fail fast at start-up.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err := c.checkServerVersion(); err != nil {
 		return nil, err
@@ -218,6 +221,50 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
+// setupWaiting runs Setup until JetStream answers. While JetStream or the stream cannot
+// answer (a cluster or the stream electing a leader, JetStream restarting or out of reach:
+// jserr.Waitable) it waits, logging one warning with the error, then debug lines, and one
+// info line once Setup passes; an answer that says the configuration is wrong (no such
+// stream, no dead-letter stream, a refused request) ends it with that error at once. Each
+// pass is bounded by AckWait within [2s, 10s].
+func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, error) {
+	delay := 100 * time.Millisecond
+	waited := false
+	for {
+		sctx, cancel := context.WithTimeout(ctx, min(max(c.cfg.AckWait, 2*time.Second), 10*time.Second))
+		cons, err := c.Setup(sctx)
+		cancel()
+		switch {
+		case err == nil:
+			if waited {
+				c.log.Info("consumer set up: JetStream answers")
+			}
+			return cons, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case !jserr.Waitable(err):
+			return nil, err
+		case !waited:
+			waited = true
+			c.log.Warn("waiting for JetStream to set the consumer up", "err", err,
+				"why", "the stream or the cluster electing a leader, JetStream starting or out of reach; tried again until it answers")
+		default:
+			c.log.Debug("still waiting for JetStream to set the consumer up", "err", err)
+		}
+		if h := c.hooks.setupWait; h != nil {
+			h(err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
 // checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
 // needs, or the consumer's role cannot use it. A database that does not answer is not a
 // configuration error: the handlers wait for it like for any outage.
@@ -242,15 +289,21 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 // Run consumes until ctx is cancelled, then stops gracefully: it stops pulling, naks the
 // messages it holds that no handler has started (so another instance gets them at once),
 // lets running handlers finish (their context is cancelled after Config.StopTimeout), acks
-// what committed, and returns nil. It returns an error when setup fails or JetStream stops
-// delivering (ErrConsumeStopped).
+// what committed, and returns nil. It sets the consumer up first (Setup), waiting — one
+// warning — while JetStream or the stream cannot answer (a leader election, a restart), and
+// returns Setup's error when the answer says the configuration is wrong. It returns an error
+// when JetStream stops delivering (ErrConsumeStopped), and txoutbox.ErrRunning while
+// another Run of this consumer has not returned.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("consumer: Run: %w", txoutbox.ErrRunning)
 	}
 	defer c.running.Store(false)
-	cons, err := c.Setup(ctx)
+	cons, err := c.setupWaiting(ctx)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil // stopped while waiting for JetStream
+		}
 		return err
 	}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/jserr"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,22 +44,11 @@ func (e *streamOutageError) Unwrap() error { return ErrStreamUnavailable }
 var errJetStreamDown = errors.New("relay: JetStream did not answer")
 
 // outageCodes are the JetStream API errors that are about a stream's (or the cluster's)
-// state right now, never about the message or the configuration.
-var outageCodes = map[jetstream.ErrorCode]string{
-	10008: "JetStream system temporarily unavailable",
-	10009: "JetStream cluster can not handle request (not the leader)",
-	10118: "stream is offline",
-}
+// state right now, not about the message (see internal/jserr).
+var outageCodes = jserr.OutageCodes
 
 // isOutageCode reports a JetStream API error in outageCodes.
-func isOutageCode(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		_, ok := outageCodes[apiErr.ErrorCode]
-		return ok
-	}
-	return false
-}
+func isOutageCode(err error) bool { return jserr.IsOutageCode(err) }
 
 // knownStreams maps the streams the relay has seen to the subjects they capture: learned by
 // the start check (CheckStreams) and by every look-up while the relay runs. It lets the relay

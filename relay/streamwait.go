@@ -5,8 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/jserr"
 )
 
 // streamCheckTimeout bounds one pass of the start check: a JetStream that does not answer
@@ -69,19 +68,5 @@ func streamCheckWaitable(err error) bool {
 	if errors.As(err, &se) {
 		return false
 	}
-	for _, e := range []error{
-		context.DeadlineExceeded, nats.ErrTimeout, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
-		jetstream.ErrJetStreamNotEnabled, nats.ErrDisconnected, nats.ErrConnectionReconnecting,
-		nats.ErrNoServers, nats.ErrStaleConnection,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		_, ok := outageCodes[apiErr.ErrorCode]
-		return ok
-	}
-	return false
+	return jserr.Waitable(err)
 }
