@@ -14,13 +14,14 @@ import (
 // other runners by an advisory lock; Status reports each version.
 func ExampleMigrator_Up() {
 	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer pool.Close()
-	m, err := migrations.New(&migrations.Config{Schema: "example_migrations"})
+	m, err := migrations.New(&migrations.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -16,6 +17,7 @@ import (
 // group's checker (see package outbox/checker) what happened.
 func ExampleClient_Prepare() {
 	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
@@ -23,7 +25,7 @@ func ExampleClient_Prepare() {
 	}
 	defer pool.Close()
 	// At deploy time (relay migrate up does the same).
-	m, err := migrations.New(&migrations.Config{Schema: "example_prepare"})
+	m, err := migrations.New(&migrations.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -33,7 +35,7 @@ func ExampleClient_Prepare() {
 		return
 	}
 
-	client, err := outbox.NewClient(&outbox.Config{Schema: "example_prepare"})
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -60,7 +62,7 @@ func ExampleClient_Prepare() {
 	}
 
 	var state string
-	if err := pool.QueryRow(ctx, `SELECT state FROM example_prepare.txoutbox_messages WHERE message_id = $1`, half.ID).Scan(&state); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT state FROM `+pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()+` WHERE message_id = $1`, half.ID).Scan(&state); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -72,13 +74,14 @@ func ExampleClient_Prepare() {
 // settles the message by the work's answer.
 func ExampleClient_SendInTransaction() {
 	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer pool.Close()
-	m, err := migrations.New(&migrations.Config{Schema: "example_send"})
+	m, err := migrations.New(&migrations.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -87,7 +90,7 @@ func ExampleClient_SendInTransaction() {
 		fmt.Println(err)
 		return
 	}
-	client, err := outbox.NewClient(&outbox.Config{Schema: "example_send"})
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return

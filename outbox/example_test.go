@@ -16,6 +16,7 @@ import (
 // A business change and its event, in one transaction: both commit or neither does.
 func ExampleClient_EnqueueTx() {
 	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
@@ -23,7 +24,7 @@ func ExampleClient_EnqueueTx() {
 	}
 	defer pool.Close()
 	// At deploy time: the outbox's tables (relay migrate up does the same) and yours.
-	m, err := migrations.New(&migrations.Config{Schema: "example_enqueue"})
+	m, err := migrations.New(&migrations.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -32,12 +33,12 @@ func ExampleClient_EnqueueTx() {
 		fmt.Println(err)
 		return
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_enqueue.orders (id text PRIMARY KEY, total_cents int)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+pgx.Identifier{schema, "orders"}.Sanitize()+` (id text PRIMARY KEY, total_cents int)`); err != nil {
 		fmt.Println(err)
 		return
 	}
 
-	client, err := outbox.NewClient(&outbox.Config{Schema: "example_enqueue"})
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -45,7 +46,7 @@ func ExampleClient_EnqueueTx() {
 	orderID := uuid.NewString()
 	var ids []uuid.UUID
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO example_enqueue.orders VALUES ($1, 1200)`, orderID); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "orders"}.Sanitize()+` VALUES ($1, 1200)`, orderID); err != nil {
 			return err
 		}
 		ids, err = client.EnqueueTx(ctx, tx, outbox.Message{
@@ -62,7 +63,7 @@ func ExampleClient_EnqueueTx() {
 	client.Ring() // wakes the relay when a doorbell is configured; here none is: a no-op
 
 	var subject, state string
-	if err := pool.QueryRow(ctx, `SELECT subject, state FROM example_enqueue.txoutbox_messages WHERE message_id = $1`, ids[0]).Scan(&subject, &state); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT subject, state FROM `+pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()+` WHERE message_id = $1`, ids[0]).Scan(&subject, &state); err != nil {
 		fmt.Println(err)
 		return
 	}

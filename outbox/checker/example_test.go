@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox"
@@ -21,6 +22,7 @@ import (
 // production `relay run` runs it) whether the local transaction committed.
 func ExampleServe() {
 	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
@@ -33,7 +35,6 @@ func ExampleServe() {
 		return
 	}
 	defer nc.Close()
-	const schema = "example_checker"
 	m, err := migrations.New(&migrations.Config{Schema: schema}) // at deploy time
 	if err != nil {
 		fmt.Println(err)
@@ -105,7 +106,7 @@ func ExampleServe() {
 		return
 	}
 	var state string
-	if err := pool.QueryRow(ctx, `SELECT state FROM example_checker.txoutbox_messages WHERE message_id = $1`, half.ID).Scan(&state); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT state FROM `+pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()+` WHERE message_id = $1`, half.ID).Scan(&state); err != nil {
 		fmt.Println(err)
 		return
 	}
