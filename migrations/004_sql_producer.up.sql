@@ -511,7 +511,7 @@ DECLARE
     f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-             WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'txoutbox\_%' LOOP
+             WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND p.proname LIKE 'txoutbox\_%' LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
