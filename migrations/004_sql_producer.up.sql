@@ -38,44 +38,40 @@ BEGIN
 END
 $do$;
 
--- Locks key hashes as store's keylock.go does: within the transaction's budget of 256 exact
--- key locks (counted in the setting txoutbox.key_locks, shared with the Go client), a shared
--- lock on each bucket (hash % 256) then an exclusive lock on each key hash, all sorted; past
--- it, an exclusive lock on each bucket.
-CREATE FUNCTION txoutbox_lock_key_hashes(hashes int4[]) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $fn$
+-- Locks key hashes as store's keylock.go does, in one statement (its keyLockSQL), with this
+-- schema's lock classes: within the transaction's budget of 256 exact key locks (counted in
+-- the setting txoutbox.key_locks, shared with the Go client), a shared lock on each bucket
+-- (hash % 256) then an exclusive lock on each key hash, all sorted; past it, an exclusive
+-- lock on each bucket.
+DO $do$
 DECLARE
-    k int4[];
-    b int4[];
-    n int4;
-    exact boolean;
     kc int4;
     bc int4;
-    v int4;
 BEGIN
-    SELECT array_agg(DISTINCT x ORDER BY x) INTO k FROM unnest(hashes) x WHERE x IS NOT NULL;
-    IF k IS NULL THEN
-        RETURN;
-    END IF;
-    SELECT array_agg(DISTINCT (x % 256) ORDER BY (x % 256)) INTO b FROM unnest(k) x;
-    n := coalesce(nullif(current_setting('txoutbox.key_locks', true), ''), '0')::int4;
-    exact := n + cardinality(k) <= 256;
-    PERFORM set_config('txoutbox.key_locks', (n + CASE WHEN exact THEN cardinality(k) ELSE 0 END)::text, true);
     SELECT key_class, bucket_class INTO kc, bc FROM txoutbox_lock_classes();
-    IF exact THEN
-        FOREACH v IN ARRAY b LOOP
-            PERFORM pg_advisory_xact_lock_shared(bc, v);
-        END LOOP;
-        FOREACH v IN ARRAY k LOOP
-            PERFORM pg_advisory_xact_lock(kc, v);
-        END LOOP;
-    ELSE
-        FOREACH v IN ARRAY b LOOP
-            PERFORM pg_advisory_xact_lock(bc, v);
-        END LOOP;
-    END IF;
+    EXECUTE format($f$CREATE FUNCTION txoutbox_lock_key_hashes(hashes int4[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $b$
+DECLARE
+    n bigint;
+BEGIN
+    WITH c AS MATERIALIZED (
+        SELECT x.n + cardinality(x.k) <= 256 AS exact, x.k, x.b,
+               set_config('txoutbox.key_locks',
+                 (x.n + CASE WHEN x.n + cardinality(x.k) <= 256 THEN cardinality(x.k) ELSE 0 END)::text, true) AS n
+        FROM (SELECT coalesce(nullif(current_setting('txoutbox.key_locks', true), ''), '0')::int4 AS n, s.k,
+                     ARRAY(SELECT DISTINCT y %% 256 FROM unnest(s.k) y ORDER BY 1) AS b
+              FROM (SELECT ARRAY(SELECT DISTINCT y FROM unnest(hashes) y WHERE y IS NOT NULL ORDER BY 1) AS k) s
+              WHERE cardinality(s.k) > 0
+              OFFSET 0) x
+    )
+    SELECT count(CASE WHEN u.i > cardinality(c.b) THEN pg_advisory_xact_lock(%1$s::int4, u.v)
+                      WHEN c.exact THEN pg_advisory_xact_lock_shared(%2$s::int4, u.v)
+                      ELSE pg_advisory_xact_lock(%2$s::int4, u.v) END) INTO n
+    FROM c CROSS JOIN LATERAL unnest(CASE WHEN c.exact THEN c.b || c.k ELSE c.b END) WITH ORDINALITY AS u(v, i);
 END
-$fn$;
+$b$$f$, kc, bc);
+END
+$do$;
 
 -- A version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, then random bits.
 CREATE FUNCTION txoutbox_uuidv7() RETURNS uuid
@@ -125,6 +121,7 @@ DECLARE
     hsize int := 0;
     block int;
     total bigint;
+    good boolean := true;
 BEGIN
     -- Subject: outbox.ValidateSubject.
     IF subject IS NULL OR subject = '' THEN
@@ -173,6 +170,25 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'TX003',
                 MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
         END IF;
+        -- Fast path: every rule below in one statement; the loop after it only runs to say
+        -- what is wrong.
+        SELECT coalesce(bool_and(h.ok), true), coalesce(sum(h.size), 0)::int INTO good, hsize
+        FROM (SELECT e.key ~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
+                     AND lower(e.key COLLATE "C") NOT LIKE 'nats-%' AND lower(e.key COLLATE "C") NOT LIKE 'txoutbox-%'
+                     AND lower(e.key COLLATE "C") NOT IN ('status', 'description')
+                     AND jsonb_typeof(e.value) = 'array' AND jsonb_array_length(e.value) > 0
+                     AND (SELECT bool_and(jsonb_typeof(hv) = 'string'
+                                 AND (hv #>> '{}') !~ '^[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]|[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]$|[\u0001-\u0008\u000a-\u001f\u007f-\u009f]')
+                          FROM jsonb_array_elements(e.value) hv) AS ok,
+                     (SELECT sum(octet_length(e.key) + 4 + octet_length(hv #>> '{}'))
+                      FROM jsonb_array_elements(e.value) hv) AS size
+              FROM jsonb_each(headers) e
+              WHERE jsonb_typeof(e.value) = 'array'
+              UNION ALL
+              SELECT false, 0 FROM jsonb_each(headers) e WHERE jsonb_typeof(e.value) <> 'array') h;
+    END IF;
+    IF NOT good THEN
+        hsize := 0;
         FOR name, vals IN SELECT e.key, e.value FROM jsonb_each(headers) e ORDER BY e.key COLLATE "C" LOOP
             IF name !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$' THEN
                 RAISE EXCEPTION USING ERRCODE = 'TX003',
@@ -210,9 +226,9 @@ BEGIN
                     RAISE EXCEPTION USING ERRCODE = 'TX003',
                         MESSAGE = format('%sheaders: invalid header: value %s of %s %s', ctx, j, to_jsonb(name), what);
                 END IF;
-                hsize := hsize + octet_length(name) + 2 + octet_length(v #>> '{}') + 2;
             END LOOP;
         END LOOP;
+        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';  -- not reached
     END IF;
     -- Sizes as NATS counts them (outbox.HeaderBlockSize, EncodedSize): "NATS/1.0\r\n", the
     -- lines, the relay's Nats-Msg-Id (a 36-character UUID), Txoutbox-Key, Txoutbox-Biz-Key,
@@ -255,10 +271,8 @@ AS $fn$
 DECLARE
     n int := coalesce(cardinality(subjects), 0);
     out_ids uuid[] := '{}';
-    out_keys text[] := '{}';
     out_parts int4[] := '{}';
     out_hdrs jsonb[] := '{}';
-    out_payloads bytea[] := '{}';
     lock_hashes int4[] := '{}';
     k text;
     bk text;
@@ -288,8 +302,6 @@ BEGIN
                 MESSAGE = format('%sid: duplicate message id: message %s of this call has the same id %s', ctx, array_position(out_ids, id), id);
         END IF;
         out_ids := out_ids || id;
-        out_keys := out_keys || k;
-        out_payloads := out_payloads || coalesce(payloads[i], '\x'::bytea);
         IF k IS NULL THEN
             out_parts := out_parts || txoutbox_key_hash(id::text);
         ELSE
@@ -300,8 +312,9 @@ BEGIN
     PERFORM txoutbox_lock_key_hashes(lock_hashes);
     WITH ins AS (
         INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
-        SELECT u.message_id, u.subject, u.msg_key, u.partition_key, u.headers, u.payload, 'ready', clock_timestamp()
-        FROM unnest(out_ids, subjects, out_keys, out_parts, out_hdrs, out_payloads) WITH ORDINALITY
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key, u.headers, coalesce(u.payload, '\x'::bytea),
+               'ready', clock_timestamp()
+        FROM unnest(out_ids, subjects, keys, out_parts, out_hdrs, payloads) WITH ORDINALITY
              AS u(message_id, subject, msg_key, partition_key, headers, payload, ord)
         ORDER BY u.ord
         ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING
