@@ -53,7 +53,22 @@ BEGIN
 LANGUAGE plpgsql VOLATILE AS $b$
 DECLARE
     n bigint;
+    h int4;
+    done text;
 BEGIN
+    IF cardinality(hashes) = 1 AND hashes[1] IS NOT NULL THEN
+        -- One key (txoutbox_enqueue, txoutbox_commit): the same locks, in simple expressions.
+        h := hashes[1];
+        n := coalesce(nullif(current_setting('txoutbox.key_locks', true), ''), '0')::int4;
+        IF n + 1 <= 256 THEN
+            done := set_config('txoutbox.key_locks', (n + 1)::text, true);
+            done := pg_advisory_xact_lock_shared(%2$s::int4, h %% 256)::text;
+            done := pg_advisory_xact_lock(%1$s::int4, h)::text;
+        ELSE
+            done := pg_advisory_xact_lock(%2$s::int4, h %% 256)::text;
+        END IF;
+        RETURN;
+    END IF;
     WITH c AS MATERIALIZED (
         SELECT x.n + cardinality(x.k) <= 256 AS exact, x.k, x.b,
                set_config('txoutbox.key_locks',
