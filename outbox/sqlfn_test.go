@@ -129,6 +129,36 @@ func enqueueSQL(ctx context.Context, tx pgx.Tx, m outbox.Message) (uuid.UUID, er
 	return out, err
 }
 
+// enqueueManySQL calls txoutbox_enqueue_many with msgs (ids included) in tx.
+func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) {
+	n := len(msgs)
+	subjects, payloads := make([]string, n), make([][]byte, n)
+	keys, bizKeys := make([]*string, n), make([]*string, n)
+	hdrs := make([]any, n)
+	ids := make([]*string, n)
+	for i, m := range msgs {
+		subjects[i], payloads[i] = m.Subject, m.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		if m.Key != "" {
+			keys[i] = &msgs[i].Key
+		}
+		if m.BizKey != "" {
+			bizKeys[i] = &msgs[i].BizKey
+		}
+		hdrs[i] = headersJSON(m.Headers)
+		if m.ID != uuid.Nil {
+			id := m.ID.String()
+			ids[i] = &id
+		}
+	}
+	var out []uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[])`,
+		subjects, payloads, keys, hdrs, bizKeys, ids).Scan(&out)
+	return out, err
+}
+
 type agreementRow struct {
 	name string
 	m    outbox.Message
@@ -361,6 +391,23 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 			r := readStored(t, ctx, tx, id)
 			return "ok", &r
 		})
+		manyGot, manyRow := run(func(tx pgx.Tx) (string, *storedRow) {
+			ids, err := enqueueManySQL(ctx, tx, []outbox.Message{m})
+			if err != nil {
+				return sqlOutcome(err), nil
+			}
+			r := readStored(t, ctx, tx, ids[0])
+			return "ok", &r
+		})
+		if row.server && serverRefused(manyGot) {
+			manyGot = sqlGot
+		}
+		if manyGot != sqlGot {
+			t.Errorf("%s: txoutbox_enqueue_many: %s, txoutbox_enqueue: %s: they must agree", row.name, manyGot, sqlGot)
+		}
+		if manyRow != nil && sqlRow != nil && (fmt.Sprintf("%+v", *manyRow) != fmt.Sprintf("%+v", *sqlRow) || !bytes.Equal(manyRow.Payload, sqlRow.Payload)) {
+			t.Errorf("%s: txoutbox_enqueue_many stored it differently from txoutbox_enqueue", row.name)
+		}
 		if goGot != row.want {
 			t.Errorf("%s: EnqueueTx: %s, want %s", row.name, goGot, row.want)
 		}
@@ -394,29 +441,7 @@ func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
 			good = append(good, row.m)
 		}
 	}
-	call := func(tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) {
-		n := len(msgs)
-		subjects, payloads := make([]string, n), make([][]byte, n)
-		keys, bizKeys := make([]*string, n), make([]*string, n)
-		hdrs := make([]any, n)
-		for i, m := range msgs {
-			subjects[i], payloads[i] = m.Subject, m.Payload
-			if payloads[i] == nil {
-				payloads[i] = []byte{}
-			}
-			if m.Key != "" {
-				keys[i] = &msgs[i].Key
-			}
-			if m.BizKey != "" {
-				bizKeys[i] = &msgs[i].BizKey
-			}
-			hdrs[i] = headersJSON(m.Headers)
-		}
-		var ids []uuid.UUID
-		err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[])`,
-			subjects, payloads, keys, hdrs, bizKeys).Scan(&ids)
-		return ids, err
-	}
+	call := func(tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) { return enqueueManySQL(ctx, tx, msgs) }
 
 	tx := beginTx(t, db)
 	ids, err := call(tx, good)
