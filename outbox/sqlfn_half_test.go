@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -385,5 +386,71 @@ func TestSQLFunctionsNeedTheProducerGrant(t *testing.T) {
 	}
 	if err := call(); err != nil {
 		t.Fatalf("with the producer's grants: %v", err)
+	}
+}
+
+// txoutbox_commit_in_tx is fence-aware: while the business transaction that committed a fence
+// message is open, the check-back's fence skips the row (its row lock); once the fence has
+// rolled a message back, txoutbox_commit_in_tx fails and its transaction with it.
+func TestSQLCommitInTxAndTheFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	q := store.New(db.Schema)
+	prepare := func() uuid.UUID {
+		var id uuid.UUID
+		if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('f.v', 'x', 'k', fence => true)`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	fence := func() []uuid.UUID {
+		tx := beginTx(t, db)
+		rows, err := q.LockFences(ctx, tx, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := q.Fence(ctx, tx, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+
+	// A commit in flight holds the row: the fence skips it, and the message is committed.
+	id := prepare()
+	biz := beginTx(t, db)
+	var ok bool
+	if err := biz.QueryRow(ctx, `SELECT txoutbox_commit_in_tx($1)`, id).Scan(&ok); err != nil || !ok {
+		t.Fatalf("txoutbox_commit_in_tx: %v, %v", ok, err)
+	}
+	if fenced := fence(); len(fenced) != 0 {
+		t.Fatalf("the fence rolled back %v while its commit was in flight", fenced)
+	}
+	if err := biz.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := stateOf(t, db, id); st != "ready" {
+		t.Fatalf("state %s, want ready", st)
+	}
+
+	// The fence first: the late commit fails (TX101) and so does its transaction.
+	id = prepare()
+	if fenced := fence(); len(fenced) != 1 || fenced[0] != id {
+		t.Fatalf("fenced %v, want %s", fenced, id)
+	}
+	biz = beginTx(t, db)
+	err := biz.QueryRow(ctx, `SELECT txoutbox_commit_in_tx($1)`, id).Scan(&ok)
+	if sqlOutcome(err) != "TX101" {
+		t.Fatalf("txoutbox_commit_in_tx after the fence: %v, want TX101", err)
+	}
+	if err := biz.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("the business transaction's commit: %v, want pgx.ErrTxCommitRollback", err)
+	}
+	if st := stateOf(t, db, id); st != "rolled_back" {
+		t.Fatalf("state %s, want rolled_back", st)
 	}
 }
