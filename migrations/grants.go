@@ -83,6 +83,11 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- the columns they read and write, not payloads or headers.\n")
 		fmt.Fprintf(&b, "GRANT SELECT (id, message_id, msg_key, partition_key, state, check_count) ON %s TO %s;\n", messages, g)
 		fmt.Fprintf(&b, "GRANT UPDATE (id, state, ready_at, next_attempt_at, attempts, next_check_at, settled_by, settled_at, check_count) ON %s TO %s;\n", messages, g)
+		b.WriteString("-- The SQL contract (migration 4): EXECUTE on the txoutbox_* functions (txoutbox_enqueue,\n")
+		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback\n")
+		b.WriteString("-- and the helpers they call), when the schema has them. They run with the caller's privileges.\n")
+		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
+			lit(schema), lit(grantee))
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")

@@ -297,10 +297,11 @@ var foreignTables = []foreignTable{
 	{"goose", GooseTable, false},
 }
 
-// createTableRe finds the tables a migration creates: its fingerprint in a schema.
-var createTableRe = regexp.MustCompile(`(?i)\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?([A-Za-z_][A-Za-z0-9_]*)`)
+// createTableRe finds the tables and functions a migration creates: its fingerprint in a
+// schema (migration 4 creates functions only).
+var createTableRe = regexp.MustCompile(`(?i)\bCREATE\s+(?:TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?|(?:OR\s+REPLACE\s+)?FUNCTION\s+)"?([A-Za-z_][A-Za-z0-9_]*)`)
 
-// tablesOf returns the tables migration version v (1-based) creates.
+// tablesOf returns the tables and functions migration version v (1-based) creates.
 func (m *Migrator) tablesOf(v int) []string {
 	var out []string
 	for _, g := range createTableRe.FindAllStringSubmatch(m.migrations[v-1].Up, -1) {
@@ -309,10 +310,13 @@ func (m *Migrator) tablesOf(v int) []string {
 	return out
 }
 
-// schemaTables returns the names of the tables in the schema.
+// schemaTables returns the names of the tables in the schema, and of its functions named
+// txoutbox_* (the functions of migration 4).
 func (m *Migrator) schemaTables(ctx context.Context, tx pgx.Tx) (map[string]bool, error) {
 	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')`, m.schema)
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+UNION SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = $1 AND p.proname LIKE 'txoutbox\_%'`, m.schema)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: list the tables of schema %q: %w", m.schema, err)
 	}

@@ -1,0 +1,14 @@
+DROP FUNCTION txoutbox_rollback(uuid);
+DROP FUNCTION txoutbox_commit_in_tx(uuid);
+DROP FUNCTION txoutbox_commit(uuid);
+DROP FUNCTION txoutbox_raise_settle(text, uuid, text);
+DROP FUNCTION txoutbox_settle_half(uuid, boolean);
+DROP FUNCTION txoutbox_prepare(text, bytea, text, jsonb, text, uuid, text, boolean, interval);
+DROP FUNCTION txoutbox_enqueue(text, bytea, text, jsonb, text, uuid);
+DROP FUNCTION txoutbox_enqueue_many(text[], bytea[], text[], jsonb[], text[], uuid[]);
+DROP FUNCTION txoutbox_check_message(text, text, bytea, text, jsonb, text, int);
+DROP FUNCTION txoutbox_text_problem(text, boolean);
+DROP FUNCTION txoutbox_uuidv7();
+DROP FUNCTION txoutbox_lock_key_hashes(int4[]);
+DROP FUNCTION txoutbox_lock_classes();
+DROP FUNCTION txoutbox_key_hash(text);

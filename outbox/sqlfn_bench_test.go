@@ -1,0 +1,92 @@
+package outbox_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// BenchmarkProducers compares, in one run, the ways to write the same keyed message (a
+// subject, a key of its own, one header, 100 bytes of payload): EnqueueTx, the SQL function
+// txoutbox_enqueue (one call per message), its batch form txoutbox_enqueue_many, and a plain
+// INSERT of the same row without validation or key lock. Each op is one transaction of 1 or
+// 100 messages; ns/msg is per message.
+//
+//	go test ./outbox/ -run '^$' -bench BenchmarkProducers -benchtime 2s
+func BenchmarkProducers(b *testing.B) {
+	ctx := context.Background()
+	db := testsvc.NewDB(b)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 100)
+	msgs := func(n, round int) []outbox.Message {
+		out := make([]outbox.Message, n)
+		for i := range out {
+			out[i] = outbox.Message{Subject: "bench.orders", Key: "k-" + strconv.Itoa(round) + "-" + strconv.Itoa(i),
+				Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}, Payload: payload}
+		}
+		return out
+	}
+	ways := []struct {
+		name string
+		do   func(tx pgx.Tx, ms []outbox.Message) error
+	}{
+		{"EnqueueTx", func(tx pgx.Tx, ms []outbox.Message) error {
+			_, err := c.EnqueueTx(ctx, tx, ms...)
+			return err
+		}},
+		{"txoutbox_enqueue", func(tx pgx.Tx, ms []outbox.Message) error {
+			batch := &pgx.Batch{}
+			for _, m := range ms {
+				batch.Queue(`SELECT txoutbox_enqueue($1, $2, $3, $4::jsonb)`, m.Subject, m.Payload, m.Key, headersJSON(m.Headers))
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}},
+		{"txoutbox_enqueue_many", func(tx pgx.Tx, ms []outbox.Message) error {
+			n := len(ms)
+			subjects, payloads, keys, hdrs := make([]string, n), make([][]byte, n), make([]string, n), make([]any, n)
+			for i, m := range ms {
+				subjects[i], payloads[i], keys[i], hdrs[i] = m.Subject, m.Payload, m.Key, headersJSON(m.Headers)
+			}
+			_, err := tx.Exec(ctx, `SELECT txoutbox_enqueue_many($1, $2, $3, $4::text[]::jsonb[])`, subjects, payloads, keys, hdrs)
+			return err
+		}},
+		{"plain_INSERT", func(tx pgx.Tx, ms []outbox.Message) error {
+			n := len(ms)
+			ids, subjects, payloads, keys, parts, hdrs := make([]uuid.UUID, n), make([]string, n), make([][]byte, n), make([]string, n), make([]int32, n), make([]any, n)
+			for i, m := range ms {
+				ids[i] = uuid.Must(uuid.NewV7())
+				subjects[i], payloads[i], keys[i], parts[i], hdrs[i] = m.Subject, m.Payload, m.Key, store.KeyHash(m.Key), headersJSON(m.Headers)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
+SELECT * , 'ready', clock_timestamp() FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[]::jsonb[], $6::bytea[])`,
+				ids, subjects, keys, parts, hdrs, payloads)
+			return err
+		}},
+	}
+	for _, n := range []int{1, 100} {
+		for _, w := range ways {
+			b.Run(w.name+"/"+strconv.Itoa(n)+"_per_tx", func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					ms := msgs(n, i)
+					if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return w.do(tx, ms) }); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/msg")
+				b.StopTimer()
+				if _, err := db.Pool.Exec(ctx, `TRUNCATE txoutbox_messages`); err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,622 @@
+package outbox_test
+
+// The SQL contract (migration 4): txoutbox_enqueue and friends must never disagree with the
+// Go client. Every row of one table of good and bad messages goes through EnqueueTx and
+// through txoutbox_enqueue, and must get the same outcome.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// sqlStates maps the Go client's sentinels to the SQLSTATE codes of the functions (README,
+// "The SQL contract"). ErrHeadersTooLarge wraps ErrMessageTooLarge: it comes first.
+var sqlStates = []struct {
+	err  error
+	code string
+}{
+	{outbox.ErrInvalidSubject, "TX001"},
+	{outbox.ErrInvalidKey, "TX002"},
+	{outbox.ErrInvalidHeader, "TX003"},
+	{outbox.ErrHeadersTooLarge, "TX004"},
+	{outbox.ErrMessageTooLarge, "TX005"},
+	{outbox.ErrDuplicateID, "TX006"},
+	{outbox.ErrInvalidGroup, "TX007"},
+	{outbox.ErrRolledBack, "TX101"},
+	{outbox.ErrAlreadyCommitted, "TX102"},
+	{outbox.ErrNotFound, "TX103"},
+}
+
+// goOutcome is "ok" or the SQLSTATE code of err's sentinel.
+func goOutcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	for _, s := range sqlStates {
+		if errors.Is(err, s.err) {
+			return s.code
+		}
+	}
+	return "unexpected: " + err.Error()
+}
+
+// sqlOutcome is "ok" or err's SQLSTATE.
+func sqlOutcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return "unexpected: " + err.Error()
+}
+
+// serverRefused: text that is not valid UTF-8 or holds a NUL (and JSON holding \u0000) never
+// reaches the functions: PostgreSQL's own input refuses it (22021, 22P05), before any call.
+func serverRefused(code string) bool { return code == "22021" || code == "22P05" }
+
+// headersJSON encodes h for the headers argument. Invalid UTF-8 is written as it is
+// (encoding/json would replace it with U+FFFD, which is valid): the server must see it.
+func headersJSON(h map[string][]string) any {
+	if h == nil {
+		return nil
+	}
+	str := func(s string) string {
+		if !utf8.ValidString(s) {
+			return `"` + s + `"`
+		}
+		b, _ := json.Marshal(s)
+		return string(b)
+	}
+	var b strings.Builder
+	b.WriteString("{")
+	first := true
+	for name, vals := range h {
+		if !first {
+			b.WriteString(",")
+		}
+		first = false
+		b.WriteString(str(name) + ":[")
+		for i, v := range vals {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(str(v))
+		}
+		b.WriteString("]")
+	}
+	b.WriteString("}")
+	return b.String()
+}
+
+// nilIfEmpty is s, or NULL when s is empty.
+func nilIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// enqueueSQL calls txoutbox_enqueue with m in tx.
+func enqueueSQL(ctx context.Context, tx pgx.Tx, m outbox.Message) (uuid.UUID, error) {
+	var id any
+	if m.ID != uuid.Nil {
+		id = m.ID.String()
+	}
+	payload := m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var out uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue($1, $2, $3, $4::jsonb, $5, $6::uuid)`,
+		m.Subject, payload, nilIfEmpty(m.Key), headersJSON(m.Headers), nilIfEmpty(m.BizKey), id).Scan(&out)
+	return out, err
+}
+
+// enqueueManySQL calls txoutbox_enqueue_many with msgs (ids included) in tx.
+func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) {
+	n := len(msgs)
+	subjects, payloads := make([]string, n), make([][]byte, n)
+	keys, bizKeys := make([]*string, n), make([]*string, n)
+	hdrs := make([]any, n)
+	ids := make([]*string, n)
+	for i, m := range msgs {
+		subjects[i], payloads[i] = m.Subject, m.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		if m.Key != "" {
+			keys[i] = &msgs[i].Key
+		}
+		if m.BizKey != "" {
+			bizKeys[i] = &msgs[i].BizKey
+		}
+		hdrs[i] = headersJSON(m.Headers)
+		if m.ID != uuid.Nil {
+			id := m.ID.String()
+			ids[i] = &id
+		}
+	}
+	var out []uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[])`,
+		subjects, payloads, keys, hdrs, bizKeys, ids).Scan(&out)
+	return out, err
+}
+
+type agreementRow struct {
+	name string
+	m    outbox.Message
+	want string // "ok" or the SQLSTATE (the Go sentinel's code)
+	// server: the SQL side is refused by PostgreSQL's input (invalid UTF-8, NUL) before the
+	// function runs; the Go side must refuse it with want.
+	server bool
+	// dup: the same message is enqueued first, in the same transaction.
+	dup bool
+}
+
+// sized returns m with one header "X" whose value makes HeaderBlockSize(m) == block.
+func sized(m outbox.Message, block int) outbox.Message {
+	h := map[string][]string{}
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h["X"] = []string{""}
+	m.Headers = h
+	base := outbox.HeaderBlockSize(&m)
+	h["X"] = []string{strings.Repeat("v", block-base)}
+	return m
+}
+
+// payloadFor returns m with a payload making EncodedSize(m) == total.
+func payloadFor(m outbox.Message, total int) outbox.Message {
+	m.Payload = bytes.Repeat([]byte{'p'}, total-outbox.HeaderBlockSize(&m))
+	return m
+}
+
+func agreementRows() []agreementRow {
+	msg := func(subject string) outbox.Message { return outbox.Message{Subject: subject, Payload: []byte("x")} }
+	withKey := func(k string) outbox.Message { m := msg("k.v"); m.Key = k; return m }
+	withBiz := func(k string) outbox.Message { m := msg("k.v"); m.BizKey = k; return m }
+	withHdr := func(h map[string][]string) outbox.Message { m := msg("h.v"); m.Headers = h; return m }
+	one := func(name, value string) outbox.Message { return withHdr(map[string][]string{name: {value}}) }
+	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}}
+	rows := []agreementRow{
+		// Subjects.
+		{name: "subject ok", m: msg("orders.created"), want: "ok"},
+		{name: "subject empty", m: msg(""), want: "TX001"},
+		{name: "subject at the limit", m: msg(strings.Repeat("a", outbox.MaxSubjectLength)), want: "ok"},
+		{name: "subject one over", m: msg(strings.Repeat("a", outbox.MaxSubjectLength+1)), want: "TX001"},
+		{name: "subject 1024 bytes of 2-byte characters", m: msg(strings.Repeat("é", outbox.MaxSubjectLength/2)), want: "ok"},
+		{name: "subject 1025 bytes with a 2-byte character", m: msg(strings.Repeat("é", outbox.MaxSubjectLength/2) + "a"), want: "TX001"},
+		{name: "subject with a space", m: msg("a b"), want: "TX001"},
+		{name: "subject with a tab", m: msg("a\tb"), want: "TX001"},
+		{name: "subject with DEL", m: msg("a\x7fb"), want: "TX001"},
+		{name: "subject with C1 NEL", m: msg("a\u0085b"), want: "TX001"},
+		{name: "subject with C1 U+009F", m: msg("a\u009fb"), want: "TX001"},
+		{name: "subject with U+0080", m: msg("a\u0080b"), want: "TX001"},
+		{name: "subject with U+00A0 (not a control)", m: msg("a\u00a0b"), want: "ok"},
+		{name: "subject with U+00A1", m: msg("a\u00a1b"), want: "ok"},
+		{name: "subject with NUL", m: msg("a\x00b"), want: "TX001", server: true},
+		{name: "subject not UTF-8", m: msg("a\xffb"), want: "TX001", server: true},
+		{name: "subject leading dot", m: msg(".a"), want: "TX001"},
+		{name: "subject trailing dot", m: msg("a."), want: "TX001"},
+		{name: "subject double dot", m: msg("a..b"), want: "TX001"},
+		{name: "subject wildcard *", m: msg("a.*"), want: "TX001"},
+		{name: "subject wildcard >", m: msg("a.>"), want: "TX001"},
+		{name: "subject only *", m: msg("*"), want: "TX001"},
+		{name: "subject * inside a token", m: msg("a.*b"), want: "ok"},
+		{name: "subject > inside a token", m: msg("a>b.c"), want: "ok"},
+		{name: "subject $JS", m: msg("$JS.API.INFO"), want: "TX001"},
+		{name: "subject $JS alone", m: msg("$JS"), want: "TX001"},
+		{name: "subject $JSC", m: msg("$JSC.x"), want: "TX001"},
+		{name: "subject $SYS", m: msg("$SYS.REQ.x"), want: "TX001"},
+		{name: "subject $NRG", m: msg("$NRG.x"), want: "TX001"},
+		{name: "subject $js (case-sensitive)", m: msg("$js.x"), want: "ok"},
+		{name: "subject $JSX", m: msg("$JSX.x"), want: "ok"},
+		{name: "subject $JS not first", m: msg("x.$JS"), want: "ok"},
+		// Keys.
+		{name: "key ok", m: withKey("order-1"), want: "ok"},
+		{name: "key with inner space", m: withKey("a b"), want: "ok"},
+		{name: "key unicode", m: withKey("ключ🔑"), want: "ok"},
+		{name: "key at the limit", m: withKey(strings.Repeat("k", outbox.MaxKeyLength)), want: "ok"},
+		{name: "key one over", m: withKey(strings.Repeat("k", outbox.MaxKeyLength+1)), want: "TX002"},
+		{name: "key leading space", m: withKey(" k"), want: "TX002"},
+		{name: "key trailing space", m: withKey("k "), want: "TX002"},
+		{name: "key trailing tab", m: withKey("k\t"), want: "TX002"},
+		{name: "key inner tab", m: withKey("a\tb"), want: "TX002"},
+		{name: "key leading NBSP", m: withKey("\u00a0k"), want: "TX002"},
+		{name: "key trailing U+3000", m: withKey("k\u3000"), want: "TX002"},
+		{name: "key trailing U+205F", m: withKey("k\u205f"), want: "TX002"},
+		{name: "key trailing ZWSP", m: withKey("k\u200b"), want: "TX002"},
+		{name: "key trailing U+200D", m: withKey("k\u200d"), want: "TX002"},
+		{name: "key leading BOM", m: withKey("\ufeffk"), want: "TX002"},
+		{name: "key leading U+2060", m: withKey("\u2060k"), want: "TX002"},
+		{name: "key leading U+1680", m: withKey("\u1680k"), want: "TX002"},
+		{name: "key trailing U+2029", m: withKey("k\u2029"), want: "TX002"},
+		{name: "key inner ZWSP", m: withKey("a\u200bb"), want: "ok"},
+		{name: "key trailing U+200E (not space)", m: withKey("k\u200e"), want: "ok"},
+		{name: "key inner C0", m: withKey("a\x01b"), want: "TX002"},
+		{name: "key inner C1", m: withKey("a\u0085b"), want: "TX002"},
+		{name: "key inner DEL", m: withKey("a\x7fb"), want: "TX002"},
+		{name: "key NUL", m: withKey("a\x00b"), want: "TX002", server: true},
+		{name: "key not UTF-8", m: withKey("a\xffb"), want: "TX002", server: true},
+		{name: "biz key ok", m: withBiz("order:1:created"), want: "ok"},
+		{name: "biz key at the limit", m: withBiz(strings.Repeat("b", outbox.MaxKeyLength)), want: "ok"},
+		{name: "biz key one over", m: withBiz(strings.Repeat("b", outbox.MaxKeyLength+1)), want: "TX002"},
+		{name: "biz key leading space", m: withBiz(" b"), want: "TX002"},
+		{name: "biz key inner LF", m: withBiz("a\nb"), want: "TX002"},
+		// Header names.
+		{name: "header ok", m: one("traceparent", "00-abc-def-01"), want: "ok"},
+		{name: "header name of every token character", m: one("!#$%&'*+-.^_`|~09AZaz", "v"), want: "ok"},
+		{name: "header name with a space", m: one("a b", "v"), want: "TX003"},
+		{name: "header name with a colon", m: one("a:b", "v"), want: "TX003"},
+		{name: "header name empty", m: one("", "v"), want: "TX003"},
+		{name: "header name non-ASCII", m: one("é", "v"), want: "TX003"},
+		{name: "header name with a slash", m: one("a/b", "v"), want: "TX003"},
+		{name: "header Nats-Msg-Id", m: one("Nats-Msg-Id", "v"), want: "TX003"},
+		{name: "header nats-expected-stream", m: one("nats-expected-stream", "v"), want: "TX003"},
+		{name: "header NATS-TTL", m: one("NATS-TTL", "5s"), want: "TX003"},
+		{name: "header NatsFoo (no dash)", m: one("NatsFoo", "v"), want: "ok"},
+		{name: "header Txoutbox-Key", m: one("Txoutbox-Key", "v"), want: "TX003"},
+		{name: "header txoutbox-biz-key", m: one("txoutbox-biz-key", "v"), want: "TX003"},
+		{name: "header Txoutbox-Dead-Error", m: one("Txoutbox-Dead-Error", "v"), want: "TX003"},
+		{name: "header Status", m: one("Status", "503"), want: "TX003"},
+		{name: "header description", m: one("description", "v"), want: "TX003"},
+		{name: "header Statuses", m: one("Statuses", "v"), want: "ok"},
+		{name: "header with no value", m: withHdr(map[string][]string{"a": {}}), want: "TX003"},
+		// Header values.
+		{name: "header value empty", m: one("a", ""), want: "ok"},
+		{name: "header many values", m: withHdr(map[string][]string{"a": {"1", "2", ""}, "B": {"x"}, "b": {"y"}}), want: "ok"},
+		{name: "header value inner tab", m: one("a", "x\ty"), want: "ok"},
+		{name: "header value inner space", m: one("a", "x y"), want: "ok"},
+		{name: "header value leading tab", m: one("a", "\tv"), want: "TX003"},
+		{name: "header value trailing space", m: one("a", "v "), want: "TX003"},
+		{name: "header value CRLF", m: one("a", "v\r\nX: y"), want: "TX003"},
+		{name: "header value inner C1", m: one("a", "a\u0080b"), want: "TX003"},
+		{name: "header value trailing NEL", m: one("a", "v\u0085"), want: "TX003"},
+		{name: "header value leading U+2060", m: one("a", "\u2060v"), want: "TX003"},
+		{name: "header value trailing U+202F", m: one("a", "v\u202f"), want: "TX003"},
+		{name: "header value unicode", m: one("a", "zürich ☃"), want: "ok"},
+		{name: "header value NUL", m: one("a", "a\x00b"), want: "TX003", server: true},
+		{name: "header value not UTF-8", m: one("a", "a\xffb"), want: "TX003", server: true},
+		{name: "header name not UTF-8", m: one("a\xff", "v"), want: "TX003", server: true},
+		// Sizes, as NATS counts them with the relay's headers.
+		{name: "header block at the limit", m: sized(msg("s.v"), outbox.MaxHeaderBytes), want: "ok"},
+		{name: "header block one over", m: sized(msg("s.v"), outbox.MaxHeaderBytes+1), want: "TX004"},
+		{name: "header block with key and biz key at the limit", m: sized(full, outbox.MaxHeaderBytes), want: "ok"},
+		{name: "header block with key and biz key one over", m: sized(full, outbox.MaxHeaderBytes+1), want: "TX004"},
+		{name: "header block too large and payload too", m: payloadFor(sized(full, outbox.MaxHeaderBytes+1), outbox.DefaultMaxMessageBytes+10), want: "TX004"},
+		{name: "message at the limit", m: payloadFor(msg("s.v"), outbox.DefaultMaxMessageBytes), want: "ok"},
+		{name: "message one over", m: payloadFor(msg("s.v"), outbox.DefaultMaxMessageBytes+1), want: "TX005"},
+		{name: "message with key, biz key and headers at the limit", m: payloadFor(full, outbox.DefaultMaxMessageBytes), want: "ok"},
+		{name: "message with key, biz key and headers one over", m: payloadFor(full, outbox.DefaultMaxMessageBytes+1), want: "TX005"},
+		{name: "message with a full header block at the limit", m: payloadFor(sized(full, outbox.MaxHeaderBytes), outbox.DefaultMaxMessageBytes), want: "ok"},
+		{name: "message with a full header block one over", m: payloadFor(sized(full, outbox.MaxHeaderBytes), outbox.DefaultMaxMessageBytes+1), want: "TX005"},
+		{name: "empty payload", m: outbox.Message{Subject: "s.v"}, want: "ok"},
+		// Order of the checks: the first problem names the class.
+		{name: "bad subject and bad key", m: outbox.Message{Subject: "a..b", Key: " k"}, want: "TX001"},
+		{name: "bad key and bad header", m: outbox.Message{Subject: "a", Key: " k", Headers: map[string][]string{"Nats-X": {"v"}}}, want: "TX002"},
+		{name: "bad biz key and bad header", m: outbox.Message{Subject: "a", BizKey: "b ", Headers: map[string][]string{"Nats-X": {"v"}}}, want: "TX002"},
+		// Ids.
+		{name: "given id", m: outbox.Message{Subject: "s.v", ID: uuid.New()}, want: "ok"},
+		{name: "id already in the outbox", m: outbox.Message{Subject: "s.v", ID: uuid.New()}, want: "TX006", dup: true},
+	}
+	return rows
+}
+
+// storedRow is what a message became in the outbox.
+type storedRow struct {
+	Subject   string
+	Key       string // "<NULL>" for none
+	Partition int32
+	Headers   map[string][]string
+	Payload   []byte
+	State     string
+}
+
+func readStored(t *testing.T, ctx context.Context, tx pgx.Tx, id uuid.UUID) storedRow {
+	t.Helper()
+	var r storedRow
+	var hdr []byte
+	if err := tx.QueryRow(ctx, `SELECT subject, coalesce(msg_key, '<NULL>'), partition_key, headers, payload, state FROM txoutbox_messages WHERE message_id = $1`, id).
+		Scan(&r.Subject, &r.Key, &r.Partition, &hdr, &r.Payload, &r.State); err != nil {
+		t.Fatalf("read %s: %v", id, err)
+	}
+	if hdr != nil {
+		if err := json.Unmarshal(hdr, &r.Headers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// One table of good and bad messages through EnqueueTx and through txoutbox_enqueue: the
+// same outcome for every row (accepted, or refused with the code of the Go sentinel), and
+// an accepted message stored the same way.
+func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	for _, row := range agreementRows() {
+		m := row.m
+		if m.ID == uuid.Nil {
+			m.ID = uuid.Must(uuid.NewV7()) // the same id on both sides, so that rows compare
+		}
+		run := func(enqueue func(tx pgx.Tx) (string, *storedRow)) (string, *storedRow) {
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if row.dup {
+				if _, err := c.EnqueueTx(ctx, tx, m); err != nil {
+					t.Fatalf("%s: first enqueue: %v", row.name, err)
+				}
+			}
+			return enqueue(tx)
+		}
+		goGot, goRow := run(func(tx pgx.Tx) (string, *storedRow) {
+			ids, err := c.EnqueueTx(ctx, tx, m)
+			if err != nil {
+				return goOutcome(err), nil
+			}
+			r := readStored(t, ctx, tx, ids[0])
+			return "ok", &r
+		})
+		sqlGot, sqlRow := run(func(tx pgx.Tx) (string, *storedRow) {
+			id, err := enqueueSQL(ctx, tx, m)
+			if err != nil {
+				return sqlOutcome(err), nil
+			}
+			if id != m.ID {
+				t.Errorf("%s: txoutbox_enqueue returned %s, want the given id %s", row.name, id, m.ID)
+			}
+			r := readStored(t, ctx, tx, id)
+			return "ok", &r
+		})
+		manyGot, manyRow := run(func(tx pgx.Tx) (string, *storedRow) {
+			ids, err := enqueueManySQL(ctx, tx, []outbox.Message{m})
+			if err != nil {
+				return sqlOutcome(err), nil
+			}
+			r := readStored(t, ctx, tx, ids[0])
+			return "ok", &r
+		})
+		if row.server && serverRefused(manyGot) {
+			manyGot = sqlGot
+		}
+		if manyGot != sqlGot {
+			t.Errorf("%s: txoutbox_enqueue_many: %s, txoutbox_enqueue: %s: they must agree", row.name, manyGot, sqlGot)
+		}
+		if manyRow != nil && sqlRow != nil && (fmt.Sprintf("%+v", *manyRow) != fmt.Sprintf("%+v", *sqlRow) || !bytes.Equal(manyRow.Payload, sqlRow.Payload)) {
+			t.Errorf("%s: txoutbox_enqueue_many stored it differently from txoutbox_enqueue", row.name)
+		}
+		if goGot != row.want {
+			t.Errorf("%s: EnqueueTx: %s, want %s", row.name, goGot, row.want)
+		}
+		switch {
+		case row.server:
+			if !serverRefused(sqlGot) {
+				t.Errorf("%s: txoutbox_enqueue: %s, want PostgreSQL's input to refuse it (22021 or 22P05)", row.name, sqlGot)
+			}
+		case sqlGot != goGot:
+			t.Errorf("%s: txoutbox_enqueue: %s, EnqueueTx: %s: they must agree", row.name, sqlGot, goGot)
+		}
+		if goRow != nil && sqlRow != nil {
+			g, s := fmt.Sprintf("%+v", *goRow), fmt.Sprintf("%+v", *sqlRow)
+			if g != s || !bytes.Equal(goRow.Payload, sqlRow.Payload) {
+				t.Errorf("%s: stored differently:\n  EnqueueTx:        %.300s\n  txoutbox_enqueue: %.300s", row.name, g, s)
+			}
+		}
+	}
+}
+
+// The batch form validates every message before writing any, refuses with the code of the
+// first bad one and names it, and returns the ids in order.
+func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	var good []outbox.Message
+	for _, row := range agreementRows() {
+		if row.want == "ok" && row.m.ID == uuid.Nil {
+			good = append(good, row.m)
+		}
+	}
+	call := func(tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) { return enqueueManySQL(ctx, tx, msgs) }
+
+	tx := beginTx(t, db)
+	ids, err := call(tx, good)
+	if err != nil || len(ids) != len(good) {
+		t.Fatalf("txoutbox_enqueue_many of %d good messages: %d ids, %v", len(good), len(ids), err)
+	}
+	// Ids in order, each a UUIDv7, rows in id order.
+	var order []uuid.UUID
+	rows, _ := tx.Query(ctx, `SELECT message_id FROM txoutbox_messages ORDER BY id`)
+	order, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(order) != fmt.Sprint(ids) {
+		t.Fatalf("row order %v, want the call's order %v", order, ids)
+	}
+	for _, id := range ids {
+		if id.Version() != 7 {
+			t.Fatalf("id %s is version %d, want 7", id, id.Version())
+		}
+	}
+	_ = tx.Rollback(ctx)
+
+	// One bad message at position 3 (0-based 2): nothing written, the same class.
+	bad := append(append([]outbox.Message{}, good[:2]...), outbox.Message{Subject: "a", Headers: map[string][]string{"Status": {"1"}}})
+	bad = append(bad, good[2:5]...)
+	tx = beginTx(t, db)
+	_, goErr := c.EnqueueTx(ctx, tx, bad...)
+	var me *outbox.MessageError
+	if !errors.As(goErr, &me) || me.Index != 2 || goOutcome(goErr) != "TX003" {
+		t.Fatalf("EnqueueTx: %v", goErr)
+	}
+	_ = tx.Rollback(ctx)
+	tx = beginTx(t, db)
+	_, sqlErr := call(tx, bad)
+	var pgErr *pgconn.PgError
+	if !errors.As(sqlErr, &pgErr) || pgErr.Code != "TX003" || !strings.Contains(pgErr.Message, "message 3:") {
+		t.Fatalf("txoutbox_enqueue_many: %v; want TX003 naming message 3", sqlErr)
+	}
+	_ = tx.Rollback(ctx)
+
+	// Two messages of one call with one id; an id already in the outbox; unequal arrays.
+	id := uuid.New()
+	tx = beginTx(t, db)
+	if err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many(ARRAY['a','b'], ARRAY['\x'::bytea,'\x'], ids => ARRAY[$1::uuid, $1::uuid])`, id).Scan(new([]uuid.UUID)); sqlOutcome(err) != "TX006" {
+		t.Fatalf("same id twice in one call: %v", err)
+	}
+	_ = tx.Rollback(ctx)
+	tx = beginTx(t, db)
+	if _, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "a", ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many(ARRAY['a','b'], ARRAY['\x'::bytea,'\x'], ids => ARRAY[NULL, $1::uuid])`, id).Scan(new([]uuid.UUID))
+	if !errors.As(err, &pgErr) || pgErr.Code != "TX006" || !strings.Contains(pgErr.Message, "message 2:") {
+		t.Fatalf("id already in the outbox: %v; want TX006 naming message 2", err)
+	}
+	_ = tx.Rollback(ctx)
+	tx = beginTx(t, db)
+	if err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many(ARRAY['a','b'], ARRAY['\x'::bytea])`).Scan(new([]uuid.UUID)); sqlOutcome(err) != "TX008" {
+		t.Fatalf("unequal arrays: %v; want TX008", err)
+	}
+}
+
+// The functions hash and lock keys exactly as the Go client does.
+func TestSQLKeyHashAndLockClassesAreTheStores(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	q := store.New(db.Schema)
+	var kc, bc int32
+	if err := db.Pool.QueryRow(ctx, `SELECT key_class, bucket_class FROM txoutbox_lock_classes()`).Scan(&kc, &bc); err != nil {
+		t.Fatal(err)
+	}
+	if kc != q.KeyLockClass || bc != q.KeyBucketLockClass {
+		t.Fatalf("SQL lock classes %d, %d; the store's %d, %d", kc, bc, q.KeyLockClass, q.KeyBucketLockClass)
+	}
+	for _, s := range []string{"", "a", "order-1", "ключ🔑", strings.Repeat("x", 1024), uuid.NewString(), "txoutbox.key:" + db.Schema} {
+		var h int32
+		if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_key_hash($1)`, s).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h != store.KeyHash(s) {
+			t.Fatalf("txoutbox_key_hash(%.20q) = %d, store.KeyHash = %d", s, h, store.KeyHash(s))
+		}
+	}
+}
+
+// Go and SQL producers of one key serialise on its lock, whichever comes first and whichever
+// lock mode (exact, or buckets past the budget) each is in: the later one waits, and draws a
+// later id, so that the relay publishes the key in commit order.
+func TestSQLAndGoProducersKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	goEnqueue := func(tx pgx.Tx, key string, bulk bool) (uuid.UUID, error) {
+		msgs := []outbox.Message{{Subject: "k.v", Key: key}}
+		if bulk {
+			msgs = append(msgs, keyed("bulk-go-"+key, outbox.KeyLockBudget+1)...)
+		}
+		ids, err := c.EnqueueTx(ctx, tx, msgs...)
+		if err != nil {
+			return uuid.Nil, err
+		}
+		return ids[0], nil
+	}
+	sqlEnqueue := func(tx pgx.Tx, key string, bulk bool) (uuid.UUID, error) {
+		if !bulk {
+			return enqueueSQL(ctx, tx, outbox.Message{Subject: "k.v", Key: key})
+		}
+		keys := []string{key}
+		for i := 0; i <= outbox.KeyLockBudget; i++ {
+			keys = append(keys, "bulk-sql-"+key+"-"+strconv.Itoa(i))
+		}
+		subjects, payloads := make([]string, len(keys)), make([][]byte, len(keys))
+		for i := range keys {
+			subjects[i], payloads[i] = "k.v", []byte{}
+		}
+		var ids []uuid.UUID
+		err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1, $2, $3)`, subjects, payloads, keys).Scan(&ids)
+		if err != nil {
+			return uuid.Nil, err
+		}
+		return ids[0], nil
+	}
+	type producer struct {
+		name    string
+		enqueue func(pgx.Tx, string, bool) (uuid.UUID, error)
+		bulk    bool
+	}
+	producers := []producer{
+		{"Go", goEnqueue, false}, {"SQL", sqlEnqueue, false},
+		{"Go in bucket mode", goEnqueue, true}, {"SQL in bucket mode", sqlEnqueue, true},
+	}
+	n := 0
+	for _, first := range producers {
+		for _, second := range producers {
+			if !strings.Contains(first.name+second.name, "SQL") {
+				continue // Go against Go is keylock_test's
+			}
+			n++
+			key := "key-" + strconv.Itoa(n)
+			tx1 := beginTx(t, db)
+			id1, err := first.enqueue(tx1, key, first.bulk)
+			if err != nil {
+				t.Fatalf("%s: %v", first.name, err)
+			}
+			tx2 := beginTx(t, db)
+			pid := tx2.Conn().PgConn().PID()
+			done := make(chan error, 1)
+			var id2 uuid.UUID
+			go func() {
+				var err error
+				id2, err = second.enqueue(tx2, key, second.bulk)
+				if err == nil {
+					err = tx2.Commit(ctx)
+				}
+				done <- err
+			}()
+			// The second waits on the key's lock or its bucket's, whichever modes.
+			testsvc.Eventually(t, 10*time.Second, first.name+" then "+second.name+": the second to wait on an advisory lock", func() bool {
+				var waiting bool
+				_ = db.AdminPool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_locks l WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted
+					AND l.classid = ANY($2::int8[]::oid[])`, pid, []int64{int64(store.New(db.Schema).KeyLockClass), int64(store.New(db.Schema).KeyBucketLockClass)}).Scan(&waiting)
+				return waiting
+			})
+			if err := tx1.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("%s then %s: second: %v", first.name, second.name, err)
+			}
+			if a, b := keyID(t, db, key, id1), keyID(t, db, key, id2); a >= b {
+				t.Fatalf("%s then %s: ids %d, %d: the later commit must draw the later id", first.name, second.name, a, b)
+			}
+		}
+	}
+}
