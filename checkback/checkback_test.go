@@ -6,7 +6,6 @@ import (
 	"errors"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -50,12 +49,7 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, db: db, nats: n, client: c}
 }
 
-func testLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testsvc.Logger() }
 
 // fastConfig shrinks every timing knob so that tests run in well under a second each.
 func fastConfig() *Config {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -43,12 +42,7 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, db: db, nats: n, client: c}
 }
 
-func quietLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func quietLogger() *slog.Logger { return testsvc.Logger() }
 
 func (e *env) relay(cfg *Config) *Relay {
 	e.t.Helper()
