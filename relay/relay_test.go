@@ -62,8 +62,18 @@ func (e *env) relay(cfg *Config) *Relay {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	r.initTestSignals()
 	e.t.Cleanup(r.Close)
 	return r
+}
+
+// retryNow makes every failed ready row due for its retry now, instead of waiting out its
+// backoff.
+func (e *env) retryNow() {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), "UPDATE txoutbox_messages SET next_attempt_at = now() - interval '1 second' WHERE state = 'ready' AND attempts > 0"); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // enqueue commits msgs in one transaction.
@@ -233,7 +243,7 @@ func TestDeadAfterMaxAttemptsHoldsBackItsKeyOnly(t *testing.T) {
 		if _, err := r.runOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		e.retryNow()
 	}
 	var attempts int
 	var lastErr string
@@ -277,7 +287,7 @@ func TestFailedKeyRecoversInOrder(t *testing.T) {
 	}
 	// Keep failing a while: one warning for the subject, however many retries.
 	for range 5 {
-		time.Sleep(60 * time.Millisecond)
+		e.retryNow()
 		if _, err := r.runOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -427,7 +437,7 @@ func TestNATSRestartWhileRowsWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond)
+	waitBackoff(t, r, 10*time.Second, "the running relay to fail a pass and back off", nil)
 	if err := e.nats.Start(); err != nil {
 		t.Fatal(err)
 	}
