@@ -19,16 +19,17 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	e := newEnv(t)
 	var runs atomic.Int32
 	started := make(chan struct{}, 1)
+	const ackWait = 300 * time.Millisecond
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
 		select {
 		case started <- struct{}{}:
 		default:
 		}
-		time.Sleep(3 * time.Second) // three ack waits
+		time.Sleep(3 * ackWait) // slow work: three ack waits
 		return recordEffect(ctx, tx, msg)
 	}
-	cfg := func() *Config { return &Config{AckWait: time.Second, Concurrency: 1, StopTimeout: 10 * time.Second} }
+	cfg := func() *Config { return &Config{AckWait: ackWait, Concurrency: 1, StopTimeout: 10 * time.Second} }
 	first := e.newConsumer(nil, cfg(), h)
 	stopFirst := e.run(first)
 	e.publishID("orders.created", newID(), "slow")
@@ -47,14 +48,16 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waiting := e.consumerInfo(testDurable).NumWaiting
 	second := e.newConsumer(js, cfg(), h)
 	e.run(second)
+	testsvc.Eventually(t, 10*time.Second, "the second instance to pull", func() bool { return e.consumerInfo(testDurable).NumWaiting > waiting })
 
-	time.Sleep(200 * time.Millisecond)
 	if err := stopFirst(); err != nil { // returns once the handler committed and acked
 		t.Fatalf("Run: %v", err)
 	}
-	time.Sleep(1500 * time.Millisecond) // a redelivery after the last in-progress ack would show by now
+	// Once the ack is in, no redelivery can come; one before it is counted by JetStream.
+	testsvc.Eventually(t, 10*time.Second, "the ack to reach JetStream", func() bool { return e.consumerInfo(testDurable).NumAckPending == 0 })
 
 	if n := e.effects(); n != 1 {
 		t.Errorf("effects: %d, want 1", n)
