@@ -103,15 +103,15 @@ func (e *env) count(where string, args ...any) int {
 // drain calls runOnce until a claim finds nothing.
 func drain(t *testing.T, r *Relay) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	for i := 0; i < 1000; i++ {
 		n, err := r.runOnce(context.Background())
-		if errors.Is(err, ErrNoPartitions) && time.Now().Before(deadline) {
+		if errors.Is(err, ErrNoPartitions) {
 			// A relay closed just before may not have released its leases yet: its backend
 			// ends a moment after the client hangs up.
-			time.Sleep(10 * time.Millisecond)
-			i--
-			continue
+			testsvc.Eventually(t, 10*time.Second, "the partitions of a relay closed before to be free", func() bool {
+				n, err = r.runOnce(context.Background())
+				return !errors.Is(err, ErrNoPartitions)
+			})
 		}
 		if err != nil {
 			t.Fatalf("runOnce: %v", err)
@@ -760,7 +760,7 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 	var once sync.Once
 	r.hooks.beforePipelinedClaim = func() {
 		once.Do(func() {
-			time.Sleep(20 * time.Millisecond) // a lease round is due at this claim
+			r.leaseRoundDueNow() // a lease round is due at this claim
 			// Hold the relay's membership row: the round's heartbeat waits on it...
 			tx, err := e.db.Pool.Begin(ctx)
 			if err != nil {
@@ -772,8 +772,12 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 			}
 			// ...while the shutdown signal arrives; then let it go.
 			go func() {
-				time.Sleep(100 * time.Millisecond)
+				if !waitingOnLock(ctx, e.db.AdminPool, r.appName(), 10*time.Second) {
+					t.Error("the lease round's heartbeat never waited on the membership row")
+				}
 				cancel()
+				// Not a wait for an event: the time a wrong shutdown would need to drop
+				// the lease connection under the batch in flight.
 				time.Sleep(200 * time.Millisecond)
 				_ = tx.Rollback(ctx)
 			}()

@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
@@ -22,4 +24,26 @@ func waitBackoff(t *testing.T, r *Relay, timeout time.Duration, what string, ok 
 			return ev
 		}
 	}
+}
+
+// leaseRoundDueNow makes the next lease round due at once, instead of waiting out the lease
+// interval.
+func (r *Relay) leaseRoundDueNow() {
+	r.lease.mu.Lock()
+	r.lease.nextRound = time.Time{}
+	r.lease.mu.Unlock()
+}
+
+// waitingOnLock reports whether a backend named app waits on a lock within timeout. It does
+// not fail the test, so that goroutines other than the test's may call it.
+func waitingOnLock(ctx context.Context, admin *pgxpool.Pool, app string, timeout time.Duration) bool {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); <-tick.C {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n); err == nil && n > 0 {
+			return true
+		}
+	}
+	return false
 }
