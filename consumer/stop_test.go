@@ -91,14 +91,17 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	}
 	c := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: 30 * time.Second}, h)
 	// The running handler finishes after the stop began, while the consumer still holds the
-	// two queued messages; the worker is then free for a while before the stop goes on.
+	// two queued messages; the stop goes on once the worker returned (a worker that took a
+	// queued message would run its handler first, and runs would show it).
 	// (No t.Fatal here: the hook runs on Run's goroutine.)
+	c.testSignals.workerReturned.Init()
 	c.hooks.stopping = func() {
 		close(release)
-		for deadline := time.Now().Add(5 * time.Second); c.Stats().Processed == 0 && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
+		select {
+		case <-c.testSignals.workerReturned.C():
+		case <-time.After(10 * time.Second):
+			t.Error("the worker did not return after its handler finished")
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
 	stop := e.run(c)
 	select {
