@@ -502,7 +502,7 @@ func TestChecksPerGroupAreBounded(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // slow work: checks overlap in time
 		return outbox.StateRollback, nil
 	})
 	for i := 0; i < 30; i++ {

@@ -393,7 +393,7 @@ func TestTwoInstancesSameDurable(t *testing.T) {
 		e.publish("orders.created", h(), "b")
 	}
 	slow := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // slow work
 		return recordEffect(ctx, tx, msg)
 	}
 	var cs []*Consumer
@@ -552,7 +552,7 @@ func TestPerKeyOrdering(t *testing.T) {
 				maxPerKey = max(maxPerKey, active[msg.Key])
 				maxTotal = max(maxTotal, total)
 				mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // slow work: keys overlap in time
 				mu.Lock()
 				active[msg.Key]--
 				total--
@@ -614,7 +614,7 @@ func TestLongHandlerKeptAlive(t *testing.T) {
 	var runs atomic.Int32
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
-		time.Sleep(1200 * time.Millisecond)
+		time.Sleep(1200 * time.Millisecond) // slow work: four ack waits
 		return recordEffect(ctx, tx, msg)
 	}
 	e.publishID("orders.created", newID(), "slow")

@@ -93,7 +93,7 @@ func TestRebalanceJoinAndLeave(t *testing.T) {
 					return
 				}
 				produced.Add(1)
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the producers' pace
 			}
 		}(w)
 	}

@@ -153,7 +153,7 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 				}
 				next[key]++
 				produced.Add(1)
-				time.Sleep(4 * time.Millisecond)
+				time.Sleep(4 * time.Millisecond) // the producers' pace
 			}
 		}(w)
 	}
