@@ -6,7 +6,6 @@ import (
 	"errors"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -50,12 +49,7 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, db: db, nats: n, client: c}
 }
 
-func testLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testsvc.Logger() }
 
 // fastConfig shrinks every timing knob so that tests run in well under a second each.
 func fastConfig() *Config {
@@ -128,6 +122,26 @@ func (e *env) state(id uuid.UUID) (state string, checks int) {
 		e.t.Fatal(err)
 	}
 	return state, checks
+}
+
+// backdate moves the prepared rows (all of them, or those of ids) d into the past, as if they
+// had been prepared d earlier: a transaction timeout up to d has passed without the test
+// waiting for it.
+func (e *env) backdate(d time.Duration, ids ...uuid.UUID) {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), `UPDATE txoutbox_messages SET created_at = created_at - $1::float8 * interval '1 millisecond'
+		WHERE state = 'prepared' AND (coalesce(cardinality($2::uuid[]), 0) = 0 OR message_id = ANY($2::uuid[]))`,
+		float64(d.Milliseconds()), ids); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// due makes every row's next check due now, whatever its backoff (or state) says.
+func (e *env) due() {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), `UPDATE txoutbox_messages SET next_check_at = now() - interval '1 second'`); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // streamIDs returns the Nats-Msg-Id of every message in the ORDERS stream, in stream order.
@@ -231,11 +245,8 @@ func TestPrepareCommitPublishedOnceRollbackNever(t *testing.T) {
 	rolledBack := e.prepare(outbox.Message{Payload: []byte("no")}, &outbox.PrepareOptions{Group: "orders"})
 	waiting := e.prepare(outbox.Message{Payload: []byte("later")}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: time.Hour})
 
-	// Prepared messages are invisible to the relay.
-	time.Sleep(200 * time.Millisecond)
-	if ids := e.streamIDs(); len(ids) != 0 {
-		t.Fatalf("prepared messages were published: %v", ids)
-	}
+	// Prepared messages are invisible to the relay: the passes that publish the committed one
+	// below see them too, and the stream then holds the committed message only.
 	if err := e.client.Commit(ctx, e.db.Pool, committed.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -251,8 +262,10 @@ func TestPrepareCommitPublishedOnceRollbackNever(t *testing.T) {
 	if err := e.client.Commit(ctx, e.db.Pool, committed.ID); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("second commit: %v", err)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if ids := e.streamIDs(); len(ids) != 1 {
+	if st, _ := e.state(committed.ID); st != "" {
+		t.Fatalf("the late second commit left the row %q, want it gone", st)
+	}
+	if ids := e.drained(); len(ids) != 1 {
 		t.Fatalf("stream holds %v, want only %s", ids, committed.ID)
 	}
 	if st, _ := e.state(rolledBack.ID); st != "rolled_back" {
@@ -268,7 +281,9 @@ func TestCheckerAnswersCommitOrRollback(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.startRelay()
-	cb := e.checkback(nil)
+	cfg := fastConfig()
+	cfg.TransactionTimeout = time.Hour // passed by back-dating the rows, not by waiting
+	cb := e.checkback(cfg)
 	hdr := map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
 	commit := e.prepare(outbox.Message{Key: "order-7", Headers: hdr, Payload: []byte("c")}, &outbox.PrepareOptions{Group: "orders"})
 	rollback := e.prepare(outbox.Message{Payload: []byte("r")}, &outbox.PrepareOptions{Group: "payments"})
@@ -279,7 +294,7 @@ func TestCheckerAnswersCommitOrRollback(t *testing.T) {
 	if res := mustResolve(t, cb); len(res.Checks) != 0 || len(orders.requests()) != 0 {
 		t.Fatalf("checked before the timeout: %+v", res)
 	}
-	time.Sleep(cb.cfg.TransactionTimeout)
+	e.backdate(cfg.TransactionTimeout)
 	res := mustResolve(t, cb)
 	if res.Committed != 1 || res.RolledBack != 1 || res.Checks[OutcomeCommit] != 1 || res.Checks[OutcomeRollback] != 1 {
 		t.Fatalf("resolve: %+v", res)
@@ -321,12 +336,14 @@ func TestUnknownUntilExhaustedThenResumed(t *testing.T) {
 	cb := e.checkback(cfg)
 	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
 	ck := e.serve("orders", answer(outbox.StateUnknown))
-	time.Sleep(cfg.TransactionTimeout)
+	e.backdate(cfg.TransactionTimeout)
 
+	// One check per pass, each made due at once rather than waited for (the backoff between
+	// checks is TestCheckTimeline's).
 	exhausted := 0
-	for i := 0; i < 200 && exhausted == 0; i++ {
+	for i := 0; i < DefaultMaxChecks; i++ {
+		e.due()
 		exhausted += mustResolve(t, cb).Exhausted
-		time.Sleep(5 * time.Millisecond)
 	}
 	st, n := e.state(h.ID)
 	if st != "check_exhausted" || n != DefaultMaxChecks || exhausted != 1 {
@@ -340,8 +357,8 @@ func TestUnknownUntilExhaustedThenResumed(t *testing.T) {
 			t.Fatalf("request %d says check %d", i, r.Check)
 		}
 	}
-	// Exhausted rows are no longer checked, are counted and listed.
-	time.Sleep(50 * time.Millisecond)
+	// Exhausted rows are no longer checked, even with a check due, are counted and listed.
+	e.due()
 	mustResolve(t, cb)
 	if got := len(ck.requests()); got != DefaultMaxChecks {
 		t.Fatalf("an exhausted row was checked again (%d requests)", got)
@@ -416,10 +433,12 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 	absent := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "absent"})
 	garbage := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "garbage"})
 	failing := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "failing"})
+	stuck := make(chan struct{})
 	e.serve("slow", func(checker.Request) (outbox.LocalState, error) {
-		time.Sleep(cfg.RequestTimeout + 200*time.Millisecond)
+		<-stuck // answers after the request timeout: when the test ends
 		return outbox.StateCommit, nil
 	})
+	t.Cleanup(func() { close(stuck) })
 	e.serve("failing", func(checker.Request) (outbox.LocalState, error) {
 		return outbox.StateCommit, errors.New("database unreachable\r\nsecond line")
 	})
@@ -430,7 +449,7 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
-	time.Sleep(cfg.TransactionTimeout)
+	e.backdate(cfg.TransactionTimeout)
 	res := mustResolve(t, cb)
 	want := map[string]int{OutcomeTimeout: 1, OutcomeNoResponders: 1, OutcomeMalformed: 1, OutcomeError: 1}
 	for k, v := range want {
@@ -483,13 +502,13 @@ func TestChecksPerGroupAreBounded(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // slow work: checks overlap in time
 		return outbox.StateRollback, nil
 	})
 	for i := 0; i < 30; i++ {
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
 	}
-	time.Sleep(cfg.TransactionTimeout)
+	e.backdate(cfg.TransactionTimeout)
 	start := time.Now()
 	res := mustResolve(t, cb)
 	took := time.Since(start)
@@ -511,9 +530,10 @@ func TestImmunityDelaysTheFirstCheck(t *testing.T) {
 	e := newEnv(t)
 	cb := e.checkback(nil)
 	ck := e.serve("orders", answer(outbox.StateCommit))
+	preparing := time.Now()
 	immune := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: 800 * time.Millisecond})
 	plain := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
-	time.Sleep(cb.cfg.TransactionTimeout + 50*time.Millisecond)
+	e.backdate(cb.cfg.TransactionTimeout) // the immunity, not the transaction timeout, holds the check back
 	if res := mustResolve(t, cb); res.Committed != 1 {
 		t.Fatalf("resolve: %+v", res)
 	}
@@ -535,7 +555,7 @@ func TestImmunityDelaysTheFirstCheck(t *testing.T) {
 	ck.mu.Lock()
 	at := ck.at[1]
 	ck.mu.Unlock()
-	if age := at.Sub(reqs[1].PreparedAt); age < 800*time.Millisecond {
+	if age := at.Sub(preparing); age < 800*time.Millisecond {
 		t.Fatalf("immune message checked %s after its prepare, before its immunity", age)
 	}
 }
@@ -569,6 +589,7 @@ func TestFenceRace(t *testing.T) {
 		e.startRelay()
 		cb := e.checkback(nil)
 		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		e.backdate(cb.cfg.TransactionTimeout) // the business transaction runs past the timeout
 		tx, err := e.db.Pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -580,7 +601,6 @@ func TestFenceRace(t *testing.T) {
 		if err := e.client.CommitTx(ctx, tx, h.ID); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cb.cfg.TransactionTimeout) // the business transaction runs past the timeout
 		if res := mustResolve(t, cb); res.Fenced != 0 {
 			t.Fatalf("fenced a row whose CommitTx holds it: %+v", res)
 		}
@@ -598,12 +618,12 @@ func TestFenceRace(t *testing.T) {
 		e.startRelay()
 		cb := e.checkback(nil)
 		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+		e.backdate(cb.cfg.TransactionTimeout) // the business transaction runs past the timeout
 		tx, _ := e.db.Pool.Begin(ctx)
 		_, _ = tx.Exec(ctx, `INSERT INTO orders VALUES (1)`)
 		if err := e.client.CommitTx(ctx, tx, h.ID); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(cb.cfg.TransactionTimeout)
 		if res := mustResolve(t, cb); res.Fenced != 0 {
 			t.Fatalf("fenced a row whose CommitTx holds it: %+v", res)
 		}
@@ -620,7 +640,7 @@ func TestFenceRace(t *testing.T) {
 		e.startRelay()
 		cb := e.checkback(nil)
 		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
-		time.Sleep(cb.cfg.TransactionTimeout)
+		e.backdate(cb.cfg.TransactionTimeout)
 		if res := mustResolve(t, cb); res.Fenced != 1 {
 			t.Fatalf("resolve: %+v", res)
 		}
@@ -641,14 +661,14 @@ func TestFenceRace(t *testing.T) {
 		e.startRelay()
 		cb := e.checkback(nil)
 		h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
-		time.Sleep(cb.cfg.TransactionTimeout)
+		e.backdate(cb.cfg.TransactionTimeout)
 
 		// The fence holds the row lock while the business transaction's CommitTx arrives.
 		locked, release := make(chan struct{}), make(chan struct{})
 		cb.hooks.afterFenceLock = func(context.Context, []int64) { close(locked); <-release }
 		fenceDone := make(chan ResolveResult, 1)
 		go func() { res, _ := cb.resolveOnce(ctx); fenceDone <- res }()
-		<-locked
+		testsvc.Receive(t, locked, 10*time.Second, "the fence to lock the row")
 
 		tx, _ := e.db.Pool.Begin(ctx)
 		defer func() { _ = tx.Rollback(ctx) }()
@@ -701,7 +721,7 @@ func TestCheckerCommitKeepsKeyOrder(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(cb.cfg.TransactionTimeout)
+	e.backdate(cb.cfg.TransactionTimeout)
 	if res := mustResolve(t, cb); res.Committed != 5 {
 		t.Fatalf("resolve: %+v", res)
 	}
@@ -946,7 +966,7 @@ func TestNATSDownPostponesChecks(t *testing.T) {
 	e := newEnv(t)
 	cb := e.checkback(nil)
 	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
-	time.Sleep(cb.cfg.TransactionTimeout)
+	e.backdate(cb.cfg.TransactionTimeout)
 	e.nats.Stop()
 	testsvc.Eventually(t, 5*time.Second, "the connection to notice", func() bool { return !e.nats.Conn.IsConnected() })
 	res := mustResolve(t, cb)
@@ -979,12 +999,21 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 	cb := e.checkback(cfg)
 	release := make(chan struct{})
 	defer close(release)
-	e.serve("hung", func(checker.Request) (outbox.LocalState, error) { <-release; return outbox.StateCommit, nil })
+	asked := make(chan struct{}, 1)
+	e.serve("hung", func(checker.Request) (outbox.LocalState, error) {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		<-release
+		return outbox.StateCommit, nil
+	})
 	e.serve("fast", answer(outbox.StateRollback))
 	hung := []outbox.Half{
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),
 		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "hung"}),
 	}
+	e.backdate(cfg.TransactionTimeout)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cb.Run(ctx) }()
@@ -994,10 +1023,12 @@ func TestHungCheckerDoesNotHoldUpOtherGroups(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	// Let the scheduler claim the hung group's rows, then prepare rows of others.
-	time.Sleep(cfg.TransactionTimeout + 200*time.Millisecond)
+	// The scheduler has claimed the hung group's rows once its checker is asked; then rows of
+	// others come due.
+	testsvc.Receive(t, asked, 10*time.Second, "the hung group's checker to be asked")
 	fast := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "fast"})
 	fenced := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Fence: true})
+	e.backdate(cfg.TransactionTimeout, fast.ID, fenced.ID)
 	start := time.Now()
 	testsvc.Eventually(t, 2*time.Second, "the other group's row and the fence row to be settled", func() bool {
 		a, _ := e.state(fast.ID)

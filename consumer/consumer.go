@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
 
 // Handler applies one message's business effect in tx, the consumer's transaction, which
@@ -105,6 +106,8 @@ type Consumer struct {
 	stats   counters
 	hooks   hooks
 	order   *keyOrder // ordered mode, while Run runs; set before the workers start
+	// testSignals are events tests wait on; nil channels outside tests.
+	testSignals testSignals
 
 	// batchHandler, when set (NewBatch), handles batches; handler runs it on batches of one.
 	batchHandler BatchHandler
@@ -136,6 +139,12 @@ type hooks struct {
 	// waiting observes a keyed message found to wait for an earlier message of its key
 	// (ordered mode).
 	waiting func(msg Message)
+}
+
+// testSignals are events tests wait on instead of sleeping (see internal/testsignal).
+type testSignals struct {
+	// workerReturned: a worker stopped taking messages (the graceful stop).
+	workerReturned testsignal.Signal[struct{}]
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions

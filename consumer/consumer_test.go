@@ -35,8 +35,12 @@ func TestDuplicateRepublishedOneEffect(t *testing.T) {
 	}
 	id := newID()
 	first := e.publishID("orders.created", id, "order 1")
-	time.Sleep(300 * time.Millisecond) // past the duplicate window
-	second := e.publishID("orders.created", id, "order 1")
+	// Republish until the duplicate window has passed: within it a republish is dropped.
+	var second *jetstream.PubAck
+	testsvc.Eventually(t, 10*time.Second, "a republish past the duplicate window", func() bool {
+		second = e.publishID("orders.created", id, "order 1")
+		return !second.Duplicate
+	})
 	if second.Duplicate || second.Sequence == first.Sequence {
 		t.Fatalf("republish was not stored as a new sequence: %+v %+v", first, second)
 	}
@@ -389,7 +393,7 @@ func TestTwoInstancesSameDurable(t *testing.T) {
 		e.publish("orders.created", h(), "b")
 	}
 	slow := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // slow work
 		return recordEffect(ctx, tx, msg)
 	}
 	var cs []*Consumer
@@ -548,7 +552,7 @@ func TestPerKeyOrdering(t *testing.T) {
 				maxPerKey = max(maxPerKey, active[msg.Key])
 				maxTotal = max(maxTotal, total)
 				mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // slow work: keys overlap in time
 				mu.Lock()
 				active[msg.Key]--
 				total--
@@ -610,14 +614,15 @@ func TestLongHandlerKeptAlive(t *testing.T) {
 	var runs atomic.Int32
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
-		time.Sleep(1200 * time.Millisecond)
+		time.Sleep(1200 * time.Millisecond) // slow work: four ack waits
 		return recordEffect(ctx, tx, msg)
 	}
 	e.publishID("orders.created", newID(), "slow")
 	c := e.newConsumer(nil, &Config{AckWait: 300 * time.Millisecond, Concurrency: 2}, h)
 	e.run(c)
 	e.waitEffects(1)
-	time.Sleep(400 * time.Millisecond) // a redelivery would show up by now
+	// Once the ack is in, no redelivery can come; one before it would be counted already.
+	testsvc.Eventually(t, 10*time.Second, "the ack to reach JetStream", func() bool { return e.consumerInfo(testDurable).NumAckPending == 0 })
 	if runs.Load() != 1 || c.Stats().Duplicates != 0 {
 		t.Fatalf("handler runs %d, duplicates %d; want 1 and 0", runs.Load(), c.Stats().Duplicates)
 	}

@@ -249,6 +249,7 @@ func (d *dispatcher) take() []*item {
 // work is one worker: it handles batches until the dispatcher quits. A batch taken as it
 // quits is not started: its messages stay held, and shutdown naks them.
 func (d *dispatcher) work(ctx context.Context) {
+	defer d.c.testSignals.workerReturned.Signal(struct{}{})
 	for {
 		batch := d.take()
 		if batch == nil || d.quitting() {

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -58,12 +57,7 @@ func (e *env) exec(sql string, args ...any) {
 	}
 }
 
-func quietLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func quietLogger() *slog.Logger { return testsvc.Logger() }
 
 // config is a fast test configuration: short ack wait and backoffs.
 func (e *env) config(cfg *Config) *Config {

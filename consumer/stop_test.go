@@ -19,16 +19,17 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	e := newEnv(t)
 	var runs atomic.Int32
 	started := make(chan struct{}, 1)
+	const ackWait = 300 * time.Millisecond
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
 		select {
 		case started <- struct{}{}:
 		default:
 		}
-		time.Sleep(3 * time.Second) // three ack waits
+		time.Sleep(3 * ackWait) // slow work: three ack waits
 		return recordEffect(ctx, tx, msg)
 	}
-	cfg := func() *Config { return &Config{AckWait: time.Second, Concurrency: 1, StopTimeout: 10 * time.Second} }
+	cfg := func() *Config { return &Config{AckWait: ackWait, Concurrency: 1, StopTimeout: 10 * time.Second} }
 	first := e.newConsumer(nil, cfg(), h)
 	stopFirst := e.run(first)
 	e.publishID("orders.created", newID(), "slow")
@@ -47,14 +48,16 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waiting := e.consumerInfo(testDurable).NumWaiting
 	second := e.newConsumer(js, cfg(), h)
 	e.run(second)
+	testsvc.Eventually(t, 10*time.Second, "the second instance to pull", func() bool { return e.consumerInfo(testDurable).NumWaiting > waiting })
 
-	time.Sleep(200 * time.Millisecond)
 	if err := stopFirst(); err != nil { // returns once the handler committed and acked
 		t.Fatalf("Run: %v", err)
 	}
-	time.Sleep(1500 * time.Millisecond) // a redelivery after the last in-progress ack would show by now
+	// Once the ack is in, no redelivery can come; one before it is counted by JetStream.
+	testsvc.Eventually(t, 10*time.Second, "the ack to reach JetStream", func() bool { return e.consumerInfo(testDurable).NumAckPending == 0 })
 
 	if n := e.effects(); n != 1 {
 		t.Errorf("effects: %d, want 1", n)
@@ -88,14 +91,17 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	}
 	c := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: 30 * time.Second}, h)
 	// The running handler finishes after the stop began, while the consumer still holds the
-	// two queued messages; the worker is then free for a while before the stop goes on.
+	// two queued messages; the stop goes on once the worker returned (a worker that took a
+	// queued message would run its handler first, and runs would show it).
 	// (No t.Fatal here: the hook runs on Run's goroutine.)
+	c.testSignals.workerReturned.Init()
 	c.hooks.stopping = func() {
 		close(release)
-		for deadline := time.Now().Add(5 * time.Second); c.Stats().Processed == 0 && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
+		select {
+		case <-c.testSignals.workerReturned.C():
+		case <-time.After(10 * time.Second):
+			t.Error("the worker did not return after its handler finished")
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
 	stop := e.run(c)
 	select {

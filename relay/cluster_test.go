@@ -247,18 +247,6 @@ func (l *eventLog) Handle(ctx context.Context, r slog.Record) error {
 	return nil
 }
 
-// first returns when the first line starting with prefix was written (zero if none was).
-func (l *eventLog) first(prefix string) time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, x := range l.lines {
-		if strings.HasPrefix(x.msg, prefix) {
-			return x.at
-		}
-	}
-	return time.Time{}
-}
-
 func (l *eventLog) count(level slog.Level, prefix string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

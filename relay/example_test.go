@@ -57,6 +57,12 @@ func Example() {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 
+	// Watch the subject: the relay's publish arrives here once the stream stored it.
+	sub, err := nc.SubscribeSync("orders.>")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	client, _ := outbox.NewClient(&outbox.Config{Schema: db.Schema, Doorbell: outbox.NewNATSDoorbell(nc, "")})
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: "order-42", Payload: []byte("hello")})
@@ -68,17 +74,12 @@ func Example() {
 	}
 	client.Ring()
 
-	// Read it back from the stream.
-	for {
-		s, err := js.Stream(ctx, "ORDERS")
-		if err == nil {
-			if m, err := s.GetLastMsgForSubject(ctx, "orders.created"); err == nil {
-				fmt.Println(m.Subject, string(m.Data), m.Header.Get("Txoutbox-Key"))
-				break
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
+	fmt.Println(m.Subject, string(m.Data), m.Header.Get("Txoutbox-Key"))
 	stop()
 	fmt.Println("relay stopped:", <-done)
 	// Output:

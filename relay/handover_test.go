@@ -158,7 +158,7 @@ func TestOutageIsOneStateChange(t *testing.T) {
 	testsvc.Eventually(t, 10*time.Second, "the relay to run", func() bool { return r.Health() == "ok" })
 	e.nats.Stop()
 	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k"}, outbox.Message{Subject: "orders.created"})
-	time.Sleep(1500 * time.Millisecond) // several publish attempts and backoffs
+	waitBackoff(t, r.Relay, 10*time.Second, "three failed publish attempts in a row", func(b backoffEvent) bool { return b.outage >= 3 })
 	if d, h := logs.countMsg(slog.LevelWarn, "relay degraded; backing off and retrying"), logs.countMsg(slog.LevelInfo, "relay healthy"); d != 1 || h != 0 {
 		t.Fatalf("during the outage: %d degraded and %d healthy lines, want 1 and 0", d, h)
 	}
@@ -173,12 +173,15 @@ func TestOutageIsOneStateChange(t *testing.T) {
 func TestOutageBackoffEndsWhenNATSReconnects(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	r := e.start(&Config{PublishTimeout: 100 * time.Millisecond, PollMin: 100 * time.Millisecond,
+	// PollMin 1s: the first outage wait is already 10s (±20%).
+	r := e.start(&Config{PublishTimeout: 100 * time.Millisecond, PollMin: time.Second, PollMax: time.Second,
 		BackoffBase: time.Second, BackoffMax: time.Minute, DisableDoorbell: true})
 	testsvc.Eventually(t, 10*time.Second, "the relay to run", func() bool { return r.Health() == "ok" })
 	e.nats.Stop()
+	testsvc.Eventually(t, 5*time.Second, "the connection to notice NATS is gone", func() bool { return !e.nats.Conn.IsConnected() })
 	e.enqueue(outbox.Message{Subject: "orders.created"})
-	time.Sleep(4 * time.Second) // outage waits of 1s, 2s, then 4s and more
+	b := waitBackoff(t, r.Relay, 10*time.Second, "an outage wait of more than 5s", func(b backoffEvent) bool { return b.wait > 5*time.Second })
+	t.Logf("the relay waits %s after %d failed passes", b.wait, b.outage)
 	if err := e.nats.Start(); err != nil {
 		t.Fatal(err)
 	}

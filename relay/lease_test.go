@@ -93,7 +93,7 @@ func TestRebalanceJoinAndLeave(t *testing.T) {
 					return
 				}
 				produced.Add(1)
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the producers' pace
 			}
 		}(w)
 	}
@@ -171,11 +171,13 @@ func TestMoreRelaysThanPartitions(t *testing.T) {
 func TestPartitionCountMismatchRefused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	a := e.start(&Config{ID: "a", Partitions: 8, LeaseInterval: 50 * time.Millisecond})
+	var rounds <-chan round
+	a := e.startWith(&Config{ID: "a", Partitions: 8, LeaseInterval: 50 * time.Millisecond}, func(r *Relay) { rounds = roundsOf(r) })
 	testsvc.Eventually(t, 5*time.Second, "a to hold every partition", func() bool { return len(a.Partitions()) == 8 })
 
 	b := e.relay(&Config{ID: "b", Partitions: 4, LeaseInterval: 50 * time.Millisecond})
 	err := b.Run(context.Background())
+	refused := time.Now()
 	var me *PartitionMismatchError
 	if !errors.Is(err, ErrPartitionMismatch) || !errors.As(err, &me) || me.Partitions != 4 || len(me.Others) != 1 {
 		t.Fatalf("b.Run = %v, want a PartitionMismatchError naming a's 8", err)
@@ -194,7 +196,9 @@ func TestPartitionCountMismatchRefused(t *testing.T) {
 			t.Fatalf("b left its membership row behind: %+v", m)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
+	for range 3 { // a's lease rounds after the refusal
+		nextRound(t, rounds, "a lease round of a after b's refusal", func(rd round) bool { return rd.start.After(refused) })
+	}
 	if got := len(a.Partitions()); got != 8 {
 		t.Fatalf("a holds %d after b's refusal, want 8", got)
 	}

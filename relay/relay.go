@@ -30,6 +30,7 @@ import (
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
 
 // Sentinel errors.
@@ -73,6 +74,21 @@ type Relay struct {
 	outages       streamOutages
 	hooks         hooks
 	stats         counters
+	testSignals   testSignals
+}
+
+// testSignals are events tests wait on instead of sleeping; their channels are nil outside
+// tests (see internal/testsignal).
+type testSignals struct {
+	// backoff: the run loop starts waiting out a failed pass.
+	backoff testsignal.Signal[backoffEvent]
+}
+
+// backoffEvent is a backoff the run loop starts: the count of consecutive failed passes and
+// how long it waits.
+type backoffEvent struct {
+	outage int
+	wait   time.Duration
 }
 
 // hooks are fault-injection points for tests.
@@ -351,6 +367,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			outage++
 			r.setHealth(classifyHealth(err), err)
 			wait = backoff(outage, r.cfg.PollMin*10, r.cfg.BackoffMax, r.cfg.BackoffJitter)
+			r.testSignals.backoff.Signal(backoffEvent{outage: outage, wait: wait})
 		}
 		wasDown := !r.pub.Conn().IsConnected()
 		if r.sleep(ctx, wait) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -43,12 +42,7 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, db: db, nats: n, client: c}
 }
 
-func quietLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func quietLogger() *slog.Logger { return testsvc.Logger() }
 
 func (e *env) relay(cfg *Config) *Relay {
 	e.t.Helper()
@@ -68,8 +62,18 @@ func (e *env) relay(cfg *Config) *Relay {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	r.initTestSignals()
 	e.t.Cleanup(r.Close)
 	return r
+}
+
+// retryNow makes every failed ready row due for its retry now, instead of waiting out its
+// backoff.
+func (e *env) retryNow() {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(), "UPDATE txoutbox_messages SET next_attempt_at = now() - interval '1 second' WHERE state = 'ready' AND attempts > 0"); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // enqueue commits msgs in one transaction.
@@ -99,15 +103,15 @@ func (e *env) count(where string, args ...any) int {
 // drain calls runOnce until a claim finds nothing.
 func drain(t *testing.T, r *Relay) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	for i := 0; i < 1000; i++ {
 		n, err := r.runOnce(context.Background())
-		if errors.Is(err, ErrNoPartitions) && time.Now().Before(deadline) {
+		if errors.Is(err, ErrNoPartitions) {
 			// A relay closed just before may not have released its leases yet: its backend
 			// ends a moment after the client hangs up.
-			time.Sleep(10 * time.Millisecond)
-			i--
-			continue
+			testsvc.Eventually(t, 10*time.Second, "the partitions of a relay closed before to be free", func() bool {
+				n, err = r.runOnce(context.Background())
+				return !errors.Is(err, ErrNoPartitions)
+			})
 		}
 		if err != nil {
 			t.Fatalf("runOnce: %v", err)
@@ -239,7 +243,7 @@ func TestDeadAfterMaxAttemptsHoldsBackItsKeyOnly(t *testing.T) {
 		if _, err := r.runOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		e.retryNow()
 	}
 	var attempts int
 	var lastErr string
@@ -283,7 +287,7 @@ func TestFailedKeyRecoversInOrder(t *testing.T) {
 	}
 	// Keep failing a while: one warning for the subject, however many retries.
 	for range 5 {
-		time.Sleep(60 * time.Millisecond)
+		e.retryNow()
 		if _, err := r.runOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -433,7 +437,7 @@ func TestNATSRestartWhileRowsWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond)
+	waitBackoff(t, r, 10*time.Second, "the running relay to fail a pass and back off", nil)
 	if err := e.nats.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -756,7 +760,7 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 	var once sync.Once
 	r.hooks.beforePipelinedClaim = func() {
 		once.Do(func() {
-			time.Sleep(20 * time.Millisecond) // a lease round is due at this claim
+			r.leaseRoundDueNow() // a lease round is due at this claim
 			// Hold the relay's membership row: the round's heartbeat waits on it...
 			tx, err := e.db.Pool.Begin(ctx)
 			if err != nil {
@@ -768,8 +772,12 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 			}
 			// ...while the shutdown signal arrives; then let it go.
 			go func() {
-				time.Sleep(100 * time.Millisecond)
+				if !waitingOnLock(ctx, e.db.AdminPool, r.appName(), 10*time.Second) {
+					t.Error("the lease round's heartbeat never waited on the membership row")
+				}
 				cancel()
+				// Not a wait for an event: the time a wrong shutdown would need to drop
+				// the lease connection under the batch in flight.
 				time.Sleep(200 * time.Millisecond)
 				_ = tx.Rollback(ctx)
 			}()

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -916,10 +915,14 @@ func withDatabase(dsn, db string) (string, error) {
 	return dsn + " dbname=" + db, nil
 }
 
-// goTool is the go command that builds the relay.
+// goTool is the go command that builds the relay: the one on PATH, else the one in the bin
+// directory of $GOROOT.
 func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	if root := os.Getenv("GOROOT"); root != "" {
+		return filepath.Join(root, "bin", "go")
+	}
+	return "go"
 }

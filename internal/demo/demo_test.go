@@ -5,9 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,50 +16,15 @@ import (
 // fault tests start it as the consumer process.
 const childEnvVar = "TXOUTBOX_DEMO_CHILD"
 
-var buildDir string
-
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnvVar) == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	code := testsvc.Main(m)
-	if buildDir != "" {
-		_ = os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	os.Exit(testsvc.Main(m))
 }
 
-var (
-	relayOnce sync.Once
-	relayBin  string
-	relayErr  error
-)
-
-// relayBinary builds the real relay command once per test binary.
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	relayOnce.Do(func() {
-		if buildDir, relayErr = os.MkdirTemp("", "txoutbox-demo-test-"); relayErr != nil {
-			return
-		}
-		relayBin = filepath.Join(buildDir, "relay")
-		out, err := exec.Command(goTool(), "build", "-tags", "txoutbox_fault", "-o", relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput()
-		if err != nil {
-			relayErr = &buildError{err: err, out: string(out)}
-		}
-	})
-	if relayErr != nil {
-		t.Fatalf("build the relay: %v", relayErr)
-	}
-	return relayBin
-}
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
+// relayBinary is the real relay command, built once per test binary.
+func relayBinary(t *testing.T) string { return testsvc.RelayBinary(t) }
 
 // consumerChild returns a command that runs the consumer role in a child process.
 func consumerChild(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {

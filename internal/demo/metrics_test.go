@@ -52,14 +52,10 @@ func TestDemoServesMetrics(t *testing.T) {
 	if !strings.Contains(out.String(), "Metrics:  http://"+addr+"/metrics") {
 		t.Errorf("the output does not say where the metrics are served:\n%s", out.String())
 	}
-	metrics, code := testsvc.HTTPGet(t, "http://"+addr+"/metrics")
-	if code != 200 {
-		t.Fatalf("/metrics: %d", code)
-	}
 	if body, code := testsvc.HTTPGet(t, "http://"+addr+"/readyz"); code != 200 {
 		t.Errorf("/readyz: %d %q", code, body)
 	}
-	for _, family := range []string{
+	families := []string{
 		// relay
 		"txoutbox_relay_published_total", "txoutbox_relay_duplicates_total", "txoutbox_relay_dead_total",
 		"txoutbox_relay_batch_size_bucket", "txoutbox_relay_commit_to_publish_seconds_bucket", "txoutbox_relay_partitions_held",
@@ -73,10 +69,26 @@ func TestDemoServesMetrics(t *testing.T) {
 		"txoutbox_outbox_half_prepared_total", "txoutbox_outbox_half_committed_total", "txoutbox_outbox_half_rolled_back_total",
 		// Go and process
 		"go_goroutines", "process_resident_memory_bytes",
-	} {
-		if !strings.Contains(metrics, "\n"+family) {
-			t.Errorf("/metrics lacks %s", family)
+	}
+	// The sampled gauges (the backlog per held partition) appear with the relay's first sample
+	// of its partitions: wait for every family rather than read /metrics once.
+	var metrics string
+	missing := func() []string {
+		var out []string
+		for _, family := range families {
+			if !strings.Contains(metrics, "\n"+family) {
+				out = append(out, family)
+			}
 		}
+		return out
+	}
+	testsvc.Eventually(t, 30*time.Second, "every metric family on /metrics", func() bool {
+		var code int
+		metrics, code = testsvc.HTTPGet(t, "http://"+addr+"/metrics")
+		return code == 200 && len(missing()) == 0
+	})
+	for _, family := range missing() {
+		t.Errorf("/metrics lacks %s", family)
 	}
 	for _, name := range []string{"txoutbox_relay_published_total", "txoutbox_relay_partition_changes_total", "txoutbox_checkback_checks_total",
 		"txoutbox_checkback_resolved_total", "txoutbox_consumer_processed_total", "txoutbox_consumer_retries_total",

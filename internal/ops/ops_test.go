@@ -121,7 +121,8 @@ func pageEnv(t *testing.T) (*Server, *status.Snapshot) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	time.Sleep(200 * time.Millisecond) // a few throughput samples for the graph
+	// A few throughput samples for the graph: each sample reads Self, which adds 7.
+	testsvc.Eventually(t, 10*time.Second, "five throughput samples", func() bool { return published.Load() >= 5*7 })
 	snap, err := status.Collect(ctx, db.Pool, q, nil)
 	if err != nil {
 		t.Fatal(err)

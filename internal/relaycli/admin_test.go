@@ -15,11 +15,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-func TestMain(m *testing.M) {
-	code := testsvc.Main(m)
-	cleanupBinary()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
 
 // cli runs the relay command in-process and returns its exit status, stdout and stderr.
 func cli(t *testing.T, args ...string) (int, string, string) {

@@ -153,17 +153,25 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 				}
 				next[key]++
 				produced.Add(1)
-				time.Sleep(4 * time.Millisecond)
+				time.Sleep(4 * time.Millisecond) // the producers' pace
 			}
 		}(w)
 	}
 
-	time.Sleep(2 * time.Second)
+	// Traffic flows through all three relays before the kill.
+	testsvc.Eventually(t, 20*time.Second, "200 messages published on the subject", func() bool {
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		return len(obs) >= 200
+	})
 	victim := procs["relay-a"]
 	const pause = "fault injection: pausing before settle"
-	for before := len(victim.find(pause)); len(victim.find(pause)) == before; {
-		time.Sleep(time.Millisecond)
+	before := len(victim.find(pause))
+	pauseTick := time.NewTicker(time.Millisecond) // the pause lasts 300ms: look often
+	for len(victim.find(pause)) == before {
+		<-pauseTick.C
 	}
+	pauseTick.Stop()
 	byName, held := pids()
 	victimParts := held[byName["relay-a"]]
 	survivorPIDs := []int32{byName["relay-b"], byName["relay-c"]}
@@ -176,7 +184,9 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 
 	// Time the takeover from pg_locks: when is each of the victim's partitions held again?
 	var firstRetake, allRetaken time.Time
-	for deadline := time.Now().Add(15 * time.Second); allRetaken.IsZero(); {
+	lockTick := time.NewTicker(10 * time.Millisecond) // pg_locks is observed, not signalled
+	defer lockTick.Stop()
+	for deadline := time.Now().Add(15 * time.Second); allRetaken.IsZero(); <-lockTick.C {
 		if time.Now().After(deadline) {
 			t.Fatalf("the victim's partitions %v were not all taken over within 15s", victimParts)
 		}
@@ -196,9 +206,19 @@ func TestFailoverThreeRelayProcesses(t *testing.T) {
 		if taken == len(victimParts) {
 			allRetaken = now
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(2 * time.Second)
+	// The survivors publish the victim's partitions before the producers stop.
+	testsvc.Eventually(t, 20*time.Second, "50 publishes of the victim's partitions after the takeover", func() bool {
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		n := 0
+		for _, o := range obs {
+			if o.at.After(allRetaken) && slices.Contains(victimParts, o.partition) {
+				n++
+			}
+		}
+		return n >= 50
+	})
 	stopProducers()
 	wg.Wait()
 	testsvc.Eventually(t, 30*time.Second, "the outbox to drain", func() bool {

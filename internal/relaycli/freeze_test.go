@@ -114,12 +114,14 @@ func TestStoppedRelayProcessStoresNothingStale(t *testing.T) {
 	}
 	stoppedAt := time.Now()
 	testsvc.Eventually(t, 20*time.Second, "the other relay to fence the victim and hold every partition", func() bool { return held()["other"] == parts })
-	// The fence comes 11 lease intervals after the other relay first saw the victim's last
-	// heartbeat, which the victim sent up to one interval before it was stopped: at least 10
-	// intervals after the stop (its lease, 10 intervals from that heartbeat, has expired).
 	fencedAfter := time.Since(stoppedAt)
-	if fencedAfter < 10*lease {
-		t.Fatalf("the victim was fenced %s after it stopped, before 10 lease intervals (%s)", fencedAfter, 10*lease)
+	// The fence counts the victim's silence from its last heartbeat, which may precede the
+	// SIGSTOP by up to a lease interval: the silence the fencing relay measured is what must
+	// reach 11 lease intervals.
+	fence := other.waitLog(t, "ended the lease session of a relay that stopped heartbeating; its partitions are free", 5*time.Second)
+	silent, err := time.ParseDuration(fmt.Sprint(fence.Fields["silent_for"]))
+	if err != nil || silent < 11*lease || fencedAfter < 10*lease {
+		t.Fatalf("the victim was fenced after %v of silence (%v), %s after it stopped; want at least 11 lease intervals (%s) of silence", fence.Fields["silent_for"], err, fencedAfter, 11*lease)
 	}
 	// Stay stopped past the duplicate window: anything the victim still sent from its batches
 	// when it wakes would be stored again. (The length of the fault, not a synchronisation.)

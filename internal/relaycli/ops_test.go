@@ -41,12 +41,15 @@ func TestRunServesMetricsHealthAndStatusPage(t *testing.T) {
 	base := "http://" + addr
 
 	var metrics string
+	// Every sampled gauge awaited here: the per-partition backlog comes from a second query of
+	// the sample, for the partitions held at that moment, and may lag the row counts.
 	testsvc.Eventually(t, 15*time.Second, "published rows and sampled gauges", func() bool {
 		var code int
 		metrics, code = testsvc.HTTPGet(t, base+"/metrics")
 		return code == 200 && strings.Contains(metrics, "txoutbox_relay_published_total 3") &&
 			strings.Contains(metrics, `txoutbox_outbox_messages{state="dead"} 1`) &&
-			strings.Contains(metrics, `txoutbox_outbox_messages{state="ready"} 0`)
+			strings.Contains(metrics, `txoutbox_outbox_messages{state="ready"} 0`) &&
+			strings.Contains(metrics, `txoutbox_relay_ready_backlog{partition="0"} 0`)
 	})
 	for _, family := range []string{
 		"txoutbox_relay_published_total", "txoutbox_relay_duplicates_total", "txoutbox_relay_publish_failures_total",

@@ -6,57 +6,17 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
-// The real relay binary, built once per test run from ./cmd/relay.
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
-
-func relayBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "txoutbox-relay-bin-")
-		if binErr != nil {
-			return
-		}
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		binPath = filepath.Join(binDir, "relay")
-		// With the fault points (the crash tests arm them). Static (the container test copies it into an image FROM scratch), and stamped with
-		// the VCS information when the checkout allows it (relay version reports it; a GOFLAGS
-		// of -buildvcs=false in the environment would otherwise drop it).
-		cmd := exec.Command(goBin, "build", "-tags", "txoutbox_fault", "-buildvcs=auto", "-o", binPath, "github.com/txoutbox/txoutbox/cmd/relay")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			binErr = err
-			binPath = string(out)
-		}
-	})
-	if binErr != nil {
-		t.Fatalf("go build ./cmd/relay: %v\n%s", binErr, binPath)
-	}
-	return binPath
-}
-
-func cleanupBinary() {
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-}
+// relayBinary is the real relay command, built once per test binary.
+func relayBinary(t *testing.T) string { return testsvc.RelayBinary(t) }
 
 // logLine is one JSON log line of a relay process, with the time the test read it.
 type logLine struct {

@@ -16,9 +16,10 @@ func TestRelayWaitsForNATSAtStart(t *testing.T) {
 	n := testsvc.NewNATS(t)
 	n.Stop()
 	p := startRelay(t, "relay-wait", "run", "--database-url", db.DSN, "--nats-url", n.URL(), "--schema", db.Schema,
-		"--log-format", "json", "--no-checkback")
+		"--log-format", "json", "--log-level", "debug", "--no-checkback")
 	p.waitLog(t, "waiting for NATS to answer", 15*time.Second)
-	time.Sleep(1500 * time.Millisecond) // several retries: still one warning
+	// Several retries (each a debug line): still one warning.
+	testsvc.Eventually(t, 15*time.Second, "two more attempts to reach NATS", func() bool { return len(p.find("still waiting for NATS")) >= 2 })
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -37,9 +37,13 @@ var (
 	pgCluster *embedded.Postgres
 )
 
-// Main runs the tests and stops a throwaway PostgreSQL cluster if one was started.
+// Main runs the tests, then stops a throwaway PostgreSQL cluster if one was started and
+// removes the relay binary if RelayBinary built one.
 func Main(m *testing.M) int {
 	code := m.Run()
+	if relayDir != "" {
+		_ = os.RemoveAll(relayDir)
+	}
 	if pgCluster != nil {
 		pgCluster.Stop()
 	}
@@ -252,16 +256,4 @@ func StreamMsgs(tb testing.TB, js jetstream.JetStream, stream string) []*jetstre
 		out = append(out, m)
 	}
 	return out
-}
-
-// Eventually polls cond every 10ms until it returns true or timeout passes.
-func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
