@@ -312,20 +312,25 @@ func leaderLoss(t *testing.T, killed bool, fault func(e *clusterEnv) *embedded.C
 	res := failoverResult{election: time.Since(at)}
 	// Resumed: the first batch settled after the new leader was elected.
 	before := r.Stats().Published
-	for deadline := time.Now().Add(30 * time.Second); r.Stats().Published == before; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			e.diagnose(logs, r)
-			t.Fatalf("timed out waiting for publishing to resume")
+	// Only observable by looking: poll (as testsvc.Eventually does), with diagnostics on timeout.
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		deadline := time.After(30 * time.Second)
+		for !cond() {
+			select {
+			case <-tick.C:
+			case <-deadline:
+				e.diagnose(logs, r)
+				t.Fatalf("timed out waiting for %s", what)
+			}
 		}
 	}
+	waitFor("publishing to resume", func() bool { return r.Stats().Published != before })
 	res.resumed = time.Since(at)
 	produced := p.finish(t)
-	for deadline := time.Now().Add(30 * time.Second); e.count("state <> 'published'") > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			e.diagnose(logs, r)
-			t.Fatalf("timed out waiting for every row to be published")
-		}
-	}
+	waitFor("every row to be published", func() bool { return e.count("state <> 'published'") == 0 })
 
 	if n := e.count("attempts > 0 OR last_error IS NOT NULL"); n != 0 {
 		t.Fatalf("%d rows with attempts or a last_error, want none: a leader election is not a message failure", n)

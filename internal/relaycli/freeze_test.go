@@ -100,7 +100,7 @@ func TestStoppedRelayProcessStoresNothingStale(t *testing.T) {
 				}
 				next[key]++
 				produced.Add(1)
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the producers' pace, not synchronisation
 			}
 		}(w)
 	}
