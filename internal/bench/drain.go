@@ -34,6 +34,7 @@ const (
 type drainOpts struct {
 	msgs, perTx, size, loaders, keys, window int
 	cpuprofile                               string
+	relays                                   string
 	skipCeiling                              bool
 	timeout                                  time.Duration
 }
@@ -46,7 +47,8 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.loaders, "loaders", 4, "concurrent transactions while building the backlog (not timed)")
 	fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many ordering keys (0: unkeyed, as in the yardstick); stream order is then checked per key")
 	fs.IntVar(&o.window, "ceiling-window", DefaultCeilingWindow, "PubAcks in flight at most for the bare publisher")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file (with --relays: of each relay process, to this path with .r<count>-<i> appended)")
+	fs.StringVar(&o.relays, "relays", "", "scale-out: drain the same backlog with this many relay processes, for each count of a comma-separated list (1,2,3), and report each beside one relay and the broker's ceiling")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
 	return func(ctx context.Context, r *run) error { return drain(ctx, r, o) }
@@ -55,6 +57,13 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 func drain(ctx context.Context, r *run, o *drainOpts) error {
 	if o.msgs < 1 || o.perTx < 1 || o.size < 0 || o.loaders < 1 || o.keys < 0 || o.window < 1 {
 		return usageErr("--msgs, --per-tx, --loaders and --ceiling-window must be positive; --payload and --keys not negative")
+	}
+	if o.relays != "" {
+		counts, err := parseCounts(o.relays)
+		if err != nil {
+			return err
+		}
+		return drainRelays(ctx, r, o, counts)
 	}
 	if err := r.start(ctx); err != nil {
 		return err

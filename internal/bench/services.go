@@ -51,6 +51,7 @@ type run struct {
 	DSN     string
 	Admin   *pgxpool.Pool // no search_path; schema-qualified statements only
 	NATSURL string
+	natsPID int // the embedded nats-server's child process (0: none, or in this process)
 	NC      *nats.Conn
 	JS      jetstream.JetStream
 
@@ -230,13 +231,7 @@ func (r *run) NewSchema(ctx context.Context) (string, error) {
 	if r.keep {
 		r.logf("schema %s (kept: --keep)", schema)
 	} else {
-		r.atExit(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if _, err := r.Admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-				r.logf("drop schema %s: %v", schema, err)
-			}
-		})
+		r.atExit(func() { r.dropSchema(schema) })
 	}
 	if _, err := r.Admin.Exec(ctx, "CREATE TABLE "+businessTable(schema)+` (
 		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -247,6 +242,15 @@ func (r *run) NewSchema(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("create business table: %w", err)
 	}
 	return schema, nil
+}
+
+// dropSchema drops a scenario's schema (if it is still there).
+func (r *run) dropSchema(schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.Admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		r.logf("drop schema %s: %v", schema, err)
+	}
 }
 
 // businessTable is the scenario's business table, schema-qualified and quoted.
@@ -407,6 +411,7 @@ func (r *run) startNATSProcess(context.Context) (string, func(), error) {
 		_ = c.stop(5 * time.Second)
 		return "", nil, fmt.Errorf("nats child process said %q", line)
 	}
+	r.natsPID = c.cmd.Process.Pid
 	return url, func() {
 		if err := c.stop(30 * time.Second); err != nil {
 			r.logf("nats child process: %v", err)
