@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -83,6 +84,12 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 	if err != nil {
 		return err
 	}
+	var pgCeil pgCeiling
+	if !o.skipCeiling {
+		if pgCeil, err = ceilingWithPG(ctx, r, o, pool, set, ceilStream, ceilSubject, ceilingSubject); err != nil {
+			return err
+		}
+	}
 	var results []scaleResult
 	for _, n := range counts {
 		res, err := drainWith(ctx, r, o, pool, set, n, stream, subject, relaySubjects, ceilStream, ceilSubject, ceilingSubject)
@@ -92,7 +99,9 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 		results = append(results, res)
 	}
 
-	kv := []any{"msgs", o.msgs, "keys", o.keys, "relays", joinInts(counts)}
+	kv := []any{"msgs", o.msgs, "keys", o.keys, "relays", joinInts(counts),
+		"ceiling_msgs_per_s", pgCeil.alone, "ceiling_with_pg_msgs_per_s", pgCeil.withPG,
+		"ceiling_cpu_us_per_msg", pgCeil.cpuPerMsg, "pg_claim_settle_cpu_us_per_msg", pgCeil.pgCPUPerMsg}
 	var base float64
 	for _, res := range results {
 		if res.n == 1 && base == 0 {
@@ -117,6 +126,7 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 			p+"ratio", ratio,
 			p+"s", wall,
 			p+"balanced_s", res.balanced.Seconds(),
+			p+"cpu_us_per_msg", res.cpuPerMsg(o.msgs),
 			p+"cpu_relays", res.cpuRelays.Seconds()/wall,
 			p+"cpu_nats", res.cpuNATS.Seconds()/wall,
 			p+"cpu_pg", res.cpuPG.Seconds()/wall,
@@ -129,12 +139,137 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 	return nil
 }
 
+// perMsg is d per message, in µs.
+func perMsg(d time.Duration, msgs int) float64 { return d.Seconds() * 1e6 / float64(msgs) }
+
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))
 	for i, x := range xs {
 		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
+}
+
+// cpuPerMsg is the CPU the relays, the nats-server and the relays' PostgreSQL backends used
+// per message, in µs.
+func (res *scaleResult) cpuPerMsg(msgs int) float64 {
+	return (res.cpuRelays + res.cpuNATS + res.cpuPG).Seconds() * 1e6 / float64(msgs)
+}
+
+// pgCeiling is the broker's ceiling measured alone and while PostgreSQL does a drain's claim
+// and settle work at the same time (on a copy of the backlog, on one connection, as a relay
+// would): on a machine whose cores are all busy, the second says how much of the gap between
+// the relay and the bare publisher is the database's share of the CPU.
+type pgCeiling struct {
+	alone, withPG float64 // msgs/s
+	cpuPerMsg     float64 // µs of CPU (the publisher and the nats-server) per message, alone
+	pgCPUPerMsg   float64 // µs of CPU of the PostgreSQL backend per message claimed and settled
+	pgShare       float64 // the part of the publisher's time the database work covered
+}
+
+func ceilingWithPG(ctx context.Context, r *run, o *drainOpts, pool *pgxpool.Pool, set *msgSet, ceilStream, ceilSubject, ceilingSubject string) (pgCeiling, error) {
+	var out pgCeiling
+	schema, err := r.NewSchema(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer func() {
+		if !r.keep {
+			r.dropSchema(schema)
+		}
+	}()
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		return out, err
+	}
+	if _, err := enqueueBacklog(ctx, r, pool, client, schema, set, "bench.pgload.msg", o); err != nil {
+		return out, err
+	}
+	publish := func() (time.Duration, error) {
+		if _, err := r.ResetStream(ctx, ceilStream, ceilingSubject); err != nil {
+			return 0, err
+		}
+		defer r.DeleteStream(ceilStream)
+		return publishCeiling(ctx, r, "outbox-bench ceiling", set, ceilSubject, o.window)
+	}
+	self0, _ := procCPU(os.Getpid())
+	nats0, _ := sumCPU(nonZero(r.natsPID))
+	d, err := publish()
+	if err != nil {
+		return out, err
+	}
+	self1, _ := procCPU(os.Getpid())
+	nats1, _ := sumCPU(nonZero(r.natsPID))
+	out.alone = float64(o.msgs) / d.Seconds()
+	out.cpuPerMsg = (self1 - self0 + nats1 - nats0).Seconds() * 1e6 / float64(o.msgs)
+
+	// The same publish while one connection claims and settles the copy, batch after batch.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('synchronous_commit', 'off', false)"); err != nil {
+		return out, err
+	}
+	var backend int32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return out, err
+	}
+	q := store.New(schema)
+	stop := make(chan struct{})
+	type loadRes struct {
+		rows int
+		took time.Duration
+		err  error
+	}
+	done := make(chan loadRes, 1)
+	pg0, _ := procCPU(int(backend))
+	go func() {
+		var lr loadRes
+		start := time.Now()
+		defer func() { lr.took = time.Since(start); done <- lr }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rows, err := q.Claim(ctx, conn, store.ClaimArgs{Limit: relay.DefaultBatchSize, PartitionCount: relay.DefaultPartitions})
+			if err != nil || len(rows) == 0 {
+				lr.err = err
+				return
+			}
+			pub := make([]store.Published, len(rows))
+			for i, row := range rows {
+				pub[i] = store.Published{ID: row.ID, Stream: ceilStream, Seq: uint64(lr.rows + i + 1)}
+			}
+			if _, err := q.Settle(ctx, conn, store.SettleArgs{Published: pub, MaxAttempts: relay.DefaultMaxAttempts}); err != nil {
+				lr.err = err
+				return
+			}
+			lr.rows += len(rows)
+		}
+	}()
+	d, err = publish()
+	close(stop)
+	lr := <-done
+	if err != nil {
+		return out, err
+	}
+	if lr.err != nil {
+		return out, fmt.Errorf("claim and settle beside the ceiling: %w", lr.err)
+	}
+	pg1, _ := procCPU(int(backend))
+	out.withPG = float64(o.msgs) / d.Seconds()
+	if lr.rows > 0 {
+		out.pgCPUPerMsg = (pg1 - pg0).Seconds() * 1e6 / float64(lr.rows)
+	}
+	out.pgShare = min(lr.took.Seconds()/d.Seconds(), 1)
+	r.logf("ceiling: %.0f msgs/s alone (%.1f µs of CPU per message: publisher and nats-server); %.0f msgs/s (%.2f of it) while one connection claims and settles a copy of the backlog "+
+		"(%d rows in %s, covering %.0f%% of the publish; %.1f µs of backend CPU per row)",
+		out.alone, out.cpuPerMsg, out.withPG, out.withPG/out.alone, lr.rows, lr.took.Round(time.Millisecond), 100*out.pgShare, out.pgCPUPerMsg)
+	return out, nil
 }
 
 // drainWith drains set with n relay processes: see the top of this file.
@@ -312,7 +447,8 @@ func drainWith(ctx context.Context, r *run, o *drainOpts, pool *pgxpool.Pool, se
 	r.logf("%d relay(s): %d messages stored in %s (%.0f msgs/s); shares even after %s", n, o.msgs, dur.Round(time.Millisecond), res.rate, res.balanced.Round(time.Millisecond))
 	r.logf("%d relay(s): CPU during the drain, in cores: relays %.2f, nats-server %.2f (%s), relays' PostgreSQL backends %.2f (%d), this process %.2f; whole machine busy %.2f of %d cores",
 		n, res.cpuRelays.Seconds()/wall, res.cpuNATS.Seconds()/wall, natsWhere(r), res.cpuPG.Seconds()/wall, len(pgPIDs), res.cpuSelf.Seconds()/wall, res.machineBusy, cpus())
-	r.logf("%d relay(s): peak RSS (VmHWM) of the relay processes: %d kB", n, res.peakRSS)
+	r.logf("%d relay(s): %.1f µs of CPU per message (relays %.1f, nats-server %.1f, PostgreSQL backends %.1f); peak RSS (VmHWM) of the relay processes: %d kB",
+		n, res.cpuPerMsg(o.msgs), perMsg(res.cpuRelays, o.msgs), perMsg(res.cpuNATS, o.msgs), perMsg(res.cpuPG, o.msgs), res.peakRSS)
 
 	if err := waitForOutboxEmpty(ctx, pool, schema, 30*time.Second); err != nil {
 		return res, err
