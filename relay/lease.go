@@ -98,7 +98,7 @@ const (
 
 // memberWatchEvery is how often a busy relay looks at the membership table.
 func memberWatchEvery(leaseInterval time.Duration) time.Duration {
-	return max(min(leaseInterval/watchRounds, maxMemberWatch), time.Millisecond)
+	return max(min(leaseInterval/watchRounds, maxMemberWatch), 10*time.Millisecond)
 }
 
 // watchMembers runs while the relay runs: while it is busy (it claimed rows within the last

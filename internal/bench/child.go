@@ -81,6 +81,8 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	id := fs.String("id", "", "relay id (default: the relay's own, hostname:pid)")
 	waitGo := fs.Bool("wait-go", false, "after printing ready, wait for a line \"go\" on stdin before running (so that the parent times the relays, not their start-up)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (pprof) of this process, from go to exit, to this file")
+	batchSize := fs.Int("batch-size", 0, "the relay's BatchSize (0: the default)")
+	maxInFlight := fs.Int("max-in-flight", 0, "the relay's MaxInFlight (0: the default)")
 	report := fs.Bool("report", false, "print a line on stdout whenever the partitions held change, and the relay's totals at exit")
 	return func(ctx context.Context, r *run) error {
 		goLine := make(chan struct{})
@@ -110,10 +112,12 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 			return err
 		}
 		rl, err := relay.New(pool, js, &relay.Config{
-			ID:       *id,
-			Schema:   *schema,
-			Subjects: strings.Split(*subjects, ","),
-			Logger:   relayLogger(r.env.Stderr),
+			ID:          *id,
+			Schema:      *schema,
+			Subjects:    strings.Split(*subjects, ","),
+			BatchSize:   *batchSize,
+			MaxInFlight: *maxInFlight,
+			Logger:      relayLogger(r.env.Stderr),
 		})
 		if err != nil {
 			return err

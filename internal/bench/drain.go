@@ -33,6 +33,7 @@ const (
 
 type drainOpts struct {
 	msgs, perTx, size, loaders, keys, window int
+	batchSize, maxInFlight                   int // relay settings with --relays (0: the defaults)
 	cpuprofile                               string
 	relays                                   string
 	skipCeiling                              bool
@@ -48,6 +49,8 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many ordering keys (0: unkeyed, as in the yardstick); stream order is then checked per key")
 	fs.IntVar(&o.window, "ceiling-window", DefaultCeilingWindow, "PubAcks in flight at most for the bare publisher")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file (with --relays: of each relay process, to this path with .r<count>-<i> appended)")
+	fs.IntVar(&o.batchSize, "relay-batch-size", 0, "with --relays: the relays' BatchSize (0: the default, 500)")
+	fs.IntVar(&o.maxInFlight, "relay-max-in-flight", 0, "with --relays: the relays' MaxInFlight (0: the default, 1000)")
 	fs.StringVar(&o.relays, "relays", "", "scale-out: drain the same backlog with this many relay processes, for each count of a comma-separated list (1,2,3), and report each beside one relay and the broker's ceiling")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")

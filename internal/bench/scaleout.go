@@ -202,6 +202,8 @@ func ceilingWithPG(ctx context.Context, r *run, o *drainOpts, pool *pgxpool.Pool
 	nats1, _ := sumCPU(nonZero(r.natsPID))
 	out.alone = float64(o.msgs) / d.Seconds()
 	out.cpuPerMsg = (self1 - self0 + nats1 - nats0).Seconds() * 1e6 / float64(o.msgs)
+	r.logf("ceiling: %.0f msgs/s; CPU per message: publisher (this process) %.1f µs, nats-server %.1f µs",
+		out.alone, perMsg(self1-self0, o.msgs), perMsg(nats1-nats0, o.msgs))
 
 	// The same publish while one connection claims and settles the copy, batch after batch.
 	conn, err := pool.Acquire(ctx)
@@ -335,6 +337,12 @@ func drainWith(ctx context.Context, r *run, o *drainOpts, pool *pgxpool.Pool, se
 	for i := range procs {
 		args := []string{relayMode, "--schema", schema, "--subjects", relaySubjects,
 			"--id", fmt.Sprintf("%s-r%d", schema, i+1), "--wait-go", "--report"}
+		if o.batchSize > 0 {
+			args = append(args, "--batch-size", strconv.Itoa(o.batchSize))
+		}
+		if o.maxInFlight > 0 {
+			args = append(args, "--max-in-flight", strconv.Itoa(o.maxInFlight))
+		}
 		if o.cpuprofile != "" {
 			args = append(args, "--cpuprofile", fmt.Sprintf("%s.r%d-%d", o.cpuprofile, n, i+1))
 		}
