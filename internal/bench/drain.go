@@ -34,6 +34,7 @@ const (
 type drainOpts struct {
 	msgs, perTx, size, loaders, keys, window int
 	batchSize, maxInFlight                   int // relay settings with --relays (0: the defaults)
+	repeat                                   int // with --relays: rounds of measurements
 	cpuprofile                               string
 	relays                                   string
 	skipCeiling                              bool
@@ -51,6 +52,7 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file (with --relays: of each relay process, to this path with .r<count>-<i> appended)")
 	fs.IntVar(&o.batchSize, "relay-batch-size", 0, "with --relays: the relays' BatchSize (0: the default, 500)")
 	fs.IntVar(&o.maxInFlight, "relay-max-in-flight", 0, "with --relays: the relays' MaxInFlight (0: the default, 1000)")
+	fs.IntVar(&o.repeat, "repeat", 1, "with --relays: measure this many rounds (each: the ceiling alone and beside PostgreSQL's claim and settle work, then every relay count with its own ceiling) and report medians")
 	fs.StringVar(&o.relays, "relays", "", "scale-out: drain the same backlog with this many relay processes, for each count of a comma-separated list (1,2,3), and report each beside one relay and the broker's ceiling")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
@@ -62,6 +64,9 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 		return usageErr("--msgs, --per-tx, --loaders and --ceiling-window must be positive; --payload and --keys not negative")
 	}
 	if o.relays != "" {
+		if o.repeat < 1 {
+			return usageErr("--repeat must be positive")
+		}
 		counts, err := parseCounts(o.relays)
 		if err != nil {
 			return err

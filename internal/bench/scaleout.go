@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,59 +85,90 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 	if err != nil {
 		return err
 	}
-	var pgCeil pgCeiling
-	if !o.skipCeiling {
-		if pgCeil, err = ceilingWithPG(ctx, r, o, pool, set, ceilStream, ceilSubject, ceilingSubject); err != nil {
-			return err
+	load0 := load1()
+	var ceils []pgCeiling
+	results := map[int][]scaleResult{}
+	var ratios, speedups = map[int][]float64{}, map[int][]float64{}
+	for rep := 1; rep <= o.repeat; rep++ {
+		if o.repeat > 1 {
+			r.logf("##### round %d of %d", rep, o.repeat)
 		}
-	}
-	var results []scaleResult
-	for _, n := range counts {
-		res, err := drainWith(ctx, r, o, pool, set, n, stream, subject, relaySubjects, ceilStream, ceilSubject, ceilingSubject)
-		if err != nil {
-			return err
+		var pgCeil pgCeiling
+		if !o.skipCeiling {
+			if pgCeil, err = ceilingWithPG(ctx, r, o, pool, set, ceilStream, ceilSubject, ceilingSubject); err != nil {
+				return err
+			}
+			ceils = append(ceils, pgCeil)
 		}
-		results = append(results, res)
+		var base float64
+		for _, n := range counts {
+			res, err := drainWith(ctx, r, o, pool, set, n, stream, subject, relaySubjects, ceilStream, ceilSubject, ceilingSubject)
+			if err != nil {
+				return err
+			}
+			results[n] = append(results[n], res)
+			if n == 1 && base == 0 {
+				base = res.rate
+			}
+			if res.ceil > 0 {
+				ratios[n] = append(ratios[n], res.rate/res.ceil)
+			}
+			if base > 0 {
+				speedups[n] = append(speedups[n], res.rate/base)
+			}
+		}
 	}
 
-	kv := []any{"msgs", o.msgs, "keys", o.keys, "relays", joinInts(counts),
-		"ceiling_msgs_per_s", pgCeil.alone, "ceiling_with_pg_msgs_per_s", pgCeil.withPG,
-		"ceiling_cpu_us_per_msg", pgCeil.cpuPerMsg, "pg_claim_settle_cpu_us_per_msg", pgCeil.pgCPUPerMsg}
-	var base float64
-	for _, res := range results {
-		if res.n == 1 && base == 0 {
-			base = res.rate
-		}
-	}
-	for _, res := range results {
-		p := fmt.Sprintf("r%d_", res.n)
-		speedup := 0.0
-		if base > 0 {
-			speedup = res.rate / base
-		}
-		ratio := 0.0
-		if res.ceil > 0 {
-			ratio = res.rate / res.ceil
-		}
-		wall := res.dur.Seconds()
+	kv := []any{"msgs", o.msgs, "keys", o.keys, "relays", joinInts(counts), "repeat", o.repeat}
+	if len(ceils) > 0 {
 		kv = append(kv,
-			p+"msgs_per_s", res.rate,
-			p+"vs_1_relay", speedup,
-			p+"ceiling_msgs_per_s", res.ceil,
-			p+"ratio", ratio,
-			p+"s", wall,
-			p+"balanced_s", res.balanced.Seconds(),
-			p+"cpu_us_per_msg", res.cpuPerMsg(o.msgs),
-			p+"cpu_relays", res.cpuRelays.Seconds()/wall,
-			p+"cpu_nats", res.cpuNATS.Seconds()/wall,
-			p+"cpu_pg", res.cpuPG.Seconds()/wall,
-			p+"machine_busy", res.machineBusy,
-			p+"peak_rss_kb", res.peakRSS,
-			p+"dup_acks", res.dupAcks)
+			"ceiling_msgs_per_s", median(ceils, func(c pgCeiling) float64 { return c.alone }),
+			"ceiling_with_pg_msgs_per_s", median(ceils, func(c pgCeiling) float64 { return c.withPG }),
+			"ceiling_with_pg_ratio", median(ceils, func(c pgCeiling) float64 { return c.withPG / c.alone }),
+			"ceiling_cpu_us_per_msg", median(ceils, func(c pgCeiling) float64 { return c.cpuPerMsg }),
+			"pg_claim_settle_cpu_us_per_msg", median(ceils, func(c pgCeiling) float64 { return c.pgCPUPerMsg }))
 	}
-	kv = append(kv, "lost", 0, "duplicates", 0, "load1", load1())
+	id := func(x float64) float64 { return x }
+	for _, n := range counts {
+		rs := results[n]
+		p := fmt.Sprintf("r%d_", n)
+		var peak int64
+		for _, res := range rs {
+			peak = max(peak, res.peakRSS)
+		}
+		kv = append(kv,
+			p+"msgs_per_s", median(rs, func(x scaleResult) float64 { return x.rate }),
+			p+"vs_1_relay", median(speedups[n], id),
+			p+"ceiling_msgs_per_s", median(rs, func(x scaleResult) float64 { return x.ceil }),
+			p+"ratio", median(ratios[n], id),
+			p+"balanced_s", median(rs, func(x scaleResult) float64 { return x.balanced.Seconds() }),
+			p+"cpu_us_per_msg", median(rs, func(x scaleResult) float64 { return x.cpuPerMsg(o.msgs) }),
+			p+"cpu_relays", median(rs, func(x scaleResult) float64 { return x.cpuRelays.Seconds() / x.dur.Seconds() }),
+			p+"cpu_nats", median(rs, func(x scaleResult) float64 { return x.cpuNATS.Seconds() / x.dur.Seconds() }),
+			p+"cpu_pg", median(rs, func(x scaleResult) float64 { return x.cpuPG.Seconds() / x.dur.Seconds() }),
+			p+"machine_busy", median(rs, func(x scaleResult) float64 { return x.machineBusy }),
+			p+"peak_rss_kb", peak,
+			p+"dup_acks", median(rs, func(x scaleResult) float64 { return float64(x.dupAcks) }))
+	}
+	kv = append(kv, "lost", 0, "duplicates", 0, "load1_start", load0, "load1", load1())
 	r.result(kv...)
 	return nil
+}
+
+// median returns the median of f over xs (the mean of the middle two for an even count).
+func median[T any](xs []T, f func(T) float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 // perMsg is d per message, in µs.
