@@ -47,6 +47,7 @@ type run struct {
 
 	mu      sync.Mutex
 	cleanup []func()
+	errMu   sync.Mutex // serialises writes to env.Stderr
 
 	DSN     string
 	Admin   *pgxpool.Pool // no search_path; schema-qualified statements only
@@ -58,12 +59,30 @@ type run struct {
 	dbDesc, natsDesc string
 }
 
-// logf prints a progress line on stderr.
+// logf prints a progress line on stderr. Goroutines and child processes share stderr:
+// writes to it are serialised (see stderr).
 func (r *run) logf(format string, args ...any) {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
 	if r.began.IsZero() {
 		r.began = time.Now()
 	}
 	fmt.Fprintf(r.env.Stderr, "%s [%6.1fs] %s\n", r.name, time.Since(r.began).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// stderr is the run's stderr for child processes, whose output is copied by goroutines of
+// their own: each write holds the lock logf takes.
+func (r *run) stderr() io.Writer { return lockedWriter{mu: &r.errMu, w: r.env.Stderr} }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // result prints the final line: the scenario name and key=value pairs.
@@ -330,7 +349,7 @@ func (r *run) startChild(args []string, extraEnv ...string) (*child, error) {
 	}
 	cmd := exec.Command(r.env.Exe, args...)
 	cmd.Env = append(append(os.Environ(), r.env.ExeEnv...), extraEnv...)
-	cmd.Stderr = r.env.Stderr
+	cmd.Stderr = r.stderr()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
