@@ -290,3 +290,13 @@ func byteaLiteral(payloads [][]byte) string {
 	b.WriteByte('}')
 	return b.String()
 }
+
+// OutboxIdentityQuery returns the cluster's system identifier and the current database: the
+// outbox identity of package checker.
+const OutboxIdentityQuery = `SELECT system_identifier, current_database() FROM pg_control_system()`
+
+// Alive runs an empty statement on db: it fails when db's connection is gone.
+func Alive(ctx context.Context, db SQLDBTX) error {
+	_, err := db.ExecContext(ctx, "SELECT 1")
+	return err
+}
