@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,13 +23,19 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// sqlDrivers are the database/sql drivers every database/sql test runs with.
-var sqlDrivers = []string{"pgx", "postgres"}
+// sqlDrivers are the database/sql drivers every database/sql test runs with: pgx's stdlib
+// driver, lib/pq, and lib/pq sending []byte arguments in binary (binary_parameters=yes, one
+// round trip per statement).
+var sqlDrivers = []string{"pgx", "postgres", "postgres+binary_parameters"}
 
-// openSQL opens db's schema through database/sql with driver.
+// openSQL opens db's schema through database/sql with driver (one of sqlDrivers).
 func openSQL(t testing.TB, db *testsvc.DB, driver string) *sql.DB {
 	t.Helper()
-	sdb, err := sql.Open(driver, db.DSN)
+	dsn := db.DSN
+	if name, ok := strings.CutSuffix(driver, "+binary_parameters"); ok {
+		driver, dsn = name, dsn+"&binary_parameters=yes"
+	}
+	sdb, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +338,7 @@ func TestEnqueueSQLTxConcurrentKeyOrder(t *testing.T) {
 				key := fmt.Sprintf("key-%d", (p+i)%4)
 				msg := outbox.Message{Subject: "k.v", Key: key}
 				var err error
-				switch p % 3 {
+				switch p % 4 {
 				case 0:
 					err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 						ids, err := c.EnqueueTx(ctx, tx, msg)
@@ -346,7 +353,7 @@ func TestEnqueueSQLTxConcurrentKeyOrder(t *testing.T) {
 						return err
 					})
 				default:
-					sdb := sdbs[sqlDrivers[p%3-1]]
+					sdb := sdbs[sqlDrivers[p%4-1]]
 					err = func() error {
 						tx, err := sdb.BeginTx(ctx, nil)
 						if err != nil {
