@@ -17,8 +17,8 @@ import (
 
 // SQLHandler is Handler for database/sql: it applies one message's business effect in tx,
 // the consumer's transaction, which already holds the message's dedup row. sqlx users wrap
-// it (sqlx.NewTx(tx, driverName)); GORM users open a session on it
-// (gorm.Open(postgres.New(postgres.Config{Conn: tx}))). It must not commit or roll back tx:
+// it (&sqlx.Tx{Tx: tx, Mapper: db.Mapper}, with $n placeholders); GORM users open a session
+// on it (gorm.Open(postgres.New(postgres.Config{Conn: tx}))). It must not commit or roll back tx:
 // a *sql.Tx cannot refuse, so if it does, the consumer's commit fails with sql.ErrTxDone and
 // the message is retried as a handler failure wrapping ErrTxControl (a redelivery after a
 // commit the handler made finds the dedup row and is skipped). Returning an error rolls

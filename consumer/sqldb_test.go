@@ -10,9 +10,13 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
-	_ "github.com/lib/pq"              // database/sql driver "postgres"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // database/sql driver "postgres"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 var sqlDrivers = []string{"pgx", "postgres"}
@@ -187,5 +191,54 @@ func TestNewSQLConfig(t *testing.T) {
 	}
 	if _, err := NewSQL(nil, e.nats.JS, recordEffectSQL, e.config(nil)); err == nil {
 		t.Fatal("nil db accepted")
+	}
+}
+
+// The handler's *sql.Tx wrapped as the README says: an sqlx transaction and a GORM session on
+// it write in the consumer's transaction (committed with the dedup row, rolled back with it).
+func TestSQLConsumerHandlerWithSqlxAndGorm(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	fail := true
+	sdb := e.openSQL("pgx")
+	sqlxDB := sqlx.NewDb(sdb, "pgx")
+	h := func(ctx context.Context, tx *sql.Tx, msg Message) error {
+		stx := &sqlx.Tx{Tx: tx, Mapper: sqlxDB.Mapper}
+		if _, err := stx.ExecContext(ctx, `INSERT INTO effects (idem, subject, payload, delivery, note) VALUES ($1, $2, $3, $4, 'sqlx')`,
+			msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery); err != nil {
+			return err
+		}
+		var n int
+		if err := stx.GetContext(ctx, &n, `SELECT count(*) FROM effects WHERE idem = $1`, msg.IdempotencyKey); err != nil || n != 1 {
+			return fmt.Errorf("sqlx sees %d effects (%v), want its own one", n, err)
+		}
+		gdb, err := gorm.Open(postgres.New(postgres.Config{Conn: tx}), &gorm.Config{Logger: logger.Discard})
+		if err != nil {
+			return err
+		}
+		if err := gdb.WithContext(ctx).Exec(`INSERT INTO effects (idem, subject, payload, delivery, note) VALUES (?, ?, ?, ?, 'gorm')`,
+			msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery).Error; err != nil {
+			return err
+		}
+		if fail {
+			return errors.New("no")
+		}
+		return nil
+	}
+	c := e.newSQLConsumer(sdb, &Config{AckWait: 300 * time.Millisecond}, h)
+	e.publishID("orders.created", "id-1", "x")
+	if r := c.handleOne(ctx, e.fetch(c, 1)[0]); r.outcome != outcomeRetry {
+		t.Fatalf("first delivery: %v (%v), want retry", r.outcome, r.err)
+	}
+	if n := e.effects(); n != 0 {
+		t.Fatalf("effects after the failure: %d, want 0 (sqlx's and GORM's rolled back with the transaction)", n)
+	}
+	fail = false
+	if r := c.handleOne(ctx, e.fetch(c, 1)[0]); r.outcome != outcomeProcessed {
+		t.Fatalf("second delivery: %v (%v)", r.outcome, r.err)
+	}
+	if n := e.count(`SELECT count(DISTINCT note) FROM effects WHERE idem = 'id-1'`); n != 2 {
+		t.Fatalf("notes of the effects: %d, want sqlx and gorm", n)
 	}
 }
