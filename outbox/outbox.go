@@ -18,6 +18,10 @@
 // byte for byte. Anything the wire would drop, change, refuse or act on is refused at enqueue
 // with a *MessageError (see the Err* sentinels, ValidateSubject, ValidateKey,
 // ValidateHeaderValue, IsReservedHeader, MaxHeaderBytes), never normalised on the way.
+//
+// Services on database/sql (sqlx, GORM, any PostgreSQL driver) use the twins whose names say
+// SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL —
+// with a *sql.Tx (txoutbox.SQLDBTX) in place of the pgx.Tx, under the same rules.
 package outbox
 
 import (

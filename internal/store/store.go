@@ -67,9 +67,10 @@ type Queries struct {
 	settleDelete   string
 	settleRetain   string
 
-	half  halfSQL     // half messages and the check-back (half.go)
-	dedup dedupSQL    // the idempotent consumer (dedup.go)
-	ops   *opsQueries // relay membership, sampling and admin statements (ops.go)
+	half  halfSQL       // half messages and the check-back (half.go)
+	dedup dedupSQL      // the idempotent consumer (dedup.go)
+	ops   *opsQueries   // relay membership, sampling and admin statements (ops.go)
+	sql   sqlStatements // the database/sql path's own statements (sqldb.go)
 }
 
 // New builds the statements for schema.
@@ -132,6 +133,7 @@ SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
 	q.half = newHalfSQL(q)
 	q.ops = newOpsQueries(q)
+	q.sql = newSQLStatements(q)
 	return q
 }
 
