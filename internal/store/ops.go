@@ -22,8 +22,8 @@ type opsQueries struct {
 	register, members, locks, fence, unregister, cleanup string
 	tryLock, unlock                                      string
 
-	samplePartitions, sampleStates string
-	subjectStatus, partitionStatus string
+	samplePartitions, sampleStates, sampleSubjects string
+	subjectStatus, partitionStatus                 string
 
 	deadList, deadRequeue, deadPurge string
 }
@@ -79,6 +79,12 @@ WHERE r.instance = $1
 FROM (SELECT o.partition_key % $1::int4 AS p, coalesce(o.ready_at, o.created_at) AS ready
       FROM ` + m + ` o WHERE o.state = 'ready' ORDER BY o.id LIMIT $2) s
 GROUP BY s.p`
+	o.sampleSubjects = `SELECT s.subject, count(*), extract(epoch FROM now() - min(s.ready))::float8
+FROM (SELECT o.subject, coalesce(o.ready_at, o.created_at) AS ready
+      FROM ` + m + ` o WHERE o.state = 'ready' ORDER BY o.id LIMIT $1) s
+GROUP BY s.subject
+ORDER BY 2 DESC, 1
+LIMIT $2`
 	capped := func(state string) string {
 		return `(SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = '` + state + `' LIMIT $1) s)`
 	}
@@ -290,6 +296,34 @@ func (q *Queries) partitionRows(ctx context.Context, db DBTX, sql string, args .
 		var s PartitionSample
 		var age float64
 		if err := rows.Scan(&s.Partition, &s.Ready, &age); err != nil {
+			return nil, err
+		}
+		s.Oldest = seconds(age)
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// SubjectSample is the ready backlog of one subject.
+type SubjectSample struct {
+	Subject string
+	Ready   int64
+	Oldest  time.Duration // age of its oldest ready row
+}
+
+// SampleSubjects groups the oldest limit ready rows (in id order) by subject and returns the
+// top subjects with the most: a bounded query for metrics.
+func (q *Queries) SampleSubjects(ctx context.Context, db DBTX, limit, top int) ([]SubjectSample, error) {
+	rows, err := db.Query(ctx, q.ops.sampleSubjects, int64(limit), int64(top))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []SubjectSample
+	for rows.Next() {
+		var s SubjectSample
+		var age float64
+		if err := rows.Scan(&s.Subject, &s.Ready, &age); err != nil {
 			return nil, err
 		}
 		s.Oldest = seconds(age)
