@@ -1,2 +1,1 @@
--- txoutbox 005: reserved (see 005_reserved.up.sql).
-SELECT 1;
+DROP FUNCTION txoutbox_reserved_005();
