@@ -308,7 +308,7 @@ func check(q query, e exported) []string {
 				return nil
 			}
 			for _, m := range n.LabelMatchers {
-				if m.Name == labels.MetricName {
+				if m.Name == model.MetricNameLabel {
 					continue
 				}
 				if targetLabels[m.Name] {
