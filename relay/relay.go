@@ -605,6 +605,7 @@ func (r *Relay) setHealth(h healthState, err error) {
 	if prev == h {
 		return
 	}
+	r.m.setHealth(h)
 	if h == healthNATSDown {
 		r.natsDownSince.Store(time.Now().UnixNano())
 	} else {

@@ -1,0 +1,1 @@
+DROP FUNCTION txoutbox_reserved_005();
