@@ -18,8 +18,8 @@ import (
 //
 //	relay_published_total, relay_duplicates_total, relay_publish_failures_total{kind},
 //	relay_dead_total                     counters, per batch
-//	relay_batch_size, relay_commit_to_publish_seconds
-//	                                     histograms, per batch
+//	relay_batch_size, relay_commit_to_publish_seconds, relay_claim_seconds,
+//	relay_settle_seconds                 histograms, per batch
 //	relay_partitions_held, relay_partition_target, relay_relays,
 //	relay_partition_changes_total{change}, relay_partition_count_mismatch
 //	                                     the partition sharing, per lease round
@@ -28,6 +28,9 @@ import (
 //	outbox_messages{state}, outbox_oldest_ready_age_seconds
 //	                                     the whole outbox, sampled (the same on every relay:
 //	                                     aggregate with max, not sum)
+//	postgres_oldest_xact_age_seconds, postgres_xmin_horizon_age_xids,
+//	postgres_prepared_xacts, postgres_oldest_prepared_xact_age_seconds
+//	                                     what holds back VACUUM of the outbox, sampled
 //
 // Sampled gauges come from a periodic bounded query (Config.SampleInterval,
 // Config.SampleLimit), never from the publishing path.
@@ -38,6 +41,8 @@ type metrics struct {
 	dead       prometheus.Counter
 	batchSize  prometheus.Histogram
 	latency    prometheus.Histogram
+	claimDur   prometheus.Histogram
+	settleDur  prometheus.Histogram
 	partitions prometheus.Gauge
 	target     prometheus.Gauge
 	relays     prometheus.Gauge
@@ -49,6 +54,12 @@ type metrics struct {
 	rows       *prometheus.GaugeVec
 	oldest     prometheus.Gauge
 	sampleErrs prometheus.Counter
+
+	oldestXact   prometheus.Gauge
+	xminAge      prometheus.Gauge
+	prepared     prometheus.Gauge
+	oldestPrep   prometheus.Gauge
+	horizonError prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -74,6 +85,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from a row becoming ready (its insert, or a half message's commit) to its PubAck.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}),
+		claimDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "txoutbox", Subsystem: "relay", Name: "claim_seconds",
+			Help:    "Time of one claim statement (its rows read), per claim that ran.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		settleDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "txoutbox", Subsystem: "relay", Name: "settle_seconds",
+			Help:    "Time of one settle statement, per settled batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
 		partitions: prometheus.NewGauge(prometheus.GaugeOpts(relay("partitions_held",
 			"Partitions this relay holds the lease of."))),
 		target: prometheus.NewGauge(prometheus.GaugeOpts(relay("partition_target",
@@ -98,6 +119,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		sampleErrs: prometheus.NewCounter(prometheus.CounterOpts(relay("sample_errors_total",
 			"Failed backlog samples (the sampled gauges keep their last value)."))),
+		oldestXact: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "oldest_xact_age_seconds",
+			Help: "Age of the oldest open transaction in the outbox's database that holds a snapshot or a transaction id (0 when none): while it is open VACUUM cannot remove the rows the relay settled. Sessions of other roles count only when the relay's role may see them (pg_read_all_stats).",
+		}),
+		xminAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "xmin_horizon_age_xids",
+			Help: "Age in transaction ids of the xmin horizon: the oldest of open transactions, prepared transactions and replication slots.",
+		}),
+		prepared: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "prepared_xacts",
+			Help: "Two-phase transactions prepared in the outbox's database and not yet committed or rolled back.",
+		}),
+		oldestPrep: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "oldest_prepared_xact_age_seconds",
+			Help: "Age of the oldest prepared transaction (0 when none).",
+		}),
+		horizonError: prometheus.NewCounter(prometheus.CounterOpts(relay("horizon_sample_errors_total",
+			"Failed samples of the xmin horizon (its gauges keep their last value)."))),
 	}
 	// Make the labelled families visible before their first event.
 	for _, k := range []string{"message", "broker"} {
@@ -107,7 +146,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.changes.WithLabelValues(c)
 	}
 	if err := prom.Register(reg, "relay",
-		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.sampleErrs)); err != nil {
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.sampleErrs),
+		prom.Of(&m.claimDur), prom.Of(&m.settleDur), prom.Of(&m.oldestXact), prom.Of(&m.xminAge), prom.Of(&m.prepared), prom.Of(&m.oldestPrep), prom.Of(&m.horizonError)); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -154,6 +194,7 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 	r.m.rows.WithLabelValues(store.StatePrepared).Set(float64(st.Prepared))
 	r.m.rows.WithLabelValues(store.StateCheckExhausted).Set(float64(st.CheckExhausted))
 	r.m.oldest.Set(st.OldestReady.Seconds())
+	r.sampleHorizon(ctx)
 
 	held := r.Partitions()
 	var parts []store.PartitionSample
@@ -182,4 +223,18 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// sampleHorizon sets the xmin horizon gauges. A failure (a role that may not read the
+// catalog views, say) is counted and leaves them as they were: it does not fail the sample.
+func (r *Relay) sampleHorizon(ctx context.Context) {
+	h, err := r.q.XminHorizon(ctx, r.pool)
+	if err != nil {
+		r.m.horizonError.Inc()
+		return
+	}
+	r.m.oldestXact.Set(h.OldestXact.Seconds())
+	r.m.xminAge.Set(float64(h.XminAge()))
+	r.m.prepared.Set(float64(h.Prepared))
+	r.m.oldestPrep.Set(h.OldestPrepared.Seconds())
 }

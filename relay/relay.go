@@ -474,7 +474,9 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}
+	t0 := time.Now()
 	rows, err = r.q.Claim(ctx, conn, args)
+	r.m.claimDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.lease.broken(err)
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
@@ -501,12 +503,14 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	t0 := time.Now()
 	out, err := r.q.Settle(ctx, conn, store.SettleArgs{
 		Published:   res.published,
 		Failed:      res.failed,
 		MaxAttempts: r.cfg.MaxAttempts,
 		Retain:      r.cfg.Retention != 0, // positive or Forever
 	})
+	r.m.settleDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		// The rows stay ready and are published again; JetStream drops the duplicates.
 		r.lease.broken(err)

@@ -74,6 +74,8 @@ type Table struct {
 	Rows    [][]string `json:"rows"`
 	// Note is a line under the table (what the numbers mean, what to do).
 	Note string `json:"note"`
+	// Warning, when set, is also listed among the snapshot's Problems.
+	Warning string `json:"warning,omitempty"`
 }
 
 // Panel is an extra section. Collect runs on every snapshot; keep it to cheap queries.
@@ -213,6 +215,9 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		}
 		if t != nil {
 			s.Panels = append(s.Panels, *t)
+			if t.Warning != "" {
+				s.Problems = append(s.Problems, t.Warning)
+			}
 		}
 	}
 	sort.SliceStable(s.Relays, func(i, j int) bool { return s.Relays[i].Alive && !s.Relays[j].Alive })
