@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -69,6 +74,7 @@ func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	schema := fs.String("schema", "", "outbox schema")
 	subjects := fs.String("subjects", "", "comma-separated subjects")
+	metricsAddr := fs.String("metrics-addr", "", "serve the relay's Prometheus metrics on this address (host:port; port 0 picks one); the ready line names it")
 	return func(ctx context.Context, r *run) error {
 		ctx, cancel := untilStdinCloses(ctx)
 		defer cancel()
@@ -90,15 +96,33 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 		if err != nil {
 			return err
 		}
-		rl, err := relay.New(pool, js, &relay.Config{
+		cfg := &relay.Config{
 			Schema:   *schema,
 			Subjects: strings.Split(*subjects, ","),
 			Logger:   relayLogger(r.env.Stderr),
-		})
+		}
+		var metricsURL string
+		if *metricsAddr != "" {
+			reg := prometheus.NewRegistry()
+			cfg.Registerer = reg
+			ln, err := net.Listen("tcp", *metricsAddr)
+			if err != nil {
+				return fmt.Errorf("metrics: %w", err)
+			}
+			srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Close()
+			metricsURL = "http://" + ln.Addr().String() + "/metrics"
+		}
+		rl, err := relay.New(pool, js, cfg)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(r.env.Stdout, "ready pid=%d\n", os.Getpid())
+		if metricsURL != "" {
+			fmt.Fprintf(r.env.Stdout, "ready pid=%d metrics=%s\n", os.Getpid(), metricsURL)
+		} else {
+			fmt.Fprintf(r.env.Stdout, "ready pid=%d\n", os.Getpid())
+		}
 		return rl.Run(ctx)
 	}
 }
