@@ -31,7 +31,7 @@ func init() {
 const (
 	DefaultSoakRate      = 2000.0
 	DefaultSoakDuration  = 20 * time.Minute
-	DefaultSoakProducers = 16
+	DefaultSoakProducers = 32
 	DefaultSoakKeys      = 1024
 	DefaultSoakInterval  = 10 * time.Second
 	DefaultSoakWindow    = 5 * time.Minute
@@ -49,6 +49,7 @@ type soakOpts struct {
 	window, drainWait    time.Duration
 	size, keys, producer int
 	holdXmin, holdAt     time.Duration
+	ownPostgres          bool
 }
 
 // soakFlags is the `soak` scenario (issue 18, section 1):
@@ -83,6 +84,7 @@ func soakFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.DurationVar(&o.window, "window", DefaultSoakWindow, "compare the first and the last this long of the run (at most half of --duration)")
 	fs.DurationVar(&o.holdXmin, "hold-xmin", 0, "hold a transaction (a snapshot and an xid) open in another session for this long during the soak (0: none)")
 	fs.DurationVar(&o.holdAt, "hold-at", 5*time.Minute, "with --hold-xmin: when to open it, from the start of the producers")
+	fs.BoolVar(&o.ownPostgres, "own-postgres", false, "run against a throwaway PostgreSQL cluster of its own (fsync on, default settings: autovacuum on), even when DATABASE_URL is set or 127.0.0.1:5432 answers")
 	fs.DurationVar(&o.drainWait, "drain-timeout", time.Minute, "after the producers stop, fail when a committed message is not in the stream within this long")
 	return func(ctx context.Context, r *run) error { return soak(ctx, r, o) }
 }
@@ -178,8 +180,16 @@ func soak(ctx context.Context, r *run, o *soakOpts) error {
 		return usageErr("--hold-at + --hold-xmin must fall within --duration")
 	}
 	window := min(o.window, o.duration/2)
+	r.ownPostgres = o.ownPostgres
 	if err := r.start(ctx); err != nil {
 		return err
+	}
+	var autovacuum string
+	if err := r.Admin.QueryRow(ctx, "SELECT current_setting('autovacuum')").Scan(&autovacuum); err != nil {
+		return err
+	}
+	if autovacuum != "on" {
+		r.logf("WARNING: autovacuum is %s on this server: dead tuples are never removed and the outbox table grows (--own-postgres runs a cluster with the defaults)", autovacuum)
 	}
 	schema, err := r.NewSchema(ctx)
 	if err != nil {
