@@ -62,6 +62,7 @@ type Relay struct {
 	log   *slog.Logger
 	m     *metrics
 	lease *leaser
+	floor *claimFloor
 	wake  chan struct{}
 
 	running atomic.Bool
@@ -150,12 +151,13 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, err
 	}
 	r := &Relay{
-		cfg:  c,
-		pool: pool,
-		js:   js,
-		q:    store.New(c.Schema),
-		log:  c.Logger.With("component", "relay", "relay_id", c.ID),
-		wake: make(chan struct{}, 1),
+		cfg:   c,
+		pool:  pool,
+		js:    js,
+		q:     store.New(c.Schema),
+		log:   c.Logger.With("component", "relay", "relay_id", c.ID),
+		wake:  make(chan struct{}, 1),
+		floor: newClaimFloor(),
 	}
 	var err error
 	r.pub, err = newPublisher(js, c)
@@ -475,11 +477,16 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 		args.Partitions = parts
 	}
 	t0 := time.Now()
+	args.After = r.floor.bound(parts, gen, t0)
 	rows, err = r.q.Claim(ctx, conn, args)
 	r.m.claimDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.lease.broken(err)
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	r.floor.claimed(rows)
+	if r.floor.due(time.Now()) {
+		r.checkFloor(ctx, conn, parts, gen)
 	}
 	return conn, gen, rows, nil
 }

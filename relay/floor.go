@@ -1,0 +1,152 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// The claim floor keeps the claim from walking the dead index entries of the rows it already
+// settled: claims start above the floor (store.ClaimArgs.After). Normally VACUUM and the
+// index's own hints clear those entries; while a transaction holds the xmin horizon back
+// (a long report, an idle-in-transaction session) neither can, and a claim from the start of
+// the index gets slower with every row settled since. See internal/store/floor.go for when a
+// floor is safe; this file keeps it.
+const (
+	// floorCheckInterval is how often the relay reads the writers and the lowest ready and
+	// dead ids to move the floor (one small statement after a claim).
+	floorCheckInterval = 250 * time.Millisecond
+	// floorRescanInterval is how often a claim ignores the floor and starts from the
+	// beginning anyway: a safety net that costs one full claim.
+	floorRescanInterval = 5 * time.Second
+)
+
+// claimFloor is the relay's floor state. It belongs to the claim loop.
+type claimFloor struct {
+	mu sync.Mutex
+	// after is the floor: claims skip ids at or below it.
+	after int64
+	// parts and gen are the partitions and lease generation the floor was built under; any
+	// change resets it.
+	parts []int32
+	gen   uint64
+	// final: every id at or below it is final (no transaction that drew one is open).
+	final int64
+	// A pending checkpoint: every id at or below cpMax is final once none of cpWriters is
+	// open (and no prepared transaction holds a write lock). cpWriters nil: none pending.
+	cpMax     int64
+	cpWriters []string
+	// seen is the highest id claimed under this floor.
+	seen int64
+
+	lastCheck, lastFull time.Time
+	// checkEvery and rescanEvery are floorCheckInterval and floorRescanInterval; tests change
+	// them.
+	checkEvery, rescanEvery time.Duration
+}
+
+func newClaimFloor() *claimFloor {
+	return &claimFloor{checkEvery: floorCheckInterval, rescanEvery: floorRescanInterval}
+}
+
+// bound returns the floor for a claim of parts under gen: 0 (from the start) after a change
+// of partitions and every rescanEvery, else the floor.
+func (f *claimFloor) bound(parts []int32, gen uint64, now time.Time) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen || !slices.Equal(parts, f.parts) {
+		f.after, f.final, f.cpMax, f.cpWriters, f.seen = 0, 0, 0, nil, 0
+		f.parts, f.gen = slices.Clone(parts), gen
+		f.lastCheck, f.lastFull = time.Time{}, time.Time{}
+	}
+	if now.Sub(f.lastFull) >= f.rescanEvery {
+		f.lastFull = now
+		return 0
+	}
+	return f.after
+}
+
+// claimed records the ids a claim returned.
+func (f *claimFloor) claimed(rows []store.Claimed) {
+	if len(rows) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen = max(f.seen, rows[len(rows)-1].ID) // claims return rows in id order
+}
+
+// due reports whether a check is due, and counts it as done.
+func (f *claimFloor) due(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now.Sub(f.lastCheck) < f.checkEvery {
+		return false
+	}
+	f.lastCheck = now
+	return true
+}
+
+// args is what the check reads.
+func (f *claimFloor) args(count int32) store.FloorArgs {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	a := store.FloorArgs{After: f.after, PartitionCount: count}
+	if len(f.parts) < int(count) {
+		a.Partitions = f.parts
+	}
+	return a
+}
+
+// update moves the floor with a reading taken for parts under gen.
+func (f *claimFloor) update(parts []int32, gen uint64, st store.ClaimFloorState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen || !slices.Equal(parts, f.parts) {
+		return // the partitions changed meanwhile: the reading is of another floor
+	}
+	// The floor may rise to what was final before this reading's statement started (the
+	// checkpoint passed in an earlier statement), below every ready and dead row it saw.
+	nf := f.final
+	if st.MinReady > 0 {
+		nf = min(nf, st.MinReady-1)
+	}
+	if st.MinDead > 0 {
+		nf = min(nf, st.MinDead-1)
+	}
+	f.after = max(f.after, nf)
+	if st.MinDead > 0 && st.MinDead <= f.after {
+		f.after = st.MinDead - 1 // cannot happen (see store/floor.go); never stand above a dead row
+	}
+	// The pending checkpoint passes once its writers have all ended.
+	if f.cpWriters != nil && !st.Prepared && !slices.ContainsFunc(st.Writers, func(w string) bool { return slices.Contains(f.cpWriters, w) }) {
+		f.final = max(f.final, f.cpMax)
+		f.cpWriters = nil
+	}
+	// A new checkpoint: every id claimed so far was drawn before this reading.
+	if f.cpWriters == nil && f.seen > f.final {
+		f.cpMax = f.seen
+		f.cpWriters = append([]string{}, st.Writers...)
+	}
+}
+
+// Floor returns the claim floor (for tests and diagnostics).
+func (f *claimFloor) Floor() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.after
+}
+
+// checkFloor reads the floor's state on the claim's connection and moves the floor; it is
+// called after a claim when a check is due. A failure leaves the floor where it is.
+func (r *Relay) checkFloor(ctx context.Context, conn store.DBTX, parts []int32, gen uint64) {
+	a := r.floor.args(int32(r.cfg.Partitions))
+	st, err := r.q.ClaimFloor(ctx, conn, a)
+	if err != nil {
+		return
+	}
+	r.floor.update(parts, gen, st)
+}
