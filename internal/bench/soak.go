@@ -513,8 +513,8 @@ func (st *soakState) produce(ctx context.Context, pool *pgxpool.Pool, client *ou
 			first := start.Add(time.Duration(w) * interval / time.Duration(o.producer))
 			for k := 0; k < perProducer; k++ {
 				target := first.Add(time.Duration(k) * interval)
-				if !target.Before(end) || ctx.Err() != nil {
-					return
+				if !target.Before(end) || !time.Now().Before(end) || ctx.Err() != nil {
+					return // the run ends on time: a producer behind its schedule drops the rest
 				}
 				if d := time.Until(target); d > 0 {
 					time.Sleep(d) // pacing the open-loop schedule
