@@ -20,8 +20,9 @@ const (
 	// dead ids to move the floor (one small statement after a claim).
 	floorCheckInterval = 250 * time.Millisecond
 	// floorRescanInterval is how often a claim ignores the floor and starts from the
-	// beginning anyway: a safety net that costs one full claim.
-	floorRescanInterval = 5 * time.Second
+	// beginning anyway: a safety net (a row below the floor waits at most this long) that
+	// costs one full claim, which walks every dead entry while the horizon is held back.
+	floorRescanInterval = time.Minute
 )
 
 // claimFloor is the relay's floor state. It belongs to the claim loop.
