@@ -19,9 +19,10 @@ const (
 	// floorCheckInterval is how often the relay reads the writers and the lowest ready and
 	// dead ids to move the floor (one small statement after a claim).
 	floorCheckInterval = 250 * time.Millisecond
-	// floorRescanInterval is how often a claim ignores the floor and starts from the
-	// beginning anyway: a safety net (a row below the floor waits at most this long) that
-	// costs one full claim, which walks every dead entry while the horizon is held back.
+	// floorRescanInterval is how often the relay looks below the floor for a ready row
+	// anyway, in the background on a pool connection: a safety net (a row below the floor
+	// would wait at most this long) that walks every dead entry below the floor while the
+	// horizon is held back, so it stays off the claim path.
 	floorRescanInterval = time.Minute
 )
 
@@ -43,7 +44,8 @@ type claimFloor struct {
 	// seen is the highest id claimed under this floor.
 	seen int64
 
-	lastCheck, lastFull time.Time
+	lastCheck, lastProbe time.Time
+	probing              bool
 	// checkEvery and rescanEvery are floorCheckInterval and floorRescanInterval; tests change
 	// them.
 	checkEvery, rescanEvery time.Duration
@@ -53,19 +55,15 @@ func newClaimFloor() *claimFloor {
 	return &claimFloor{checkEvery: floorCheckInterval, rescanEvery: floorRescanInterval}
 }
 
-// bound returns the floor for a claim of parts under gen: 0 (from the start) after a change
-// of partitions and every rescanEvery, else the floor.
-func (f *claimFloor) bound(parts []int32, gen uint64, now time.Time) int64 {
+// bound returns the floor for a claim of parts under gen. A change of partitions resets it
+// to 0 (a claim from the start).
+func (f *claimFloor) bound(parts []int32, gen uint64) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if gen != f.gen || !slices.Equal(parts, f.parts) {
 		f.after, f.final, f.cpMax, f.cpWriters, f.seen = 0, 0, 0, nil, 0
 		f.parts, f.gen = slices.Clone(parts), gen
-		f.lastCheck, f.lastFull = time.Time{}, time.Time{}
-	}
-	if now.Sub(f.lastFull) >= f.rescanEvery {
-		f.lastFull = now
-		return 0
+		f.lastCheck, f.lastProbe = time.Time{}, time.Now()
 	}
 	return f.after
 }
@@ -134,6 +132,32 @@ func (f *claimFloor) update(parts []int32, gen uint64, st store.ClaimFloorState)
 	}
 }
 
+// probeDue reports whether a look below the floor is due (and none is running), and marks
+// one as running; it returns the floor's partitions, generation and value to probe.
+func (f *claimFloor) probeDue(now time.Time) (parts []int32, gen uint64, after int64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.probing || f.after == 0 || now.Sub(f.lastProbe) < f.rescanEvery {
+		return nil, 0, 0, false
+	}
+	f.probing, f.lastProbe = true, now
+	return f.parts, f.gen, f.after, true
+}
+
+// probed lowers the floor below a ready row a probe found at or below it (0: none).
+func (f *claimFloor) probed(parts []int32, gen uint64, found int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probing = false
+	if found == 0 || gen != f.gen || !slices.Equal(parts, f.parts) {
+		return
+	}
+	f.after = min(f.after, found-1)
+	f.final = min(f.final, found-1)
+	f.cpWriters = nil
+	f.cpMax = 0
+}
+
 // Floor returns the claim floor (for tests and diagnostics).
 func (f *claimFloor) Floor() int64 {
 	f.mu.Lock()
@@ -150,4 +174,23 @@ func (r *Relay) checkFloor(ctx context.Context, conn store.DBTX, parts []int32, 
 		return
 	}
 	r.floor.update(parts, gen, st)
+}
+
+// probeFloor looks for a ready row at or below the floor, on a pool connection, and lowers
+// the floor below it if there is one (there should not be: see store/floor.go).
+func (r *Relay) probeFloor(parts []int32, gen uint64, after int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	a := store.FloorArgs{After: after, PartitionCount: int32(r.cfg.Partitions)}
+	if len(parts) < r.cfg.Partitions {
+		a.Partitions = parts
+	}
+	found, err := r.q.ReadyAtOrBelow(ctx, r.pool, a)
+	if err != nil {
+		found = 0
+	}
+	if found > 0 {
+		r.log.Warn("a ready row was found below the claim floor; claiming from below it", "id", found, "floor", after)
+	}
+	r.floor.probed(parts, gen, found)
 }

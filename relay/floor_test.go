@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -188,4 +189,41 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// The safety net: a ready row below the floor (which the floor's rules should never let
+// happen; here one is written there by hand) is found by the background look below the floor
+// and published.
+func TestClaimFloorProbeFindsRowsBelow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.floorRelay()
+	for i := range 3 {
+		e.enqueue(outbox.Message{Subject: "orders.u", Payload: []byte{'u', byte('0' + i)}})
+	}
+	drain(t, r)
+	settleFloor(t, r)
+	floor := r.floor.Floor()
+	if floor < 2 {
+		t.Fatalf("floor %d, want it risen past the published rows", floor)
+	}
+	// A row with an id below the floor, ready.
+	if _, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (id, message_id, subject, partition_key, payload)
+		OVERRIDING SYSTEM VALUE VALUES (1, $1, 'orders.below', 0, 'below')`, uuid.New()); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, r)
+	if got := floorPayloads(e); got != "u0,u1,u2" {
+		t.Fatalf("stream %q: the row below the floor went out before the probe", got)
+	}
+	r.floor.mu.Lock()
+	r.floor.rescanEvery = 0
+	r.floor.mu.Unlock()
+	testsvc.Eventually(t, 10*time.Second, "the row below the floor to be published", func() bool {
+		if _, err := r.runOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return floorPayloads(e) == "u0,u1,u2,below"
+	})
 }

@@ -477,7 +477,7 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 		args.Partitions = parts
 	}
 	t0 := time.Now()
-	args.After = r.floor.bound(parts, gen, t0)
+	args.After = r.floor.bound(parts, gen)
 	rows, err = r.q.Claim(ctx, conn, args)
 	r.m.claimDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
@@ -487,6 +487,9 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	r.floor.claimed(rows)
 	if r.floor.due(time.Now()) {
 		r.checkFloor(ctx, conn, parts, gen)
+	}
+	if p, g, after, ok := r.floor.probeDue(time.Now()); ok {
+		go r.probeFloor(p, g, after)
 	}
 	return conn, gen, rows, nil
 }

@@ -75,3 +75,17 @@ func (q *Queries) ClaimFloor(ctx context.Context, db DBTX, a FloorArgs) (ClaimFl
 }
 
 func floorStatement(messages string) string { return fmt.Sprintf(floorSQL, messages) }
+
+// ReadyAtOrBelow returns the lowest ready id at or below a.After in the partitions (0: none):
+// the relay's check that nothing sits below its claim floor.
+func (q *Queries) ReadyAtOrBelow(ctx context.Context, db DBTX, a FloorArgs) (int64, error) {
+	count := a.PartitionCount
+	if count <= 0 {
+		count = 1
+	}
+	var id int64
+	err := db.QueryRow(ctx, `SELECT coalesce(min(o.id), 0) FROM `+q.Messages+` o
+WHERE o.state = 'ready' AND o.id <= $1::int8
+  AND ($2::int4[] IS NULL OR o.partition_key % $3::int4 = ANY($2::int4[]))`, a.After, a.Partitions, count).Scan(&id)
+	return id, err
+}
