@@ -89,15 +89,15 @@ func (f *claimFloor) due(now time.Time) bool {
 	return true
 }
 
-// args is what the check reads.
-func (f *claimFloor) args(count int32) store.FloorArgs {
+// args is what the check reads, and the partitions and generation it reads them for.
+func (f *claimFloor) args(count int32) (store.FloorArgs, []int32, uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a := store.FloorArgs{After: f.after, PartitionCount: count}
 	if len(f.parts) < int(count) {
 		a.Partitions = f.parts
 	}
-	return a
+	return a, f.parts, f.gen
 }
 
 // update moves the floor with a reading taken for parts under gen.
@@ -165,10 +165,17 @@ func (f *claimFloor) Floor() int64 {
 	return f.after
 }
 
-// checkFloor reads the floor's state on the claim's connection and moves the floor; it is
-// called after a claim when a check is due. A failure leaves the floor where it is.
-func (r *Relay) checkFloor(ctx context.Context, conn store.DBTX, parts []int32, gen uint64) {
-	a := r.floor.args(int32(r.cfg.Partitions))
+// checkFloor reads the floor's state on the relay's lease connection and moves the floor. It
+// runs where it delays no publish: after a settle, or after a claim that found nothing. A
+// failure leaves the floor where it is.
+func (r *Relay) checkFloor(ctx context.Context, conn store.DBTX) {
+	if !r.floor.due(time.Now()) {
+		return
+	}
+	a, parts, gen := r.floor.args(int32(r.cfg.Partitions))
+	if parts == nil {
+		return // no claim yet
+	}
 	st, err := r.q.ClaimFloor(ctx, conn, a)
 	if err != nil {
 		return

@@ -485,8 +485,8 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
 	}
 	r.floor.claimed(rows)
-	if r.floor.due(time.Now()) {
-		r.checkFloor(ctx, conn, parts, gen)
+	if len(rows) == 0 {
+		r.checkFloor(ctx, conn) // nothing to publish: the check delays nothing
 	}
 	if p, g, after, ok := r.floor.probeDue(time.Now()); ok {
 		go r.probeFloor(p, g, after)
@@ -526,6 +526,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		r.lease.broken(err)
 		return fmt.Errorf("relay: settle: %w", err)
 	}
+	r.checkFloor(ctx, conn) // the batch is out: the check delays no publish
 	r.stats.Batches.Add(1)
 	r.stats.Published.Add(out.Published)
 	r.stats.Failed.Add(int64(len(res.failed)))
