@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +37,8 @@ func runBench(t *testing.T, args ...string) (int, map[string]string, string) {
 	t.Helper()
 	dsn := testsvc.PostgresDSN(t)
 	n := testsvc.NewNATS(t)
-	var stdout, stderr bytes.Buffer
+	var stdout bytes.Buffer
+	var stderr lockedBuffer // child processes' stderr is copied in by goroutines of their own
 	env := &Env{
 		Stdout: &stdout, Stderr: &stderr,
 		Getenv: func(k string) string {
@@ -397,4 +399,22 @@ func TestHistorySmall(t *testing.T) {
 	if num(t, kv, "purge_rows_per_s") <= 0 {
 		t.Errorf("the purge deleted nothing: %v", kv)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
