@@ -75,7 +75,10 @@ type Relay struct {
 	outages       streamOutages
 	hooks         hooks
 	stats         counters
-	testSignals   testSignals
+	// lastWork is when a claim last returned rows (unix ns; 0: never): the membership watch
+	// runs only while the relay is busy.
+	lastWork    atomic.Int64
+	testSignals testSignals
 }
 
 // testSignals are events tests wait on instead of sleeping; their channels are nil outside
@@ -227,6 +230,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.sampleLoop(lctx) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); r.watchMembers(lctx) }()
 	defer r.lease.close()
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
@@ -490,6 +495,9 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	}
 	if p, g, after, ok := r.floor.probeDue(time.Now()); ok {
 		go r.probeFloor(p, g, after)
+	}
+	if len(rows) > 0 {
+		r.lastWork.Store(time.Now().UnixNano())
 	}
 	return conn, gen, rows, nil
 }
