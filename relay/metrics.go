@@ -18,8 +18,8 @@ import (
 //
 //	relay_published_total, relay_duplicates_total, relay_publish_failures_total{kind},
 //	relay_dead_total                     counters, per batch
-//	relay_batch_size, relay_commit_to_publish_seconds
-//	                                     histograms, per batch
+//	relay_batch_size, relay_commit_to_publish_seconds, relay_claim_seconds,
+//	relay_settle_seconds                 histograms, per batch
 //	relay_partitions_held, relay_partition_target, relay_relays,
 //	relay_partition_changes_total{change}, relay_partition_count_mismatch
 //	                                     the partition sharing, per lease round
@@ -32,6 +32,9 @@ import (
 //	                                     aggregate with max, not sum); the subject families
 //	                                     keep the maxSubjectSeries subjects with the most
 //	                                     ready rows among the sampled ones
+//	postgres_oldest_xact_age_seconds, postgres_xmin_horizon_age_xids,
+//	postgres_prepared_xacts, postgres_oldest_prepared_xact_age_seconds
+//	                                     what holds back VACUUM of the outbox, sampled
 //
 // Sampled gauges come from a periodic bounded query (Config.SampleInterval,
 // Config.SampleLimit), never from the publishing path.
@@ -42,6 +45,8 @@ type metrics struct {
 	dead       prometheus.Counter
 	batchSize  prometheus.Histogram
 	latency    prometheus.Histogram
+	claimDur   prometheus.Histogram
+	settleDur  prometheus.Histogram
 	partitions prometheus.Gauge
 	target     prometheus.Gauge
 	relays     prometheus.Gauge
@@ -59,6 +64,11 @@ type metrics struct {
 
 	// shownSubjects are the subject labels the last sample set (only the sample loop uses it).
 	shownSubjects []string
+	oldestXact    prometheus.Gauge
+	xminAge       prometheus.Gauge
+	prepared      prometheus.Gauge
+	oldestPrep    prometheus.Gauge
+	horizonError  prometheus.Counter
 }
 
 // maxSubjectSeries bounds the per-subject gauges: the subjects with the most ready rows among
@@ -88,6 +98,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "txoutbox", Subsystem: "relay", Name: "commit_to_publish_seconds",
 			Help:    "Time from a row becoming ready (its insert, or a half message's commit) to its PubAck.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}),
+		claimDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "txoutbox", Subsystem: "relay", Name: "claim_seconds",
+			Help:    "Time of one claim statement (its rows read), per claim that ran.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		settleDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "txoutbox", Subsystem: "relay", Name: "settle_seconds",
+			Help:    "Time of one settle statement, per settled batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		partitions: prometheus.NewGauge(prometheus.GaugeOpts(relay("partitions_held",
 			"Partitions this relay holds the lease of."))),
@@ -123,6 +143,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"subject"}),
 		sampleErrs: prometheus.NewCounter(prometheus.CounterOpts(relay("sample_errors_total",
 			"Failed backlog samples (the sampled gauges keep their last value)."))),
+		oldestXact: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "oldest_xact_age_seconds",
+			Help: "Age of the oldest open transaction in the outbox's database that holds a snapshot or a transaction id (0 when none): while it is open VACUUM cannot remove the rows the relay settled. Sessions of other roles count only when the relay's role may see them (pg_read_all_stats).",
+		}),
+		xminAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "xmin_horizon_age_xids",
+			Help: "Age in transaction ids of the xmin horizon: the oldest of open transactions, prepared transactions and replication slots.",
+		}),
+		prepared: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "prepared_xacts",
+			Help: "Two-phase transactions prepared in the outbox's database and not yet committed or rolled back.",
+		}),
+		oldestPrep: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "txoutbox", Subsystem: "postgres", Name: "oldest_prepared_xact_age_seconds",
+			Help: "Age of the oldest prepared transaction (0 when none).",
+		}),
+		horizonError: prometheus.NewCounter(prometheus.CounterOpts(relay("horizon_sample_errors_total",
+			"Failed samples of the xmin horizon (its gauges keep their last value)."))),
 	}
 	// Make the labelled families visible before their first event.
 	for _, k := range []string{"message", "broker"} {
@@ -133,7 +171,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.setHealth(healthStarting)
 	if err := prom.Register(reg, "relay",
-		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs)); err != nil {
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
+		prom.Of(&m.claimDur), prom.Of(&m.settleDur), prom.Of(&m.oldestXact), prom.Of(&m.xminAge), prom.Of(&m.prepared), prom.Of(&m.oldestPrep), prom.Of(&m.horizonError)); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -191,6 +230,7 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 	r.m.rows.WithLabelValues(store.StatePrepared).Set(float64(st.Prepared))
 	r.m.rows.WithLabelValues(store.StateCheckExhausted).Set(float64(st.CheckExhausted))
 	r.m.oldest.Set(st.OldestReady.Seconds())
+	r.sampleHorizon(ctx)
 
 	subjects, err := r.q.SampleSubjects(ctx, r.pool, r.cfg.SampleLimit, maxSubjectSeries)
 	if err != nil {
@@ -240,4 +280,18 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// sampleHorizon sets the xmin horizon gauges. A failure (a role that may not read the
+// catalog views, say) is counted and leaves them as they were: it does not fail the sample.
+func (r *Relay) sampleHorizon(ctx context.Context) {
+	h, err := r.q.XminHorizon(ctx, r.pool)
+	if err != nil {
+		r.m.horizonError.Inc()
+		return
+	}
+	r.m.oldestXact.Set(h.OldestXact.Seconds())
+	r.m.xminAge.Set(float64(h.XminAge()))
+	r.m.prepared.Set(float64(h.Prepared))
+	r.m.oldestPrep.Set(h.OldestPrepared.Seconds())
 }

@@ -89,6 +89,8 @@ type Table struct {
 	Flagged []int `json:"flagged"`
 	// Problems are added to the snapshot's Problems.
 	Problems []string `json:"-"`
+	// Warning, when set, is also listed among the snapshot's Problems.
+	Warning string `json:"warning,omitempty"`
 }
 
 // maxBlocked bounds the blocked keys a snapshot lists.
@@ -248,6 +250,9 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		}
 		if t != nil {
 			s.Problems = append(s.Problems, t.Problems...)
+			if t.Warning != "" {
+				s.Problems = append(s.Problems, t.Warning)
+			}
 			if len(t.Columns) > 0 {
 				s.Panels = append(s.Panels, *t)
 			}
