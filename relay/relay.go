@@ -63,6 +63,7 @@ type Relay struct {
 	m     *metrics
 	lease *leaser
 	wake  chan struct{}
+	trace *relayTracer
 
 	running atomic.Bool
 	health  atomic.Int32 // a healthState
@@ -150,12 +151,13 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, err
 	}
 	r := &Relay{
-		cfg:  c,
-		pool: pool,
-		js:   js,
-		q:    store.New(c.Schema),
-		log:  c.Logger.With("component", "relay", "relay_id", c.ID),
-		wake: make(chan struct{}, 1),
+		cfg:   c,
+		pool:  pool,
+		js:    js,
+		q:     store.New(c.Schema),
+		log:   c.Logger.With("component", "relay", "relay_id", c.ID),
+		wake:  make(chan struct{}, 1),
+		trace: newRelayTracer(c),
 	}
 	var err error
 	r.pub, err = newPublisher(js, c)
