@@ -22,12 +22,13 @@ import (
 
 // consumerTracer is the consumer's OpenTelemetry side.
 type consumerTracer struct {
-	t trace.Tracer
-	p propagation.TextMapPropagator
+	tp trace.TracerProvider // as configured (nil: the global one)
+	t  trace.Tracer
+	p  propagation.TextMapPropagator
 }
 
 func newConsumerTracer(c *Config) *consumerTracer {
-	return &consumerTracer{t: tracing.Tracer(c.TracerProvider, "consumer"), p: tracing.Propagator(c.Propagator)}
+	return &consumerTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "consumer"), p: tracing.Propagator(c.Propagator)}
 }
 
 // outcomeName is the txoutbox.outcome of a result.
@@ -76,6 +77,9 @@ func (c *Consumer) messageAttrs(it *item) []attribute.KeyValue {
 // startSpans starts the spans of a batch about to be handled and returns the context to
 // handle it in: per message (it.span), or, with a batch handler, one for the batch.
 func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Context, trace.Span) {
+	if !tracing.Enabled(c.trace.tp) {
+		return ctx, nil
+	}
 	if c.batchHandler == nil {
 		for _, it := range batch {
 			pctx := tracing.ExtractContext(ctx, c.trace.p, it.raw.Headers())

@@ -22,18 +22,25 @@ import (
 
 // relayTracer is the relay's OpenTelemetry side.
 type relayTracer struct {
-	t trace.Tracer
-	p propagation.TextMapPropagator
+	tp trace.TracerProvider // as configured (nil: the global one)
+	t  trace.Tracer
+	p  propagation.TextMapPropagator
 }
 
 func newRelayTracer(c *Config) *relayTracer {
-	return &relayTracer{t: tracing.Tracer(c.TracerProvider, "relay"), p: tracing.Propagator(c.Propagator)}
+	return &relayTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "relay"), p: tracing.Propagator(c.Propagator)}
 }
 
-// startPublish starts the publish span of row, about to be sent as msg.
+var producerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+
+// startPublish starts the publish span of row, about to be sent as msg; nil when tracing is
+// off.
 func (rt *relayTracer) startPublish(ctx context.Context, row *store.Claimed, msg *nats.Msg) trace.Span {
+	if !tracing.Enabled(rt.tp) {
+		return nil
+	}
 	ctx = tracing.ExtractContext(ctx, rt.p, msg.Header)
-	_, span := rt.t.Start(ctx, "publish "+row.Subject, trace.WithSpanKind(trace.SpanKindProducer))
+	_, span := rt.t.Start(ctx, "publish "+row.Subject, producerKind...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,

@@ -34,7 +34,7 @@ const (
 type drainOpts struct {
 	msgs, perTx, size, loaders, keys, window int
 	cpuprofile                               string
-	skipCeiling                              bool
+	skipCeiling, trace                       bool
 	timeout                                  time.Duration
 }
 
@@ -48,6 +48,7 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.window, "ceiling-window", DefaultCeilingWindow, "PubAcks in flight at most for the bare publisher")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
+	fs.BoolVar(&o.trace, "trace", false, "then drain the same backlog again with tracing on (every span sampled, a discarding exporter) and report its cost")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
 	return func(ctx context.Context, r *run) error { return drain(ctx, r, o) }
 }
@@ -174,15 +175,21 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	r.logf("check: %s; business rows %d (want %d); relay stats published=%d duplicate_acks=%d failed=%d dead=%d",
 		res, business, wantBusiness, rl.Stats().Published, rl.Stats().Duplicates, rl.Stats().Failed, rl.Stats().Dead)
 
+	var traced *tracedDrain
+	if o.trace {
+		if traced, err = drainTraced(ctx, r, set, o); err != nil {
+			return err
+		}
+	}
 	ratio := 0.0
 	if ceilRate > 0 {
 		ratio = relayRate / ceilRate
 	}
-	r.result("msgs", o.msgs,
+	r.result(append([]any{"msgs", o.msgs,
 		"relay_msgs_per_s", relayRate,
 		"ceiling_msgs_per_s", ceilRate,
 		"ratio", ratio,
-		"relay_us_per_msg", relayDur.Seconds()*1e6/float64(o.msgs),
+		"relay_us_per_msg", relayDur.Seconds() * 1e6 / float64(o.msgs),
 		"relay_s", relayDur.Seconds(),
 		"ceiling_s", ceilDur.Seconds(),
 		"enqueue_msgs_per_s", enqRate,
@@ -192,8 +199,10 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 		"keys", o.keys,
 		"lost", res.Lost,
 		"duplicates", res.Duplicates,
-		"load1", load1())
+		"load1", load1()}, traceResult(traced, o.msgs, relayRate, ceilRate)...)...)
 	switch {
+	case traced != nil && !traced.check.ok():
+		return fmt.Errorf("%w: traced stream: %s", ErrCheckFailed, traced.check)
 	case !res.ok():
 		return fmt.Errorf("%w: stream %s: %s", ErrCheckFailed, stream, res)
 	case business != wantBusiness:

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopePrefix prefixes the instrumentation scope of each package's tracer
@@ -29,6 +30,24 @@ func Tracer(tp trace.TracerProvider, pkg string) trace.Tracer {
 		tp = otel.GetTracerProvider()
 	}
 	return tp.Tracer(ScopePrefix+pkg, trace.WithSchemaURL(semconv.SchemaURL))
+}
+
+// defaultProvider is the global tracer provider before the application sets one: a delegate
+// that records nothing until then.
+var defaultProvider = otel.GetTracerProvider()
+
+// Enabled reports whether tp (nil: the global provider) can record spans: false for nil
+// while the application has set no global provider, and for a noop provider. The hot paths
+// (a span per message) check it first, so that tracing off costs them nothing but this check.
+func Enabled(tp trace.TracerProvider) bool {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+		if tp == defaultProvider {
+			return false
+		}
+	}
+	_, isNoop := tp.(noop.TracerProvider)
+	return !isNoop
 }
 
 // Propagator returns p, or the global propagator when p is nil.
