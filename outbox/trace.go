@@ -15,10 +15,9 @@ import (
 
 // tracer is a client's OpenTelemetry side (see Config.TracerProvider and Config.Propagator).
 type tracer struct {
-	t      trace.Tracer
-	p      propagation.TextMapPropagator
-	spans  bool // Config.EnqueueSpan
-	fields []string
+	t     trace.Tracer
+	p     propagation.TextMapPropagator
+	spans bool // Config.EnqueueSpan
 }
 
 func newTracer(c *Config) *tracer {

@@ -233,7 +233,7 @@ func TestTraceHeadersNeverMakeAMessageInvalid(t *testing.T) {
 func attrMap(kvs []attribute.KeyValue) map[string]string {
 	out := map[string]string{}
 	for _, kv := range kvs {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }
