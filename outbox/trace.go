@@ -44,8 +44,9 @@ func (c *Client) TraceHeaders(ctx context.Context) map[string][]string {
 // m's own Headers map is never changed.
 func (c *Client) withTrace(ctx context.Context, m *Message) (Message, bool) {
 	p := c.trace.p
-	if tracing.HasAny(m.Headers, p.Fields()) {
-		return *m, false
+	fields := p.Fields()
+	if len(fields) == 0 || tracing.HasAny(m.Headers, fields) {
+		return *m, false // nothing to capture (no propagator set), or the caller's own
 	}
 	var h tracing.Carrier
 	p.Inject(ctx, lazyCarrier{&h})
