@@ -16,9 +16,10 @@ import (
 // message's PubAck (or error) is in. Per message rather than one per batch with a link per
 // message: a message's producer, publish and consumer spans then share one trace id, so one
 // trace shows an event's whole life, its republishes included (each a span of its own, with
-// txoutbox.duplicate set when JetStream recognised it). The cost, measured with the drain
-// benchmark (README, Traces), is a few per cent of the relay's throughput with every span
-// sampled and exported, and nothing measurable when tracing is off.
+// txoutbox.duplicate set when JetStream recognised it). What it costs (README, Traces;
+// BenchmarkPublishSpans): nothing but a check while tracing is off; for a message whose
+// producer's span was not sampled, about what one batch span with a link per message costs
+// (reading its traceparent dominates both); a full span only for sampled messages.
 
 // relayTracer is the relay's OpenTelemetry side.
 type relayTracer struct {
