@@ -69,6 +69,8 @@ type CheckBack struct {
 	// outboxID is the outbox's identity sent with each check (see outbox).
 	outboxMu sync.Mutex
 	outboxID string
+
+	trace *checkTracer
 }
 
 // hooks are fault-injection points for tests.
@@ -108,6 +110,7 @@ func New(db txoutbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
 		m:        m,
 		limiters: map[string]*groupLimit{},
 		busy:     map[string]bool{},
+		trace:    newCheckTracer(c),
 	}, nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/robfig/cron/v3"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -145,6 +147,18 @@ type Config struct {
 	// Registerer, when set, registers the check-back's Prometheus metrics. Check-backs
 	// sharing a registry share the collectors. Defaults to none.
 	Registerer prometheus.Registerer
+
+	// TracerProvider provides the tracer of the check spans: one per check request ("check
+	// <group>", kind client), a child of the trace context the half message captured when it
+	// was prepared, ended with the check's outcome. The request carries the span's context in
+	// its headers, and the checker (checker.Serve) continues it. Defaults to the global
+	// provider (otel.GetTracerProvider), which records nothing until the application sets one.
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the half message's trace context from its headers and writes the check
+	// span's into the request. Defaults to the global propagator (otel.GetTextMapPropagator),
+	// which does nothing until the application sets one.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"golang.org/x/time/rate"
 
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -304,6 +305,14 @@ func chains(rows []store.HalfRow) [][]store.HalfRow {
 // ask asks row's group's checker and classifies the reply. It returns "" as the outcome when
 // ctx ended first (the pass ran out of time or is shutting down): nothing is counted.
 func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail string) {
+	ctx, span := c.trace.startCheck(ctx, r, c.cfg.SubjectPrefix)
+	outcome, detail = c.askChecker(ctx, r)
+	endCheck(span, outcome, detail)
+	return outcome, detail
+}
+
+// askChecker is ask without its span; the request carries the trace context of ctx.
+func (c *CheckBack) askChecker(ctx context.Context, r store.HalfRow) (outcome, detail string) {
 	if c.nc == nil {
 		return OutcomeNoResponders, "no NATS connection: the check-back cannot ask checkers"
 	}
@@ -324,6 +333,7 @@ func (c *CheckBack) ask(ctx context.Context, r store.HalfRow) (outcome, detail s
 	msg := nats.NewMsg(checker.Subject(c.cfg.SubjectPrefix, r.Group))
 	msg.Data = body
 	msg.Header.Set(checker.HeaderTimeout, c.cfg.RequestTimeout.String())
+	c.trace.p.Inject(ctx, tracing.Carrier(msg.Header))
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	resp, err := c.nc.RequestMsgWithContext(rctx, msg)

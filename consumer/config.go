@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -167,6 +169,20 @@ type Config struct {
 	// restarted) share the counters. The same counts, per Consumer, are always available from
 	// Consumer.Stats. Defaults to none.
 	Registerer prometheus.Registerer
+
+	// TracerProvider provides the tracer of the consumer's process spans: one per message
+	// handled ("process <subject>", kind consumer), a child of the trace context the producer
+	// captured in the message's headers, carried by the handler's ctx and ended with the
+	// message's outcome (applied, duplicate, retried, dead_lettered); with NewBatch, one per
+	// batch with a link per message. Defaults to the global provider
+	// (otel.GetTracerProvider), which records nothing until the application sets one.
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the producer's trace context from a message's headers, and writes the
+	// process span's into a dead letter of a message that carried none. Defaults to the
+	// global propagator (otel.GetTextMapPropagator), which does nothing until the application
+	// sets one.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.

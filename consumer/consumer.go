@@ -107,6 +107,7 @@ type Consumer struct {
 	stats   counters
 	hooks   hooks
 	order   *keyOrder // ordered mode, while Run runs; set before the workers start
+	trace   *consumerTracer
 	// testSignals are events tests wait on; nil channels outside tests.
 	testSignals testSignals
 
@@ -180,6 +181,7 @@ func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Con
 		q:       store.New(c.Schema),
 		log:     c.Logger.With("component", "consumer", "consumer", c.Durable, "stream", c.Stream),
 		m:       m,
+		trace:   newConsumerTracer(c),
 	}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // item is a message the consumer holds, from its delivery until it is acked, nak'ed or
@@ -25,6 +26,8 @@ type item struct {
 	slot       bool   // it holds a slot of dispatcher.sem; dispatcher.mu
 
 	touched time.Time // last in-progress ack (zero: none yet); dispatcher.mu
+
+	span trace.Span // its process span while a worker handles it (see trace.go), or nil
 
 	ackMu   sync.Mutex // orders in-progress acks before the final ack, nak or term
 	settled bool       // a final ack, nak or term was sent; ackMu
@@ -256,14 +259,16 @@ func (d *dispatcher) work(ctx context.Context) {
 			return
 		}
 		var results []result
+		bctx, span := d.c.startSpans(ctx, batch)
 		switch {
 		case d.c.cfg.BatchSize == 1:
-			results = []result{d.c.handle(ctx, batch[0])}
+			results = []result{d.c.handle(bctx, batch[0])}
 		case d.c.order != nil:
-			results = d.c.handleOrderedBatch(ctx, batch)
+			results = d.c.handleOrderedBatch(bctx, batch)
 		default:
-			results = d.c.handleBatch(ctx, batch)
+			results = d.c.handleBatch(bctx, batch)
 		}
+		d.c.endSpans(span, batch, results)
 		for i, it := range batch {
 			d.settle(it, results[i])
 		}

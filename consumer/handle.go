@@ -450,7 +450,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, it *item) (err er
 		}
 		c.observeHandler(time.Since(start))
 	}()
-	err = c.handler(ctx, handlerTx{tx}, it.msg)
+	err = c.handler(it.spanCtx(ctx), handlerTx{tx}, it.msg)
 	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
 		err = ErrTxAborted
 	}
@@ -552,6 +552,7 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		out.Header[k] = append([]string(nil), v...)
 		copied = append(copied, k)
 	}
+	c.traceDeadLetter(ctx, it, out.Header)
 	out.Header.Set(HeaderDeadConsumer, c.cfg.Durable)
 	out.Header.Set(HeaderDeadReason, reason)
 	out.Header.Set(HeaderDeadError, headerValue(cause.Error()))

@@ -163,7 +163,21 @@ type Half struct {
 // invisible to the relay until it is committed. db is usually the pool, so that the half
 // message is committed before the producer starts its work. It takes no key lock: the message
 // draws its place in its key's order when it is committed.
+//
+// Like EnqueueTx, it captures the trace context of ctx into the message's headers; the
+// check-back's checks of the message and its publishing continue that trace.
 func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
+	ctx, span := c.startEnqueue(ctx, "prepare", []Message{msg})
+	h, err := c.prepare(ctx, db, msg, opts)
+	var ids []uuid.UUID
+	if err == nil {
+		ids = []uuid.UUID{h.ID}
+	}
+	endEnqueue(span, ids, err)
+	return h, err
+}
+
+func (c *Client) prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
 	var o PrepareOptions
 	if opts != nil {
 		o = *opts
@@ -173,7 +187,7 @@ func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opt
 			return Half{}, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
 		}
 	}
-	row, err := c.prepareRow(0, &msg)
+	row, err := c.traceRow(ctx, 0, &msg)
 	if err != nil {
 		return Half{}, err
 	}

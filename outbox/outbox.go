@@ -37,6 +37,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/migrations"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultMaxMessageBytes is NATS's default max_payload (1 MiB), which counts headers too.
@@ -67,6 +69,24 @@ type Config struct {
 	// (txoutbox_outbox_half_prepared_total, _committed_total, _rolled_back_total). Clients
 	// sharing a registry share the counters. Defaults to none.
 	Registerer prometheus.Registerer
+
+	// TracerProvider provides the tracer of the optional enqueue span (EnqueueSpan). Defaults
+	// to the global provider (otel.GetTracerProvider), which records nothing until the
+	// application sets one.
+	TracerProvider trace.TracerProvider
+
+	// Propagator captures the trace context of the ctx given to EnqueueTx and Prepare into
+	// each message's headers (traceparent and tracestate with the W3C propagator), unless the
+	// message already has one of the headers it sets: the relay and the consumer continue
+	// that trace. Defaults to the global propagator (otel.GetTextMapPropagator), which
+	// captures nothing until the application sets one, for example with
+	// otel.SetTextMapPropagator(propagation.TraceContext{}).
+	Propagator propagation.TextMapPropagator
+
+	// EnqueueSpan, when set, makes EnqueueTx and Prepare start a span of their own ("create
+	// <subject>", kind producer) inside the caller's, and the messages capture it instead of
+	// the caller's span. Defaults to false: the enqueue is part of the caller's span.
+	EnqueueSpan bool
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
@@ -93,9 +113,10 @@ func (c *Config) validate() error {
 
 // Client writes messages into the outbox. It is safe for concurrent use.
 type Client struct {
-	cfg  *Config
-	q    *store.Queries
-	half *halfMetrics
+	cfg   *Config
+	q     *store.Queries
+	half  *halfMetrics
+	trace *tracer
 }
 
 // NewClient returns a Client for cfg (nil means all defaults).
@@ -108,7 +129,7 @@ func NewClient(cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: c, q: store.New(c.Schema), half: m}, nil
+	return &Client{cfg: c, q: store.New(c.Schema), half: m, trace: newTracer(c)}, nil
 }
 
 // Config returns the client's effective configuration.
@@ -134,7 +155,9 @@ type Message struct {
 	// (names differing only in case are distinct headers), every value of a name in order, an
 	// empty value as empty. Names must be RFC 7230 tokens, not reserved (IsReservedHeader:
 	// Nats-*, Txoutbox-*, Status, Description), with at least one value each; values must pass
-	// ValidateHeaderValue. A traceparent header travels as it is.
+	// ValidateHeaderValue. A traceparent header travels as it is: when Headers has none of
+	// the headers the propagator sets (Config.Propagator), EnqueueTx and Prepare add the trace
+	// context of their ctx (to a copy: Headers itself is never changed).
 	Headers map[string][]string
 	// Payload is the message body.
 	Payload []byte
@@ -168,6 +191,12 @@ var ErrLockTableFull = errors.New("outbox: no room for a key lock")
 // JetStream under the server's default limits and reaches the consumer byte for byte (see
 // the package documentation). It returns the message ids in the order of msgs.
 //
+// Each message captures the trace context of ctx into its headers (see Config.Propagator),
+// unless it has a trace header of its own; captured headers count towards the limits like
+// the caller's. A message valid without them that they would make invalid (over a limit, by a
+// byte) is stored without them rather than refused, and the span of ctx gets an event saying
+// so: tracing never fails an enqueue.
+//
 // A keyed message locks its key (transaction-scoped advisory locks) before its row id is
 // drawn, so concurrent transactions enqueueing one key serialise and, for one key, id order
 // is commit order. There is no limit on the number of keys, in one call or in one
@@ -192,12 +221,19 @@ func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Messag
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	ctx, span := c.startEnqueue(ctx, "enqueue", msgs)
+	ids, err := c.enqueueTx(ctx, tx, msgs)
+	endEnqueue(span, ids, err)
+	return ids, err
+}
+
+func (c *Client) enqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs []Message) ([]uuid.UUID, error) {
 	rows := make([]store.NewRow, len(msgs))
 	ids := make([]uuid.UUID, len(msgs))
 	seen := make(map[uuid.UUID]int, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
-		row, err := c.prepareRow(i, m)
+		row, err := c.traceRow(ctx, i, m)
 		if err != nil {
 			return nil, err
 		}

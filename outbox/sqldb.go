@@ -38,7 +38,7 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 	seen := make(map[uuid.UUID]int, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
-		row, err := c.prepareRow(i, m)
+		row, err := c.traceRow(ctx, i, m)
 		if err != nil {
 			return nil, err
 		}
@@ -76,7 +76,7 @@ func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Messag
 			return Half{}, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
 		}
 	}
-	row, err := c.prepareRow(0, &msg)
+	row, err := c.traceRow(ctx, 0, &msg)
 	if err != nil {
 		return Half{}, err
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -150,6 +152,19 @@ type Config struct {
 	// SampleLimit bounds the rows each sampling count reads, so sampling stays cheap however
 	// large the backlog grows; a gauge at SampleLimit means "at least". Defaults to 100000.
 	SampleLimit int
+
+	// TracerProvider provides the tracer of the relay's publish spans: one span per message
+	// published ("publish <subject>", kind producer), a child of the trace context the
+	// producer captured in the message's headers (see the README's Traces section). Defaults
+	// to the global provider (otel.GetTracerProvider), which records nothing until the
+	// application sets one.
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the producer's trace context from a message's headers. The relay never
+	// changes those headers: the consumer gets the producer's context as it was captured.
+	// Defaults to the global propagator (otel.GetTextMapPropagator), which reads nothing until
+	// the application sets one.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.

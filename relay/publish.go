@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // batchResult is what publishing a batch produced.
@@ -293,7 +294,8 @@ var errLeaseEnded = errors.New("relay: partition lease ended")
 func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int, gen uint64) []outcome {
 	outs := make([]outcome, len(idxs))
 	futs := make([]jetstream.PubAckFuture, len(idxs))
-	var queue []int // positions in idxs with a future not yet awaited
+	spans := make([]trace.Span, len(idxs)) // publish spans (see trace.go)
+	var queue []int                        // positions in idxs with a future not yet awaited
 	await := func(j int) {
 		f := futs[j]
 		select { // most PubAcks are in by the time they are awaited: no timer for those
@@ -316,6 +318,7 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			// The library's own timeout should have fired; never wait forever.
 			outs[j].err = errAckWaitExpired
 		}
+		endPublish(spans[j], outs[j])
 	}
 	failRest, ended := false, false
 	for j, i := range idxs {
@@ -344,9 +347,11 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = err
 			continue
 		}
+		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)
 		f, err := r.pub.PublishMsgAsync(msg)
 		if err != nil {
 			outs[j].err = err
+			endPublish(spans[j], outs[j])
 			if isBrokerError(err) {
 				failRest = true
 			}

@@ -64,6 +64,7 @@ type Relay struct {
 	lease *leaser
 	floor *claimFloor
 	wake  chan struct{}
+	trace *relayTracer
 
 	running atomic.Bool
 	health  atomic.Int32 // a healthState
@@ -161,6 +162,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		log:   c.Logger.With("component", "relay", "relay_id", c.ID),
 		wake:  make(chan struct{}, 1),
 		floor: newClaimFloor(),
+		trace: newRelayTracer(c),
 	}
 	var err error
 	r.pub, err = newPublisher(js, c)

@@ -37,7 +37,7 @@ type drainOpts struct {
 	repeat                                   int // with --relays: rounds of measurements
 	cpuprofile                               string
 	relays                                   string
-	skipCeiling                              bool
+	skipCeiling, trace                       bool
 	timeout                                  time.Duration
 }
 
@@ -55,6 +55,7 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.repeat, "repeat", 1, "with --relays: measure this many rounds (each: the ceiling alone and beside PostgreSQL's claim and settle work, then every relay count with its own ceiling) and report medians")
 	fs.StringVar(&o.relays, "relays", "", "scale-out: drain the same backlog with this many relay processes, for each count of a comma-separated list (1,2,3), and report each beside one relay and the broker's ceiling")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
+	fs.BoolVar(&o.trace, "trace", false, "then drain the same backlog again with tracing on (every span sampled, a discarding exporter) and report its cost")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
 	return func(ctx context.Context, r *run) error { return drain(ctx, r, o) }
 }
@@ -191,15 +192,21 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	r.logf("check: %s; business rows %d (want %d); relay stats published=%d duplicate_acks=%d failed=%d dead=%d",
 		res, business, wantBusiness, rl.Stats().Published, rl.Stats().Duplicates, rl.Stats().Failed, rl.Stats().Dead)
 
+	var traced *tracedDrain
+	if o.trace {
+		if traced, err = drainTraced(ctx, r, set, o); err != nil {
+			return err
+		}
+	}
 	ratio := 0.0
 	if ceilRate > 0 {
 		ratio = relayRate / ceilRate
 	}
-	r.result("msgs", o.msgs,
+	r.result(append([]any{"msgs", o.msgs,
 		"relay_msgs_per_s", relayRate,
 		"ceiling_msgs_per_s", ceilRate,
 		"ratio", ratio,
-		"relay_us_per_msg", relayDur.Seconds()*1e6/float64(o.msgs),
+		"relay_us_per_msg", relayDur.Seconds() * 1e6 / float64(o.msgs),
 		"relay_s", relayDur.Seconds(),
 		"ceiling_s", ceilDur.Seconds(),
 		"enqueue_msgs_per_s", enqRate,
@@ -209,8 +216,10 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 		"keys", o.keys,
 		"lost", res.Lost,
 		"duplicates", res.Duplicates,
-		"load1", load1())
+		"load1", load1()}, traceResult(traced, o.msgs, relayRate, ceilRate)...)...)
 	switch {
+	case traced != nil && !traced.check.ok():
+		return fmt.Errorf("%w: traced stream: %s", ErrCheckFailed, traced.check)
 	case !res.ok():
 		return fmt.Errorf("%w: stream %s: %s", ErrCheckFailed, stream, res)
 	case business != wantBusiness:

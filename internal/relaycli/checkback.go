@@ -164,6 +164,12 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	cfg.Logger = log
+	tr, err := setupTracing(ctx, env, log, defaultServiceName)
+	if err != nil {
+		return err
+	}
+	defer closeTracing(ctx, tr, log)
+	cfg.TracerProvider, cfg.Propagator = tr.tp, tr.prop
 	if metricsAddr != "" && once {
 		log.Info("--metrics-addr is ignored with --once")
 	}

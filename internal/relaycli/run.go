@@ -159,6 +159,13 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err := relay.ValidateConfig(&cfg); err != nil {
 		return configErr(err)
 	}
+	tr, err := setupTracing(ctx, env, log, defaultServiceName)
+	if err != nil {
+		return err
+	}
+	defer closeTracing(ctx, tr, log)
+	cfg.TracerProvider, cfg.Propagator = tr.tp, tr.prop
+	f.cb.TracerProvider, f.cb.Propagator = tr.tp, tr.prop
 	if !f.noCheckback {
 		f.cb.Schema = f.schema
 		// The relay's retention: none (its rows are deleted as they are published, so there

@@ -18,7 +18,9 @@ import (
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/safetext"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +28,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -85,6 +89,17 @@ type Options struct {
 	// Registerer, when set, registers txoutbox_checkback_checker_foreign_requests_total
 	// (shared by every checker on the registry, labelled by group). Defaults to none.
 	Registerer prometheus.Registerer
+
+	// TracerProvider provides the tracer of the checker's spans: one per check answered
+	// ("check <group>", kind server), continuing the check-back's check span whose context
+	// the request carries, and carried by the ctx the Func gets. Defaults to the global
+	// provider (otel.GetTracerProvider), which records nothing until the application sets one.
+	TracerProvider trace.TracerProvider
+
+	// Propagator reads the check-back's trace context from a request's headers. Defaults to
+	// the global propagator (otel.GetTextMapPropagator), which reads nothing until the
+	// application sets one.
+	Propagator propagation.TextMapPropagator
 }
 
 // maxForeignLogged bounds the foreign outboxes one Server remembers having logged.
@@ -173,6 +188,7 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 		return nil, err
 	}
 	log := o.Logger.With("component", "checker", "group", group, "outbox", o.Outbox)
+	tr := &checkerTracer{t: tracing.Tracer(o.TracerProvider, "checker"), p: tracing.Propagator(o.Propagator), group: group}
 	s := &Server{sem: make(chan struct{}, o.Concurrency), outbox: o.Outbox, foreign: foreign, logged: map[string]bool{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
@@ -196,7 +212,7 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.sem }()
-			s.answer(req, check, o.Timeout, log)
+			s.answer(req, check, o.Timeout, log, tr)
 		}()
 	})
 	svc, err := micro.AddService(nc, micro.Config{
@@ -221,15 +237,19 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 	return s, nil
 }
 
-func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *slog.Logger) {
+func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *slog.Logger, tr *checkerTracer) {
+	ctx, span := tr.start(s.ctx, req)
+	defer span.End()
 	var cr Request
 	if err := json.Unmarshal(req.Data(), &cr); err != nil {
+		tracing.Fail(span, err, "malformed")
 		_ = req.Error("400", oneLine("malformed check request: "+err.Error()), nil)
 		return
 	}
 	if cr.Outbox != s.outbox {
 		// Never answer for another outbox: not even an error, which could reach its
 		// check-back before its own checker's answer.
+		span.SetAttributes(tracing.Outcome.String("foreign"))
 		s.foreignRequest(cr, log)
 		return
 	}
@@ -239,7 +259,8 @@ func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *s
 			timeout = d
 		}
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	span.SetAttributes(tracing.MessageID.String(cr.MessageID.String()), tracing.CheckNumber.Int(cr.Check))
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := func() (st outbox.LocalState, err error) {
 		defer func() {
@@ -250,12 +271,14 @@ func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *s
 		return check(ctx, cr)
 	}()
 	if err != nil {
+		tracing.Fail(span, err, "error")
 		if !errors.Is(err, context.Canceled) {
 			log.Warn("checker failed; the check-back will ask again", "message_id", cr.MessageID.String(), "err", err)
 		}
 		_ = req.Error("500", oneLine(err.Error()), nil)
 		return
 	}
+	span.SetAttributes(tracing.Outcome.String(strings.ToLower(st.String())))
 	if err := req.Respond([]byte(st.String())); err != nil {
 		log.Warn("checker could not reply", "message_id", cr.MessageID.String(), "err", err)
 	}

@@ -1,0 +1,186 @@
+package consumer
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/txoutbox/internal/tracing"
+)
+
+// Process spans. Each time the consumer handles a message (a per-message Handler, in either
+// mode) it starts a span "process <subject>" (kind consumer) whose parent is the trace context
+// the producer captured in the message's headers, so that the producer's, the relay's and
+// the consumer's spans of one message share one trace id. The handler's ctx carries it. It
+// ends with the message's outcome (txoutbox.outcome: applied, duplicate, retried,
+// dead_lettered, or put_back and waiting, after which the message is handled again under a
+// new span). A consumer made with NewBatch starts one span per batch instead, with a link to
+// each message's producer context, the counts of each outcome, and an event per message not
+// applied.
+
+// consumerTracer is the consumer's OpenTelemetry side.
+type consumerTracer struct {
+	tp trace.TracerProvider // as configured (nil: the global one)
+	t  trace.Tracer
+	p  propagation.TextMapPropagator
+}
+
+func newConsumerTracer(c *Config) *consumerTracer {
+	return &consumerTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "consumer"), p: tracing.Propagator(c.Propagator)}
+}
+
+// outcomeName is the txoutbox.outcome of a result.
+func outcomeName(o outcome) string {
+	switch o {
+	case outcomeProcessed:
+		return tracing.OutcomeApplied
+	case outcomeDuplicate:
+		return tracing.OutcomeDup
+	case outcomeRetry, outcomeRetryLocal:
+		return tracing.OutcomeRetried
+	case outcomeDeadLettered:
+		return tracing.OutcomeDead
+	case outcomeUnavailable:
+		return tracing.OutcomePutBack
+	case outcomeWaiting:
+		return tracing.OutcomeWaiting
+	}
+	return o.String()
+}
+
+// spanCtx returns ctx carrying it's process span, if it has one.
+func (it *item) spanCtx(ctx context.Context) context.Context {
+	if it.span == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, it.span)
+}
+
+// messageAttrs are the attributes of a process span about one message.
+func (c *Consumer) messageAttrs(it *item) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		tracing.SystemNATS,
+		tracing.OperationProcess,
+		tracing.OperationName.String("process"),
+		tracing.Destination.String(it.msg.Subject),
+		tracing.ConsumerGroup.String(c.cfg.Durable),
+		tracing.MessageID.String(it.msg.ID),
+		tracing.BodySize.Int(len(it.msg.Data)),
+		tracing.StreamName.String(it.msg.Stream),
+		tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)),
+		tracing.Delivery.Int(it.attempt()),
+	}
+}
+
+// startSpans starts the spans of a batch about to be handled and returns the context to
+// handle it in: per message (it.span), or, with a batch handler, one for the batch.
+func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Context, trace.Span) {
+	if !tracing.Enabled(c.trace.tp) {
+		return ctx, nil
+	}
+	if c.batchHandler == nil {
+		for _, it := range batch {
+			pctx := tracing.ExtractContext(ctx, c.trace.p, it.raw.Headers())
+			_, span := c.trace.t.Start(pctx, "process "+it.msg.Subject, trace.WithSpanKind(trace.SpanKindConsumer))
+			if span.IsRecording() {
+				span.SetAttributes(c.messageAttrs(it)...)
+			}
+			it.span = span
+		}
+		if len(batch) == 1 {
+			return batch[0].spanCtx(ctx), nil
+		}
+		return ctx, nil
+	}
+	links := make([]trace.Link, 0, len(batch))
+	subject := batch[0].msg.Subject
+	for _, it := range batch {
+		if it.msg.Subject != subject {
+			subject = ""
+		}
+		sc := tracing.Extract(c.trace.p, it.raw.Headers())
+		if !sc.IsValid() {
+			continue
+		}
+		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+			tracing.MessageID.String(it.msg.ID),
+			tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)),
+		}})
+	}
+	name := "process"
+	if subject != "" {
+		name += " " + subject
+	}
+	ctx, span := c.trace.t.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
+	if span.IsRecording() {
+		attrs := []attribute.KeyValue{
+			tracing.SystemNATS,
+			tracing.OperationProcess,
+			tracing.OperationName.String("process"),
+			tracing.ConsumerGroup.String(c.cfg.Durable),
+			tracing.StreamName.String(c.cfg.Stream),
+			tracing.BatchCount.Int(len(batch)),
+		}
+		if subject != "" {
+			attrs = append(attrs, tracing.Destination.String(subject))
+		}
+		span.SetAttributes(attrs...)
+	}
+	return ctx, span
+}
+
+// endSpans ends the spans startSpans started, with each message's outcome.
+func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []result) {
+	if batchSpan == nil {
+		for i, it := range batch {
+			span := it.span
+			it.span = nil
+			if span == nil {
+				continue
+			}
+			if span.IsRecording() {
+				r := results[i]
+				span.SetAttributes(tracing.Outcome.String(outcomeName(r.outcome)))
+				if r.outcome != outcomeProcessed && r.outcome != outcomeDuplicate {
+					tracing.Fail(span, r.err, "")
+				}
+			}
+			span.End()
+		}
+		return
+	}
+	if batchSpan.IsRecording() {
+		counts := map[string]int{}
+		for i, it := range batch {
+			name := outcomeName(results[i].outcome)
+			counts[name]++
+			if results[i].outcome == outcomeProcessed {
+				continue
+			}
+			attrs := []attribute.KeyValue{tracing.MessageID.String(it.msg.ID), tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)), tracing.Outcome.String(name)}
+			if results[i].err != nil {
+				attrs = append(attrs, attribute.String("error.message", results[i].err.Error()))
+			}
+			batchSpan.AddEvent("message "+name, trace.WithAttributes(attrs...))
+		}
+		for name, n := range counts {
+			batchSpan.SetAttributes(attribute.Int("txoutbox.outcome."+name, n))
+		}
+	}
+	batchSpan.End()
+}
+
+// traceDeadLetter gives a dead letter a trace context when the original message carried
+// none: the context of the span that dead-lettered it. A trace context the original carried
+// is copied with its other headers, as it was.
+func (c *Consumer) traceDeadLetter(ctx context.Context, it *item, h map[string][]string) {
+	ctx = it.spanCtx(ctx)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent("dead-lettered", trace.WithAttributes(tracing.Destination.String(c.cfg.DeadLetterSubject)))
+	}
+	if !tracing.HasAny(h, c.trace.p.Fields()) {
+		c.trace.p.Inject(ctx, tracing.Carrier(h))
+	}
+}

@@ -1,0 +1,170 @@
+// Package tracing holds what txoutbox's packages share for OpenTelemetry traces: the tracer
+// and propagator a Config resolves to, a carrier over NATS-style headers, and the span
+// attributes (the messaging semantic conventions plus txoutbox's own).
+//
+// The libraries depend on the OpenTelemetry API only: with no TracerProvider or propagator
+// configured they use the global ones (otel.GetTracerProvider, otel.GetTextMapPropagator),
+// which do nothing until the application sets them.
+package tracing
+
+import (
+	"context"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// ScopePrefix prefixes the instrumentation scope of each package's tracer
+// ("github.com/txoutbox/txoutbox/relay", …).
+const ScopePrefix = "github.com/txoutbox/txoutbox/"
+
+// Tracer returns the tracer package pkg uses: tp's, or the global provider's when tp is nil.
+func Tracer(tp trace.TracerProvider, pkg string) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(ScopePrefix+pkg, trace.WithSchemaURL(semconv.SchemaURL))
+}
+
+// defaultProvider is the global tracer provider before the application sets one: a delegate
+// that records nothing until then.
+var defaultProvider = otel.GetTracerProvider()
+
+// Enabled reports whether tp (nil: the global provider) can record spans: false for nil
+// while the application has set no global provider, and for a noop provider. The hot paths
+// (a span per message) check it first, so that tracing off costs them nothing but this check.
+func Enabled(tp trace.TracerProvider) bool {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+		if tp == defaultProvider {
+			return false
+		}
+	}
+	_, isNoop := tp.(noop.TracerProvider)
+	return !isNoop
+}
+
+// Propagator returns p, or the global propagator when p is nil.
+func Propagator(p propagation.TextMapPropagator) propagation.TextMapPropagator {
+	if p == nil {
+		return otel.GetTextMapPropagator()
+	}
+	return p
+}
+
+// Carrier adapts headers (nats.Header, micro.Headers, outbox.Message.Headers: all
+// map[string][]string, names case-sensitive) to a propagation.TextMapCarrier. Get looks a
+// name up as it is, then without regard to case (W3C field names are case-insensitive); Set
+// sets the name as the propagator gives it (lower case for W3C).
+type Carrier map[string][]string
+
+// Get returns the first value of key.
+func (c Carrier) Get(key string) string {
+	if v, ok := c[key]; ok {
+		if len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	for k, v := range c {
+		if len(v) > 0 && strings.EqualFold(k, key) {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// Set sets key to value.
+func (c Carrier) Set(key, value string) { c[key] = []string{value} }
+
+// Keys lists the header names.
+func (c Carrier) Keys() []string {
+	out := make([]string, 0, len(c))
+	for k := range c {
+		out = append(out, k)
+	}
+	return out
+}
+
+// HasAny reports whether h has a header named like one of fields, without regard to case.
+func HasAny(h map[string][]string, fields []string) bool {
+	for k := range h {
+		for _, f := range fields {
+			if strings.EqualFold(k, f) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Extract returns the span context p finds in headers h (invalid when there is none).
+func Extract(p propagation.TextMapPropagator, h map[string][]string) trace.SpanContext {
+	if len(h) == 0 {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(p.Extract(context.Background(), Carrier(h)))
+}
+
+// ExtractContext returns ctx with what p finds in headers h (the remote span context, and
+// whatever else p carries, such as baggage).
+func ExtractContext(ctx context.Context, p propagation.TextMapPropagator, h map[string][]string) context.Context {
+	if len(h) == 0 {
+		return ctx
+	}
+	return p.Extract(ctx, Carrier(h))
+}
+
+// Attributes. messaging.* are OpenTelemetry's messaging semantic conventions; txoutbox.* are
+// this project's.
+var (
+	// SystemNATS is messaging.system=nats.
+	SystemNATS = semconv.MessagingSystemKey.String("nats")
+
+	OperationCreate  = semconv.MessagingOperationTypeCreate
+	OperationSend    = semconv.MessagingOperationTypeSend
+	OperationProcess = semconv.MessagingOperationTypeProcess
+
+	OperationName   = semconv.MessagingOperationNameKey
+	Destination     = semconv.MessagingDestinationNameKey
+	MessageID       = semconv.MessagingMessageIDKey
+	BodySize        = semconv.MessagingMessageBodySizeKey
+	BatchCount      = semconv.MessagingBatchMessageCountKey
+	ConsumerGroup   = semconv.MessagingConsumerGroupNameKey
+	ErrorType       = semconv.ErrorTypeKey
+	StreamName      = attribute.Key("txoutbox.stream.name")
+	StreamSequence  = attribute.Key("txoutbox.stream.sequence")
+	Duplicate       = attribute.Key("txoutbox.duplicate")
+	Attempt         = attribute.Key("txoutbox.attempt")
+	Delivery        = attribute.Key("txoutbox.delivery")
+	Outcome         = attribute.Key("txoutbox.outcome")
+	Group           = attribute.Key("txoutbox.group")
+	CheckNumber     = attribute.Key("txoutbox.check")
+	OutcomeApplied  = "applied"
+	OutcomeDup      = "duplicate"
+	OutcomeRetried  = "retried"
+	OutcomeDead     = "dead_lettered"
+	OutcomePutBack  = "put_back"
+	OutcomeWaiting  = "waiting"
+	OutcomeNotSent  = "not_sent"
+	OutcomeAccepted = "published"
+)
+
+// Fail marks span as failed with err (its text as the status description, its type as
+// error.type), when err is not nil.
+func Fail(span trace.Span, err error, typ string) {
+	if err == nil || !span.IsRecording() {
+		return
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	if typ != "" {
+		span.SetAttributes(ErrorType.String(typ))
+	}
+}

@@ -1,0 +1,34 @@
+package checker
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/txoutbox/internal/tracing"
+)
+
+// checkerTracer is a checker's OpenTelemetry side: a span per check answered, continuing the
+// check-back's check span whose context the request's headers carry.
+type checkerTracer struct {
+	t     trace.Tracer
+	p     propagation.TextMapPropagator
+	group string
+}
+
+// start starts the span of answering req; ctx is the server's.
+func (ct *checkerTracer) start(ctx context.Context, req micro.Request) (context.Context, trace.Span) {
+	ctx = tracing.ExtractContext(ctx, ct.p, req.Headers())
+	ctx, span := ct.t.Start(ctx, "check "+ct.group, trace.WithSpanKind(trace.SpanKindServer))
+	if span.IsRecording() {
+		span.SetAttributes(
+			tracing.SystemNATS,
+			tracing.OperationName.String("check"),
+			tracing.Destination.String(req.Subject()),
+			tracing.Group.String(ct.group),
+		)
+	}
+	return ctx, span
+}

@@ -1,0 +1,84 @@
+package relay
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/tracing"
+)
+
+// Publish spans. The relay starts one span per message it hands to NATS, a child of the
+// trace context the producer captured in the message's headers, and ends it when the
+// message's PubAck (or error) is in. Per message rather than one per batch with a link per
+// message: a message's producer, publish and consumer spans then share one trace id, so one
+// trace shows an event's whole life, its republishes included (each a span of its own, with
+// txoutbox.duplicate set when JetStream recognised it). What it costs (README, Traces;
+// BenchmarkPublishSpans): nothing but a check while tracing is off; for a message whose
+// producer's span was not sampled, about what one batch span with a link per message costs
+// (reading its traceparent dominates both); a full span only for sampled messages.
+
+// relayTracer is the relay's OpenTelemetry side.
+type relayTracer struct {
+	tp trace.TracerProvider // as configured (nil: the global one)
+	t  trace.Tracer
+	p  propagation.TextMapPropagator
+}
+
+func newRelayTracer(c *Config) *relayTracer {
+	return &relayTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "relay"), p: tracing.Propagator(c.Propagator)}
+}
+
+var producerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+
+// startPublish starts the publish span of row, about to be sent as msg; nil when tracing is
+// off.
+func (rt *relayTracer) startPublish(ctx context.Context, row *store.Claimed, msg *nats.Msg) trace.Span {
+	if !tracing.Enabled(rt.tp) {
+		return nil
+	}
+	ctx = tracing.ExtractContext(ctx, rt.p, msg.Header)
+	_, span := rt.t.Start(ctx, "publish "+row.Subject, producerKind...)
+	if span.IsRecording() {
+		span.SetAttributes(
+			tracing.SystemNATS,
+			tracing.OperationSend,
+			tracing.OperationName.String("publish"),
+			tracing.Destination.String(row.Subject),
+			tracing.MessageID.String(row.MessageID.String()),
+			tracing.BodySize.Int(len(row.Payload)),
+			tracing.Attempt.Int(int(row.Attempts)+1),
+		)
+	}
+	return span
+}
+
+// endPublish ends a publish span with the message's outcome.
+func endPublish(span trace.Span, o outcome) {
+	if span == nil {
+		return
+	}
+	if span.IsRecording() {
+		switch {
+		case o.err != nil:
+			typ := "message"
+			switch {
+			case isBrokerError(o.err):
+				typ = "broker"
+			case isPermanent(o.err):
+				typ = "permanent"
+			}
+			tracing.Fail(span, o.err, typ)
+		case o.ack != nil:
+			span.SetAttributes(
+				tracing.StreamName.String(o.ack.Stream),
+				tracing.StreamSequence.Int64(int64(o.ack.Sequence)),
+				tracing.Duplicate.Bool(o.ack.Duplicate),
+			)
+		}
+	}
+	span.End()
+}

@@ -1,0 +1,146 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/txoutbox/consumer"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+func traceAttrs(kvs []attribute.KeyValue) map[string]string {
+	out := map[string]string{}
+	for _, kv := range kvs {
+		out[string(kv.Key)] = kv.Value.String()
+	}
+	return out
+}
+
+// One message's life in one trace: the producer's request span, the publish spans of a
+// relay that crashed between publish and settle and of the relay that republished the row
+// (JetStream deduplicated it), and the consumer's process span all share one trace id; the
+// publish and process spans are children of the request span the message captured.
+func TestOneTraceFromProducerToConsumerAcrossARelayCrash(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.nats.Stream(t, "DEAD", consumer.DefaultDeadLetterPrefix+">")
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	prop := propagation.TraceContext{}
+	ctx := context.Background()
+
+	client, err := outbox.NewClient(&outbox.Config{Schema: e.db.Schema, TracerProvider: tp, Propagator: prop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, req := tp.Tracer("app").Start(ctx, "POST /orders")
+	var id string
+	err = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		ids, err := client.EnqueueTx(rctx, tx, outbox.Message{Subject: "orders.created", Key: "order-1", Payload: []byte("order 1")})
+		if err == nil {
+			id = ids[0].String()
+		}
+		return err
+	})
+	req.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	crashed := e.relay(&Config{TracerProvider: tp, Propagator: prop})
+	errCrash := errors.New("crash")
+	crashed.hooks.afterPublish = func(_ context.Context, published int) error {
+		if published == 0 {
+			return nil // not sent this time (a lease that lapsed on a loaded machine): again
+		}
+		return errCrash
+	}
+	testsvc.Eventually(t, 30*time.Second, "the crash between publish and settle", func() bool {
+		_, err := crashed.runOnce(ctx)
+		return errors.Is(err, errCrash)
+	})
+	crashed.Close()
+	restarted := e.relay(&Config{TracerProvider: tp, Propagator: prop})
+	drain(t, restarted)
+	if d := restarted.Stats().Duplicates; d != 1 {
+		t.Fatalf("the republish was not deduplicated: duplicates = %d (stream holds %d)", d, len(e.streamMsgs("ORDERS")))
+	}
+
+	handled := make(chan trace.SpanContext, 4)
+	cons, err := consumer.New(e.db.Pool, e.nats.JS, func(ctx context.Context, _ pgx.Tx, _ consumer.Message) error {
+		handled <- trace.SpanContextFromContext(ctx)
+		return nil
+	}, &consumer.Config{Stream: "ORDERS", Durable: "traced", Schema: e.db.Schema, Logger: quietLogger(), TracerProvider: tp, Propagator: prop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(cctx) }()
+	handlerSpan := testsvc.Receive(t, handled, 30*time.Second, "the handler call")
+	testsvc.Eventually(t, 30*time.Second, "the consumer's process span", func() bool {
+		for _, s := range exp.GetSpans() {
+			if s.InstrumentationScope.Name == "github.com/txoutbox/txoutbox/consumer" {
+				return true
+			}
+		}
+		return false
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	var publishes, processes []tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		switch s.InstrumentationScope.Name {
+		case "github.com/txoutbox/txoutbox/relay":
+			publishes = append(publishes, s)
+		case "github.com/txoutbox/txoutbox/consumer":
+			processes = append(processes, s)
+		}
+	}
+	want := req.SpanContext()
+	if len(publishes) != 2 {
+		t.Fatalf("%d publish spans, want 2 (the crashed relay's and the republish)", len(publishes))
+	}
+	for i, s := range publishes {
+		a := traceAttrs(s.Attributes)
+		if s.SpanContext.TraceID() != want.TraceID() || s.Parent.SpanID() != want.SpanID() {
+			t.Errorf("publish span %d: trace %s parent %s, want a child of the request %s/%s", i, s.SpanContext.TraceID(), s.Parent.SpanID(), want.TraceID(), want.SpanID())
+		}
+		if s.Name != "publish orders.created" || s.SpanKind != trace.SpanKindProducer || a["messaging.system"] != "nats" ||
+			a["messaging.destination.name"] != "orders.created" || a["messaging.message.id"] != id || a["messaging.operation.type"] != "send" ||
+			a["txoutbox.stream.name"] != "ORDERS" || a["txoutbox.stream.sequence"] != "1" || a["txoutbox.attempt"] != "1" {
+			t.Errorf("publish span %d: %q kind %v attributes %v", i, s.Name, s.SpanKind, a)
+		}
+		if dup := a["txoutbox.duplicate"]; dup != map[int]string{0: "false", 1: "true"}[i] {
+			t.Errorf("publish span %d: txoutbox.duplicate = %s", i, dup)
+		}
+	}
+	if len(processes) != 1 {
+		t.Fatalf("%d process spans, want 1", len(processes))
+	}
+	p := processes[0]
+	pa := traceAttrs(p.Attributes)
+	if p.SpanContext.TraceID() != want.TraceID() || p.Parent.SpanID() != want.SpanID() {
+		t.Errorf("process span: trace %s parent %s, want a child of the request", p.SpanContext.TraceID(), p.Parent.SpanID())
+	}
+	if pa["txoutbox.outcome"] != "applied" || pa["messaging.message.id"] != id || pa["txoutbox.stream.sequence"] != "1" {
+		t.Errorf("process span attributes %v", pa)
+	}
+	if handlerSpan.SpanID() != p.SpanContext.SpanID() {
+		t.Errorf("the handler's ctx carried span %s, want the process span %s", handlerSpan.SpanID(), p.SpanContext.SpanID())
+	}
+}
