@@ -301,9 +301,11 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		select { // most PubAcks are in by the time they are awaited: no timer for those
 		case ack := <-f.Ok():
 			outs[j].ack = ack
+			endPublish(spans[j], outs[j])
 			return
 		case err := <-f.Err():
 			outs[j].err = err
+			endPublish(spans[j], outs[j])
 			return
 		default:
 		}
