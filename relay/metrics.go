@@ -25,7 +25,7 @@ import (
 //	                                     the partition sharing, per lease round
 //	relay_ready_backlog{partition}, relay_oldest_ready_age_seconds{partition}
 //	                                     the held partitions' backlog, sampled
-//	outbox_messages{state}, outbox_oldest_ready_age_seconds
+//	outbox_messages{state}, outbox_oldest_ready_age_seconds, outbox_next_scheduled_seconds
 //	                                     the whole outbox, sampled (the same on every relay:
 //	                                     aggregate with max, not sum)
 //
@@ -90,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Age of the oldest ready row of each partition this relay holds (0 when it has none).")), []string{"partition"}),
 		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "messages",
-			Help: "Outbox rows by state (ready, dead, prepared, check_exhausted), each counted up to SampleLimit. The whole outbox: every relay reports the same value.",
+			Help: "Outbox rows by state (ready, dead, prepared, check_exhausted, scheduled), each counted up to SampleLimit. The whole outbox: every relay reports the same value.",
 		}, []string{"state"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "oldest_ready_age_seconds",
@@ -154,6 +154,9 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 	r.m.rows.WithLabelValues(store.StatePrepared).Set(float64(st.Prepared))
 	r.m.rows.WithLabelValues(store.StateCheckExhausted).Set(float64(st.CheckExhausted))
 	r.m.oldest.Set(st.OldestReady.Seconds())
+	if err := r.sampleScheduled(ctx); err != nil {
+		return err
+	}
 
 	held := r.Partitions()
 	var parts []store.PartitionSample

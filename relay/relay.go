@@ -61,6 +61,8 @@ type Relay struct {
 	q     *store.Queries
 	log   *slog.Logger
 	m     *metrics
+	sm    *scheduledMetrics // delayed messages (scheduled.go)
+	sched scheduler
 	lease *leaser
 	wake  chan struct{}
 
@@ -163,6 +165,9 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, fmt.Errorf("relay: jetstream publisher: %w", err)
 	}
 	if r.m, err = newMetrics(c.Registerer); err != nil {
+		return nil, err
+	}
+	if r.sm, err = newScheduledMetrics(c.Registerer); err != nil {
 		return nil, err
 	}
 	if c.HandoverAfter != txoutbox.Off && js.Conn().Opts.ReconnectBufSize != -1 {
@@ -350,6 +355,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			outage, streamWait = 0, 0
 			r.setHealth(healthOK, nil)
 			wait, poll = poll, min(poll*2, r.cfg.PollMax)
+			wait = r.capWait(wait) // wake when the next delayed message falls due
 		case errors.Is(err, ErrStreamUnavailable):
 			// A stream without a leader, and nothing else to publish: its rows wait (no
 			// attempt); look again soon, since an election usually takes seconds. Not a broker
@@ -468,6 +474,10 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen uint64, rows []store.Claimed, err error) {
 	conn, parts, gen, err := r.lease.acquireGen(ctx)
 	if err != nil {
+		return nil, 0, nil, err
+	}
+	if err := r.promote(ctx, conn); err != nil {
+		r.lease.broken(err)
 		return nil, 0, nil, err
 	}
 	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}

@@ -1,0 +1,257 @@
+package store
+
+// Delayed messages (migration 005). A message with a delivery time is stored in state
+// scheduled. The relay's claim reads the ready index only, so a scheduled row costs it nothing
+// however many there are and however far ahead they are due. Before it claims, a relay
+// promotes the rows that fell due: an index range scan over (deliver_at, id) WHERE
+// state = 'scheduled' that stops at the first row not yet due, so its cost is the number of due
+// rows, not the number of scheduled ones.
+//
+// Promotion moves each due row to ready with a new id (delete and re-insert in one statement,
+// in due order, so that identity values follow it), holding its key's lock as EnqueueTx does:
+// for one key, id order stays the order in which rows became ready, and a delayed message
+// takes its place in its key's order when it falls due. The locks are only tried
+// (pg_try_advisory_xact_lock): a row whose key a producer's transaction holds, or that a
+// canceller holds (FOR UPDATE SKIP LOCKED), is left for the next pass, so a relay never waits
+// on a business transaction.
+//
+// Cancelling deletes the row and rescheduling updates it, both only while it is scheduled and
+// in the caller's transaction: they take the row lock, so a promotion under way makes them
+// wait for it (and then find the row ready: too late), and a cancel not yet committed makes
+// promotion skip the row. A message whose cancel committed was therefore never ready, and the
+// relay publishes ready rows only.
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// BizKeyHeader is the header the business key travels in (outbox.HeaderBizKey); the scheduled
+// rows' business key index (migration 005) is on its first value.
+const BizKeyHeader = "Txoutbox-Biz-Key"
+
+// PromoteLimit bounds the rows one promotion moves: at most this many key locks (and as many
+// shared bucket locks) in one statement, as a producer's KeyLockBudget.
+const PromoteLimit = KeyLockBudget
+
+type scheduledSQL struct {
+	promote         string
+	cancel          string
+	cancelBiz       string
+	reschedule      string
+	rescheduleBiz   string
+	state           string
+	sample          string
+	list            string
+	statusBySubject string
+}
+
+func newScheduledSQL(q *Queries) scheduledSQL {
+	m := q.Messages
+	keyClass := strconv.Itoa(int(q.KeyLockClass)) + "::int4"
+	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
+	bizKey := `(headers -> '` + BizKeyHeader + `' ->> 0)`
+	var s scheduledSQL
+	// $1: the most rows to move. Returns how many moved, and the seconds until the next
+	// scheduled row not yet due (NULL when there is none), measured on the database's clock.
+	s.promote = `WITH due AS MATERIALIZED (
+  SELECT id, msg_key, partition_key, deliver_at FROM ` + m + `
+  WHERE state = 'scheduled' AND deliver_at <= now()
+  ORDER BY deliver_at, id
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), locked AS MATERIALIZED (
+  SELECT d.id FROM due d
+  WHERE d.msg_key IS NULL
+     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, d.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+         AND pg_try_advisory_xact_lock(` + keyClass + `, d.partition_key))
+), moved AS (
+  DELETE FROM ` + m + ` o USING locked l WHERE o.id = l.id AND o.state = 'scheduled'
+  RETURNING o.*
+), ins AS (
+  INSERT INTO ` + m + ` (message_id, subject, msg_key, partition_key, headers, payload, state, attempts,
+      next_attempt_at, created_at, ready_at, deliver_at, producer_group, check_mode, check_count, settled_by, settled_at)
+  SELECT message_id, subject, msg_key, partition_key, headers, payload, 'ready', 0,
+      now(), created_at, clock_timestamp(), deliver_at, producer_group, check_mode, check_count, settled_by, settled_at
+  FROM moved
+  ORDER BY deliver_at, id
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins),
+       (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
+        WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)`
+	s.cancel = `DELETE FROM ` + m + ` WHERE message_id = $1 AND state = 'scheduled'`
+	s.cancelBiz = `DELETE FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2 WHERE message_id = $1 AND state = 'scheduled'`
+	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2 WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
+	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
+	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
+       (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT 1)`
+	s.list = `SELECT message_id, subject, coalesce(msg_key, ''), coalesce(` + bizKey + `, ''), deliver_at, created_at, length(payload)
+FROM ` + m + `
+WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
+ORDER BY deliver_at, id
+LIMIT $3`
+	// Exact, for relay status.
+	s.statusBySubject = `SELECT subject, count(*), min(deliver_at), max(deliver_at), count(*) FILTER (WHERE deliver_at <= now())
+FROM ` + m + ` WHERE state = 'scheduled'
+GROUP BY subject ORDER BY subject`
+	return s
+}
+
+// Promote moves up to limit scheduled rows that fell due to ready (see the top of this file).
+// It runs as one statement: pass a pool or a connection outside a transaction, so that the key
+// locks it takes end with it. It returns how many rows it moved and, when a scheduled row is
+// not yet due, how long until the next one is (on the database's clock); due rows it skipped
+// (their key or row was locked) are not counted there.
+func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (moved int, next time.Duration, hasNext bool, err error) {
+	var n int64
+	var secs *float64
+	if err := db.QueryRow(ctx, q.sched.promote, int32(limit)).Scan(&n, &secs); err != nil {
+		return 0, 0, false, err
+	}
+	if secs != nil {
+		return int(n), seconds(*secs), true, nil
+	}
+	return int(n), 0, false, nil
+}
+
+// ScheduledState returns a message's state, or ErrNoRow.
+func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (string, error) {
+	var st string
+	err := db.QueryRow(ctx, q.sched.state, id).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNoRow
+	}
+	return st, err
+}
+
+// CancelScheduled deletes the message id if it is scheduled. When it is not, it returns false
+// and the message's state (ErrNoRow when there is none), read in a second statement so that,
+// under READ COMMITTED, it sees what a promotion the delete waited on committed.
+func (q *Queries) CancelScheduled(ctx context.Context, db DBTX, id uuid.UUID) (bool, string, error) {
+	ct, err := db.Exec(ctx, q.sched.cancel, id)
+	if err != nil {
+		return false, "", err
+	}
+	if ct.RowsAffected() == 1 {
+		return true, "", nil
+	}
+	st, err := q.ScheduledState(ctx, db, id)
+	return false, st, err
+}
+
+// RescheduleScheduled sets the delivery time of the message id if it is scheduled; otherwise
+// as CancelScheduled.
+func (q *Queries) RescheduleScheduled(ctx context.Context, db DBTX, id uuid.UUID, at time.Time) (bool, string, error) {
+	ct, err := db.Exec(ctx, q.sched.reschedule, id, at)
+	if err != nil {
+		return false, "", err
+	}
+	if ct.RowsAffected() == 1 {
+		return true, "", nil
+	}
+	st, err := q.ScheduledState(ctx, db, id)
+	return false, st, err
+}
+
+// CancelScheduledBizKey deletes every scheduled message whose business key is bizKey and
+// returns their ids.
+func (q *Queries) CancelScheduledBizKey(ctx context.Context, db DBTX, bizKey string) ([]uuid.UUID, error) {
+	return q.collectIDs(ctx, db, q.sched.cancelBiz, bizKey)
+}
+
+// RescheduleScheduledBizKey sets the delivery time of every scheduled message whose business
+// key is bizKey and returns their ids.
+func (q *Queries) RescheduleScheduledBizKey(ctx context.Context, db DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	return q.collectIDs(ctx, db, q.sched.rescheduleBiz, bizKey, at)
+}
+
+func (q *Queries) collectIDs(ctx context.Context, db DBTX, sql string, args ...any) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
+		var id uuid.UUID
+		err := r.Scan(&id)
+		return id, err
+	})
+}
+
+// ScheduledSample is the bounded count of scheduled rows and how long until the earliest is
+// due.
+type ScheduledSample struct {
+	Count int64
+	// NextDue is how long until the earliest scheduled row is due, on the database's clock
+	// (negative: overdue); HasNext is false when there is none.
+	NextDue time.Duration
+	HasNext bool
+}
+
+// SampleScheduled counts scheduled rows up to limit and reads the earliest delivery time.
+func (q *Queries) SampleScheduled(ctx context.Context, db DBTX, limit int) (ScheduledSample, error) {
+	var s ScheduledSample
+	var secs *float64
+	err := db.QueryRow(ctx, q.sched.sample, int64(limit)).Scan(&s.Count, &secs)
+	if secs != nil {
+		s.NextDue, s.HasNext = seconds(*secs), true
+	}
+	return s, err
+}
+
+// ScheduledRow is a scheduled message as an operator sees it.
+type ScheduledRow struct {
+	MessageID    uuid.UUID `json:"message_id"`
+	Subject      string    `json:"subject"`
+	Key          string    `json:"key"`
+	BizKey       string    `json:"biz_key"`
+	DeliverAt    time.Time `json:"deliver_at"`
+	CreatedAt    time.Time `json:"created_at"`
+	PayloadBytes int64     `json:"payload_bytes"`
+}
+
+// ListScheduled returns up to limit scheduled messages in due order, of subject (any when
+// ""), due at or before dueBefore (any when nil).
+func (q *Queries) ListScheduled(ctx context.Context, db DBTX, subject string, dueBefore *time.Time, limit int) ([]ScheduledRow, error) {
+	rows, err := db.Query(ctx, q.sched.list, subject, dueBefore, int32(limit))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledRow, error) {
+		var s ScheduledRow
+		err := r.Scan(&s.MessageID, &s.Subject, &s.Key, &s.BizKey, &s.DeliverAt, &s.CreatedAt, &s.PayloadBytes)
+		return s, err
+	})
+}
+
+// ScheduledSubject is one subject's scheduled messages.
+type ScheduledSubject struct {
+	Subject  string
+	Count    int64
+	FirstDue time.Time
+	LastDue  time.Time
+	// Overdue counts those already due (the relay promotes them at its next pass; many of
+	// them mean no relay is running).
+	Overdue int64
+}
+
+// ScheduledStatuses counts scheduled messages per subject (exact: it reads every scheduled
+// row's index entry).
+func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX) ([]ScheduledSubject, error) {
+	rows, err := db.Query(ctx, q.sched.statusBySubject)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledSubject, error) {
+		var s ScheduledSubject
+		err := r.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue)
+		return s, err
+	})
+}
