@@ -255,3 +255,9 @@ func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX) ([]ScheduledSu
 		return s, err
 	})
 }
+
+// PromoteSQL is Promote's statement ($1: the limit), for tests that look at its plan.
+func (q *Queries) PromoteSQL() string { return q.sched.promote }
+
+// ClaimSQL is Claim's statement, for tests that look at its plan.
+func (q *Queries) ClaimSQL() string { return q.claim }
