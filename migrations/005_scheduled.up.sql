@@ -6,7 +6,8 @@
 -- that fell due (an index range scan over txoutbox_messages_scheduled_idx that stops at the
 -- first row not yet due) to 'ready', drawing them a new id under their key's lock, so that for
 -- one key id order stays the order in which rows became ready. Until then a scheduled row can
--- be cancelled (deleted) or rescheduled (deliver_at changed) in any transaction.
+-- be cancelled (state rolled_back, settled_by 'cancel': purged with the rolled-back rows) or
+-- rescheduled (deliver_at changed) in any transaction.
 
 ALTER TABLE txoutbox_messages ADD COLUMN deliver_at timestamptz;
 
@@ -61,7 +62,8 @@ AS $fn$
 DECLARE
     st text;
 BEGIN
-    DELETE FROM txoutbox_messages m WHERE m.message_id = txoutbox_cancel.id AND m.state = 'scheduled';
+    UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
+    WHERE m.message_id = txoutbox_cancel.id AND m.state = 'scheduled';
     IF FOUND THEN
         RETURN;
     END IF;
@@ -99,7 +101,7 @@ DECLARE
     ids uuid[];
 BEGIN
     WITH d AS (
-        DELETE FROM txoutbox_messages m
+        UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
         WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key AND m.state = 'scheduled'
         RETURNING m.message_id
     )

@@ -103,9 +103,10 @@ func Example_orderTimeout() {
 	}
 	fmt.Println("paid; timeout cancelled")
 
-	// Cancelling again: the timeout is gone.
+	// Cancelling again: the timeout is no longer scheduled (it is rolled back).
 	err = client.CancelTx(ctx, pool, timeoutID)
-	fmt.Println(errors.Is(err, outbox.ErrNotScheduled), errors.Is(err, outbox.ErrNotFound))
+	var se *outbox.ScheduleError
+	fmt.Println(errors.Is(err, outbox.ErrNotScheduled), errors.As(err, &se) && se.State == "rolled_back")
 
 	// The timeout's consumer handler (run by consumer.Consumer in the message's transaction):
 	// close the order only if it is still unpaid. A late timeout of a paid order does nothing.

@@ -27,7 +27,7 @@ var ErrInvalidDeliverAt = errors.New("invalid delivery time")
 
 // ErrNotScheduled is returned (in a *ScheduleError) by CancelTx and RescheduleTx when the
 // message is not, or no longer, waiting for its delivery time: it fell due and the relay took
-// it (it is ready, published or dead: it goes, or went, out), it was cancelled, it is a half
+// it (it is ready, published or dead: it goes, or went, out), it was cancelled (rolled_back), it is a half
 // message not yet committed (settle it with Rollback instead), or it never existed (the error
 // then also matches ErrNotFound). By CancelBizKeyTx and RescheduleBizKeyTx when no scheduled
 // message has the business key. Nothing was changed.
@@ -42,8 +42,9 @@ type ScheduleError struct {
 	// BizKey is the business key, for the business key forms.
 	BizKey string
 	// State is the message's state: "ready" (due, being published), "published" (kept by a
-	// retention), "dead", "prepared", "check_exhausted", "rolled_back", or "" when there is
-	// no such message (or, for the business key forms, no scheduled one).
+	// retention), "dead", "prepared", "check_exhausted", "rolled_back" (cancelled, or a half
+	// message rolled back), or "" when there is no such message (never enqueued, or published
+	// and deleted, or purged; for the business key forms: no scheduled one).
 	State string
 }
 
@@ -72,8 +73,9 @@ func (e *ScheduleError) Unwrap() []error {
 }
 
 // CancelTx withdraws the delayed message id inside the caller's transaction tx: if tx
-// commits, the message is never published; if tx rolls back, it stays scheduled. It never
-// begins, commits or rolls back tx.
+// commits, the message is never published (its row is rolled_back, settled by "cancel", and
+// purged with the rolled-back rows); if tx rolls back, it stays scheduled. It never begins,
+// commits or rolls back tx.
 //
 // It succeeds only while the message is scheduled, and then holds its row lock until tx ends.
 // Otherwise it returns a *ScheduleError wrapping ErrNotScheduled: most usefully, the message

@@ -128,18 +128,23 @@ func TestCancelTx(t *testing.T) {
 	if st, _ := state(t, db, ids[0]); st != "scheduled" {
 		t.Fatalf("after a rolled back cancel: state %q, want scheduled", st)
 	}
-	// Committed: gone.
+	// Committed: withdrawn (rolled back, settled by the cancel; purged with the rolled-back rows).
 	if err := inTx(t, db, func(tx pgx.Tx) error { return c.CancelTx(ctx, tx, ids[0]) }); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := state(t, db, ids[0]); st != "" {
-		t.Fatalf("after a committed cancel: state %q, want no row", st)
+	if n := count(t, db, "state = 'rolled_back' AND settled_by = 'cancel' AND settled_at IS NOT NULL"); n != 1 {
+		t.Fatalf("after a committed cancel: %d rows rolled back by the cancel, want 1", n)
 	}
-	// Twice: not scheduled, not found.
+	// Twice: not scheduled.
 	err = c.CancelTx(ctx, db.Pool, ids[0])
 	var se *outbox.ScheduleError
-	if !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.ID != ids[0] || se.State != "" {
-		t.Fatalf("second cancel = %v; want a *ScheduleError wrapping ErrNotScheduled and ErrNotFound", err)
+	if !errors.Is(err, outbox.ErrNotScheduled) || errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.ID != ids[0] || se.State != "rolled_back" {
+		t.Fatalf("second cancel = %v; want a *ScheduleError wrapping ErrNotScheduled, state rolled_back", err)
+	}
+	// No such message: not scheduled, not found.
+	err = c.CancelTx(ctx, db.Pool, uuid.New())
+	if !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.State != "" {
+		t.Fatalf("cancel of no message = %v; want a *ScheduleError wrapping ErrNotScheduled and ErrNotFound", err)
 	}
 	// A message that is not delayed (or whose time came and the relay took it): ready.
 	err = c.CancelTx(ctx, db.Pool, ids[2])

@@ -19,8 +19,8 @@ import (
 
 // scheduler is the relay's promotion state; only the run loop touches it.
 type scheduler struct {
-	// last is when the last promotion ran; full says it moved as many rows as it could, so
-	// that the next claim promotes again at once.
+	// last is when the last promotion ran; full says it left due rows, so that the next claim
+	// promotes again at once.
 	last time.Time
 	full bool
 	// next is when the next scheduled row falls due (zero: none known).
@@ -70,17 +70,17 @@ func (r *Relay) promote(ctx context.Context, db store.DBTX) error {
 		return nil
 	}
 	r.sched.last = now
-	moved, next, ok, err := r.q.Promote(ctx, db, store.PromoteLimit)
+	p, err := r.q.Promote(ctx, db, store.PromoteLimit)
 	if err != nil {
 		return fmt.Errorf("relay: promote scheduled messages: %w", err)
 	}
-	r.sched.full = moved == store.PromoteLimit
+	r.sched.full = p.More
 	r.sched.next = time.Time{}
-	if ok {
-		r.sched.next = now.Add(next)
+	if p.HasNext {
+		r.sched.next = now.Add(p.Next)
 	}
-	if moved > 0 {
-		r.sm.promoted.Add(float64(moved))
+	if p.Moved > 0 {
+		r.sm.promoted.Add(float64(p.Moved))
 	}
 	return nil
 }

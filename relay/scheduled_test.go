@@ -215,8 +215,8 @@ func TestCancelInFlightIsSkipped(t *testing.T) {
 	if len(got) != 1 || got[0] != ids[1].String() {
 		t.Fatalf("published %v, want only the message whose cancel rolled back (%v)", got, ids[1])
 	}
-	if n := e.count("true"); n != 0 {
-		t.Fatalf("%d rows left", n)
+	if n := e.count("state <> 'rolled_back'"); n != 0 {
+		t.Fatalf("%d rows left besides the cancelled one", n)
 	}
 }
 
@@ -304,7 +304,7 @@ func TestCancelRacesRelay(t *testing.T) {
 		}()
 	}
 	cwg.Wait()
-	testsvc.Eventually(t, 60*time.Second, "every row settled", func() bool { return e.count("true") == 0 })
+	testsvc.Eventually(t, 60*time.Second, "every row settled", func() bool { return e.count("state <> 'rolled_back'") == 0 })
 	stop()
 	wg.Wait()
 	got := e.published("ORDERS")
@@ -317,6 +317,9 @@ func TestCancelRacesRelay(t *testing.T) {
 		if cancelled[id] {
 			t.Errorf("message %s published although its cancel committed", id)
 		}
+	}
+	if c := e.count("state = 'rolled_back' AND settled_by = 'cancel'"); c != len(cancelled) {
+		t.Errorf("%d rows cancelled in the table, %d cancels committed", c, len(cancelled))
 	}
 	if len(got)+len(cancelled) != n {
 		t.Fatalf("%d published + %d cancelled != %d messages (%d cancels refused)", len(got), len(cancelled), n, refused)
@@ -402,5 +405,31 @@ FROM generate_series(1, $1) g`, far); err != nil {
 	}
 	if n := e.count("state = 'scheduled'"); n != far {
 		t.Fatalf("%d scheduled rows, want %d", n, far)
+	}
+}
+
+// Two delayed messages of one key that fall due in the same pass go out in due order, not
+// enqueue order.
+func TestScheduledSameKeyDueOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	now := time.Now()
+	var msgs []outbox.Message
+	for i, name := range []string{"E", "D", "C", "B", "A"} { // enqueued E first, due last
+		msgs = append(msgs, outbox.Message{Subject: "orders.event", Key: "k", Payload: []byte(name), DeliverAt: now.Add(time.Hour - time.Duration(i)*time.Minute)})
+	}
+	ids := e.enqueue(msgs...)
+	if _, err := e.db.Pool.Exec(context.Background(), `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '2 hours' WHERE message_id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	drain(t, r)
+	var got string
+	for _, m := range e.streamMsgs("ORDERS") {
+		got += string(m.Data)
+	}
+	if got != "ABCDE" {
+		t.Fatalf("stream order %q, want ABCDE (due order)", got)
 	}
 }

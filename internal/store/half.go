@@ -26,6 +26,8 @@ const (
 	SettledByChecker  = "checkback:checker"
 	SettledByFence    = "checkback:fence"
 	SettledByOperator = "operator"
+	// SettledByCancel: a delayed message withdrawn before it fell due (CancelTx; scheduled.go).
+	SettledByCancel = "cancel"
 )
 
 // SettleableStates are the states a producer or an operator may settle: a check_exhausted row

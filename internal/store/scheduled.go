@@ -7,16 +7,18 @@ package store
 // state = 'scheduled' that stops at the first row not yet due, so its cost is the number of due
 // rows, not the number of scheduled ones.
 //
-// Promotion moves each due row to ready with a new id (delete and re-insert in one statement,
-// in due order, so that identity values follow it), holding its key's lock as EnqueueTx does:
+// Promotion moves each due row to ready with a new id (UPDATE ... SET id = DEFAULT; the rows of
+// one key one statement after another, earliest due first), holding its key's lock as
+// EnqueueTx does:
 // for one key, id order stays the order in which rows became ready, and a delayed message
 // takes its place in its key's order when it falls due. The locks are only tried
 // (pg_try_advisory_xact_lock): a row whose key a producer's transaction holds, or that a
 // canceller holds (FOR UPDATE SKIP LOCKED), is left for the next pass, so a relay never waits
 // on a business transaction.
 //
-// Cancelling deletes the row and rescheduling updates it, both only while it is scheduled and
-// in the caller's transaction: they take the row lock, so a promotion under way makes them
+// Cancelling moves the row to rolled_back (settled_by 'cancel'; the check-back purges it after
+// the rolled-back retention, and the producer role needs no DELETE) and rescheduling updates
+// its time, both only while it is scheduled and in the caller's transaction: they take the row lock, so a promotion under way makes them
 // wait for it (and then find the row ready: too late), and a cancel not yet committed makes
 // promotion skip the row. A message whose cancel committed was therefore never ready, and the
 // relay publishes ready rows only.
@@ -59,34 +61,38 @@ func newScheduledSQL(q *Queries) scheduledSQL {
 	var s scheduledSQL
 	// $1: the most rows to move. Returns how many moved, and the seconds until the next
 	// scheduled row not yet due (NULL when there is none), measured on the database's clock.
+	// $1: the most rows to look at. Returns how many moved, how many were due (more than moved:
+	// call again), and the seconds until the next scheduled row not yet due (NULL when there is
+	// none), measured on the database's clock. Rows of one key get their new ids in separate
+	// statements, earliest due first (DISTINCT ON): the order in which one UPDATE assigns
+	// identity values to several rows is not defined.
 	s.promote = `WITH due AS MATERIALIZED (
   SELECT id, msg_key, partition_key, deliver_at FROM ` + m + `
   WHERE state = 'scheduled' AND deliver_at <= now()
   ORDER BY deliver_at, id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
+), first AS MATERIALIZED (
+  SELECT DISTINCT ON (d.msg_key IS NULL, coalesce(d.msg_key, d.id::text)) d.id, d.msg_key, d.partition_key
+  FROM due d
+  ORDER BY d.msg_key IS NULL, coalesce(d.msg_key, d.id::text), d.deliver_at, d.id
 ), locked AS MATERIALIZED (
-  SELECT d.id FROM due d
-  WHERE d.msg_key IS NULL
-     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, d.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
-         AND pg_try_advisory_xact_lock(` + keyClass + `, d.partition_key))
+  SELECT f.id FROM first f
+  WHERE f.msg_key IS NULL
+     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, f.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+         AND pg_try_advisory_xact_lock(` + keyClass + `, f.partition_key))
 ), moved AS (
-  DELETE FROM ` + m + ` o USING locked l WHERE o.id = l.id AND o.state = 'scheduled'
-  RETURNING o.*
-), ins AS (
-  INSERT INTO ` + m + ` (message_id, subject, msg_key, partition_key, headers, payload, state, attempts,
-      next_attempt_at, created_at, ready_at, deliver_at, producer_group, check_mode, check_count, settled_by, settled_at)
-  SELECT message_id, subject, msg_key, partition_key, headers, payload, 'ready', 0,
-      now(), created_at, clock_timestamp(), deliver_at, producer_group, check_mode, check_count, settled_by, settled_at
-  FROM moved
-  ORDER BY deliver_at, id
+  UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
+  FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
   RETURNING 1
 )
-SELECT (SELECT count(*) FROM ins),
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
         WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)`
-	s.cancel = `DELETE FROM ` + m + ` WHERE message_id = $1 AND state = 'scheduled'`
-	s.cancelBiz = `DELETE FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	cancel := `UPDATE ` + m + ` SET state = 'rolled_back', settled_by = '` + SettledByCancel + `', settled_at = clock_timestamp()
+WHERE `
+	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
+	s.cancelBiz = cancel + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
 	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2 WHERE message_id = $1 AND state = 'scheduled'`
 	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2 WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
@@ -105,21 +111,33 @@ GROUP BY subject ORDER BY subject`
 	return s
 }
 
-// Promote moves up to limit scheduled rows that fell due to ready (see the top of this file).
-// It runs as one statement: pass a pool or a connection outside a transaction, so that the key
-// locks it takes end with it. It returns how many rows it moved and, when a scheduled row is
-// not yet due, how long until the next one is (on the database's clock); due rows it skipped
-// (their key or row was locked) are not counted there.
-func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (moved int, next time.Duration, hasNext bool, err error) {
-	var n int64
+// Promotion is what one Promote did.
+type Promotion struct {
+	// Moved counts the rows made ready.
+	Moved int
+	// More says that due rows are left (a full batch, a second row of a key, a row whose key
+	// was locked): promote again.
+	More bool
+	// Next is how long until the next scheduled row not yet due is due, on the database's
+	// clock, when HasNext.
+	Next    time.Duration
+	HasNext bool
+}
+
+// Promote moves scheduled rows that fell due to ready, looking at up to limit of them (see
+// the top of this file). It runs as one statement: pass a pool or a connection outside a
+// transaction, so that the key locks it takes end with it.
+func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (Promotion, error) {
+	var moved, due int64
 	var secs *float64
-	if err := db.QueryRow(ctx, q.sched.promote, int32(limit)).Scan(&n, &secs); err != nil {
-		return 0, 0, false, err
+	if err := db.QueryRow(ctx, q.sched.promote, int32(limit)).Scan(&moved, &due, &secs); err != nil {
+		return Promotion{}, err
 	}
+	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
 	if secs != nil {
-		return int(n), seconds(*secs), true, nil
+		p.Next, p.HasNext = seconds(*secs), true
 	}
-	return int(n), 0, false, nil
+	return p, nil
 }
 
 // ScheduledState returns a message's state, or ErrNoRow.
@@ -132,9 +150,9 @@ func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (st
 	return st, err
 }
 
-// CancelScheduled deletes the message id if it is scheduled. When it is not, it returns false
+// CancelScheduled withdraws the message id (scheduled → rolled_back) if it is scheduled. When it is not, it returns false
 // and the message's state (ErrNoRow when there is none), read in a second statement so that,
-// under READ COMMITTED, it sees what a promotion the delete waited on committed.
+// under READ COMMITTED, it sees what a promotion the update waited on committed.
 func (q *Queries) CancelScheduled(ctx context.Context, db DBTX, id uuid.UUID) (bool, string, error) {
 	ct, err := db.Exec(ctx, q.sched.cancel, id)
 	if err != nil {
@@ -161,7 +179,7 @@ func (q *Queries) RescheduleScheduled(ctx context.Context, db DBTX, id uuid.UUID
 	return false, st, err
 }
 
-// CancelScheduledBizKey deletes every scheduled message whose business key is bizKey and
+// CancelScheduledBizKey withdraws every scheduled message whose business key is bizKey and
 // returns their ids.
 func (q *Queries) CancelScheduledBizKey(ctx context.Context, db DBTX, bizKey string) ([]uuid.UUID, error) {
 	return q.collectIDs(ctx, db, q.sched.cancelBiz, bizKey)
