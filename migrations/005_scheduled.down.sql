@@ -14,6 +14,14 @@ ALTER TABLE txoutbox_messages DROP CONSTRAINT txoutbox_messages_state_check;
 ALTER TABLE txoutbox_messages ADD CONSTRAINT txoutbox_messages_state_check
     CHECK (state IN ('prepared', 'ready', 'published', 'rolled_back', 'dead', 'check_exhausted'));
 ALTER TABLE txoutbox_messages DROP COLUMN deliver_at;
+DROP FUNCTION txoutbox_settle_half(uuid, boolean);
+DROP FUNCTION txoutbox_prepare(text, bytea, text, jsonb, text, uuid, text, boolean, interval, timestamptz);
+DROP FUNCTION txoutbox_enqueue_many(text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[]);
+DROP FUNCTION txoutbox_enqueue(text, bytea, text, jsonb, text, uuid, timestamptz);
+ALTER FUNCTION txoutbox_settle_half_v4(uuid, boolean) RENAME TO txoutbox_settle_half;
+ALTER FUNCTION txoutbox_prepare_v4(text, bytea, text, jsonb, text, uuid, text, boolean, interval) RENAME TO txoutbox_prepare;
+ALTER FUNCTION txoutbox_enqueue_many_v4(text[], bytea[], text[], jsonb[], text[], uuid[]) RENAME TO txoutbox_enqueue_many;
+ALTER FUNCTION txoutbox_enqueue_v4(text, bytea, text, jsonb, text, uuid) RENAME TO txoutbox_enqueue;
 DROP FUNCTION txoutbox_reschedule_biz_key(text, timestamptz);
 DROP FUNCTION txoutbox_cancel_biz_key(text);
 DROP FUNCTION txoutbox_reschedule(uuid, timestamptz);
