@@ -3,6 +3,7 @@ package consumer
 import (
 	"cmp"
 	"fmt"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/backoff"
 	"log/slog"
@@ -24,9 +25,13 @@ const (
 	DefaultBackoffJitter = 0.3
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxAckPending = 1000
+	DefaultPullHeartbeat = 2500 * time.Millisecond
 	// DefaultDeadLetterPrefix followed by the durable name is the default dead-letter subject.
 	DefaultDeadLetterPrefix = "txoutbox.dead."
 )
+
+// maxPullHeartbeat is half of the pull expiry (nats.go's default, 30s), the most nats.go accepts.
+const maxPullHeartbeat = jetstream.DefaultExpires / 2
 
 // MaxBatchSize bounds Config.BatchSize.
 const MaxBatchSize = 1000
@@ -141,6 +146,14 @@ type Config struct {
 	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16.
 	PullMaxMessages int
 
+	// PullHeartbeat is how often JetStream confirms that the consumer's open pull request is
+	// still held while no message comes. A pull lost on the server's side — a stream or
+	// consumer leader election answers it with no responders, or a restarted node forgets it —
+	// is noticed after two missing heartbeats and made again. It must be at most 15s (half of
+	// the client's 30s pull expiry). Defaults to 2.5s: the consumer resumes within about 5s of
+	// the stream having a leader again.
+	PullHeartbeat time.Duration
+
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
 	// have their context cancelled and their messages are nak'ed for redelivery;
 	// txoutbox.Forever waits for them however long they run. Defaults to AckWait.
@@ -176,6 +189,7 @@ func (c *Config) WithDefaults() *Config {
 	out.InProgressInterval = cmp.Or(out.InProgressInterval, out.AckWait/3)
 	out.MaxAckPending = cmp.Or(out.MaxAckPending, DefaultMaxAckPending)
 	out.PullMaxMessages = cmp.Or(out.PullMaxMessages, max(16, 2*out.Concurrency*out.BatchSize))
+	out.PullHeartbeat = cmp.Or(out.PullHeartbeat, DefaultPullHeartbeat)
 	out.StopTimeout = cmp.Or(out.StopTimeout, out.AckWait)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -232,6 +246,8 @@ func (c *Config) validate() error {
 		return bad("MaxAckPending", "must be at least 1, got %d", c.MaxAckPending)
 	case c.PullMaxMessages < 1:
 		return bad("PullMaxMessages", "must be at least 1, got %d", c.PullMaxMessages)
+	case c.PullHeartbeat < 100*time.Millisecond || c.PullHeartbeat > maxPullHeartbeat:
+		return bad("PullHeartbeat", "must be between 100ms and %s, got %s", maxPullHeartbeat, c.PullHeartbeat)
 	case c.StopTimeout <= 0 && c.StopTimeout != txoutbox.Forever:
 		return bad("StopTimeout", "must be positive, or txoutbox.Forever (-1), got %s", c.StopTimeout)
 	}

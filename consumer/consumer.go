@@ -342,6 +342,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stopping := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) { d.admit(m, stopping) },
 		jetstream.PullMaxMessages(c.cfg.PullMaxMessages),
+		jetstream.PullHeartbeat(c.cfg.PullHeartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { c.consumeError(err) }),
 	)
 	if err != nil {

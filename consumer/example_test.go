@@ -2,8 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -15,8 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/consumer"
-	"github.com/txoutbox/txoutbox/internal/embedded"
-	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
@@ -26,29 +22,36 @@ import (
 // payment twice (two outbox messages, one business key), the relay publishes both, and the
 // consumer books it once.
 func Example() {
-	svc := startExampleServices() // a fresh schema and an embedded JetStream; yours come from configuration
-	defer svc.close()
-	ctx := context.Background()
+	// Settings come from the environment, as in a service.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := os.Getenv("TXOUTBOX_SCHEMA")
 	quiet := slog.New(slog.DiscardHandler)
 
-	pool, err := pgxpool.New(ctx, svc.databaseURL)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	check(err)
 	defer pool.Close()
-	nc, err := nats.Connect(svc.natsURL)
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
 	check(err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
+	check(err)
+	// At deploy time: the outbox's tables (relay migrate up does the same), yours, the streams.
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	check(err)
+	_, err = m.Up(ctx, pool)
+	check(err)
+	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
+	_, err = pool.Exec(ctx, `CREATE TABLE `+ledger+` (order_id int NOT NULL, amount int NOT NULL)`)
 	check(err)
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Duplicates: 2 * time.Minute})
 	check(err)
 	// Dead letters land on txoutbox.dead.<durable> by default; a stream must keep them.
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEAD_LETTERS", Subjects: []string{consumer.DefaultDeadLetterPrefix + ">"}})
 	check(err)
-	_, err = pool.Exec(ctx, `CREATE TABLE ledger (order_id int NOT NULL, amount int NOT NULL)`)
-	check(err)
 
 	// Producer: the same payment, enqueued twice.
-	client, err := outbox.NewClient(&outbox.Config{Schema: svc.schema})
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
 	check(err)
 	for range 2 {
 		check(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -63,12 +66,13 @@ func Example() {
 	}
 
 	// Relay (normally the `relay run` daemon).
-	r, err := relay.New(pool, js, &relay.Config{Schema: svc.schema, Logger: quiet})
+	r, err := relay.New(pool, js, &relay.Config{Schema: schema, Logger: quiet})
 	check(err)
 	defer r.Close()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	go func() { _ = r.Run(runCtx) }()
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(runCtx) }()
 
 	// Consumer: the ledger row and the dedup row commit in one transaction.
 	c, err := consumer.New(pool, js, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
@@ -79,21 +83,29 @@ func Example() {
 		if err := json.Unmarshal(msg.Data, &p); err != nil {
 			return consumer.Permanent(err) // no retry can fix it: dead-letter it now
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, amount) VALUES ($1, $2)`, p.OrderID, p.Amount)
+		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (order_id, amount) VALUES ($1, $2)`, p.OrderID, p.Amount)
 		return err
-	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: svc.schema, Logger: quiet})
+	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: schema, Logger: quiet})
 	check(err)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 
+	// Both deliveries are settled once one was applied and the other skipped.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	s := c.Stats()
-	for deadline := time.Now().Add(30 * time.Second); s.Processed+s.Duplicates < 2 && time.Now().Before(deadline); s = c.Stats() {
-		time.Sleep(10 * time.Millisecond)
+	for ; s.Processed+s.Duplicates < 2; s = c.Stats() {
+		select {
+		case <-ctx.Done():
+			check(ctx.Err())
+		case <-tick.C:
+		}
 	}
 	stop()
 	check(<-done)
+	check(<-relayDone)
 	var rows, total int
-	check(pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM ledger`).Scan(&rows, &total))
+	check(pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM `+ledger).Scan(&rows, &total))
 	fmt.Printf("processed %d, duplicates skipped %d\n", s.Processed, s.Duplicates)
 	fmt.Printf("ledger: %d row, total %d\n", rows, total)
 	// Output:
@@ -104,57 +116,5 @@ func Example() {
 func check(err error) {
 	if err != nil {
 		panic(err)
-	}
-}
-
-type exampleServices struct {
-	databaseURL, natsURL, schema string
-	close                        func()
-}
-
-// startExampleServices finds PostgreSQL as the tests do (TEST_DATABASE_URL, DATABASE_URL,
-// 127.0.0.1:5432, else a throwaway cluster), migrates a fresh schema into it and starts an
-// embedded JetStream.
-func startExampleServices() *exampleServices {
-	ctx := context.Background()
-	var closers []func()
-	dsn := ""
-	for _, v := range []string{os.Getenv("TEST_DATABASE_URL"), os.Getenv("DATABASE_URL"), testsvc.DefaultLocalDSN} {
-		if v != "" && embedded.Ping(ctx, v, 2*time.Second) == nil {
-			dsn = v
-			break
-		}
-	}
-	if dsn == "" {
-		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
-		check(err)
-		closers = append(closers, pg.Stop)
-		dsn = pg.DSN()
-	}
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	schema := "example_consumer_" + hex.EncodeToString(rnd[:])
-	admin, err := pgxpool.New(ctx, dsn)
-	check(err)
-	m, err := migrations.New(&migrations.Config{Schema: schema})
-	check(err)
-	_, err = m.Up(ctx, admin)
-	check(err)
-	closers = append(closers, func() {
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		admin.Close()
-	})
-	srv, err := embedded.StartNATS(embedded.NATSOptions{})
-	check(err)
-	closers = append(closers, srv.Shutdown)
-	return &exampleServices{
-		databaseURL: testsvc.WithSearchPath(dsn, schema),
-		natsURL:     srv.URL(),
-		schema:      schema,
-		close: func() {
-			for i := len(closers) - 1; i >= 0; i-- {
-				closers[i]()
-			}
-		},
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
 const (
 	testStream  = "ORDERS"

@@ -121,16 +121,27 @@ func BenchmarkRunOnce(b *testing.B) {
 // BenchmarkClaim is the claim query alone (read only: the same rows every time) with 50,000
 // ready rows, on a clean table and after 100,000 earlier rows were settled (deleted) and not
 // yet vacuumed, as in the middle of a long drain: the claim's index scan then steps over the
-// deleted rows' index entries. Autovacuum is off for the table so that it cannot clean up in
+// deleted rows' index entries; with the first batch in flight (excluded, as the pipelined
+// claim does); and from 4 or 3 of the 8 partitions, as one relay of two or three claims (its
+// scan steps over the other relays' rows). Autovacuum is off for the table so that it cannot clean up in
 // the middle of a measurement. Ten claims run before the clock starts (the first executions
 // of a prepared statement get custom plans; see the report of issue 6).
 func BenchmarkClaim(b *testing.B) {
 	for _, bc := range []struct {
 		name    string
 		settled int
+		parts   []int32 // the partitions claimed from (nil: all, as one relay)
+		// inFlight excludes the first batch's rows, as the pipelined claim does while that
+		// batch is being published: its scan steps over them.
+		inFlight bool
 	}{
-		{"backlog_50000", 0},
-		{"backlog_50000_after_100000_settled", 100000},
+		{"backlog_50000", 0, nil, false},
+		{"backlog_50000_500_in_flight", 0, nil, true},
+		{"backlog_50000_after_100000_settled", 100000, nil, false},
+		// One relay of two, and of three (scale-out): the claim steps over the other relays'
+		// rows, in id order, to fill its batch.
+		{"backlog_50000_4_of_8_partitions", 0, []int32{0, 1, 2, 3}, false},
+		{"backlog_50000_3_of_8_partitions", 0, []int32{0, 1, 2}, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			e := newBenchEnv(b)
@@ -148,7 +159,16 @@ func BenchmarkClaim(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			args := store.ClaimArgs{Limit: benchBatch, PartitionCount: DefaultPartitions}
+			args := store.ClaimArgs{Limit: benchBatch, PartitionCount: DefaultPartitions, Partitions: bc.parts}
+			if bc.inFlight {
+				first, err := e.r.q.Claim(ctx, conn, args)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, row := range first {
+					args.Exclude = append(args.Exclude, row.ID)
+				}
+			}
 			claim := func() {
 				rows, err := e.r.q.Claim(ctx, conn, args)
 				if err != nil || len(rows) != benchBatch {

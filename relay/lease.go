@@ -85,7 +85,52 @@ const (
 	// silentFactor: a member whose heartbeat has not moved for this many of its lease
 	// intervals is not waiting for anything (its share does not hold partitions back).
 	silentFactor = 2
+	// waitingRounds: a relay below its share runs this many rounds per lease interval until
+	// it has its share (the partitions it waits for are being released).
+	waitingRounds = 10
+	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
+	// connection of its own, off the claim path) this many times per lease interval, at most
+	// every maxMemberWatch (every 250 ms with the default 2 s), so that a relay joining or
+	// leaving is seen within a fraction of a lease interval rather than at the next lease
+	// round. Looking every 100 ms cost 3.4 % of a draining relay's CPU in its profile; every
+	// 250 ms, about 1.4 %.
+	watchRounds    = 8
+	maxMemberWatch = 250 * time.Millisecond
 )
+
+// memberWatchEvery is how often a busy relay looks at the membership table.
+func memberWatchEvery(leaseInterval time.Duration) time.Duration {
+	return max(min(leaseInterval/watchRounds, maxMemberWatch), 10*time.Millisecond)
+}
+
+// watchMembers runs while the relay runs: while it is busy (it claimed rows within the last
+// lease interval) it looks at the membership table every memberWatchEvery and, when a relay
+// joined or left since its last lease round, makes its next claim run a round at once. A
+// relay joining a busy holder of every partition so gets its share within a batch or two
+// instead of up to a lease interval later; a relay leaving hands its partitions over as fast.
+func (r *Relay) watchMembers(ctx context.Context) {
+	every := memberWatchEvery(r.cfg.LeaseInterval)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		last := r.lastWork.Load()
+		mark := r.lease.mark.Load()
+		if mark == nil || last == 0 || time.Since(time.Unix(0, last)) > r.cfg.LeaseInterval || r.lease.recheck.Load() {
+			continue // idle (the lease rounds suffice), no round yet, or a round already due
+		}
+		qctx, cancel := context.WithTimeout(ctx, max(5*every, time.Second))
+		n, newest, err := r.q.MemberMark(qctx, r.pool)
+		cancel()
+		if err == nil && (n != mark.n || !newest.Equal(mark.newest)) {
+			r.lease.recheck.Store(true)
+		}
+	}
+}
 
 // ErrPartitionMismatch: live relays of this outbox are configured with a different
 // Config.Partitions. To change the partition count, stop every relay first.
@@ -149,6 +194,18 @@ type leaser struct {
 	// seen is, per member, the heartbeat last read and when this relay first read it (its
 	// monotonic clock, when the answer arrived).
 	seen map[uuid.UUID]seenBeat
+
+	// mark is what the last round saw of the membership table; recheck is set when the
+	// membership watch (Relay.watchMembers) finds the table changed since: a relay joined or
+	// left, and the next claim runs a round at once instead of at the next lease interval.
+	mark    atomic.Pointer[memberMark]
+	recheck atomic.Bool
+}
+
+// memberMark summarises the membership table: its rows and their latest start.
+type memberMark struct {
+	n      int64
+	newest time.Time
 }
 
 // leaseSnap is what the publisher checks before each message.
@@ -276,9 +333,9 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 			return fmt.Errorf("relay: connect: %w", err)
 		}
 	}
-	// A round is due every lease interval, and at once when the lease has expired (a
-	// pause): the relay claims nothing on an expired lease.
-	if now := time.Now(); now.Before(l.nextRound) && now.Before(l.validUntil) {
+	// A round is due every lease interval, at once when the lease has expired (a pause):
+	// the relay claims nothing on an expired lease, and at once when a relay joined or left.
+	if now := time.Now(); now.Before(l.nextRound) && now.Before(l.validUntil) && !l.recheck.Load() {
 		return nil
 	}
 	if err := l.roundLocked(ctx); err != nil {
@@ -307,6 +364,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	// this round writes reads it later than this.
 	start := time.Now()
 	l.roundStart = start
+	l.recheck.Store(false)
 	view, err := l.r.q.Membership(ctx, l.conn, &l.reg)
 	if err != nil {
 		return fmt.Errorf("relay: lease round: %w", err)
@@ -323,6 +381,14 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			return fmt.Errorf("relay: lease round: %w", err)
 		}
 	}
+
+	mark := &memberMark{n: int64(len(view.Members)), newest: time.Unix(0, 0)}
+	for _, m := range view.Members {
+		if m.StartedAt.After(mark.newest) {
+			mark.newest = m.StartedAt
+		}
+	}
+	l.mark.Store(mark)
 
 	var alive []store.RelayMember
 	others := map[string]int{}
@@ -452,8 +518,9 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		}
 	}
 	if len(l.held) < target {
-		// Someone is about to release what we wait for: look again soon.
-		l.nextRound = now.Add(max(cfg.LeaseInterval/4, 10*time.Millisecond))
+		// Someone is about to release what we wait for (it runs a round as soon as its
+		// membership watch sees this relay): look again soon.
+		l.nextRound = now.Add(max(cfg.LeaseInterval/waitingRounds, 10*time.Millisecond))
 	}
 	l.r.m.partitions.Set(float64(len(l.held)))
 

@@ -297,6 +297,15 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	var queue []int // positions in idxs with a future not yet awaited
 	await := func(j int) {
 		f := futs[j]
+		select { // most PubAcks are in by the time they are awaited: no timer for those
+		case ack := <-f.Ok():
+			outs[j].ack = ack
+			return
+		case err := <-f.Err():
+			outs[j].err = err
+			return
+		default:
+		}
 		t := time.NewTimer(r.cfg.PublishTimeout + time.Second)
 		defer t.Stop()
 		select {

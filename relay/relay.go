@@ -76,7 +76,10 @@ type Relay struct {
 	outages       streamOutages
 	hooks         hooks
 	stats         counters
-	testSignals   testSignals
+	// lastWork is when a claim last returned rows (unix ns; 0: never): the membership watch
+	// runs only while the relay is busy.
+	lastWork    atomic.Int64
+	testSignals testSignals
 }
 
 // testSignals are events tests wait on instead of sleeping; their channels are nil outside
@@ -230,6 +233,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.sampleLoop(lctx) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); r.watchMembers(lctx) }()
 	defer r.lease.close()
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
@@ -488,6 +493,9 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	if err != nil {
 		r.lease.broken(err)
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	if len(rows) > 0 {
+		r.lastWork.Store(time.Now().UnixNano())
 	}
 	return conn, gen, rows, nil
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
 type env struct {
 	t      *testing.T
@@ -755,7 +755,9 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
 	}
-	r := e.relay(&Config{BatchSize: 2, LeaseInterval: 10 * time.Millisecond})
+	// The lease round is made due by the hook; a lease of 10 s (not 100 ms) so that a loaded
+	// machine cannot end it before the first batch is sent.
+	r := e.relay(&Config{BatchSize: 2, LeaseInterval: time.Second})
 	runCtx, cancel := context.WithCancel(ctx)
 	var once sync.Once
 	r.hooks.beforePipelinedClaim = func() {

@@ -215,9 +215,40 @@ func TestConsumeCheckCountsEveryKindOfFault(t *testing.T) {
 	}
 }
 
+// drain --relays: the same keyed backlog drained by one and by two relay processes, each run
+// checked (nothing lost, duplicated or reordered per key), with the relays' CPU and peak RSS.
+func TestDrainRelaysSmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "drain", "--relays", "1,2", "--msgs", "1200", "--per-tx", "100", "--keys", "7")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "drain" || kv["relays"] != "1,2" || kv["lost"] != "0" || kv["duplicates"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	r1, r2 := num(t, kv, "r1_msgs_per_s"), num(t, kv, "r2_msgs_per_s")
+	if r1 <= 0 || r2 <= 0 || num(t, kv, "r1_ceiling_msgs_per_s") <= 0 {
+		t.Fatalf("rates %v", kv)
+	}
+	if v := num(t, kv, "r2_vs_1_relay"); v < r2/r1*0.99 || v > r2/r1*1.01 {
+		t.Fatalf("r2_vs_1_relay %v, want r2/r1 = %v", v, r2/r1)
+	}
+	if num(t, kv, "r1_peak_rss_kb") <= 0 || num(t, kv, "r2_cpu_relays") <= 0 || num(t, kv, "r1_cpu_us_per_msg") <= 0 {
+		t.Fatalf("no memory or CPU figures: %v", kv)
+	}
+	for _, want := range []string{"1 relay(s): check: expected=1200 stored=1200 lost=0 duplicates=0 unknown=0 corrupt=0 misordered=0; business rows 12 (want 12)",
+		"2 relay(s): check: expected=1200 stored=1200 lost=0 duplicates=0 unknown=0 corrupt=0 misordered=0; business rows 12 (want 12)",
+		"relays settled 1200 published"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("progress does not show %q:\n%s", want, log)
+		}
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"},
+		{"drain", "--relays", "0"}, {"drain", "--relays", "1,x"}, {"drain", "--relays", "1", "--repeat", "0"},
 		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}, {"consume", "--batch-handler-size", "1"}} {
 		var out bytes.Buffer
 		// Bad values are refused before any service is contacted.

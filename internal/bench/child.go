@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -28,12 +31,18 @@ func init() {
 }
 
 // untilStdinCloses returns a context cancelled when ctx is or when stdin reaches EOF (the
-// parent closed it, or died).
-func untilStdinCloses(ctx context.Context) (context.Context, context.CancelFunc) {
+// parent closed it, or died). A line "go" on stdin closes goLine (nil: none expected).
+func untilStdinCloses(ctx context.Context, goLine chan<- struct{}) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		cancel()
+		defer cancel()
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if sc.Text() == "go" && goLine != nil {
+				close(goLine)
+				goLine = nil
+			}
+		}
 	}()
 	return ctx, cancel
 }
@@ -48,7 +57,7 @@ func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 			}
 			defer c.Shutdown()
 			fmt.Fprintf(r.env.Stdout, "nats-url %s\n", c.URLs())
-			ctx, cancel := untilStdinCloses(ctx)
+			ctx, cancel := untilStdinCloses(ctx, nil)
 			defer cancel()
 			<-ctx.Done()
 			return nil
@@ -59,7 +68,7 @@ func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 		}
 		defer srv.Shutdown()
 		fmt.Fprintf(r.env.Stdout, "nats-url %s\n", srv.URL())
-		ctx, cancel := untilStdinCloses(ctx)
+		ctx, cancel := untilStdinCloses(ctx, nil)
 		defer cancel()
 		<-ctx.Done()
 		return nil
@@ -69,14 +78,26 @@ func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	schema := fs.String("schema", "", "outbox schema")
 	subjects := fs.String("subjects", "", "comma-separated subjects")
+	id := fs.String("id", "", "relay id (default: the relay's own, hostname:pid)")
+	waitGo := fs.Bool("wait-go", false, "after printing ready, wait for a line \"go\" on stdin before running (so that the parent times the relays, not their start-up)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (pprof) of this process, from go to exit, to this file")
+	batchSize := fs.Int("batch-size", 0, "the relay's BatchSize (0: the default)")
+	maxInFlight := fs.Int("max-in-flight", 0, "the relay's MaxInFlight (0: the default)")
+	report := fs.Bool("report", false, "print a line on stdout whenever the partitions held change, and the relay's totals at exit")
 	return func(ctx context.Context, r *run) error {
-		ctx, cancel := untilStdinCloses(ctx)
+		goLine := make(chan struct{})
+		ctx, cancel := untilStdinCloses(ctx, goLine)
 		defer cancel()
 		dsn, url := r.env.Getenv("DATABASE_URL"), r.env.Getenv("NATS_URL")
 		if dsn == "" || url == "" {
 			return usageErr("%s needs DATABASE_URL and NATS_URL", relayMode)
 		}
-		pool, err := pgxpool.New(ctx, dsn)
+		pcfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return fmt.Errorf("invalid DATABASE_URL: %w", err)
+		}
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "outbox-bench relay"
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return err
 		}
@@ -91,15 +112,64 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 			return err
 		}
 		rl, err := relay.New(pool, js, &relay.Config{
-			Schema:   *schema,
-			Subjects: strings.Split(*subjects, ","),
-			Logger:   relayLogger(r.env.Stderr),
+			ID:          *id,
+			Schema:      *schema,
+			Subjects:    strings.Split(*subjects, ","),
+			BatchSize:   *batchSize,
+			MaxInFlight: *maxInFlight,
+			Logger:      relayLogger(r.env.Stderr),
 		})
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(r.env.Stdout, "ready pid=%d\n", os.Getpid())
-		return rl.Run(ctx)
+		if *waitGo {
+			select {
+			case <-goLine:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		stopProfile, err := startProfile(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+		var wg sync.WaitGroup
+		if *report {
+			rctx, stop := context.WithCancel(ctx)
+			defer func() { stop(); wg.Wait() }()
+			wg.Add(1)
+			go func() { defer wg.Done(); reportLease(rctx, r.env.Stdout, rl) }()
+		}
+		err = rl.Run(ctx)
+		if *report {
+			st := rl.Stats()
+			fmt.Fprintf(r.env.Stdout, "stats published=%d duplicates=%d failed=%d dead=%d batches=%d withheld=%d\n",
+				st.Published, st.Duplicates, st.Failed, st.Dead, st.Batches, st.Withheld)
+		}
+		return err
+	}
+}
+
+// reportLease prints "lease held=H target=T relays=N" whenever what the relay holds changes,
+// until ctx ends.
+func reportLease(ctx context.Context, w io.Writer, rl *relay.Relay) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	last := ""
+	for {
+		st := rl.Lease()
+		line := fmt.Sprintf("lease held=%d target=%d relays=%d published=%d", len(st.Held), st.Target, st.Relays, rl.Stats().Published)
+		if cut := strings.LastIndex(line, " published="); line[:cut] != last {
+			last = line[:cut]
+			fmt.Fprintln(w, line)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -33,7 +33,10 @@ const (
 
 type drainOpts struct {
 	msgs, perTx, size, loaders, keys, window int
+	batchSize, maxInFlight                   int // relay settings with --relays (0: the defaults)
+	repeat                                   int // with --relays: rounds of measurements
 	cpuprofile                               string
+	relays                                   string
 	skipCeiling                              bool
 	timeout                                  time.Duration
 }
@@ -46,7 +49,11 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.IntVar(&o.loaders, "loaders", 4, "concurrent transactions while building the backlog (not timed)")
 	fs.IntVar(&o.keys, "keys", 0, "spread the messages over this many ordering keys (0: unkeyed, as in the yardstick); stream order is then checked per key")
 	fs.IntVar(&o.window, "ceiling-window", DefaultCeilingWindow, "PubAcks in flight at most for the bare publisher")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) of this process while the relay drains to this file (with --relays: of each relay process, to this path with .r<count>-<i> appended)")
+	fs.IntVar(&o.batchSize, "relay-batch-size", 0, "with --relays: the relays' BatchSize (0: the default, 500)")
+	fs.IntVar(&o.maxInFlight, "relay-max-in-flight", 0, "with --relays: the relays' MaxInFlight (0: the default, 1000)")
+	fs.IntVar(&o.repeat, "repeat", 1, "with --relays: measure this many rounds (each: the ceiling alone and beside PostgreSQL's claim and settle work, then every relay count with its own ceiling) and report medians")
+	fs.StringVar(&o.relays, "relays", "", "scale-out: drain the same backlog with this many relay processes, for each count of a comma-separated list (1,2,3), and report each beside one relay and the broker's ceiling")
 	fs.BoolVar(&o.skipCeiling, "skip-ceiling", false, "do not measure the broker's ceiling")
 	fs.DurationVar(&o.timeout, "stall-timeout", time.Minute, "fail when the stream gains nothing for this long")
 	return func(ctx context.Context, r *run) error { return drain(ctx, r, o) }
@@ -55,6 +62,16 @@ func drainFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 func drain(ctx context.Context, r *run, o *drainOpts) error {
 	if o.msgs < 1 || o.perTx < 1 || o.size < 0 || o.loaders < 1 || o.keys < 0 || o.window < 1 {
 		return usageErr("--msgs, --per-tx, --loaders and --ceiling-window must be positive; --payload and --keys not negative")
+	}
+	if o.relays != "" {
+		if o.repeat < 1 {
+			return usageErr("--repeat must be positive")
+		}
+		counts, err := parseCounts(o.relays)
+		if err != nil {
+			return err
+		}
+		return drainRelays(ctx, r, o, counts)
 	}
 	if err := r.start(ctx); err != nil {
 		return err
@@ -348,24 +365,30 @@ func publishCeiling(ctx context.Context, r *run, connName string, set *msgSet, s
 	return elapsed, nil
 }
 
-// waitForStream polls the stream until it holds want messages and returns the time since t0.
-// It fails when the stream gains nothing for stall, or when the relay stops.
+// waitForStream polls the stream until it holds want messages and returns the time from t0
+// to when the last of them was stored (the stream's own timestamp of its last message: the
+// server runs on this machine's clock). It polls every 50 ms, not faster: each poll is a
+// JetStream API request the nats-server answers while it stores the relay's messages, and at
+// 5 ms the polls cost the relay's side a few percent of two cores. It fails when the stream
+// gains nothing for stall, or when the relay stops.
 func waitForStream(ctx context.Context, r *run, s jetstream.Stream, want uint64, t0 time.Time, stall time.Duration, runErr <-chan error) (time.Duration, error) {
 	var have atomic.Uint64
 	stopProgress := progress(r, 2*time.Second, func() string { return fmt.Sprintf("relay: %d/%d in the stream", have.Load(), want) })
 	defer stopProgress()
 	lastGain := time.Now()
-	tick := time.NewTicker(5 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		n, err := streamMsgs(ctx, s)
+		info, err := s.Info(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("stream info: %w", err)
 		}
-		if n >= want {
+		if n := info.State.Msgs; n >= want {
+			if last := info.State.LastTime; last.After(t0) && time.Since(last) >= 0 {
+				return last.Sub(t0), nil
+			}
 			return time.Since(t0), nil
-		}
-		if n > have.Load() {
+		} else if n > have.Load() {
 			have.Store(n)
 			lastGain = time.Now()
 		} else if time.Since(lastGain) > stall {

@@ -47,22 +47,42 @@ type run struct {
 
 	mu      sync.Mutex
 	cleanup []func()
+	errMu   sync.Mutex // serialises writes to env.Stderr
 
 	DSN     string
 	Admin   *pgxpool.Pool // no search_path; schema-qualified statements only
 	NATSURL string
+	natsPID int // the embedded nats-server's child process (0: none, or in this process)
 	NC      *nats.Conn
 	JS      jetstream.JetStream
 
 	dbDesc, natsDesc string
 }
 
-// logf prints a progress line on stderr.
+// logf prints a progress line on stderr. Goroutines and child processes share stderr:
+// writes to it are serialised (see stderr).
 func (r *run) logf(format string, args ...any) {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
 	if r.began.IsZero() {
 		r.began = time.Now()
 	}
 	fmt.Fprintf(r.env.Stderr, "%s [%6.1fs] %s\n", r.name, time.Since(r.began).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// stderr is the run's stderr for child processes, whose output is copied by goroutines of
+// their own: each write holds the lock logf takes.
+func (r *run) stderr() io.Writer { return lockedWriter{mu: &r.errMu, w: r.env.Stderr} }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // result prints the final line: the scenario name and key=value pairs.
@@ -230,13 +250,7 @@ func (r *run) NewSchema(ctx context.Context) (string, error) {
 	if r.keep {
 		r.logf("schema %s (kept: --keep)", schema)
 	} else {
-		r.atExit(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if _, err := r.Admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-				r.logf("drop schema %s: %v", schema, err)
-			}
-		})
+		r.atExit(func() { r.dropSchema(schema) })
 	}
 	if _, err := r.Admin.Exec(ctx, "CREATE TABLE "+businessTable(schema)+` (
 		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -247,6 +261,15 @@ func (r *run) NewSchema(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("create business table: %w", err)
 	}
 	return schema, nil
+}
+
+// dropSchema drops a scenario's schema (if it is still there).
+func (r *run) dropSchema(schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.Admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		r.logf("drop schema %s: %v", schema, err)
+	}
 }
 
 // businessTable is the scenario's business table, schema-qualified and quoted.
@@ -326,7 +349,7 @@ func (r *run) startChild(args []string, extraEnv ...string) (*child, error) {
 	}
 	cmd := exec.Command(r.env.Exe, args...)
 	cmd.Env = append(append(os.Environ(), r.env.ExeEnv...), extraEnv...)
-	cmd.Stderr = r.env.Stderr
+	cmd.Stderr = r.stderr()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -407,6 +430,7 @@ func (r *run) startNATSProcess(context.Context) (string, func(), error) {
 		_ = c.stop(5 * time.Second)
 		return "", nil, fmt.Errorf("nats child process said %q", line)
 	}
+	r.natsPID = c.cmd.Process.Pid
 	return url, func() {
 		if err := c.stop(30 * time.Second); err != nil {
 			r.logf("nats child process: %v", err)

@@ -20,6 +20,7 @@ type opsQueries struct {
 	relays string // quoted, schema-qualified
 
 	register, members, locks, fence, unregister, cleanup string
+	memberMark                                           string
 	tryLock, unlock                                      string
 
 	samplePartitions, sampleStates string
@@ -68,6 +69,9 @@ WHERE r.instance = $1
       AND l.objsubid = 2 AND l.classid = $2::int8::oid)
   AND NOT EXISTS (SELECT 1 FROM ` + o.relays + ` f WHERE f.backend_pid = r.backend_pid AND f.instance <> r.instance
       AND f.heartbeat_at > now() - greatest(f.lease_interval_ms * 10, 30000) * interval '1 millisecond')`
+	// What a busy relay watches between its lease rounds (see relay/lease.go): a member that
+	// joins or leaves changes it. The table holds a row per relay: this is cheap.
+	o.memberMark = `SELECT count(*), coalesce(max(started_at), 'epoch') FROM ` + o.relays
 	o.unregister = `DELETE FROM ` + o.relays + ` WHERE instance = $1`
 	o.cleanup = `DELETE FROM ` + o.relays + ` WHERE heartbeat_at < now() - $1::float8 * interval '1 second'`
 	o.tryLock = `SELECT p FROM unnest($2::int4[]) AS u(p) WHERE pg_try_advisory_lock($1::int4, p)`
@@ -227,6 +231,13 @@ func (q *Queries) Membership(ctx context.Context, db DBTX, heartbeat *RelayRegis
 		return out, fmt.Errorf("partition locks: %w", err)
 	}
 	return out, br.Close()
+}
+
+// MemberMark returns the number of rows of the membership table and the latest start among
+// them: a relay that joins or leaves changes it.
+func (q *Queries) MemberMark(ctx context.Context, db DBTX) (n int64, newest time.Time, err error) {
+	err = db.QueryRow(ctx, q.ops.memberMark).Scan(&n, &newest)
+	return n, newest, err
 }
 
 // UnregisterRelay deletes the relay's membership row (graceful shutdown).
