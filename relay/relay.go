@@ -481,15 +481,11 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	if err := r.promote(ctx, conn); err != nil {
-		r.lease.broken(err)
-		return nil, 0, nil, err
-	}
 	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}
-	rows, err = r.q.Claim(ctx, conn, args)
+	rows, err = r.claimPromoting(ctx, conn, args) // delayed messages that fell due first (scheduled.go)
 	if err != nil {
 		r.lease.broken(err)
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)

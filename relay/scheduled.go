@@ -62,18 +62,25 @@ func newScheduledMetrics(reg prometheus.Registerer) (*scheduledMetrics, error) {
 	return m, nil
 }
 
-// promote makes the due scheduled rows ready, at most once per PollMin unless the last
-// promotion was full.
-func (r *Relay) promote(ctx context.Context, db store.DBTX) error {
+// claimPromoting claims, first promoting the due scheduled rows in the same round trip when a
+// promotion is due: at most once per PollMin, unless the last one left due rows or the next
+// row it knew of fell due.
+func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.ClaimArgs) ([]store.Claimed, error) {
 	now := time.Now()
 	if !r.sched.full && now.Sub(r.sched.last) < r.cfg.PollMin && (r.sched.next.IsZero() || now.Before(r.sched.next)) {
-		return nil
+		return r.q.Claim(ctx, db, a)
 	}
 	r.sched.last = now
-	p, err := r.q.Promote(ctx, db, store.PromoteLimit)
+	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, a)
 	if err != nil {
-		return fmt.Errorf("relay: promote scheduled messages: %w", err)
+		return nil, err
 	}
+	r.promoted(now, p)
+	return rows, nil
+}
+
+// promoted records what a promotion did.
+func (r *Relay) promoted(now time.Time, p store.Promotion) {
 	r.sched.full = p.More
 	r.sched.next = time.Time{}
 	if p.HasNext {
@@ -82,7 +89,6 @@ func (r *Relay) promote(ctx context.Context, db store.DBTX) error {
 	if p.Moved > 0 {
 		r.sm.promoted.Add(float64(p.Moved))
 	}
-	return nil
 }
 
 // capWait shortens an idle wait so that the relay wakes when the next scheduled row falls due

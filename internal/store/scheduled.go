@@ -140,6 +140,39 @@ func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (Promotion, e
 	return p, nil
 }
 
+// PromoteAndClaim is Promote (looking at up to limit rows) followed by Claim, in one round
+// trip and one implicit transaction: the claim sees the rows just promoted, and the key locks
+// the promotion took end with it.
+func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, a ClaimArgs) (Promotion, []Claimed, error) {
+	b := &pgx.Batch{}
+	b.Queue(q.sched.promote, int32(limit))
+	b.Queue(q.claim, a.args()...)
+	br := db.SendBatch(ctx, b)
+	var moved, due int64
+	var secs *float64
+	if err := br.QueryRow().Scan(&moved, &due, &secs); err != nil {
+		_ = br.Close()
+		return Promotion{}, nil, err
+	}
+	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
+	if secs != nil {
+		p.Next, p.HasNext = seconds(*secs), true
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return Promotion{}, nil, err
+	}
+	claimed, err := scanClaimed(rows, a.Limit)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Promotion{}, nil, err
+	}
+	return p, claimed, nil
+}
+
 // ScheduledState returns a message's state, or ErrNoRow.
 func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (string, error) {
 	var st string

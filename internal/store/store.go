@@ -272,6 +272,15 @@ type ClaimArgs struct {
 
 // Claim returns up to Limit due ready rows in id order (see the statement for the key rule).
 func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, error) {
+	rows, err := db.Query(ctx, q.claim, a.args()...)
+	if err != nil {
+		return nil, err
+	}
+	return scanClaimed(rows, a.Limit)
+}
+
+// args are the claim statement's arguments.
+func (a ClaimArgs) args() []any {
 	excl := a.Exclude
 	if excl == nil {
 		excl = []int64{}
@@ -280,12 +289,12 @@ func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, e
 	if count <= 0 {
 		count = 1
 	}
-	rows, err := db.Query(ctx, q.claim, a.Limit, a.Partitions, count, excl)
-	if err != nil {
-		return nil, err
-	}
+	return []any{a.Limit, a.Partitions, count, excl}
+}
+
+func scanClaimed(rows pgx.Rows, limit int) ([]Claimed, error) {
 	defer rows.Close()
-	out := make([]Claimed, 0, a.Limit)
+	out := make([]Claimed, 0, limit)
 	for rows.Next() {
 		var c Claimed
 		var key *string
