@@ -15,6 +15,11 @@
 // The relay alone takes a *pgxpool.Pool: it holds dedicated sessions (its partition leases are
 // session advisory locks).
 //
+// Services on database/sql use the database/sql counterparts SQLDBTX, SQLBeginner and SQLDB
+// (*sql.Tx, *sql.Conn, *sql.DB, sqlx, GORM's connection pool; any PostgreSQL driver), taken by
+// the methods whose names say SQL: outbox.Client.EnqueueSQLTx and the half-message twins, and
+// consumer.NewSQL.
+//
 // # Configuration
 //
 // Every component is built from a Config struct. In every Config:

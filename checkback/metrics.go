@@ -2,6 +2,8 @@ package checkback
 
 import (
 	"github.com/txoutbox/txoutbox/internal/prom"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -30,7 +32,15 @@ type metrics struct {
 	exhaustedN  prometheus.Gauge
 	staleReady  prometheus.Gauge
 	oldestReady prometheus.Gauge
+	groupHalf   *prometheus.GaugeVec
+	groupOldest *prometheus.GaugeVec
+
+	groupsMu    sync.Mutex
+	shownGroups []string // the group labels the stale job last set
 }
+
+// maxGroupSeries bounds the per-group gauges (groups by name).
+const maxGroupSeries = 50
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "txoutbox", "checkback"
@@ -76,6 +86,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "oldest_ready_age_seconds",
 			Help: "Age of the oldest ready row (0 when none), as of the stale job's last run.",
 		}),
+		groupHalf: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "half_messages",
+			Help: "Open half messages per producer group (the first 50 groups by name) and state: prepared or check_exhausted (counted by the stale job).",
+		}, []string{"group", "state"}),
+		groupOldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "oldest_prepared_age_seconds",
+			Help: "Age of the oldest prepared half message per producer group (0 when it has none), as of the stale job's last run.",
+		}, []string{"group"}),
 	}
 	for _, o := range []string{OutcomeCommit, OutcomeRollback, OutcomeUnknown, OutcomeError, OutcomeTimeout, OutcomeNoResponders, OutcomeMalformed} {
 		m.checks.WithLabelValues(o)
@@ -83,9 +101,43 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"committed", "rolled_back", "fenced"} {
 		m.resolved.WithLabelValues(r)
 	}
+	// The jobs and the purge kinds, so that dashboards and alerts find the families before
+	// the first error or purge.
+	for _, j := range []string{"resolve", "stale", "purge"} {
+		m.jobErrors.WithLabelValues(j)
+		m.jobDuration.WithLabelValues(j)
+	}
+	for _, k := range []string{"published", "rolled_back", "dedup"} {
+		m.purged.WithLabelValues(k)
+	}
 	if err := prom.Register(reg, "checkback",
-		prom.Of(&m.checks), prom.Of(&m.resolved), prom.Of(&m.exhausted), prom.Of(&m.purged), prom.Of(&m.jobErrors), prom.Of(&m.jobDuration), prom.Of(&m.prepared), prom.Of(&m.exhaustedN), prom.Of(&m.staleReady), prom.Of(&m.oldestReady)); err != nil {
+		prom.Of(&m.checks), prom.Of(&m.resolved), prom.Of(&m.exhausted), prom.Of(&m.purged), prom.Of(&m.jobErrors), prom.Of(&m.jobDuration), prom.Of(&m.prepared), prom.Of(&m.exhaustedN), prom.Of(&m.staleReady), prom.Of(&m.oldestReady), prom.Of(&m.groupHalf), prom.Of(&m.groupOldest)); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// setGroups sets the per-group gauges and deletes those of groups that have no open half
+// message any more. A message prepared without a group (fence mode) counts under group "".
+func (m *metrics) setGroups(groups []store.GroupHalf) {
+	m.groupsMu.Lock()
+	defer m.groupsMu.Unlock()
+	shown := map[string]bool{}
+	for _, g := range groups {
+		shown[g.Group] = true
+		m.groupHalf.WithLabelValues(g.Group, store.StatePrepared).Set(float64(g.Prepared))
+		m.groupHalf.WithLabelValues(g.Group, store.StateCheckExhausted).Set(float64(g.Exhausted))
+		m.groupOldest.WithLabelValues(g.Group).Set(g.OldestPrepared.Seconds())
+	}
+	for _, g := range m.shownGroups {
+		if !shown[g] {
+			m.groupHalf.DeleteLabelValues(g, store.StatePrepared)
+			m.groupHalf.DeleteLabelValues(g, store.StateCheckExhausted)
+			m.groupOldest.DeleteLabelValues(g)
+		}
+	}
+	m.shownGroups = m.shownGroups[:0]
+	for _, g := range groups {
+		m.shownGroups = append(m.shownGroups, g.Group)
+	}
 }

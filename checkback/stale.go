@@ -49,6 +49,11 @@ func (c *CheckBack) staleOnce(ctx context.Context) (StaleResult, error) {
 	c.m.oldestReady.Set(r.OldestReady.Seconds())
 	c.m.prepared.Set(float64(r.Prepared))
 	c.m.exhaustedN.Set(float64(r.Exhausted))
+	groups, err := c.q.HalfByGroup(ctx, c.db, maxGroupSeries)
+	if err != nil {
+		return r, fmt.Errorf("count half messages by group: %w", err)
+	}
+	c.m.setGroups(groups)
 
 	s := &c.stale
 	s.mu.Lock()

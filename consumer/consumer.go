@@ -42,6 +42,7 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
@@ -113,6 +114,10 @@ type Consumer struct {
 	batchHandler BatchHandler
 	// acksBehind counts the acks of committed batches still being sent (NewBatch: see ackBehind).
 	acksBehind sync.WaitGroup
+
+	// sqlDB and sqlHandler, when set (NewSQL), replace db and handler: database/sql mode.
+	sqlDB      *sql.DB
+	sqlHandler SQLHandler
 
 	running  atomic.Bool
 	pgDown   atomic.Bool // for one log line per state change

@@ -94,6 +94,9 @@ func (c *Consumer) handleOne(ctx context.Context, raw jetstream.Msg) result {
 // handle runs the per-message mode: dedup row, handler and commit in one transaction, then
 // the ack.
 func (c *Consumer) handle(ctx context.Context, it *item) result {
+	if c.sqlDB != nil {
+		return c.handleSQL(ctx, it) // NewSQL: database/sql mode (sqldb.go)
+	}
 	if it.bad != nil {
 		return c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
 	}

@@ -96,39 +96,138 @@ SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
     FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 $fn$;
 
+-- The rules, as inlinable predicates (LANGUAGE sql, one expression: the planner folds them
+-- into the statement that checks a whole batch at once, without a function call per
+-- message). txoutbox_check_message says, for a message they refuse, what is wrong.
+
+-- The white space a key or header value must not begin or end with, as a bracket
+-- expression's content: Unicode White_Space and the zero-width characters U+200B-U+200D,
+-- U+2060, U+FEFF (outbox's checkText).
+CREATE FUNCTION txoutbox_space_chars() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT '\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff'::text
+$fn$;
+
+-- The control characters a key (tab_inside false) or header value (tab_inside true) must not
+-- hold, as a bracket expression's content: C0 (but a tab inside a header value), DEL, C1.
+CREATE FUNCTION txoutbox_control_chars(tab_inside boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT CASE WHEN tab_inside THEN '\u0001-\u0008\u000a-\u001f\u007f-\u009f' ELSE '\u0001-\u001f\u007f-\u009f' END
+$fn$;
+
+-- Whether s is a valid subject (outbox.ValidateSubject): 1 to 1024 bytes, no white space or
+-- control character (C0, DEL, C1), no empty or wildcard token, not under $JS, $JSC, $SYS, $NRG.
+-- NULL for NULL.
+CREATE FUNCTION txoutbox_subject_ok(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT octet_length(s) BETWEEN 1 AND 1024
+   AND s !~ '[\u0001-\u0020\u007f-\u009f]|(^|\.)(\.|$)|(^|\.)[*>](\.|$)'
+   AND split_part(s, '.', 1) NOT IN ('$JS', '$JSC', '$SYS', '$NRG')
+$fn$;
+
+-- Whether s is a valid key or business key (outbox.ValidateKey; NULL is none, valid): at most
+-- 1024 bytes, neither beginning nor ending with white space, without control characters.
+CREATE FUNCTION txoutbox_key_ok(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT s IS NULL OR (octet_length(s) <= 1024
+    AND s !~ ('^[' || txoutbox_space_chars() || ']|[' || txoutbox_space_chars() || ']$|[' || txoutbox_control_chars(false) || ']'))
+$fn$;
+
+-- Whether name is a header name a producer may set (outbox.ValidateHeaderName): an RFC 7230
+-- token, not Nats-*, Txoutbox-*, Status or Description (in any case).
+CREATE FUNCTION txoutbox_header_name_ok(name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT name ~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
+   AND lower(name COLLATE "C") NOT LIKE 'nats-%' AND lower(name COLLATE "C") NOT LIKE 'txoutbox-%'
+   AND lower(name COLLATE "C") NOT IN ('status', 'description')
+$fn$;
+
+-- Whether value (a JSON value of a header's array) is a valid header value
+-- (outbox.ValidateHeaderValue): a string neither beginning nor ending with white space,
+-- without control characters but tabs inside.
+CREATE FUNCTION txoutbox_header_value_ok(value jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT jsonb_typeof(value) = 'string'
+   AND (value #>> '{}') !~ ('^[' || txoutbox_space_chars() || ']|[' || txoutbox_space_chars() || ']$|[' || txoutbox_control_chars(true) || ']')
+$fn$;
+
+-- One header of simple headers' JSON text, as a regular expression: "name": ["value"], the
+-- name a token, the value without '"', '\' (JSON's escapes) or control characters, neither
+-- beginning nor ending with white space.
+CREATE FUNCTION txoutbox_simple_header_re() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT '"[A-Za-z0-9!#$%&''*+.^_`|~-]+": \["([^"\\' || txoutbox_space_chars() || txoutbox_control_chars(false)
+    || ']([^"\\' || txoutbox_control_chars(false) || ']*[^"\\' || txoutbox_space_chars() || txoutbox_control_chars(false)
+    || '])?)?"\]'
+$fn$;
+
+-- The size of the lines of headers whose JSON text (jsonb's output) is t, when that text is
+-- simple: every header with exactly one value, as txoutbox_simple_header_re matches it, and
+-- not reserved. Else NULL, and the headers are checked and sized one by one. Reading the
+-- text is much cheaper than expanding the JSON: t is {"n1": ["v1"], "n2": ["v2"], ...}, with
+-- names and values as they are, so with N headers its length is
+-- 10 N + sum(octet_length(name)) + sum(octet_length(value)), and the lines' size,
+-- sum(octet_length(name) + 4 + octet_length(value)), is octet_length(t) - 6 N, N being the
+-- number of '"' over 4.
+CREATE FUNCTION txoutbox_simple_headers_size(t text) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT CASE WHEN t = '{}' THEN 0
+            WHEN t ~ ('^\{' || txoutbox_simple_header_re() || '(, ' || txoutbox_simple_header_re() || ')*\}$')
+             AND t !~* '"(nats-[^"]*|txoutbox-[^"]*|status|description)": \['
+            THEN octet_length(t) - 6 * ((octet_length(t) - octet_length(replace(t, '"', ''))) / 4)
+       END
+$fn$;
+
+-- The header block NATS stores for a message whose headers (valid) add hsize bytes of lines,
+-- as outbox.HeaderBlockSize counts it: "NATS/1.0\r\n", the lines, the relay's Nats-Msg-Id (a
+-- 36-character UUID), Txoutbox-Key, Txoutbox-Biz-Key, and "\r\n". Each header value costs
+-- "Name: value\r\n" (octet_length(name) + 4 + octet_length(value)).
+CREATE FUNCTION txoutbox_header_block(hsize int, key text, biz_key text) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT 12 + hsize + 51
+    + CASE WHEN key IS NULL THEN 0 ELSE 16 + octet_length(key) END
+    + CASE WHEN biz_key IS NULL THEN 0 ELSE 20 + octet_length(biz_key) END
+$fn$;
+
+-- The headers column of a valid message: the caller's headers plus Txoutbox-Biz-Key, NULL for
+-- none. (STABLE as jsonb_build_object is, so that it inlines.)
+CREATE FUNCTION txoutbox_stored_headers(headers jsonb, biz_key text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $fn$
+SELECT CASE WHEN biz_key IS NOT NULL
+            THEN coalesce(headers, '{}'::jsonb) || jsonb_build_object('Txoutbox-Biz-Key', jsonb_build_array(biz_key))
+            WHEN headers = '{}'::jsonb THEN NULL
+            ELSE headers END
+$fn$;
+
 -- What is wrong with s as a key (tab_inside false) or a header value (tab_inside true), or
--- NULL: outbox's checkText. Text is valid UTF-8 without NUL in a UTF8 database.
+-- NULL: outbox's checkText, in words. Text is valid UTF-8 without NUL in a UTF8 database.
 CREATE FUNCTION txoutbox_text_problem(s text, tab_inside boolean) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
 BEGIN
-    -- Unicode White_Space and the zero-width characters U+200B-U+200D, U+2060, U+FEFF.
-    IF s ~ '^[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]' THEN
+    IF s ~ ('^[' || txoutbox_space_chars() || ']') THEN
         RETURN format('begins with white space (U+%s): trim it (NATS drops white space at the ends of a header value, and values that differ only there look alike)',
                       upper(lpad(to_hex(ascii(left(s, 1))), 4, '0')));
     END IF;
-    IF s ~ '[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]$' THEN
+    IF s ~ ('[' || txoutbox_space_chars() || ']$') THEN
         RETURN format('ends with white space (U+%s): trim it (NATS drops white space at the ends of a header value, and values that differ only there look alike)',
                       upper(lpad(to_hex(ascii(right(s, 1))), 4, '0')));
     END IF;
-    IF tab_inside THEN
-        IF s ~ '[\u0001-\u0008\u000a-\u001f\u007f-\u009f]' THEN
-            RETURN 'holds a control character (C0 other than a tab inside it, DEL or C1)';
-        END IF;
-    ELSIF s ~ '[\u0001-\u001f\u007f-\u009f]' THEN
-        RETURN 'holds a control character (C0, DEL or C1)';
+    IF s ~ ('[' || txoutbox_control_chars(tab_inside) || ']') THEN
+        RETURN CASE WHEN tab_inside THEN 'holds a control character (C0 other than a tab inside it, DEL or C1)'
+                    ELSE 'holds a control character (C0, DEL or C1)' END;
     END IF;
     RETURN NULL;
 END
 $fn$;
 
--- Validates one message as outbox.EnqueueTx does (in its order: subject, key, biz_key,
--- headers, header block size, message size) and returns the headers to store (the caller's
--- plus Txoutbox-Biz-Key), or NULL. It raises TX001-TX005; ctx prefixes the messages.
--- known_hsize, when not NULL, is the headers' checked size (-1: they are invalid), computed
--- for a whole batch in one statement by txoutbox_enqueue_many.
+-- Raises the error of the first problem of a message the predicates above refused, as
+-- outbox.EnqueueTx reports it (in its order: subject, key, biz_key, headers, header block
+-- size, message size), with SQLSTATE TX001-TX005; ctx prefixes the messages. hsize is the
+-- size of the headers' lines, -1 when they are invalid (computed with the rest of the batch by
+-- txoutbox_write). Returns when it finds nothing wrong.
 CREATE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
-    known_hsize int DEFAULT NULL)
-RETURNS jsonb
+    hsize int)
+RETURNS void
 LANGUAGE plpgsql STABLE AS $fn$
 DECLARE
     what text;
@@ -136,10 +235,8 @@ DECLARE
     vals jsonb;
     v jsonb;
     j int;
-    hsize int := 0;
     block int;
     total bigint;
-    good boolean := true;
 BEGIN
     -- Subject: outbox.ValidateSubject.
     IF subject IS NULL OR subject = '' THEN
@@ -180,38 +277,14 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'biz_key: invalid key: biz_key ' || what;
         END IF;
     END IF;
-    -- Headers: a JSON object of name: [values], names RFC 7230 tokens and not reserved
-    -- (outbox.ValidateHeaderName), each with at least one value, values as
-    -- outbox.ValidateHeaderValue. Each value costs "Name: value\r\n" in the header block.
-    IF headers IS NOT NULL THEN
-        IF jsonb_typeof(headers) <> 'object' THEN
-            RAISE EXCEPTION USING ERRCODE = 'TX003',
-                MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
-        END IF;
-        -- Fast path: every rule below in one statement; the loop after it only runs to say
-        -- what is wrong.
-        IF known_hsize IS NOT NULL THEN
-            good := known_hsize >= 0;
-            hsize := greatest(known_hsize, 0);
-        ELSE
-        SELECT coalesce(bool_and(h.ok), true), coalesce(sum(h.size), 0)::int INTO good, hsize
-        FROM (SELECT e.key ~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
-                     AND lower(e.key COLLATE "C") NOT LIKE 'nats-%' AND lower(e.key COLLATE "C") NOT LIKE 'txoutbox-%'
-                     AND lower(e.key COLLATE "C") NOT IN ('status', 'description')
-                     AND jsonb_typeof(e.value) = 'array' AND jsonb_array_length(e.value) > 0
-                     AND (SELECT bool_and(jsonb_typeof(hv) = 'string'
-                                 AND (hv #>> '{}') !~ '^[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]|[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]$|[\u0001-\u0008\u000a-\u001f\u007f-\u009f]')
-                          FROM jsonb_array_elements(e.value) hv) AS ok,
-                     (SELECT sum(octet_length(e.key) + 4 + octet_length(hv #>> '{}'))
-                      FROM jsonb_array_elements(e.value) hv) AS size
-              FROM jsonb_each(headers) e
-              WHERE jsonb_typeof(e.value) = 'array'
-              UNION ALL
-              SELECT false, 0 FROM jsonb_each(headers) e WHERE jsonb_typeof(e.value) <> 'array') h;
-        END IF;
+    -- Headers: a JSON object of name: [values], names valid (txoutbox_header_name_ok), each
+    -- with at least one value, values valid (txoutbox_header_value_ok). Names in byte order,
+    -- values in array order: the first problem found is the one reported.
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX003',
+            MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
     END IF;
-    IF NOT good THEN
-        hsize := 0;
+    IF hsize < 0 THEN
         FOR name, vals IN SELECT e.key, e.value FROM jsonb_each(headers) e ORDER BY e.key COLLATE "C" LOOP
             IF name !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$' THEN
                 RAISE EXCEPTION USING ERRCODE = 'TX003',
@@ -251,15 +324,13 @@ BEGIN
                 END IF;
             END LOOP;
         END LOOP;
-        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';  -- not reached
+        -- Not reached: txoutbox_header_name_ok and txoutbox_header_value_ok refuse nothing
+        -- the loop above accepts.
+        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';
     END IF;
-    -- Sizes as NATS counts them (outbox.HeaderBlockSize, EncodedSize): "NATS/1.0\r\n", the
-    -- lines, the relay's Nats-Msg-Id (a 36-character UUID), Txoutbox-Key, Txoutbox-Biz-Key,
-    -- and "\r\n"; the block at most outbox.MaxHeaderBytes (61439), the whole message at most
-    -- outbox.DefaultMaxMessageBytes (1048576).
-    block := 12 + hsize + 51
-        + CASE WHEN key IS NULL THEN 0 ELSE 16 + octet_length(key) END
-        + CASE WHEN biz_key IS NULL THEN 0 ELSE 20 + octet_length(biz_key) END;
+    -- Sizes as NATS counts them: the block at most outbox.MaxHeaderBytes (61439), the whole
+    -- message at most outbox.DefaultMaxMessageBytes (1048576).
+    block := txoutbox_header_block(coalesce(hsize, 0), key, biz_key);
     IF block > 61439 THEN
         RAISE EXCEPTION USING ERRCODE = 'TX004',
             MESSAGE = format('%sheaders: header block too large: the header block NATS stores (the headers, the relay''s Nats-Msg-Id, Txoutbox-Key and Txoutbox-Biz-Key, and framing) is %s bytes, the limit is 61439 bytes (nats-server stores at most 65535 whatever the payload, and a consumer''s dead letter of the message adds up to 4096)', ctx, block);
@@ -270,13 +341,135 @@ BEGIN
             MESSAGE = format('%spayload: message too large: payload %s bytes + headers = %s bytes, over the limit of 1048576 bytes (NATS counts headers, including the relay''s)',
                              ctx, coalesce(octet_length(payload), 0), total);
     END IF;
-    IF biz_key IS NOT NULL THEN
-        RETURN coalesce(headers, '{}'::jsonb) || jsonb_build_object('Txoutbox-Biz-Key', jsonb_build_array(biz_key));
+END
+$fn$;
+
+-- Checks and writes messages in the caller's transaction, in array order: txoutbox_enqueue,
+-- _enqueue_many and _prepare are this function (fn names the caller in errors; numbered: its
+-- errors name the message's position). The arrays are one-dimensional, of equal length
+-- (subjects' elements; keys, headers, biz_keys and ids may be NULL), keys and biz_keys '' for
+-- none.
+--
+-- One statement checks every message with the predicates above, draws the missing ids and
+-- hashes the partition keys; another finds a caller's id repeated in the call. The first
+-- message refused (in array order) raises its error: txoutbox_check_message says what is
+-- wrong, else its id repeats an earlier one's. Nothing is written unless every message is
+-- valid. check_mode NULL writes ready messages, after locking their keys
+-- (txoutbox_lock_key_hashes, before the row ids are drawn); 'checker' or 'fence' writes
+-- prepared ones (no key lock) with producer_group and a first check-back after
+-- check_immunity. Returns the message ids in order.
+--
+-- Its statements are planned once per session (plan_cache_mode = force_generic_plan): planned
+-- for the arrays of each call, the checking statement, which inlines the predicates, would
+-- cost more than it saves. jit is off: the planner's row estimates for unnest and the jsonb
+-- functions are far above a batch's real size, and compiling would cost more than the
+-- statement.
+CREATE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
+    headers jsonb[], biz_keys text[], ids uuid[], producer_group text, check_mode text, check_immunity interval)
+RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $fn$
+DECLARE
+    n int := cardinality(subjects);
+    given_ids boolean := coalesce(cardinality(array_remove(ids, NULL)), 0) > 0;
+    bad int;
+    dup int;
+    hsizes int[];
+    out_ids uuid[];
+    out_parts int4[];
+    lock_hashes int4[];
+    done uuid[];
+    ctx text;
+BEGIN
+    SELECT min(c.ord) FILTER (WHERE c.ok IS NOT TRUE), array_agg(c.hsize ORDER BY c.ord),
+           array_agg(c.mid ORDER BY c.ord), array_agg(c.part ORDER BY c.ord),
+           array_agg(c.part) FILTER (WHERE c.k IS NOT NULL)
+      INTO bad, hsizes, out_ids, out_parts, lock_hashes
+    FROM (SELECT m.ord, m.k, m.mid, m.hsize, m.part,
+                 txoutbox_subject_ok(m.subject) AND txoutbox_key_ok(m.k) AND txoutbox_key_ok(m.bk) AND m.hsize >= 0
+                 AND txoutbox_header_block(m.hsize, m.k, m.bk) <= 61439
+                 AND coalesce(octet_length(m.payload), 0) + txoutbox_header_block(m.hsize, m.k, m.bk) <= 1048576 AS ok
+          FROM (SELECT t.*, txoutbox_key_hash(coalesce(t.k, t.mid::text)) AS part,
+                       -- The size of the headers' lines, -1 when they are invalid: from their
+                       -- text when it is simple, else header by header, value by value.
+                       CASE WHEN t.hdr IS NULL THEN 0
+                            WHEN t.hdr_text IS NULL THEN -1
+                            ELSE coalesce(txoutbox_simple_headers_size(t.hdr_text), (
+                                SELECT CASE WHEN bool_and(txoutbox_header_name_ok(e.key) AND jsonb_typeof(e.value) = 'array'
+                                                          AND jsonb_array_length(e.value) > 0 AND txoutbox_header_value_ok(v.value)) IS NOT FALSE
+                                            THEN coalesce(sum(octet_length(e.key) + 4 + octet_length(v.value #>> '{}')), 0)::int
+                                            ELSE -1 END
+                                FROM jsonb_each(t.hdr) e
+                                LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.value) = 'array' THEN e.value END) v(value) ON true))
+                       END AS hsize
+                FROM (SELECT u.ord, u.subject, u.payload, nullif(u.key, '') AS k, nullif(u.biz_key, '') AS bk, u.hdr,
+                             CASE WHEN jsonb_typeof(u.hdr) = 'object' THEN u.hdr::text END AS hdr_text,
+                             coalesce(u.id, txoutbox_uuidv7()) AS mid
+                      FROM unnest(subjects, payloads, keys, headers, biz_keys, ids) WITH ORDINALITY
+                           AS u(subject, payload, key, hdr, biz_key, id, ord)
+                      OFFSET 0) t
+                OFFSET 0) m) c;
+    IF given_ids THEN
+        SELECT min(d.ord) INTO dup
+        FROM (SELECT u.ord, row_number() OVER (PARTITION BY u.id ORDER BY u.ord) AS seen
+              FROM unnest(ids) WITH ORDINALITY AS u(id, ord) WHERE u.id IS NOT NULL) d
+        WHERE d.seen > 1;
     END IF;
-    IF headers = '{}'::jsonb THEN
-        RETURN NULL;
+    IF bad IS NOT NULL OR dup IS NOT NULL THEN
+        bad := least(bad, dup);
+        ctx := fn || ': ' || CASE WHEN numbered THEN format('message %s: ', bad) ELSE '' END;
+        PERFORM txoutbox_check_message(ctx, subjects[bad], payloads[bad], nullif(keys[bad], ''), headers[bad],
+                                       nullif(biz_keys[bad], ''), hsizes[bad]);
+        IF bad = dup THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX006',
+                MESSAGE = format('%sid: duplicate message id: message %s of this call has the same id %s', ctx, array_position(ids, ids[bad]), ids[bad]);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'XX000',
+            MESSAGE = format('%stxoutbox internal error: the batch check refused the message and txoutbox_check_message found nothing wrong', ctx);
     END IF;
-    RETURN headers;
+    IF check_mode IS NULL AND lock_hashes IS NOT NULL THEN
+        PERFORM txoutbox_lock_key_hashes(lock_hashes);
+    END IF;
+    IF check_mode IS NULL AND NOT given_ids THEN
+        -- Ready messages with ids drawn here (UUIDv7, no collision): EnqueueTx's statement.
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               'ready', clock_timestamp()
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, ord)
+        ORDER BY u.ord;
+        RETURN out_ids;
+    END IF;
+    -- A caller's id may already be in the outbox: skip the conflict, then say which.
+    WITH ins AS (
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at,
+            producer_group, check_mode, next_check_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               CASE WHEN check_mode IS NULL THEN 'ready' ELSE 'prepared' END,
+               CASE WHEN check_mode IS NULL THEN clock_timestamp() END,
+               producer_group, check_mode,
+               CASE WHEN check_mode IS NOT NULL THEN now() + greatest(coalesce(check_immunity, interval '0'), interval '0') END
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, ord)
+        ORDER BY u.ord
+        ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING
+        RETURNING message_id
+    )
+    SELECT array_agg(message_id) INTO done FROM ins;
+    IF coalesce(cardinality(done), 0) <> n THEN
+        FOR i IN 1 .. n LOOP
+            IF NOT (out_ids[i] = ANY(coalesce(done, '{}'))) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX006',
+                    MESSAGE = format('%s: %sid: duplicate message id: a message with id %s is already in the outbox',
+                                     fn, CASE WHEN numbered THEN format('message %s: ', i) ELSE '' END, out_ids[i]);
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN out_ids;
 END
 $fn$;
 
@@ -293,92 +486,19 @@ SET search_path FROM CURRENT
 AS $fn$
 DECLARE
     n int := coalesce(cardinality(subjects), 0);
-    out_ids uuid[] := '{}';
-    out_parts int4[] := '{}';
-    out_hdrs jsonb[] := '{}';
-    hsizes int[];
-    lock_hashes int4[] := '{}';
-    k text;
-    bk text;
-    id uuid;
-    ctx text;
-    done uuid[];
 BEGIN
     IF n = 0 THEN
         RETURN '{}';
     END IF;
-    IF array_ndims(subjects) <> 1 OR coalesce(cardinality(payloads), 0) <> n
-       OR (keys IS NOT NULL AND cardinality(keys) <> n) OR (headers IS NOT NULL AND cardinality(headers) <> n)
-       OR (biz_keys IS NOT NULL AND cardinality(biz_keys) <> n) OR (ids IS NOT NULL AND cardinality(ids) <> n) THEN
+    IF array_ndims(subjects) <> 1 OR coalesce(cardinality(payloads), 0) <> n OR array_ndims(payloads) <> 1
+       OR (keys IS NOT NULL AND (cardinality(keys) <> n OR array_ndims(keys) <> 1))
+       OR (headers IS NOT NULL AND (cardinality(headers) <> n OR array_ndims(headers) <> 1))
+       OR (biz_keys IS NOT NULL AND (cardinality(biz_keys) <> n OR array_ndims(biz_keys) <> 1))
+       OR (ids IS NOT NULL AND (cardinality(ids) <> n OR array_ndims(ids) <> 1)) THEN
         RAISE EXCEPTION USING ERRCODE = 'TX008',
             MESSAGE = format('txoutbox_enqueue_many: invalid argument: subjects has %s elements; payloads, and keys, headers, biz_keys and ids when not NULL, must have as many (one-dimensional arrays)', n);
     END IF;
-    -- The headers of every message checked and sized in one statement (-1: invalid, and
-    -- txoutbox_check_message says why), as txoutbox_check_message's fast path does.
-    IF headers IS NOT NULL THEN
-        SELECT array_agg(s.size ORDER BY m.ord) INTO hsizes
-        FROM unnest(headers) WITH ORDINALITY AS m(hdr, ord)
-        CROSS JOIN LATERAL (
-            SELECT CASE WHEN m.hdr IS NULL THEN 0
-                        WHEN jsonb_typeof(m.hdr) <> 'object' THEN -1
-                        WHEN coalesce(bool_and(h.ok), true) THEN coalesce(sum(h.size), 0)::int
-                        ELSE -1 END AS size
-            FROM (SELECT e.key ~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
-                         AND lower(e.key COLLATE "C") NOT LIKE 'nats-%' AND lower(e.key COLLATE "C") NOT LIKE 'txoutbox-%'
-                         AND lower(e.key COLLATE "C") NOT IN ('status', 'description')
-                         AND CASE WHEN jsonb_typeof(e.value) = 'array' THEN jsonb_array_length(e.value) > 0
-                                  AND (SELECT bool_and(jsonb_typeof(hv) = 'string'
-                                         AND (hv #>> '{}') !~ '^[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]|[\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff]$|[\u0001-\u0008\u000a-\u001f\u007f-\u009f]')
-                                       FROM jsonb_array_elements(e.value) hv)
-                                  ELSE false END AS ok,
-                         CASE WHEN jsonb_typeof(e.value) = 'array' THEN
-                              (SELECT sum(octet_length(e.key) + 4 + octet_length(hv #>> '{}')) FROM jsonb_array_elements(e.value) hv)
-                         END AS size
-                  FROM jsonb_each(CASE WHEN jsonb_typeof(m.hdr) = 'object' THEN m.hdr ELSE '{}' END) e) h
-        ) s;
-    END IF;
-    FOR i IN 1 .. n LOOP
-        ctx := format('txoutbox_enqueue_many: message %s: ', i);
-        k := nullif(keys[i], '');
-        bk := nullif(biz_keys[i], '');
-        out_hdrs := out_hdrs || txoutbox_check_message(ctx, subjects[i], payloads[i], k, headers[i], bk, hsizes[i]);
-        id := ids[i];
-        IF id IS NULL THEN
-            id := txoutbox_uuidv7();
-        ELSIF id = ANY(out_ids) THEN
-            RAISE EXCEPTION USING ERRCODE = 'TX006',
-                MESSAGE = format('%sid: duplicate message id: message %s of this call has the same id %s', ctx, array_position(out_ids, id), id);
-        END IF;
-        out_ids := out_ids || id;
-        IF k IS NULL THEN
-            out_parts := out_parts || txoutbox_key_hash(id::text);
-        ELSE
-            out_parts := out_parts || txoutbox_key_hash(k);
-            lock_hashes := lock_hashes || out_parts[i];
-        END IF;
-    END LOOP;
-    PERFORM txoutbox_lock_key_hashes(lock_hashes);
-    WITH ins AS (
-        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
-        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key, u.headers, coalesce(u.payload, '\x'::bytea),
-               'ready', clock_timestamp()
-        FROM unnest(out_ids, subjects, keys, out_parts, out_hdrs, payloads) WITH ORDINALITY
-             AS u(message_id, subject, msg_key, partition_key, headers, payload, ord)
-        ORDER BY u.ord
-        ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING
-        RETURNING message_id
-    )
-    SELECT array_agg(message_id) INTO done FROM ins;
-    IF coalesce(cardinality(done), 0) <> n THEN
-        -- Only a caller's id can collide with a row already in the outbox.
-        FOR i IN 1 .. n LOOP
-            IF NOT (out_ids[i] = ANY(coalesce(done, '{}'))) THEN
-                RAISE EXCEPTION USING ERRCODE = 'TX006',
-                    MESSAGE = format('txoutbox_enqueue_many: message %s: id: duplicate message id: a message with id %s is already in the outbox', i, out_ids[i]);
-            END IF;
-        END LOOP;
-    END IF;
-    RETURN out_ids;
+    RETURN txoutbox_write('txoutbox_enqueue_many', true, subjects, payloads, keys, headers, biz_keys, ids, NULL, NULL, NULL);
 END
 $fn$;
 
@@ -386,34 +506,11 @@ $fn$;
 CREATE FUNCTION txoutbox_enqueue(subject text, payload bytea, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
     biz_key text DEFAULT NULL, id uuid DEFAULT NULL)
 RETURNS uuid
-LANGUAGE plpgsql VOLATILE
+LANGUAGE sql VOLATILE
 SET search_path FROM CURRENT
 AS $fn$
-DECLARE
-    k text := nullif(key, '');
-    hdr jsonb;
-    mid uuid := id;
-    part int4;
-BEGIN
-    hdr := txoutbox_check_message('txoutbox_enqueue: ', subject, payload, k, headers, nullif(biz_key, ''));
-    IF mid IS NULL THEN
-        mid := txoutbox_uuidv7();
-    END IF;
-    IF k IS NULL THEN
-        part := txoutbox_key_hash(mid::text);
-    ELSE
-        part := txoutbox_key_hash(k);
-        PERFORM txoutbox_lock_key_hashes(ARRAY[part]);
-    END IF;
-    INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
-    VALUES (mid, subject, k, part, hdr, coalesce(payload, '\x'::bytea), 'ready', clock_timestamp())
-    ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'TX006',
-            MESSAGE = format('txoutbox_enqueue: id: duplicate message id: a message with id %s is already in the outbox', mid);
-    END IF;
-    RETURN mid;
-END
+SELECT (txoutbox_write('txoutbox_enqueue', false, ARRAY[subject], ARRAY[payload], ARRAY[key], ARRAY[headers],
+                       ARRAY[biz_key], ARRAY[id], NULL, NULL, NULL))[1]
 $fn$;
 
 -- Half messages (outbox.Prepare): validated as txoutbox_enqueue, stored prepared (invisible to
@@ -428,10 +525,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $fn$
 DECLARE
-    k text := nullif(key, '');
     g text := nullif(producer_group, '');
-    hdr jsonb;
-    mid uuid := id;
 BEGIN
     IF NOT coalesce(fence, false) OR g IS NOT NULL THEN
         IF g IS NULL THEN
@@ -445,21 +539,9 @@ BEGIN
                 MESSAGE = format('txoutbox_prepare: producer_group: invalid producer group: %s: use letters, digits, ''-'' and ''_''', to_jsonb(g));
         END IF;
     END IF;
-    hdr := txoutbox_check_message('txoutbox_prepare: ', subject, payload, k, headers, nullif(biz_key, ''));
-    IF mid IS NULL THEN
-        mid := txoutbox_uuidv7();
-    END IF;
-    INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state,
-        producer_group, check_mode, next_check_at)
-    VALUES (mid, subject, k, txoutbox_key_hash(coalesce(k, mid::text)), hdr, coalesce(payload, '\x'::bytea), 'prepared',
-        g, CASE WHEN coalesce(fence, false) THEN 'fence' ELSE 'checker' END,
-        now() + greatest(coalesce(check_immunity, interval '0'), interval '0'))
-    ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'TX006',
-            MESSAGE = format('txoutbox_prepare: id: duplicate message id: message %s is already in the outbox', mid);
-    END IF;
-    RETURN mid;
+    RETURN (txoutbox_write('txoutbox_prepare', false, ARRAY[subject], ARRAY[payload], ARRAY[key], ARRAY[headers],
+                           ARRAY[biz_key], ARRAY[id], g, CASE WHEN coalesce(fence, false) THEN 'fence' ELSE 'checker' END,
+                           check_immunity))[1];
 END
 $fn$;
 

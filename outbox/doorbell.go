@@ -50,7 +50,7 @@ func (d *NATSDoorbell) Ring() { _ = d.nc.Publish(d.subject, nil) }
 // sent are coalesced into one more, so a burst of commits costs at most two notifies. Close it
 // when the producer shuts down.
 type PostgresDoorbell struct {
-	db      txoutbox.DBTX
+	notify  func(ctx context.Context, channel string) error // pg_notify through the producer's pool
 	channel string
 	pending atomic.Int32 // 0 idle, 1 sending, 2 sending and another ring wanted
 	mu      sync.Mutex   // orders Close with the start of a send
@@ -64,7 +64,10 @@ func NewPostgresDoorbell(db txoutbox.DBTX, channel string) *PostgresDoorbell {
 	if channel == "" {
 		channel = DefaultDoorbellChannel
 	}
-	return &PostgresDoorbell{db: db, channel: channel}
+	return &PostgresDoorbell{notify: func(ctx context.Context, channel string) error {
+		_, err := db.Exec(ctx, "SELECT pg_notify($1, '')", channel)
+		return err
+	}, channel: channel}
 }
 
 // Ring sends a notify in the background. After Close it does nothing.
@@ -107,7 +110,7 @@ func (d *PostgresDoorbell) send() {
 	defer d.sending.Done()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _ = d.db.Exec(ctx, "SELECT pg_notify($1, '')", d.channel)
+		_ = d.notify(ctx, d.channel)
 		cancel()
 		// 1 -> 0: done; 2 -> 1: someone rang meanwhile, send once more.
 		if d.pending.Add(-1) == 0 || d.closed.Load() {

@@ -32,6 +32,10 @@
 // holds back the later messages of its key. An entity with several timers needs a business key
 // per timer, naming its due time (for example "order:42:timeout:2026-12-03T10:30:00Z"): the
 // consumer deduplicates on it, and CancelBizKeyTx cancels exactly that timer.
+//
+// Services on database/sql (sqlx, GORM, any PostgreSQL driver) use the twins whose names say
+// SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL —
+// with a *sql.Tx (txoutbox.SQLDBTX) in place of the pgx.Tx, under the same rules.
 package outbox
 
 import (

@@ -649,3 +649,54 @@ func TestSQLAndGoProducersKeepKeyOrder(t *testing.T) {
 		}
 	}
 }
+
+// The functions size headers from their JSON text when it is simple (one value per header,
+// nothing JSON escapes) and header by header otherwise: both must count as NATS does
+// (outbox.EncodedSize). For each shape, a message exactly at the size limit is accepted and one
+// byte over is refused with TX005, through txoutbox_enqueue and txoutbox_enqueue_many.
+func TestSQLHeaderSizesAgreeWithGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	shapes := []struct {
+		h       map[string][]string
+		invalid bool
+	}{
+		{h: map[string][]string{"a": {"x"}}},                        // simple
+		{h: map[string][]string{"a": {""}}},                         // simple, an empty value
+		{h: map[string][]string{"A": {"1"}, "bb": {"22"}}},          // simple, two headers
+		{h: map[string][]string{"a": {"zürich ☃"}}},                 // simple, multi-byte
+		{h: map[string][]string{"a": {"x", "y"}}},                   // two values
+		{h: map[string][]string{"a": {"x\ty"}}},                     // a tab: escaped in JSON
+		{h: map[string][]string{"a": {`q"uote`}, "b": {`back\sl`}}}, // escaped in JSON
+		{h: map[string][]string{"a": {"1", "2"}, "B": {"3"}, "c": {"4"}}},
+		{h: map[string][]string{"a": {"v\u0080v"}}, invalid: true}, // a C1 control
+		{h: map[string][]string{"a": {"x"}, "nats-x": {"y"}}, invalid: true},
+	}
+	for _, sh := range shapes {
+		for _, key := range []string{"", "order-1"} {
+			m := outbox.Message{Subject: "s.v", Key: key, Headers: sh.h}
+			for _, over := range []int{0, 1} {
+				want := map[bool]string{true: "TX003", false: map[int]string{0: "ok", 1: "TX005"}[over]}[sh.invalid]
+				mm := payloadFor(m, outbox.DefaultMaxMessageBytes+over)
+				tx := beginTx(t, db)
+				_, err := c.EnqueueTx(ctx, tx, mm)
+				goGot := goOutcome(err)
+				_ = tx.Rollback(ctx)
+				tx = beginTx(t, db)
+				_, err = enqueueSQL(ctx, tx, mm)
+				one := sqlOutcome(err)
+				_ = tx.Rollback(ctx)
+				tx = beginTx(t, db)
+				_, err = enqueueManySQL(ctx, tx, []outbox.Message{{Subject: "first.v"}, mm})
+				many := sqlOutcome(err)
+				_ = tx.Rollback(ctx)
+				if goGot != want || one != want || many != want {
+					t.Errorf("headers %q, key %q, %d byte(s) over the limit: EnqueueTx %s, txoutbox_enqueue %s, txoutbox_enqueue_many %s; want %s",
+						sh.h, key, over, goGot, one, many, want)
+				}
+			}
+		}
+	}
+}

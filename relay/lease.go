@@ -184,6 +184,7 @@ type leaser struct {
 	handedOver  bool // JetStream is unreachable: partitions released, membership left
 	silent      int
 	roundStart  time.Time // of the last round
+	rate        rateMeter // the publish rate reported with the heartbeat
 
 	// validUntil is when the lease ends, on this process's monotonic clock: leaseTTLFactor
 	// lease intervals after the start of the last successful round. gen counts the releases
@@ -365,6 +366,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	start := time.Now()
 	l.roundStart = start
 	l.recheck.Store(false)
+	l.reg.RelayInfo = l.r.fleetInfo(&l.rate, start)
 	view, err := l.r.q.Membership(ctx, l.conn, &l.reg)
 	if err != nil {
 		return fmt.Errorf("relay: lease round: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,11 +257,30 @@ func TestSampledBacklogMetrics(t *testing.T) {
 	if v := fams["txoutbox_relay_partitions_held"][0].GetGauge().GetValue(); v != 4 {
 		t.Fatalf("partitions held = %v", v)
 	}
+	// Per subject: the same backlog and oldest age, labelled with the subject (once the
+	// subject has no ready row, its series go: below).
+	subj := fams["txoutbox_outbox_subject_ready"]
+	if len(subj) != 1 || subj[0].GetLabel()[0].GetValue() != "orders.created" || subj[0].GetGauge().GetValue() != 5 {
+		t.Fatalf("ready rows by subject = %v, want orders.created 5", subj)
+	}
+	if a := fams["txoutbox_outbox_subject_oldest_ready_age_seconds"]; len(a) != 1 || a[0].GetGauge().GetValue() < 89 || a[0].GetGauge().GetValue() > 120 {
+		t.Fatalf("oldest ready age by subject = %v, want about 90s", a)
+	}
 	// The cap bounds the counts.
 	capped := e.relay(&Config{Partitions: 4, SampleLimit: 3, Registerer: prometheus.NewRegistry()})
 	c, err := capped.q.SampleStates(ctx, e.db.Pool, 3)
 	if err != nil || c.Ready != 3 {
 		t.Fatalf("capped ready count = %d, %v; want 3", c.Ready, err)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `DELETE FROM txoutbox_messages WHERE state = 'ready'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sampleOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fams = gather(t, reg)
+	if n := len(fams["txoutbox_outbox_subject_ready"]) + len(fams["txoutbox_outbox_subject_oldest_ready_age_seconds"]); n != 0 {
+		t.Fatalf("%d subject series left after the subject's rows went", n)
 	}
 }
 
@@ -394,4 +414,43 @@ func TestHealthStartsAsStarting(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testsvc.Eventually(t, 10*time.Second, "health ok", func() bool { return r.Health() == "ok" })
+}
+
+// The health gauge: 1 for the relay's current state and 0 for the others, from before the
+// first round (starting) to publishing (ok).
+func TestHealthGauge(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reg := prometheus.NewRegistry()
+	health := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, m := range gather(t, reg)["txoutbox_relay_health"] {
+			out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+		return out
+	}
+	want := func(state Health) map[string]float64 {
+		out := map[string]float64{}
+		for _, h := range healthStates {
+			out[string(h)] = 0
+		}
+		out[string(state)] = 1
+		return out
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := e.relay(&Config{Registerer: reg})
+	if got := health(); !maps.Equal(got, want(HealthStarting)) {
+		t.Fatalf("health gauges before Run = %v, want %v", got, want(HealthStarting))
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testsvc.Eventually(t, 10*time.Second, "the relay to publish", func() bool { return r.Health() == HealthOK })
+	if got := health(); !maps.Equal(got, want(HealthOK)) {
+		t.Fatalf("health gauges of the running relay = %v, want %v", got, want(HealthOK))
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
 }

@@ -64,6 +64,7 @@ type Relay struct {
 	sm    *scheduledMetrics // delayed messages (scheduled.go)
 	sched scheduler
 	lease *leaser
+	floor *claimFloor
 	wake  chan struct{}
 
 	running atomic.Bool
@@ -155,12 +156,13 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, err
 	}
 	r := &Relay{
-		cfg:  c,
-		pool: pool,
-		js:   js,
-		q:    store.New(c.Schema),
-		log:  c.Logger.With("component", "relay", "relay_id", c.ID),
-		wake: make(chan struct{}, 1),
+		cfg:   c,
+		pool:  pool,
+		js:    js,
+		q:     store.New(c.Schema),
+		log:   c.Logger.With("component", "relay", "relay_id", c.ID),
+		wake:  make(chan struct{}, 1),
+		floor: newClaimFloor(),
 	}
 	var err error
 	r.pub, err = newPublisher(js, c)
@@ -485,10 +487,20 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}
+	t0 := time.Now()
+	args.After = r.floor.bound(parts, gen)
 	rows, err = r.claimPromoting(ctx, conn, args) // delayed messages that fell due first (scheduled.go)
+	r.m.claimDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.lease.broken(err)
 		return nil, 0, nil, fmt.Errorf("relay: claim: %w", err)
+	}
+	r.floor.claimed(rows)
+	if len(rows) == 0 {
+		r.checkFloor(ctx, conn) // nothing to publish: the check delays nothing
+	}
+	if p, g, after, ok := r.floor.probeDue(time.Now()); ok {
+		go r.probeFloor(p, g, after)
 	}
 	if len(rows) > 0 {
 		r.lastWork.Store(time.Now().UnixNano())
@@ -515,17 +527,20 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	t0 := time.Now()
 	out, err := r.q.Settle(ctx, conn, store.SettleArgs{
 		Published:   res.published,
 		Failed:      res.failed,
 		MaxAttempts: r.cfg.MaxAttempts,
 		Retain:      r.cfg.Retention != 0, // positive or Forever
 	})
+	r.m.settleDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		// The rows stay ready and are published again; JetStream drops the duplicates.
 		r.lease.broken(err)
 		return fmt.Errorf("relay: settle: %w", err)
 	}
+	r.checkFloor(ctx, conn) // the batch is out: the check delays no publish
 	r.stats.Batches.Add(1)
 	r.stats.Published.Add(out.Published)
 	r.stats.Failed.Add(int64(len(res.failed)))
@@ -611,6 +626,7 @@ func (r *Relay) setHealth(h healthState, err error) {
 	if prev == h {
 		return
 	}
+	r.m.setHealth(h)
 	if h == healthNATSDown {
 		r.natsDownSince.Store(time.Now().UnixNano())
 	} else {

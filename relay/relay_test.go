@@ -56,7 +56,7 @@ func (e *env) relay(cfg *Config) *Relay {
 		cfg.Logger = quietLogger()
 	}
 	if cfg.LeaseInterval == 0 {
-		cfg.LeaseInterval = 50 * time.Millisecond
+		cfg.LeaseInterval = time.Second
 	}
 	r, err := New(e.db.Pool, e.nats.JS, cfg)
 	if err != nil {

@@ -376,3 +376,56 @@ func TestProcCPUReadsThisProcess(t *testing.T) {
 		t.Fatalf("procCPU counted %s while getrusage counted %s (x=%d)", got, want, x)
 	}
 }
+
+// A short soak with a long transaction in the middle: every message once, in key order; the
+// interval lines and the final line's figures are there. The targets are timings, so they do
+// not decide this test (--targets=false).
+func TestSoakSmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "soak", "--rate", "200", "--duration", "4s", "--interval", "1s", "--window", "1s",
+		"--producers", "4", "--keys", "16", "--hold-at", "1s", "--hold-xmin", "1500ms", "--targets=false")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "soak" || kv["lost"] != "0" || kv["duplicates"] != "0" || kv["misordered"] != "0" {
+		t.Fatalf("final line %v", kv)
+	}
+	if kv["verdict"] != "ok" && kv["verdict"] != "missed" {
+		t.Fatalf("verdict %q", kv["verdict"])
+	}
+	if tx := num(t, kv, "tx"); tx < 1 || tx > 801 {
+		t.Fatalf("tx=%v, want at most 800 (200 tx/s for 4s)", tx)
+	}
+	for _, k := range []string{"first_p99_ms", "last_p99_ms", "first_claim_ms", "last_rss_kb", "hold_during_p99_ms", "hold_during_claim_ms", "recovery_s"} {
+		if v := num(t, kv, k); v < 0 {
+			t.Errorf("%s=%v", k, v)
+		}
+	}
+	if num(t, kv, "last_rss_kb") <= 0 || num(t, kv, "first_claim_ms") <= 0 {
+		t.Errorf("no relay RSS or claim time measured: %v", kv)
+	}
+	if num(t, kv, "hold_s") != 1.5 {
+		t.Errorf("hold_s=%v, want 1.5", kv["hold_s"])
+	}
+}
+
+// A small history: the hot path's plans never scan it, and the purge deletes what is past the
+// retention.
+func TestHistorySmall(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "history", "--rows", "20000", "--batch", "50", "--purge-time", "1s", "--rate", "1")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	if kv["scenario"] != "history" || kv["verdict"] != "ok" || kv["rows"] != "20000" {
+		t.Fatalf("final line %v", kv)
+	}
+	for _, k := range []string{"claim_buffers", "claim_generic_buffers", "claim_floor_buffers", "settle_delete_buffers", "settle_retain_generic_buffers"} {
+		if b := num(t, kv, k); b <= 0 || b > historyMaxBuffersPerRow*50 {
+			t.Errorf("%s=%v, want between 1 and %d", k, b, historyMaxBuffersPerRow*50)
+		}
+	}
+	if num(t, kv, "purge_rows_per_s") <= 0 {
+		t.Errorf("the purge deleted nothing: %v", kv)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -78,6 +82,7 @@ func natsServerFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	schema := fs.String("schema", "", "outbox schema")
 	subjects := fs.String("subjects", "", "comma-separated subjects")
+	metricsAddr := fs.String("metrics-addr", "", "serve the relay's Prometheus metrics on this address (host:port; port 0 picks one); the ready line names it")
 	id := fs.String("id", "", "relay id (default: the relay's own, hostname:pid)")
 	waitGo := fs.Bool("wait-go", false, "after printing ready, wait for a line \"go\" on stdin before running (so that the parent times the relays, not their start-up)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (pprof) of this process, from go to exit, to this file")
@@ -111,18 +116,36 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 		if err != nil {
 			return err
 		}
-		rl, err := relay.New(pool, js, &relay.Config{
+		cfg := &relay.Config{
 			ID:          *id,
 			Schema:      *schema,
 			Subjects:    strings.Split(*subjects, ","),
 			BatchSize:   *batchSize,
 			MaxInFlight: *maxInFlight,
 			Logger:      relayLogger(r.env.Stderr),
-		})
+		}
+		var metricsURL string
+		if *metricsAddr != "" {
+			reg := prometheus.NewRegistry()
+			cfg.Registerer = reg
+			ln, err := net.Listen("tcp", *metricsAddr)
+			if err != nil {
+				return fmt.Errorf("metrics: %w", err)
+			}
+			srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Close()
+			metricsURL = "http://" + ln.Addr().String() + "/metrics"
+		}
+		rl, err := relay.New(pool, js, cfg)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(r.env.Stdout, "ready pid=%d\n", os.Getpid())
+		if metricsURL != "" {
+			fmt.Fprintf(r.env.Stdout, "ready pid=%d metrics=%s\n", os.Getpid(), metricsURL)
+		} else {
+			fmt.Fprintf(r.env.Stdout, "ready pid=%d\n", os.Getpid())
+		}
 		if *waitGo {
 			select {
 			case <-goLine:

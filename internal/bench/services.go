@@ -43,6 +43,7 @@ type run struct {
 	keep          bool
 	natsInProcess bool
 	natsCluster   bool // a three-node cluster and R3 streams
+	ownPostgres   bool // a throwaway cluster even when DATABASE_URL or the local server is there
 	began         time.Time
 
 	mu      sync.Mutex
@@ -133,6 +134,14 @@ func (r *run) start(ctx context.Context) error {
 	r.logf("load average %s", loadAvg())
 	r.DSN = r.env.Getenv("DATABASE_URL")
 	switch {
+	case r.ownPostgres:
+		r.logf("starting a throwaway PostgreSQL (fsync on, the server's default settings: autovacuum on)")
+		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{Fsync: true})
+		if err != nil {
+			return err
+		}
+		r.atExit(pg.Stop)
+		r.DSN, r.dbDesc = pg.DSN(), "throwaway cluster"
 	case r.DSN != "":
 		r.dbDesc = "DATABASE_URL"
 	case embedded.Ping(ctx, LocalDSN, 2*time.Second) == nil:

@@ -5,6 +5,7 @@ import (
 	"github.com/txoutbox/txoutbox/relay"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/internal/ops"
@@ -48,6 +49,9 @@ func (r *run) serveMetrics() error {
 		},
 		Snapshot: func(ctx context.Context) (*status.Snapshot, error) {
 			return status.Collect(ctx, r.pool, q, &status.Options{Partitions: r.relay.Config().Partitions})
+		},
+		Message: func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error) {
+			return q.Message(ctx, r.pool, id)
 		},
 		Self: func() ops.Self {
 			l := r.relay.Lease()

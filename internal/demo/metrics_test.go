@@ -59,6 +59,8 @@ func TestDemoServesMetrics(t *testing.T) {
 		// relay
 		"txoutbox_relay_published_total", "txoutbox_relay_duplicates_total", "txoutbox_relay_dead_total",
 		"txoutbox_relay_batch_size_bucket", "txoutbox_relay_commit_to_publish_seconds_bucket", "txoutbox_relay_partitions_held",
+		"txoutbox_relay_claim_seconds_bucket", "txoutbox_relay_settle_seconds_bucket",
+		"txoutbox_postgres_oldest_xact_age_seconds", "txoutbox_postgres_xmin_horizon_age_xids",
 		"txoutbox_outbox_messages", // (the per-partition backlog is there only while the relay holds
 		// partitions; by now it may have let them go: the relay and relaycli tests check it)
 		// check-back

@@ -18,9 +18,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/txoutbox/txoutbox/internal/status"
+	"github.com/txoutbox/txoutbox/internal/store"
 )
 
 // Defaults for Config.
@@ -57,6 +59,9 @@ type Config struct {
 	Snapshot func(ctx context.Context) (*status.Snapshot, error)
 	// Self describes the serving process. Defaults to none.
 	Self func() Self
+	// Message returns one outbox row for /messages/{message id} (the page the blocked keys
+	// link their dead rows to), or store.ErrNoRow. Defaults to none (404).
+	Message func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error)
 	// CacheTTL: snapshots are reused for this long, so that reloading the page does not
 	// load the database. Defaults to 2s.
 	CacheTTL time.Duration
@@ -152,6 +157,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /status.json", s.statusJSON)
 	mux.HandleFunc("GET /{$}", s.page)
+	mux.HandleFunc("GET /messages/{id}", s.message)
 	return mux
 }
 

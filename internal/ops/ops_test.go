@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"image"
 	"image/png"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,9 +67,11 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 }
 
 // pageEnv is an outbox with a known state: a backlog of 30 on orders.created and 10 on
-// orders.paid, 2 dead rows, and a relay "relay-x" holding partitions 0-5 of 8 (a real
-// registration and real advisory locks on a session of its own).
-func pageEnv(t *testing.T) (*Server, *status.Snapshot) {
+// orders.paid, all of key order-7 and held back by the key's first 2 rows, which are dead; a
+// half message of group payments whose last check found no checker; a relay "relay-x"
+// holding partitions 0-5 of 8 (a real registration and real advisory locks on a session of
+// its own), and a relay "relay-y" holding none, whose NATS connection is down.
+func pageEnv(t *testing.T) (srv *Server, snap *status.Snapshot, deadID uuid.UUID) {
 	t.Helper()
 	db := testsvc.NewDB(t)
 	ctx := context.Background()
@@ -80,7 +84,7 @@ func pageEnv(t *testing.T) (*Server, *status.Snapshot) {
 		msgs = append(msgs, outbox.Message{Subject: "orders.created", Payload: []byte("x")})
 	}
 	for i := 0; i < 12; i++ {
-		msgs = append(msgs, outbox.Message{Subject: "orders.paid", Payload: []byte("x")})
+		msgs = append(msgs, outbox.Message{Subject: "orders.paid", Key: "order-7", Payload: []byte("x")})
 	}
 	var ids []uuid.UUID
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -89,16 +93,36 @@ func pageEnv(t *testing.T) (*Server, *status.Snapshot) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', attempts = 20 WHERE message_id = ANY($1)`, ids[40:]); err != nil {
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', attempts = 20,
+		last_error = 'nats: maximum payload exceeded' WHERE message_id = ANY($1)`, ids[30:32]); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, producer_group, check_mode,
+		check_count, next_check_at, last_error)
+		VALUES ($1, 'payments.captured', 3, '', 'prepared', 'payments', 'checker', 4, now(), 'no_responders: no checker serves txoutbox.check.payments')`,
+		uuid.New()); err != nil {
+		t.Fatal(err)
+	}
+	deadID = ids[30]
 	q := store.New(db.Schema)
 	conn, err := db.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Release)
-	if err := q.RegisterRelay(ctx, conn, store.RelayRegistration{Instance: uuid.New(), RelayID: "relay-x", Partitions: 8, LeaseInterval: time.Second}); err != nil {
+	// A long lease interval keeps the relays alive (their heartbeats recent enough) however
+	// slowly a loaded machine gets to the page.
+	if err := q.RegisterRelay(ctx, conn, store.RelayRegistration{Instance: uuid.New(), RelayID: "relay-x", Partitions: 8, LeaseInterval: time.Hour,
+		RelayInfo: store.RelayInfo{Version: "v1.4.0", Health: "ok", NATS: "CONNECTED", Published: 51234, PublishRate: 312.4}}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Release)
+	if err := q.RegisterRelay(ctx, other, store.RelayRegistration{Instance: uuid.New(), RelayID: "relay-y", Partitions: 8, LeaseInterval: time.Hour,
+		RelayInfo: store.RelayInfo{Version: "v1.3.2", Health: "nats_unavailable", NATS: "RECONNECTING", Published: 12, PublishRate: 0.2}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := q.TryLockPartitions(ctx, conn, []int32{0, 1, 2, 3, 4, 5}); err != nil || len(got) != 6 {
@@ -106,34 +130,41 @@ func pageEnv(t *testing.T) (*Server, *status.Snapshot) {
 	}
 	t.Cleanup(func() { _, _ = q.UnlockPartitions(context.Background(), conn, []int32{0, 1, 2, 3, 4, 5}) })
 
-	var published atomic.Int64
-	srv, err := Start(&Config{
+	var calls atomic.Int64
+	start := time.Now()
+	srv, err = Start(&Config{
 		Addr:             "127.0.0.1:0",
 		ThroughputSample: 20 * time.Millisecond,
 		Snapshot: func(ctx context.Context) (*status.Snapshot, error) {
 			return status.Collect(ctx, db.Pool, q, nil)
 		},
+		Message: func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error) {
+			return q.Message(ctx, db.Pool, id)
+		},
 		Self: func() Self {
-			return Self{Name: "relay-x", Health: "ok", Held: []int32{0, 1, 2, 3, 4, 5}, Target: 6, Relays: 1, Published: published.Add(7)}
+			// About 300 messages a second, in waves: the throughput graph has a shape.
+			calls.Add(1)
+			sec := time.Since(start).Seconds()
+			return Self{Name: "relay-x", Health: "ok", Held: []int32{0, 1, 2, 3, 4, 5}, Target: 6, Relays: 2, Published: int64(300*sec + 8*math.Sin(10*sec))}
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	// A few throughput samples for the graph: each sample reads Self, which adds 7.
-	testsvc.Eventually(t, 10*time.Second, "five throughput samples", func() bool { return published.Load() >= 5*7 })
-	snap, err := status.Collect(ctx, db.Pool, q, nil)
+	// A few throughput samples for the graph: each sample reads Self.
+	testsvc.Eventually(t, 10*time.Second, "five throughput samples", func() bool { return calls.Load() >= 5 })
+	snap, err = status.Collect(ctx, db.Pool, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv, snap
+	return srv, snap, deadID
 }
 
 func TestStatusPageAndJSON(t *testing.T) {
 	t.Parallel()
-	srv, snap := pageEnv(t)
-	if snap.Totals.Ready != 40 || snap.Totals.Dead != 2 || len(snap.Relays) != 1 || len(snap.Relays[0].Held) != 6 {
+	srv, snap, deadID := pageEnv(t)
+	if snap.Totals.Ready != 40 || snap.Totals.Dead != 2 || snap.Totals.Blocked != 10 || len(snap.Relays) != 2 || len(snap.Relays[0].Held) != 6 {
 		t.Fatalf("snapshot = %+v", snap)
 	}
 	base := "http://" + srv.Addr()
@@ -142,10 +173,38 @@ func TestStatusPageAndJSON(t *testing.T) {
 		t.Fatalf("/ = %d", code)
 	}
 	for _, want := range []string{"orders.created", "orders.paid", "relay-x", "Dead rows", ">40<", ">2<",
-		"2 of 8 partitions have no holder", `class="card alert"`, "width:320px", "width:107px", "<polyline"} {
+		"2 of 8 partitions have no holder", `class="card alert"`, "width:320px", "width:107px", "<polyline",
+		// blocked keys: the key, how many wait, a link to the dead row
+		"Blocked keys", "<code>order-7</code>", `<a href="/messages/` + deadID.String() + `">`, "nats: maximum payload exceeded",
+		"2 dead rows: 10 ready rows of 1 key wait behind them",
+		// the producer group whose checks find no checker, flagged with its last error
+		`<tr class="flagged"><td>payments</td>`, "no_responders: no checker serves txoutbox.check.payments",
+		"producer group payments: its checks find no checker",
+		// the fleet: both relays, their version, health, NATS state and throughput
+		"v1.4.0", "v1.3.2", `<span class="pill good">CONNECTED</span>`, `<span class="pill poor">RECONNECTING</span>`,
+		`<span class="pill poor">nats_unavailable</span>`, ">312.4/s<", ">0.2/s<", "relay relay-y: its NATS connection is RECONNECTING",
+		"Fleet throughput", ">312.6/s<"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
 		}
+	}
+	if t.Failed() {
+		t.Logf("the page:\n%s", page)
+	}
+
+	// The dead row's page: what an operator needs to decide, never the payload or header values.
+	msg, code := testsvc.HTTPGet(t, base+"/messages/"+deadID.String())
+	for _, want := range []string{deadID.String(), "orders.paid", "order-7", "dead", "nats: maximum payload exceeded",
+		"relay dead requeue --id " + deadID.String(), "relay dead purge --id " + deadID.String(), "1 bytes"} {
+		if code != 200 || !strings.Contains(msg, want) {
+			t.Errorf("/messages/%s = %d, lacks %q:\n%s", deadID, code, want, msg)
+		}
+	}
+	if _, code := testsvc.HTTPGet(t, base+"/messages/"+uuid.NewString()); code != 404 {
+		t.Errorf("/messages/<unknown id> = %d, want 404", code)
+	}
+	if _, code := testsvc.HTTPGet(t, base+"/messages/not-an-id"); code != 400 {
+		t.Errorf("/messages/not-an-id = %d, want 400", code)
 	}
 	if strings.Contains(page, "ZgotmplZ") {
 		t.Error("the template rejected a value (ZgotmplZ in the page)")
@@ -222,26 +281,38 @@ func runChromium(t *testing.T, bin string, args ...string) []byte {
 	return []byte(stdout.String())
 }
 
+// The screenshot's size: the whole page.
+const shotW, shotH = 1280, 1750
+
 // The status page in a real browser: the screenshot shows the backlog bars in proportion, the
 // dead-rows card in red and the six partitions the relay holds in its color.
 func TestStatusPageInChromium(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
-	srv, _ := pageEnv(t)
+	srv, _, deadID := pageEnv(t)
 	url := "http://" + srv.Addr() + "/"
 
 	dom := string(runChromium(t, bin, "--dump-dom", url))
-	for _, want := range []string{"orders.created", "orders.paid", "relay-x", "Backlog by subject", "Partitions (8) and their holders"} {
+	for _, want := range []string{"orders.created", "orders.paid", "relay-x", "Backlog by subject", "Partitions (8) and their holders",
+		"Blocked keys", "order-7", `href="/messages/` + deadID.String() + `"`, `class="flagged"`, "RECONNECTING", "v1.3.2"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the DOM Chromium rendered lacks %q", want)
 		}
 	}
+	// The blocked key's link leads to its dead row.
+	msg := string(runChromium(t, bin, "--dump-dom", "http://"+srv.Addr()+"/messages/"+deadID.String()))
+	for _, want := range []string{"relay dead requeue --id " + deadID.String(), "nats: maximum payload exceeded"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the dead row's page in Chromium lacks %q", want)
+		}
+	}
 
+	// TXOUTBOX_SCREENSHOT_DIR keeps the screenshot (the README's docs/status-page.png is made so).
 	shot := filepath.Join(t.TempDir(), "status.png")
 	if dir := os.Getenv("TXOUTBOX_SCREENSHOT_DIR"); dir != "" {
 		shot = filepath.Join(dir, "status-page.png")
 	}
-	runChromium(t, bin, "--window-size=1280,1300", "--screenshot="+shot, url)
+	runChromium(t, bin, fmt.Sprintf("--window-size=%d,%d", shotW, shotH), "--screenshot="+shot, url)
 	f, err := os.Open(shot)
 	if err != nil {
 		t.Fatal(err)
@@ -251,10 +322,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := img.Bounds(); b.Dx() != 1280 || b.Dy() != 1300 {
-		t.Fatalf("screenshot is %v, want 1280x1300", b)
+	if b := img.Bounds(); b.Dx() != shotW || b.Dy() != shotH {
+		t.Fatalf("screenshot is %v, want %dx%d", b, shotW, shotH)
 	}
-	bar, dead, holder := hexRGB(ColorBar), hexRGB(ColorDead), hexRGB(HolderColors[0])
+	bar, dead, holder, flag := hexRGB(ColorBar), hexRGB(ColorDead), hexRGB(HolderColors[0]), hexRGB(ColorFlag)
 
 	// The backlog bars: the longest horizontal runs of the bar color, per row.
 	runs := map[int]int{} // run length -> rows
@@ -295,7 +366,14 @@ func TestStatusPageInChromium(t *testing.T) {
 	if cellPx < 6*44*44*7/10 || cellPx > 6*44*44+200 {
 		t.Fatalf("%d pixels in the holder's color, want about six 44px partition cells", cellPx)
 	}
-	t.Logf("screenshot %s: bars %v px, dead card %d px, held partition cells %d px", shot, lengths, deadPx, cellPx)
+	// What needs attention is marked in the flag color: relay-y's health and NATS pills, the
+	// blocked keys' frame, the flagged producer group's edge. The flagged group's row comes
+	// last on the page: the screenshot must reach it.
+	flagPx := countNear(counts, flag)
+	if flagPx < 1500 {
+		t.Fatalf("%d pixels in the flag color, want the flagged relay, blocked keys and producer group (at least 1500)", flagPx)
+	}
+	t.Logf("screenshot %s: bars %v px, dead card %d px, held partition cells %d px, flagged %d px", shot, lengths, deadPx, cellPx, flagPx)
 }
 
 func hexRGB(s string) [3]uint8 {

@@ -16,6 +16,7 @@ const (
 	ColorBar    = "#2b6cb0" // backlog bars
 	ColorDead   = "#c53030" // the dead-rows card when there are dead rows
 	ColorUnheld = "#e2e8f0" // a partition nobody holds
+	ColorFlag   = "#dd3b3b" // what needs attention: a relay's bad health or NATS state, a flagged row's edge
 )
 
 // HolderColors color partitions by holder, in the order of the relays list.
@@ -46,6 +47,26 @@ type partCell struct {
 type legendRow struct {
 	Color, Name, Held, State string
 	Alive                    bool
+	// The fleet view: what the relay reported with its last heartbeat.
+	Version, Health, NATS string
+	Rate                  string
+	HealthOK, NATSOK      bool
+}
+
+type blockedRow struct {
+	Key, Subject, DeadID, LastError, Since string
+	Ready                                  int64
+	Attempts                               int32
+}
+
+type panelView struct {
+	status.Table
+	Lines []panelLine
+}
+
+type panelLine struct {
+	Cells   []string
+	Flagged bool
 }
 
 type pageData struct {
@@ -63,7 +84,8 @@ type pageData struct {
 	Subjects []subjectRow
 	Parts    []partCell
 	Legend   []legendRow
-	Panels   []status.Table
+	Blocked  []blockedRow
+	Panels   []panelView
 	Problems []string
 	BarMax   int
 }
@@ -94,8 +116,9 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 			card{Label: "Oldest ready", Value: status.Age(t.OldestReadySeconds, t.Ready), Sub: "age of the oldest waiting row", Alert: t.Ready > 0 && t.OldestReadySeconds > 60},
 		)
 		d.Cards = append(d.Cards, card{Label: "Throughput", Value: fmt.Sprintf("%.1f/s", tput), Sub: "published by this relay, last minute"})
+		d.Cards = append(d.Cards, card{Label: "Fleet throughput", Value: fmt.Sprintf("%.1f/s", t.PublishRate), Sub: "all live relays, last minute"})
 		d.Cards = append(d.Cards,
-			card{Label: "Dead rows", Value: strconv.FormatInt(t.Dead, 10), Sub: "relay dead list | requeue | purge", Alert: t.Dead > 0},
+			card{Label: "Dead rows", Value: strconv.FormatInt(t.Dead, 10), Sub: fmt.Sprintf("holding back %d ready rows", t.Blocked), Alert: t.Dead > 0},
 			card{Label: "Prepared", Value: strconv.FormatInt(t.Prepared, 10), Sub: fmt.Sprintf("half messages; %d check-exhausted", t.CheckExhausted), Alert: t.CheckExhausted > 0},
 		)
 		var maxReady int64
@@ -120,12 +143,19 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 			alive++
 			color[rl.RelayID] = c
 			d.Legend = append(d.Legend, legendRow{Color: c, Name: rl.RelayID, Held: status.Ranges(rl.Held), Alive: true,
-				State: fmt.Sprintf("%d held, seen %s ago", len(rl.Held), status.Age(rl.LastSeenSeconds, 1))})
+				State:   fmt.Sprintf("%d held, seen %s ago", len(rl.Held), status.Age(rl.LastSeenSeconds, 1)),
+				Version: orDash(rl.Version), Health: orDash(rl.Health), NATS: orDash(rl.NATS), Rate: fmt.Sprintf("%.1f/s", rl.PublishRate),
+				HealthOK: rl.Health == "ok" || rl.Health == "standby", NATSOK: rl.NATS == "CONNECTED"})
 		}
 		for _, rl := range snap.Relays {
 			if !rl.Alive {
-				d.Legend = append(d.Legend, legendRow{Color: ColorUnheld, Name: rl.RelayID, Held: "-", State: "gone, last seen " + status.Age(rl.LastSeenSeconds, 1) + " ago"})
+				d.Legend = append(d.Legend, legendRow{Color: ColorUnheld, Name: rl.RelayID, Held: "-", State: "gone, last seen " + status.Age(rl.LastSeenSeconds, 1) + " ago",
+					Version: orDash(rl.Version), Health: "-", NATS: "-", Rate: "-"})
 			}
+		}
+		for _, b := range snap.Blocked {
+			d.Blocked = append(d.Blocked, blockedRow{Key: b.Key, Subject: b.DeadSubject, DeadID: b.DeadMessageID.String(), LastError: b.DeadLastError,
+				Since: status.Age(time.Since(b.DeadCreatedAt).Seconds(), 1), Ready: b.Ready, Attempts: b.DeadAttempts})
 		}
 		for _, p := range snap.Partition {
 			c := partCell{N: p.Partition, Ready: p.Ready}
@@ -141,7 +171,17 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 			}
 			d.Parts = append(d.Parts, c)
 		}
-		d.Panels = snap.Panels
+		for _, t := range snap.Panels {
+			v := panelView{Table: t}
+			flagged := map[int]bool{}
+			for _, i := range t.Flagged {
+				flagged[i] = true
+			}
+			for i, row := range t.Rows {
+				v.Lines = append(v.Lines, panelLine{Cells: row, Flagged: flagged[i]})
+			}
+			d.Panels = append(d.Panels, v)
+		}
 		d.Problems = snap.Problems
 	} else {
 		d.Cards = append(d.Cards, card{Label: "Throughput", Value: fmt.Sprintf("%.1f/s", tput), Sub: "published by this relay, last minute"})
@@ -184,7 +224,7 @@ header .meta{color:#a0aec0;font-size:13px;margin-left:auto}
 .ok{background:#38a169;color:#fff}.bad{background:#e53e3e;color:#fff}
 main{padding:20px 24px;max-width:1200px}
 .cards{display:flex;gap:14px;flex-wrap:wrap;margin-bottom:18px}
-.card{background:#fff;border:1px solid #e2e8f0;border-radius:8px;padding:12px 16px;min-width:170px}
+.card{background:#fff;border:1px solid #e2e8f0;border-radius:8px;padding:12px 16px;min-width:150px}
 .card .label{color:#4a5568;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .card .value{font-size:28px;font-weight:700;margin:2px 0}
 .card .sub{color:#718096;font-size:12px}
@@ -207,6 +247,13 @@ td.num{text-align:right}
 .problems li{margin:2px 0}
 .err{background:#fff5f5;border-color:#fc8181}
 .muted{color:#718096}
+.pill{padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600}
+.pill.good{background:#c6f6d5;color:#22543d}.pill.poor{background:` + ColorFlag + `;color:#fff}
+.blocked{border-color:` + ColorFlag + `}
+tr.flagged td{background:#fff5f5;color:#9b2c2c;font-weight:600}
+tr.flagged td:first-child{border-left:4px solid ` + ColorFlag + `}
+.lasterr{color:#9b2c2c;font-size:12px;max-width:340px;word-break:break-word}
+code{font-size:12px}
 </style></head>
 <body>
 <header><h1>{{.Title}}</h1>
@@ -228,11 +275,26 @@ td.num{text-align:right}
 <section><h2>Partitions ({{.Partitions}}) and their holders</h2>
 <div class="grid">{{range $.Parts}}<div class="cell{{if .Unheld}} unheld{{end}}" style="background:{{.Color}}" title="{{.Title}}">{{.N}}<small>{{.Ready}}</small></div>{{end}}</div>
 <p class="muted">Each square is a partition: its number and, below, its ready rows. Its color is its holder's; dashed means nobody holds it.</p>
-<table><tr><th>Relay</th><th>Partitions</th><th>State</th></tr>
-{{range $.Legend}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Name}}</td><td>{{.Held}}</td><td>{{.State}}</td></tr>
-{{else}}<tr><td colspan="3" class="muted">No relay has registered.</td></tr>{{end}}</table></section>
+</section>
+<section id="fleet"><h2>Relays</h2>
+<table><tr><th>Relay</th><th>Health</th><th>NATS</th><th>Published</th><th>Partitions</th><th>Version</th><th>State</th></tr>
+{{range $.Legend}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Name}}</td><td>{{if .Alive}}<span class="pill {{if .HealthOK}}good{{else}}poor{{end}}">{{.Health}}</span>{{else}}-{{end}}</td><td>{{if .Alive}}<span class="pill {{if .NATSOK}}good{{else}}poor{{end}}">{{.NATS}}</span>{{else}}-{{end}}</td><td class="num">{{.Rate}}</td><td>{{.Held}}</td><td>{{.Version}}</td><td>{{.State}}</td></tr>
+{{else}}<tr><td colspan="7" class="muted">No relay has registered.</td></tr>{{end}}</table>
+<p class="muted">Every relay writes its health, NATS connection state, publish rate (last minute) and version with its heartbeat: this is the whole fleet, not only the relay serving this page.</p></section>
+{{if $.Blocked}}<section id="blocked" class="blocked"><h2>Blocked keys</h2>
+<table><tr><th>Key</th><th>Ready rows held back</th><th>Behind dead row</th><th>Subject</th><th>Attempts</th><th>Enqueued</th><th>Last error</th></tr>
+{{range $.Blocked}}<tr><td><code>{{.Key}}</code></td><td class="num">{{.Ready}}</td><td><a href="/messages/{{.DeadID}}"><code>{{.DeadID}}</code></a></td><td>{{.Subject}}</td><td class="num">{{.Attempts}}</td><td>{{.Since}} ago</td><td class="lasterr">{{.LastError}}</td></tr>
+{{end}}</table>
+<p class="muted">The relay publishes a key's messages in order, so the ready rows of a key wait while an earlier row of the key is dead. Fix the cause, then <code>relay dead requeue --id ID</code> (it goes out first) or <code>relay dead purge --id ID</code>.</p></section>{{end}}
 {{end}}
 {{range .Panels}}<section><h2>{{.Title}}</h2><table><tr>{{range .Columns}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>{{end}}</table>{{if .Note}}<p class="muted">{{.Note}}</p>{{end}}</section>{{end}}
+{{range .Lines}}<tr{{if .Flagged}} class="flagged"{{end}}>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>{{end}}</table>{{if .Note}}<p class="muted">{{.Note}}</p>{{end}}</section>{{end}}
 <p class="muted">Read-only. <a href="/metrics">/metrics</a> &middot; <a href="/status.json">/status.json</a> &middot; <a href="/readyz">/readyz</a></p>
 </main></body></html>`))
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

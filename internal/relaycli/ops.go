@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -84,6 +85,7 @@ type opsTarget struct {
 	ready    func(ctx context.Context) []string
 	snapshot func(ctx context.Context) (*status.Snapshot, error)
 	self     func() ops.Self
+	message  func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error)
 }
 
 // notYet is why the command is not ready before its checks are attached.
@@ -103,6 +105,17 @@ func (t *opsTarget) attached() (func(context.Context) []string, func(context.Con
 func (t *opsTarget) attach(ready func(context.Context) []string, snapshot func(context.Context) (*status.Snapshot, error), self func() ops.Self) {
 	t.mu.Lock()
 	t.ready, t.snapshot, t.self = ready, snapshot, self
+	t.mu.Unlock()
+}
+
+// attachMessages makes /messages/{id} (the page the status page links dead rows to) read the
+// rows of schema.
+func (t *opsTarget) attachMessages(c *conns, schema string) {
+	q := store.New(schema)
+	t.mu.Lock()
+	t.message = func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error) {
+		return q.Message(ctx, c.Pool, id)
+	}
 	t.mu.Unlock()
 }
 
@@ -128,6 +141,15 @@ func startOpsEarly(addr string, reg *prometheus.Registry, name string, waiting *
 			}
 			return nil, errors.New(t.notYet())
 		},
+		Message: func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error) {
+			t.mu.Lock()
+			m := t.message
+			t.mu.Unlock()
+			if m == nil {
+				return nil, errors.New(t.notYet())
+			}
+			return m(ctx, id)
+		},
 	}
 	if name != "" {
 		cfg.Self = func() ops.Self {
@@ -147,6 +169,7 @@ func startOpsEarly(addr string, reg *prometheus.Registry, name string, waiting *
 // attachRelay makes t serve the relay's checks: /readyz is ready when PostgreSQL and NATS
 // answer and the relay is healthy or a standby; the status page shows it.
 func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
+	t.attachMessages(c, schema)
 	t.attach(func(ctx context.Context) []string {
 		problems := connProblems(ctx, c)
 		if h := r.Health(); h != relay.HealthOK && h != relay.HealthStandby {
@@ -166,5 +189,6 @@ func (t *opsTarget) attachRelay(c *conns, r *relay.Relay, schema string) {
 // attachCheckback makes t serve the checks of `relay checkback`: /readyz is ready when
 // PostgreSQL and NATS answer.
 func (t *opsTarget) attachCheckback(c *conns, schema string) {
+	t.attachMessages(c, schema)
 	t.attach(func(ctx context.Context) []string { return connProblems(ctx, c) }, snapshotter(c, schema, 0), nil)
 }

@@ -2,8 +2,11 @@ package status
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 
+	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -15,8 +18,10 @@ func init() {
 }
 
 // halfPanel shows the open half messages per producer group, when there are any: how many
-// wait for their producer or the check-back, how old the oldest is, and how many ran out of
-// checks (check_exhausted: an operator's decision).
+// wait for their producer or the check-back, how old the oldest is, how many ran out of
+// checks (check_exhausted: an operator's decision), and the group's last check error. A group
+// whose last check found no responder (nobody serves its checker subject) is flagged, with
+// that error, in the table and among the problems.
 func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
 	groups, err := q.HalfByGroup(ctx, db, maxGroups)
 	if err != nil || len(groups) == 0 {
@@ -24,20 +29,35 @@ func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, er
 	}
 	t := &Table{
 		Title:   "Half messages by producer group",
-		Columns: []string{"GROUP", "PREPARED", "OLDEST PREPARED", "MOST CHECKS", "CHECK EXHAUSTED"},
+		Columns: []string{"GROUP", "PREPARED", "OLDEST PREPARED", "MOST CHECKS", "CHECK EXHAUSTED", "LAST CHECK ERROR"},
 	}
 	exhausted := false
-	for _, g := range groups {
+	for i, g := range groups {
 		name := g.Group
 		if name == "" {
 			name = "(none)"
 		}
+		lastErr := g.LastError
+		if lastErr == "" {
+			lastErr = "-"
+		}
 		t.Rows = append(t.Rows, []string{name, strconv.FormatInt(g.Prepared, 10), Age(g.OldestPrepared.Seconds(), g.Prepared),
-			strconv.Itoa(int(g.MaxChecks)), strconv.FormatInt(g.Exhausted, 10)})
+			strconv.Itoa(int(g.MaxChecks)), strconv.FormatInt(g.Exhausted, 10), lastErr})
 		exhausted = exhausted || g.Exhausted > 0
+		if NoResponder(g.LastError) {
+			t.Flagged = append(t.Flagged, i)
+			t.Problems = append(t.Problems, fmt.Sprintf("producer group %s: its checks find no checker (%s); start the group's checker "+
+				"(checker.Serve), or its %d prepared half messages run out of checks", name, g.LastError, g.Prepared))
+		}
 	}
 	if exhausted {
 		t.Note = "check_exhausted rows wait for you: relay prepared list --state check_exhausted, then resume, commit or rollback"
 	}
 	return t, nil
+}
+
+// NoResponder reports whether a check's recorded error (store.GroupHalf.LastError) says
+// that nobody serves the group's checker subject.
+func NoResponder(lastError string) bool {
+	return strings.HasPrefix(lastError, checkback.OutcomeNoResponders+":")
 }

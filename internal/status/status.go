@@ -4,7 +4,9 @@
 //
 // Extra sections are panels added with RegisterPanel from an init function; this package
 // registers one, the open half messages per producer group (half.go). `relay status` and the
-// status page show every panel.
+// status page show every panel. A panel is also the way to add a warning: the Problems of the
+// Table it returns join the snapshot's Problems (the page's "Needs attention"), and a panel
+// may return a Table with Problems only (no Columns), which shows nowhere else.
 package status
 
 import (
@@ -23,12 +25,15 @@ type Snapshot struct {
 	At     time.Time `json:"at"`
 	// Partitions is the partition count of the live relays (or the caller's default when none
 	// is alive).
-	Partitions int         `json:"partitions"`
-	Totals     Totals      `json:"totals"`
-	Subjects   []Subject   `json:"subjects"`
-	Relays     []Relay     `json:"relays"`
-	Partition  []Partition `json:"partition_table"`
-	Panels     []Table     `json:"panels"`
+	Partitions int       `json:"partitions"`
+	Totals     Totals    `json:"totals"`
+	Subjects   []Subject `json:"subjects"`
+	// Blocked are the keys whose ready rows wait behind a dead row of the same key (the
+	// maxBlocked with the most rows waiting).
+	Blocked   []store.BlockedKey `json:"blocked"`
+	Relays    []Relay            `json:"relays"`
+	Partition []Partition        `json:"partition_table"`
+	Panels    []Table            `json:"panels"`
 	// Problems are things an operator should look at, in plain words.
 	Problems []string `json:"problems"`
 }
@@ -42,6 +47,12 @@ type Totals struct {
 	Prepared           int64   `json:"prepared"`
 	CheckExhausted     int64   `json:"check_exhausted"`
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+	// Blocked counts the ready rows held back by a dead row of their key (in the keys of
+	// Snapshot.Blocked).
+	Blocked int64 `json:"blocked"`
+	// PublishRate adds up the live relays' publish rates (rows per second over about the
+	// last minute, from their heartbeats).
+	PublishRate float64 `json:"publish_rate"`
 }
 
 // Subject is one subject's unpublished rows.
@@ -74,7 +85,16 @@ type Table struct {
 	Rows    [][]string `json:"rows"`
 	// Note is a line under the table (what the numbers mean, what to do).
 	Note string `json:"note"`
+	// Flagged are the indexes of the rows that need attention (shown highlighted).
+	Flagged []int `json:"flagged"`
+	// Problems are added to the snapshot's Problems.
+	Problems []string `json:"-"`
+	// Warning, when set, is also listed among the snapshot's Problems.
+	Warning string `json:"warning,omitempty"`
 }
+
+// maxBlocked bounds the blocked keys a snapshot lists.
+const maxBlocked = 20
 
 // Panel is an extra section. Collect runs on every snapshot; keep it to cheap queries.
 type Panel struct {
@@ -126,6 +146,13 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		s.Totals.OldestReadySeconds = max(s.Totals.OldestReadySeconds, sub.OldestReadySeconds)
 	}
 
+	if s.Blocked, err = q.BlockedKeys(ctx, db, maxBlocked); err != nil {
+		return nil, fmt.Errorf("status: blocked keys: %w", err)
+	}
+	for _, b := range s.Blocked {
+		s.Totals.Blocked += b.Ready
+	}
+
 	view, err := q.Membership(ctx, db, nil)
 	if err != nil {
 		return nil, fmt.Errorf("status: relays: %w", err)
@@ -157,6 +184,7 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		r := Relay{RelayMember: m, LastSeenSeconds: s.At.Sub(m.HeartbeatAt).Seconds()}
 		if m.Alive {
 			byPID[m.PID] = len(s.Relays)
+			s.Totals.PublishRate += m.PublishRate
 		}
 		s.Relays = append(s.Relays, r)
 	}
@@ -198,8 +226,17 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 	case alive > 0 && unheld > 0:
 		s.Problems = append(s.Problems, fmt.Sprintf("%d of %d partitions have no holder (a relay just died or joined: they are taken within a lease interval)", unheld, s.Partitions))
 	}
-	if s.Totals.Dead > 0 {
+	switch {
+	case len(s.Blocked) > 0:
+		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows: %d ready rows of %s wait behind them (see Blocked keys); "+
+			"`relay dead show` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys")))
+	case s.Totals.Dead > 0:
 		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `relay dead list`, then requeue or purge them", s.Totals.Dead))
+	}
+	for _, r := range s.Relays {
+		if r.Alive && r.NATS != "" && r.NATS != "CONNECTED" {
+			s.Problems = append(s.Problems, fmt.Sprintf("relay %s: its NATS connection is %s", r.RelayID, r.NATS))
+		}
 	}
 	if s.Totals.CheckExhausted > 0 {
 		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `relay prepared list`", s.Totals.CheckExhausted))
@@ -212,7 +249,13 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 			continue
 		}
 		if t != nil {
-			s.Panels = append(s.Panels, *t)
+			s.Problems = append(s.Problems, t.Problems...)
+			if t.Warning != "" {
+				s.Problems = append(s.Problems, t.Warning)
+			}
+			if len(t.Columns) > 0 {
+				s.Panels = append(s.Panels, *t)
+			}
 		}
 	}
 	sort.SliceStable(s.Relays, func(i, j int) bool { return s.Relays[i].Alive && !s.Relays[j].Alive })
@@ -230,6 +273,9 @@ func (s *Snapshot) emptyLists() {
 	}
 	if s.Subjects == nil {
 		s.Subjects = []Subject{}
+	}
+	if s.Blocked == nil {
+		s.Blocked = []store.BlockedKey{}
 	}
 	if s.Relays == nil {
 		s.Relays = []Relay{}
@@ -250,6 +296,16 @@ func (s *Snapshot) emptyLists() {
 		if s.Panels[i].Rows == nil {
 			s.Panels[i].Rows = [][]string{}
 		}
+		if s.Panels[i].Flagged == nil {
+			s.Panels[i].Flagged = []int{}
+		}
 	}
 	nonNil(&s.Problems)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

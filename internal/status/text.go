@@ -13,9 +13,9 @@ import (
 func WriteText(w io.Writer, s *Snapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
-	p("outbox %q at %s: %d ready (%d due, %d retrying), oldest %s, %d dead, %d prepared\n\n",
+	p("outbox %q at %s: %d ready (%d due, %d retrying), oldest %s, %d dead (holding back %d ready), %d prepared; relays publish %.1f/s\n\n",
 		s.Schema, s.At.Format(time.RFC3339), s.Totals.Ready, s.Totals.Due, s.Totals.Retrying,
-		Age(s.Totals.OldestReadySeconds, s.Totals.Ready), s.Totals.Dead, s.Totals.Prepared)
+		Age(s.Totals.OldestReadySeconds, s.Totals.Ready), s.Totals.Dead, s.Totals.Blocked, s.Totals.Prepared, s.Totals.PublishRate)
 
 	p("SUBJECT\tREADY\tDUE\tRETRYING\tOLDEST READY\tDEAD\tPREPARED\tCHECK EXHAUSTED\n")
 	for _, x := range s.Subjects {
@@ -27,17 +27,25 @@ func WriteText(w io.Writer, s *Snapshot) error {
 	p("TOTAL\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n\n", s.Totals.Ready, s.Totals.Due, s.Totals.Retrying,
 		Age(s.Totals.OldestReadySeconds, s.Totals.Ready), s.Totals.Dead, s.Totals.Prepared, s.Totals.CheckExhausted)
 
-	p("RELAY\tSTATE\tSTARTED\tLAST SEEN\tPARTITIONS HELD\n")
+	if len(s.Blocked) > 0 {
+		p("BLOCKED KEY\tREADY HELD BACK\tBY DEAD ROW\tSUBJECT\tATTEMPTS\tLAST ERROR\n")
+		for _, b := range s.Blocked {
+			p("%s\t%d\t%s\t%s\t%d\t%s\n", b.Key, b.Ready, b.DeadMessageID, b.DeadSubject, b.DeadAttempts, oneLine(b.DeadLastError, 80))
+		}
+		p("\n")
+	}
+
+	p("RELAY\tSTATE\tHEALTH\tNATS\tPUBLISHED/S\tVERSION\tSTARTED\tLAST SEEN\tPARTITIONS HELD\n")
 	for _, r := range s.Relays {
 		state := "alive"
 		if !r.Alive {
 			state = "gone"
 		}
-		p("%s\t%s\t%s\t%s ago\t%s\n", r.RelayID, state, r.StartedAt.Local().Format("2006-01-02 15:04:05"),
-			Age(r.LastSeenSeconds, 1), Ranges(r.Held))
+		p("%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s ago\t%s\n", r.RelayID, state, dash(r.Health), dash(r.NATS), r.PublishRate, dash(r.Version),
+			r.StartedAt.Local().Format("2006-01-02 15:04:05"), Age(r.LastSeenSeconds, 1), Ranges(r.Held))
 	}
 	if len(s.Relays) == 0 {
-		p("(no relay has run yet)\t\t\t\t\n")
+		p("(no relay has run yet)\t\t\t\t\t\t\t\t\n")
 	}
 	p("\nPARTITION\tHOLDER\tREADY\tOLDEST READY\n")
 	for _, x := range s.Partition {
@@ -110,4 +118,21 @@ func Ranges(ps []int32) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+// dash is s, or "-" when it is empty (a relay older than migration 006 reports nothing).
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// oneLine is s on one line, cut to at most n runes (with "…").
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
 }

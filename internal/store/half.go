@@ -125,11 +125,15 @@ FROM (SELECT coalesce(ready_at, created_at) AS t FROM ` + m + `
       LIMIT $2) stale`
 	// Open half messages per producer group: prepared (with the oldest and the most checks)
 	// and check_exhausted. Both states are few and have partial indexes.
+	// The last check error: that of the group's prepared row with the most checks (the one
+	// checked longest), else of its newest check_exhausted row.
 	h.byGroup = `SELECT coalesce(producer_group, ''),
   count(*) FILTER (WHERE state = 'prepared'),
   count(*) FILTER (WHERE state = 'check_exhausted'),
   coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'prepared'))::float8, 0),
-  coalesce(max(check_count) FILTER (WHERE state = 'prepared'), 0)
+  coalesce(max(check_count) FILTER (WHERE state = 'prepared'), 0),
+  coalesce((array_agg(last_error ORDER BY state = 'prepared' DESC, check_count DESC, id DESC)
+    FILTER (WHERE check_count > 0 AND last_error IS NOT NULL))[1], '')
 FROM ` + m + ` WHERE state = 'prepared' OR state = 'check_exhausted'
 GROUP BY 1 ORDER BY 1 LIMIT $1`
 	h.checkedGroups = `SELECT DISTINCT producer_group FROM ` + m + `
@@ -398,6 +402,10 @@ type GroupHalf struct {
 	Exhausted      int64
 	OldestPrepared time.Duration
 	MaxChecks      int32 // the most checks a prepared row of the group has had
+	// LastError is the outcome and detail of the group's last inconclusive check (see
+	// byGroup), e.g. "no_responders: no checker serves txoutbox.check.payments"; "" when
+	// none was checked.
+	LastError string
 }
 
 // HalfByGroup returns the open half messages of up to limit producer groups, by group name.
@@ -411,7 +419,7 @@ func (q *Queries) HalfByGroup(ctx context.Context, db DBTX, limit int) ([]GroupH
 	for rows.Next() {
 		var g GroupHalf
 		var oldest float64
-		if err := rows.Scan(&g.Group, &g.Prepared, &g.Exhausted, &oldest, &g.MaxChecks); err != nil {
+		if err := rows.Scan(&g.Group, &g.Prepared, &g.Exhausted, &oldest, &g.MaxChecks, &g.LastError); err != nil {
 			return nil, err
 		}
 		g.OldestPrepared = time.Duration(oldest * float64(time.Second))

@@ -23,10 +23,11 @@ type opsQueries struct {
 	memberMark                                           string
 	tryLock, unlock                                      string
 
-	samplePartitions, sampleStates string
-	subjectStatus, partitionStatus string
+	samplePartitions, sampleStates, sampleSubjects string
+	subjectStatus, partitionStatus                 string
 
 	deadList, deadRequeue, deadPurge string
+	blocked                          string
 }
 
 func newOpsQueries(q *Queries) *opsQueries {
@@ -34,14 +35,19 @@ func newOpsQueries(q *Queries) *opsQueries {
 	m := q.Messages
 	// The heartbeat is an upsert, so a row removed by cleanup (or a reconnect, which changes
 	// the backend pid) simply comes back. started_at is kept: it orders the fair shares.
-	o.register = `INSERT INTO ` + o.relays + ` AS r (instance, relay_id, backend_pid, partitions, lease_interval_ms, started_at, heartbeat_at)
-VALUES ($1, $2, pg_backend_pid(), $3, $4, now(), now())
+	// The fleet columns (migration 006) ride along: version, health, NATS state, throughput.
+	o.register = `INSERT INTO ` + o.relays + ` AS r (instance, relay_id, backend_pid, partitions, lease_interval_ms, started_at, heartbeat_at,
+    version, health, nats_state, published, publish_rate)
+VALUES ($1, $2, pg_backend_pid(), $3, $4, now(), now(), $5, $6, $7, $8, $9)
 ON CONFLICT (instance) DO UPDATE
 SET relay_id = EXCLUDED.relay_id, backend_pid = EXCLUDED.backend_pid, partitions = EXCLUDED.partitions,
-    lease_interval_ms = EXCLUDED.lease_interval_ms, heartbeat_at = now()`
+    lease_interval_ms = EXCLUDED.lease_interval_ms, heartbeat_at = now(),
+    version = EXCLUDED.version, health = EXCLUDED.health, nats_state = EXCLUDED.nats_state,
+    published = EXCLUDED.published, publish_rate = EXCLUDED.publish_rate`
 	// A member is alive while its lease session exists (its locks die with it, at the same
 	// moment) and its heartbeat is not stale (a recycled pid, a frozen process).
 	o.members = `SELECT r.instance, r.relay_id, r.backend_pid, r.partitions, r.lease_interval_ms, r.started_at, r.heartbeat_at,
+       r.version, r.health, r.nats_state, r.published, r.publish_rate,
        EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid)
          AND r.heartbeat_at > now() - greatest(r.lease_interval_ms * 10, 30000) * interval '1 millisecond'
 FROM ` + o.relays + ` r
@@ -83,6 +89,12 @@ WHERE r.instance = $1
 FROM (SELECT o.partition_key % $1::int4 AS p, coalesce(o.ready_at, o.created_at) AS ready
       FROM ` + m + ` o WHERE o.state = 'ready' ORDER BY o.id LIMIT $2) s
 GROUP BY s.p`
+	o.sampleSubjects = `SELECT s.subject, count(*), extract(epoch FROM now() - min(s.ready))::float8
+FROM (SELECT o.subject, coalesce(o.ready_at, o.created_at) AS ready
+      FROM ` + m + ` o WHERE o.state = 'ready' ORDER BY o.id LIMIT $1) s
+GROUP BY s.subject
+ORDER BY 2 DESC, 1
+LIMIT $2`
 	capped := func(state string) string {
 		return `(SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = '` + state + `' LIMIT $1) s)`
 	}
@@ -107,6 +119,20 @@ ORDER BY subject`
 	o.partitionStatus = `SELECT partition_key % $1::int4, count(*), extract(epoch FROM now() - min(coalesce(ready_at, created_at)))::float8
 FROM ` + m + ` WHERE state = 'ready'
 GROUP BY 1 ORDER BY 1`
+
+	// Keys held back by a dead row: per key, its first dead row and the ready rows after it
+	// (which the relay does not claim while it is dead). One pass over the ready rows joined
+	// to the (few) dead keyed rows.
+	o.blocked = `WITH dead AS (
+  SELECT DISTINCT ON (msg_key) msg_key, id, message_id, subject, attempts, coalesce(last_error, '') AS last_error, created_at
+  FROM ` + m + ` WHERE state = 'dead' AND msg_key IS NOT NULL
+  ORDER BY msg_key, id
+)
+SELECT d.msg_key, d.message_id, d.subject, d.attempts, d.last_error, d.created_at, count(*)
+FROM dead d JOIN ` + m + ` r ON r.msg_key = d.msg_key AND r.state = 'ready' AND r.id > d.id
+GROUP BY d.msg_key, d.message_id, d.subject, d.attempts, d.last_error, d.created_at
+ORDER BY count(*) DESC, d.msg_key
+LIMIT $1`
 
 	// Dead rows. Filters are parameters; NULL means "any".
 	deadWhere := `o.state = 'dead'
@@ -133,6 +159,26 @@ type RelayRegistration struct {
 	RelayID       string
 	Partitions    int
 	LeaseInterval time.Duration
+	RelayInfo
+}
+
+// RelayInfo is what a relay reports with each heartbeat for the fleet view (migration 006).
+type RelayInfo struct {
+	// Version is the relay's txoutbox version.
+	Version string `json:"version"`
+	// Health is its state (relay.Health).
+	Health string `json:"health"`
+	// NATS is the state of its NATS connection (nats.Status: CONNECTED, RECONNECTING, ...).
+	NATS string `json:"nats_state"`
+	// Published counts the rows this relay process published; PublishRate is its rate per
+	// second over about the last minute.
+	Published   int64   `json:"published"`
+	PublishRate float64 `json:"publish_rate"`
+}
+
+func (r *RelayRegistration) args() []any {
+	return []any{r.Instance, r.RelayID, int32(r.Partitions), int32(r.LeaseInterval / time.Millisecond),
+		r.Version, r.Health, r.NATS, r.Published, r.PublishRate}
 }
 
 // RelayMember is a row of the membership table.
@@ -144,6 +190,9 @@ type RelayMember struct {
 	LeaseInterval time.Duration `json:"-"`
 	StartedAt     time.Time     `json:"started_at"`
 	HeartbeatAt   time.Time     `json:"heartbeat_at"`
+	// RelayInfo is what it reported with its last heartbeat (empty for relays older than
+	// migration 006).
+	RelayInfo
 	// Alive: its lease session exists and its heartbeat is recent.
 	Alive bool `json:"alive"`
 }
@@ -163,7 +212,7 @@ type Membership struct {
 // RegisterRelay inserts or refreshes the relay's membership row. Run it on the lease
 // connection: the row records that session's backend pid.
 func (q *Queries) RegisterRelay(ctx context.Context, db DBTX, r RelayRegistration) error {
-	_, err := db.Exec(ctx, q.ops.register, r.Instance, r.RelayID, int32(r.Partitions), int32(r.LeaseInterval/time.Millisecond))
+	_, err := db.Exec(ctx, q.ops.register, r.args()...)
 	return err
 }
 
@@ -184,7 +233,7 @@ func (q *Queries) FenceRelay(ctx context.Context, db DBTX, instance uuid.UUID, h
 func (q *Queries) Membership(ctx context.Context, db DBTX, heartbeat *RelayRegistration) (Membership, error) {
 	b := &pgx.Batch{}
 	if heartbeat != nil {
-		b.Queue(q.ops.register, heartbeat.Instance, heartbeat.RelayID, int32(heartbeat.Partitions), int32(heartbeat.LeaseInterval/time.Millisecond))
+		b.Queue(q.ops.register, heartbeat.args()...)
 	}
 	b.Queue(q.ops.members)
 	b.Queue(q.ops.locks, int64(q.PartitionLockClass))
@@ -203,7 +252,8 @@ func (q *Queries) Membership(ctx context.Context, db DBTX, heartbeat *RelayRegis
 	for rows.Next() {
 		var m RelayMember
 		var part, leaseMS int32
-		if err := rows.Scan(&m.Instance, &m.RelayID, &m.PID, &part, &leaseMS, &m.StartedAt, &m.HeartbeatAt, &m.Alive); err != nil {
+		if err := rows.Scan(&m.Instance, &m.RelayID, &m.PID, &part, &leaseMS, &m.StartedAt, &m.HeartbeatAt,
+			&m.Version, &m.Health, &m.NATS, &m.Published, &m.PublishRate, &m.Alive); err != nil {
 			rows.Close()
 			return out, fmt.Errorf("members: %w", err)
 		}
@@ -301,6 +351,34 @@ func (q *Queries) partitionRows(ctx context.Context, db DBTX, sql string, args .
 		var s PartitionSample
 		var age float64
 		if err := rows.Scan(&s.Partition, &s.Ready, &age); err != nil {
+			return nil, err
+		}
+		s.Oldest = seconds(age)
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// SubjectSample is the ready backlog of one subject.
+type SubjectSample struct {
+	Subject string
+	Ready   int64
+	Oldest  time.Duration // age of its oldest ready row
+}
+
+// SampleSubjects groups the oldest limit ready rows (in id order) by subject and returns the
+// top subjects with the most: a bounded query for metrics.
+func (q *Queries) SampleSubjects(ctx context.Context, db DBTX, limit, top int) ([]SubjectSample, error) {
+	rows, err := db.Query(ctx, q.ops.sampleSubjects, int64(limit), int64(top))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []SubjectSample
+	for rows.Next() {
+		var s SubjectSample
+		var age float64
+		if err := rows.Scan(&s.Subject, &s.Ready, &age); err != nil {
 			return nil, err
 		}
 		s.Oldest = seconds(age)
@@ -500,4 +578,36 @@ func (q *Queries) deadChange(ctx context.Context, db DBTX, sql string, f DeadFil
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// BlockedKey is a key whose ready rows wait behind a dead row of the same key.
+type BlockedKey struct {
+	Key string `json:"key"`
+	// Ready counts the key's ready rows after the dead row: the relay holds them back.
+	Ready int64 `json:"ready"`
+	// The key's first dead row.
+	DeadMessageID uuid.UUID `json:"dead_message_id"`
+	DeadSubject   string    `json:"dead_subject"`
+	DeadAttempts  int32     `json:"dead_attempts"`
+	DeadLastError string    `json:"dead_last_error"`
+	DeadCreatedAt time.Time `json:"dead_created_at"`
+}
+
+// BlockedKeys returns up to limit keys held back by a dead row, those with the most ready
+// rows waiting first.
+func (q *Queries) BlockedKeys(ctx context.Context, db DBTX, limit int) ([]BlockedKey, error) {
+	rows, err := db.Query(ctx, q.ops.blocked, int64(limit))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []BlockedKey
+	for rows.Next() {
+		var b BlockedKey
+		if err := rows.Scan(&b.Key, &b.DeadMessageID, &b.DeadSubject, &b.DeadAttempts, &b.DeadLastError, &b.DeadCreatedAt, &b.Ready); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
 }

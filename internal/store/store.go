@@ -66,13 +66,15 @@ type Queries struct {
 	insertMessages string
 	lockKeys       string
 	claim          string
+	floor          string
 	settleDelete   string
 	settleRetain   string
 
-	half  halfSQL      // half messages and the check-back (half.go)
-	dedup dedupSQL     // the idempotent consumer (dedup.go)
-	sched scheduledSQL // delayed messages (scheduled.go)
-	ops   *opsQueries  // relay membership, sampling and admin statements (ops.go)
+	half  halfSQL       // half messages and the check-back (half.go)
+	dedup dedupSQL      // the idempotent consumer (dedup.go)
+	sched scheduledSQL  // delayed messages (scheduled.go)
+	ops   *opsQueries   // relay membership, sampling and admin statements (ops.go)
+	sql   sqlStatements // the database/sql path's own statements (sqldb.go)
 }
 
 // New builds the statements for schema.
@@ -100,10 +102,13 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::jsonb[], $6::byt
      AS u(message_id, subject, msg_key, partition_key, headers, payload, deliver_at, ord)
 ORDER BY u.ord`
 	// Claim due ready rows of the given partitions in id order, skipping every row whose key
-	// has an earlier row that failed and is waiting for its retry, or is dead.
+	// has an earlier row that failed and is waiting for its retry, or is dead. $5 is the
+	// claim floor (ClaimArgs.After): the scan starts above it, and an earlier failed row of
+	// the key at or below it holds the key back even when due (a claim from 0 takes it).
 	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at), o.deliver_at
 FROM ` + q.Messages + ` o
 WHERE o.state = 'ready'
+  AND o.id > $5::int8
   AND o.next_attempt_at <= now()
   AND ($2::int4[] IS NULL OR o.partition_key % $3::int4 = ANY($2::int4[]))
   AND o.id NOT IN (SELECT unnest($4::int8[])) -- a hashed subplan: O(1) per row, where = ANY is O(n)
@@ -111,9 +116,10 @@ WHERE o.state = 'ready'
         SELECT 1 FROM ` + q.Messages + ` b
         WHERE b.msg_key = o.msg_key AND b.id < o.id
           AND b.attempts > 0 AND b.state IN ('ready', 'dead')
-          AND (b.state = 'dead' OR b.next_attempt_at > now())))
+          AND (b.state = 'dead' OR b.next_attempt_at > now() OR b.id <= $5::int8)))
 ORDER BY o.id
 LIMIT $1`
+	q.floor = floorStatement(q.Messages)
 	settleFailed := `failed AS (
   UPDATE ` + q.Messages + ` o
   SET attempts = o.attempts + 1,
@@ -140,6 +146,7 @@ SELECT (SELECT count(*) FROM ok),
 	q.half = newHalfSQL(q)
 	q.sched = newScheduledSQL(q)
 	q.ops = newOpsQueries(q)
+	q.sql = newSQLStatements(q)
 	return q
 }
 
@@ -268,6 +275,10 @@ type ClaimArgs struct {
 	PartitionCount int32
 	// Exclude lists ids already in flight.
 	Exclude []int64
+	// After is the claim floor: only rows with a higher id are claimed, and a key whose
+	// earlier failed row is at or below it is held back. 0 claims from the start. See
+	// ClaimFloor for when a floor is safe.
+	After int64
 }
 
 // Claim returns up to Limit due ready rows in id order (see the statement for the key rule).
@@ -289,7 +300,7 @@ func (a ClaimArgs) args() []any {
 	if count <= 0 {
 		count = 1
 	}
-	return []any{a.Limit, a.Partitions, count, excl}
+	return []any{a.Limit, a.Partitions, count, excl, a.After}
 }
 
 func scanClaimed(rows pgx.Rows, limit int) ([]Claimed, error) {

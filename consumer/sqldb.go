@@ -1,0 +1,180 @@
+package consumer
+
+// The consumer over database/sql, for services whose whole data layer is database/sql.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// SQLHandler is Handler for database/sql: it applies one message's business effect in tx,
+// the consumer's transaction, which already holds the message's dedup row. sqlx users wrap
+// it (&sqlx.Tx{Tx: tx, Mapper: db.Mapper}, with $n placeholders); GORM users open a session
+// on it (gorm.Open(postgres.New(postgres.Config{Conn: tx}))). It must not commit or roll back tx:
+// a *sql.Tx cannot refuse, so if it does, the consumer's commit fails with sql.ErrTxDone and
+// the message is retried as a handler failure wrapping ErrTxControl (a redelivery after a
+// commit the handler made finds the dedup row and is skipped). Returning an error rolls
+// everything back and schedules a retry; wrap it with Permanent to dead-letter the message at
+// once.
+type SQLHandler func(ctx context.Context, tx *sql.Tx, msg Message) error
+
+// NewSQL returns a consumer of cfg.Stream that runs handler for each message in a
+// transaction begun on db, a *sql.DB of any driver that speaks to PostgreSQL (pgx's stdlib
+// driver and lib/pq are tested); like New otherwise. cfg.Stream and cfg.Durable are required.
+//
+// The guarantees are New's: for each message, in one transaction, the dedup row is inserted
+// (a conflict is a duplicate: acked, handler skipped), the handler runs, the transaction
+// commits, and only then is the message acked; a handler error rolls back the effect and the
+// dedup row together and naks the message with backoff, up to the dead letters. A handler
+// that returns nil after a statement of tx failed (the transaction is aborted) makes the
+// commit fail: the message is retried with an error wrapping ErrTxAborted. When a commit
+// fails, the consumer asks the same connection whether it is alive: if it answers, the commit
+// was refused (a handler failure, an attempt counted); if not, the outcome is unknown and the
+// message is put back without counting an attempt, never acked.
+//
+// A consumer made with NewSQL handles one message per transaction: Config.BatchSize above 1
+// and Config.Ordered need New or NewBatch (pgx) and are refused with a *txoutbox.ConfigError.
+func NewSQL(db *sql.DB, js jetstream.JetStream, handler SQLHandler, cfg *Config) (*Consumer, error) {
+	if db == nil {
+		return nil, errors.New("consumer: db is nil")
+	}
+	if handler == nil {
+		return nil, errors.New("consumer: handler is nil")
+	}
+	if cfg != nil && cfg.BatchSize > 1 {
+		return nil, &txoutbox.ConfigError{Package: "consumer", Field: "Config.BatchSize",
+			Reason: fmt.Sprintf("must be 1 for a consumer made with NewSQL, which handles each message in its own transaction, got %d (batch mode needs New or NewBatch on pgx)", cfg.BatchSize)}
+	}
+	if cfg != nil && cfg.Ordered {
+		return nil, &txoutbox.ConfigError{Package: "consumer", Field: "Config.Ordered",
+			Reason: "is not supported by a consumer made with NewSQL (ordered mode needs New or NewBatch on pgx)"}
+	}
+	// New builds everything else; the pgx side (db, handler) is never used in database/sql
+	// mode and fails loudly if it ever were.
+	c, err := New(noPgx{}, js, func(context.Context, pgx.Tx, Message) error { return errNoPgx }, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.sqlDB, c.sqlHandler = db, handler
+	return c, nil
+}
+
+// errNoPgx: a path of the pgx consumer ran in a consumer made with NewSQL.
+var errNoPgx = errors.New("consumer: internal error: a consumer made with NewSQL has no pgx pool")
+
+// noPgx is the pgx Beginner of a consumer made with NewSQL.
+type noPgx struct{}
+
+func (noPgx) Begin(context.Context) (pgx.Tx, error) { return nil, errNoPgx }
+
+// handleSQL is handle for a consumer made with NewSQL: the dedup row, the handler and the
+// commit in one database/sql transaction, then the ack.
+func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
+	if it.bad != nil {
+		return c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
+	}
+	it.msg.Delivery = it.attempt()
+	// One connection for the transaction and, after a failed commit, the question whether it
+	// is alive.
+	conn, err := c.sqlDB.Conn(ctx)
+	if err != nil {
+		return c.unavailable(it, "begin", err)
+	}
+	defer func() { _ = conn.Close() }()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return c.unavailable(it, "begin", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	inserted, err := c.q.InsertDedupSQL(ctx, tx, it.dedupRow(c.cfg.Durable))
+	if err != nil {
+		return c.unavailable(it, "dedup insert", err)
+	}
+	c.pgUp()
+	if !inserted {
+		_ = tx.Rollback()
+		c.countDuplicate()
+		c.ack(ctx, it)
+		return result{outcome: outcomeDuplicate}
+	}
+	if it.attempt() > c.cfg.MaxDeliveries {
+		_ = tx.Rollback()
+		return c.deadLetter(ctx, it, DeadReasonExhausted,
+			fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+	}
+	if herr := c.callSQLHandler(ctx, tx, it); herr != nil {
+		// A rollback the server answers means the session is alive: the message failed.
+		rerr := tx.Rollback()
+		if ctx.Err() != nil || (rerr != nil && !errors.Is(rerr, sql.ErrTxDone)) {
+			return c.unavailable(it, "handler", herr)
+		}
+		return c.failed(ctx, it, herr)
+	}
+	if h := c.hooks.beforeCommit; h != nil {
+		h(ctx)
+	}
+	if err := tx.Commit(); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return c.unavailable(it, "commit", err)
+		case errors.Is(err, sql.ErrTxDone):
+			// The handler committed or rolled back tx itself.
+			return c.failed(ctx, it, fmt.Errorf("%w: commit: %w", ErrTxControl, err))
+		case store.SQLState(err) != "":
+			if sqlRejected(err) {
+				// A deferred constraint, a serialization failure: the server rolled back.
+				return c.failed(ctx, it, fmt.Errorf("commit: %w", err))
+			}
+			return c.unavailable(it, "commit", err)
+		case store.Alive(ctx, conn) == nil:
+			// The driver refused the commit of an aborted transaction (pgx's stdlib
+			// pgx.ErrTxCommitRollback, lib/pq's ErrInFailedTransaction) on a live session.
+			return c.failed(ctx, it, fmt.Errorf("%w: commit: %w", ErrTxAborted, err))
+		default:
+			// The outcome is unknown: never ack. If it committed, the redelivery finds the
+			// dedup row.
+			return c.unavailable(it, "commit", err)
+		}
+	}
+	c.countProcessed(1)
+	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
+		return result{outcome: outcomeProcessed}
+	}
+	c.ack(ctx, it)
+	return result{outcome: outcomeProcessed}
+}
+
+// callSQLHandler runs the database/sql handler, turning a panic into an error.
+func (c *Consumer) callSQLHandler(ctx context.Context, tx *sql.Tx, it *item) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+		}
+		c.observeHandler(time.Since(start))
+	}()
+	return c.sqlHandler(ctx, tx, it.msg)
+}
+
+// sqlRejected is rejected for any driver whose errors carry the SQLSTATE: the server answered
+// the commit with an error (so it rolled back), as opposed to a failure of the connection,
+// the server's resources or the server itself, after which the outcome is unknown.
+func sqlRejected(err error) bool {
+	code := store.SQLState(err)
+	if len(code) < 2 {
+		return false
+	}
+	switch code[:2] {
+	case "08", "53", "57", "58", "XX":
+		return false
+	}
+	return true
+}

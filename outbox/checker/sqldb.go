@@ -1,0 +1,24 @@
+package checker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// OutboxIdentitySQL is OutboxIdentity for database/sql: the identity of the outbox in schema
+// of the database db (a *sql.DB, *sql.Conn or *sql.Tx of any PostgreSQL driver) is connected
+// to.
+func OutboxIdentitySQL(ctx context.Context, db txoutbox.SQLDBTX, schema string) (string, error) {
+	if schema == "" {
+		schema = txoutbox.DefaultSchema
+	}
+	var sysid int64
+	var database string
+	if err := db.QueryRowContext(ctx, store.OutboxIdentityQuery).Scan(&sysid, &database); err != nil {
+		return "", fmt.Errorf("checker: outbox identity: %w", err)
+	}
+	return fmt.Sprintf("%d/%s/%s", uint64(sysid), database, schema), nil
+}

@@ -1,0 +1,34 @@
+package checker_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox/checker"
+)
+
+// OutboxIdentitySQL agrees with OutboxIdentity, through either database/sql driver.
+func TestOutboxIdentitySQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	want, err := checker.OutboxIdentity(ctx, db.Pool, db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, driver := range []string{"pgx", "postgres"} {
+		sdb, err := sql.Open(driver, db.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := checker.OutboxIdentitySQL(ctx, sdb, db.Schema)
+		_ = sdb.Close()
+		if err != nil || got != want {
+			t.Fatalf("%s: %q, %v; want %q", driver, got, err, want)
+		}
+	}
+}

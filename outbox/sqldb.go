@@ -1,0 +1,206 @@
+package outbox
+
+// The producer API over database/sql: the same rules as the pgx methods, for services whose
+// data layer is database/sql (sqlx, GORM, ent, bun, sqlc on database/sql) with any driver that
+// speaks to PostgreSQL (pgx's stdlib driver and lib/pq are tested). Each method is its pgx
+// counterpart with SQL in its name and a txoutbox.SQLDBTX (or SQLBeginner) in place of the
+// pgx handle.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// EnqueueSQLTx is EnqueueTx for database/sql: it validates msgs and inserts them, in order,
+// in the caller's transaction tx — a *sql.Tx, sqlx's *sqlx.Tx, or the Statement.ConnPool of a
+// GORM transaction — in one round trip (one statement that takes the key locks and inserts the
+// rows). It never begins, commits or rolls back tx. Everything EnqueueTx documents holds: the
+// same validation before anything is written and the same errors (a *MessageError wrapping
+// ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader, ErrInvalidKey
+// or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
+// row ids are drawn, so that for one key id order is commit order whichever API (pgx,
+// database/sql, the SQL functions) each producer uses. It returns the message ids in the order
+// of msgs.
+//
+// tx should be a transaction: given a *sql.DB, each call commits on its own, like a
+// transaction of one call.
+func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...Message) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	rows := make([]store.NewRow, len(msgs))
+	ids := make([]uuid.UUID, len(msgs))
+	seen := make(map[uuid.UUID]int, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		row, err := c.prepareRow(i, m)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[row.MessageID]; dup {
+			return nil, &MessageError{Index: i, ID: row.MessageID, Subject: m.Subject, Err: ErrDuplicateID,
+				Detail: fmt.Sprintf("message %d of this call has the same id", j)}
+		}
+		seen[row.MessageID] = i
+		rows[i] = row
+		ids[i] = row.MessageID
+	}
+	if err := c.q.InsertMessagesSQL(ctx, tx, rows); err != nil {
+		if id, dup := store.DuplicateMessageIDSQL(err); dup {
+			if i, ok := seen[id]; ok {
+				return nil, &MessageError{Index: i, ID: id, Subject: msgs[i].Subject, Err: ErrDuplicateID,
+					Detail: "a message with this id is already in the outbox"}
+			}
+			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
+		}
+		return nil, fmt.Errorf("outbox: enqueue: %w", store.LockTableFull(err, ErrLockTableFull))
+	}
+	return ids, nil
+}
+
+// PrepareSQL is Prepare for database/sql: it validates msg and stores it as a half message
+// through db, usually the *sql.DB, so that the half message is committed before the producer
+// starts its work.
+func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
+	var o PrepareOptions
+	if opts != nil {
+		o = *opts
+	}
+	if !o.Fence || o.Group != "" {
+		if err := ValidateGroup(o.Group); err != nil {
+			return Half{}, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
+		}
+	}
+	row, err := c.prepareRow(0, &msg)
+	if err != nil {
+		return Half{}, err
+	}
+	mode := store.CheckModeChecker
+	if o.Fence {
+		mode = store.CheckModeFence
+	}
+	err = c.q.InsertPreparedSQL(ctx, db, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
+	if err != nil {
+		if _, dup := store.DuplicateMessageIDSQL(err); dup {
+			return Half{}, fmt.Errorf("outbox: %w: message %s is already in the outbox", ErrDuplicateID, row.MessageID)
+		}
+		return Half{}, fmt.Errorf("outbox: prepare: %w", err)
+	}
+	c.half.prepared.Inc()
+	return Half{ID: row.MessageID, Subject: msg.Subject, Key: msg.Key, Group: o.Group, Fence: o.Fence}, nil
+}
+
+// CommitSQL is Commit for database/sql: it commits a half message in a transaction of its own
+// begun on db (a *sql.DB or *sql.Conn), taking its key lock, and rings the doorbell. When the
+// message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
+// ErrAlreadyCommitted or ErrNotFound.
+func (c *Client) CommitSQL(ctx context.Context, db txoutbox.SQLBeginner, id uuid.UUID) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox: commit half message %s: begin: %w", id, err)
+	}
+	if err := c.commitSQL(ctx, tx, id); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: commit half message %s: %w", id, err)
+	}
+	c.half.committed.Inc()
+	c.Ring()
+	return nil
+}
+
+// CommitSQLTx is CommitTx for database/sql: it commits a half message inside the producer's
+// business transaction tx (a *sql.Tx, sqlx's *sqlx.Tx, a GORM transaction's
+// Statement.ConnPool), so that the message is published if and only if tx commits, holding
+// its row lock until tx ends. tx must be a transaction.
+//
+// If the message is no longer prepared, CommitSQLTx returns a *SettleError wrapping
+// ErrRolledBack (or ErrNotFound) and makes tx fail on the server: a later commit of tx does
+// not commit (database/sql reports an error: pgx's stdlib driver pgx.ErrTxCommitRollback,
+// lib/pq pq.ErrInFailedTransaction), so the business change and the message never disagree.
+// ErrAlreadyCommitted leaves tx usable. Call Client.Ring after tx commits.
+func (c *Client) CommitSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
+	err := c.commitSQL(ctx, tx, id)
+	if err == nil {
+		c.half.committed.Inc()
+	}
+	if err == nil || errors.Is(err, ErrAlreadyCommitted) {
+		return err
+	}
+	_, _ = tx.ExecContext(context.WithoutCancel(ctx), poisonSQL)
+	return err
+}
+
+func (c *Client) commitSQL(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
+	ok, state, err := c.q.SettleHalfSQL(ctx, tx, store.HalfSettle{MessageID: id, Commit: true, By: store.SettledByProducer})
+	if err != nil && !errors.Is(err, store.ErrNoRow) {
+		return fmt.Errorf("outbox: commit half message %s: %w", id, store.LockTableFull(err, ErrLockTableFull))
+	}
+	if !ok {
+		return settleError("commit", id, state, err)
+	}
+	return nil
+}
+
+// RollbackSQL is Rollback for database/sql: the half message is never published. It returns
+// a *SettleError wrapping ErrRolledBack, ErrAlreadyCommitted or ErrNotFound when the message
+// is no longer prepared. db may be a transaction or the *sql.DB.
+func (c *Client) RollbackSQL(ctx context.Context, db txoutbox.SQLDBTX, id uuid.UUID) error {
+	ok, state, err := c.q.SettleHalfSQL(ctx, db, store.HalfSettle{MessageID: id, Commit: false, By: store.SettledByProducer})
+	if err != nil && !errors.Is(err, store.ErrNoRow) {
+		return fmt.Errorf("outbox: roll back half message %s: %w", id, err)
+	}
+	if !ok {
+		return settleError("rollback", id, state, err)
+	}
+	c.half.rolledBack.Inc()
+	return nil
+}
+
+// SendInTransactionSQL is SendInTransaction for database/sql: it prepares msg through db,
+// runs local, and settles the message by local's answer (CommitSQL, RollbackSQL, or nothing
+// for StateUnknown), with the same rules.
+func (c *Client) SendInTransactionSQL(ctx context.Context, db txoutbox.SQLDB, msg Message, opts *PrepareOptions, local LocalTxFunc) (Half, LocalState, error) {
+	h, err := c.PrepareSQL(ctx, db, msg, opts)
+	if err != nil {
+		return Half{}, StateUnknown, err
+	}
+	st, lerr := local(ctx, h)
+	if lerr != nil {
+		lerr = fmt.Errorf("outbox: local transaction of half message %s (%s): %w", h.ID, st, lerr)
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var serr error
+	switch st {
+	case StateCommit:
+		serr = c.CommitSQL(sctx, db, h.ID)
+		if errors.Is(serr, ErrAlreadyCommitted) || errors.Is(serr, ErrNotFound) {
+			serr = nil
+		}
+	case StateRollback:
+		serr = c.RollbackSQL(sctx, db, h.ID)
+		if errors.Is(serr, ErrRolledBack) {
+			serr = nil
+		}
+	}
+	return h, st, errors.Join(lerr, serr)
+}
+
+// NewPostgresSQLDoorbell is NewPostgresDoorbell for database/sql: the doorbell notifies
+// channel (DefaultDoorbellChannel when empty) through db, typically the producer's *sql.DB.
+func NewPostgresSQLDoorbell(db txoutbox.SQLDBTX, channel string) *PostgresDoorbell {
+	if channel == "" {
+		channel = DefaultDoorbellChannel
+	}
+	return &PostgresDoorbell{notify: func(ctx context.Context, channel string) error {
+		return store.NotifySQL(ctx, db, channel)
+	}, channel: channel}
+}
