@@ -301,11 +301,21 @@ var foreignTables = []foreignTable{
 // schema (migration 4 creates functions only).
 var createTableRe = regexp.MustCompile(`(?i)\bCREATE\s+(?:TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?|(?:OR\s+REPLACE\s+)?FUNCTION\s+)"?([A-Za-z_][A-Za-z0-9_]*)`)
 
-// tablesOf returns the tables and functions migration version v (1-based) creates.
+// tablesOf returns the tables and functions migration version v (1-based) creates, leaving
+// out those an earlier version created (migration 5 re-creates functions of migration 4 with
+// a new argument: they are 4's fingerprint, not 5's).
 func (m *Migrator) tablesOf(v int) []string {
+	earlier := map[string]bool{}
+	for k := 1; k < v; k++ {
+		for _, g := range createTableRe.FindAllStringSubmatch(m.migrations[k-1].Up, -1) {
+			earlier[strings.ToLower(g[1])] = true
+		}
+	}
 	var out []string
 	for _, g := range createTableRe.FindAllStringSubmatch(m.migrations[v-1].Up, -1) {
-		out = append(out, strings.ToLower(g[1]))
+		if name := strings.ToLower(g[1]); !earlier[name] {
+			out = append(out, name)
+		}
 	}
 	return out
 }

@@ -19,6 +19,20 @@
 // with a *MessageError (see the Err* sentinels, ValidateSubject, ValidateKey,
 // ValidateHeaderValue, IsReservedHeader, MaxHeaderBytes), never normalised on the way.
 //
+// # Delayed messages
+//
+// A message with a DeliverAt commits with the transaction and is published when it falls due
+// ("close this order if it is still unpaid in 30 minutes"). Until then CancelTx and
+// RescheduleTx (or their business key forms) withdraw or move it inside any later
+// transaction, atomically with the business change that makes it moot; once the relay has
+// taken it they return ErrNotScheduled. A delayed message holds back nothing while it waits:
+// the later messages of its key go out without it. When it falls due it takes its place in
+// its key's order: it is published after the messages of its key that became ready before it
+// and before those that become ready after it, and, like any message, a failure to publish it
+// holds back the later messages of its key. An entity with several timers needs a business key
+// per timer, naming its due time (for example "order:42:timeout:2026-12-03T10:30:00Z"): the
+// consumer deduplicates on it, and CancelBizKeyTx cancels exactly that timer.
+//
 // Services on database/sql (sqlx, GORM, any PostgreSQL driver) use the twins whose names say
 // SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL —
 // with a *sql.Tx (txoutbox.SQLDBTX) in place of the pgx.Tx, under the same rules.
@@ -32,6 +46,7 @@ import (
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -161,6 +176,18 @@ type Message struct {
 	Headers map[string][]string
 	// Payload is the message body.
 	Payload []byte
+	// DeliverAt, when set, delays the message until that time (a delayed or scheduled
+	// message): it is committed with the transaction as any message, stored scheduled, and
+	// published when due, within the relay's poll interval (at once when the relay knows the
+	// time: it wakes for the next due message). Until the relay takes it, CancelTx and
+	// RescheduleTx can withdraw or move it inside any transaction. A time already past means
+	// "as soon as possible"; the zero time means not delayed. It is compared with the
+	// database's clock and stored to the microsecond; it must lie between MinDeliverAt and
+	// MaxDeliverAt (ErrInvalidDeliverAt). A delayed message takes its place in its key's order
+	// when it falls due, not when it is enqueued (see the package documentation, "Delayed
+	// messages"). The business key of delayed work should name its due time (see BizKey and
+	// the order-timeout example).
+	DeliverAt time.Time
 }
 
 // Key lock limits (see EnqueueTx).
@@ -285,6 +312,14 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 		return fail(ErrMessageTooLarge, fmt.Sprintf("payload %d bytes + headers = %d bytes, over the limit of %d bytes (NATS counts headers, including the relay's)",
 			len(m.Payload), size, c.cfg.MaxMessageBytes))
 	}
+	var deliverAt *time.Time
+	if !m.DeliverAt.IsZero() {
+		if err := checkDeliverAt(m.DeliverAt); err != nil {
+			return fail(ErrInvalidDeliverAt, "DeliverAt "+strings.TrimPrefix(err.Error(), ErrInvalidDeliverAt.Error()+": "))
+		}
+		at := m.DeliverAt
+		deliverAt = &at
+	}
 	id := m.ID
 	var err error
 	if id == uuid.Nil {
@@ -305,7 +340,7 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 			return store.NewRow{}, fmt.Errorf("outbox: encode headers: %w", err)
 		}
 	}
-	return store.NewRow{MessageID: id, Subject: m.Subject, Key: m.Key, Headers: hdr, Payload: m.Payload}, nil
+	return store.NewRow{MessageID: id, Subject: m.Subject, Key: m.Key, Headers: hdr, Payload: m.Payload, DeliverAt: deliverAt}, nil
 }
 
 // Ring wakes the relay through the configured Doorbell, if any. Call it after the

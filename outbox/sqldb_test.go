@@ -61,8 +61,10 @@ func readStoredSQL(t *testing.T, ctx context.Context, tx *sql.Tx, id uuid.UUID) 
 	t.Helper()
 	var r storedRow
 	var hdr []byte
-	if err := tx.QueryRowContext(ctx, `SELECT subject, coalesce(msg_key, '<NULL>'), partition_key, headers, payload, state FROM txoutbox_messages WHERE message_id = $1`, id.String()).
-		Scan(&r.Subject, &r.Key, &r.Partition, &hdr, &r.Payload, &r.State); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT subject, coalesce(msg_key, '<NULL>'), partition_key, headers, payload, state,
+    coalesce(to_char(deliver_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '<NULL>'), ready_at IS NOT NULL
+FROM txoutbox_messages WHERE message_id = $1`, id.String()).
+		Scan(&r.Subject, &r.Key, &r.Partition, &hdr, &r.Payload, &r.State, &r.DeliverAt, &r.ReadyAt); err != nil {
 		t.Fatalf("read %s: %v", id, err)
 	}
 	if hdr != nil {

@@ -40,6 +40,8 @@ var sqlStates = []struct {
 	{outbox.ErrRolledBack, "TX101"},
 	{outbox.ErrAlreadyCommitted, "TX102"},
 	{outbox.ErrNotFound, "TX103"},
+	{outbox.ErrInvalidDeliverAt, "TX009"},
+	{outbox.ErrNotScheduled, "TX201"},
 }
 
 // goOutcome is "ok" or the SQLSTATE code of err's sentinel.
@@ -124,9 +126,17 @@ func enqueueSQL(ctx context.Context, tx pgx.Tx, m outbox.Message) (uuid.UUID, er
 		payload = []byte{}
 	}
 	var out uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue($1, $2, $3, $4::jsonb, $5, $6::uuid)`,
-		m.Subject, payload, nilIfEmpty(m.Key), headersJSON(m.Headers), nilIfEmpty(m.BizKey), id).Scan(&out)
+	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue($1, $2, $3, $4::jsonb, $5, $6::uuid, $7::timestamptz)`,
+		m.Subject, payload, nilIfEmpty(m.Key), headersJSON(m.Headers), nilIfEmpty(m.BizKey), id, deliverAt(m)).Scan(&out)
 	return out, err
+}
+
+// deliverAt is m's delivery time as an argument: NULL when it has none.
+func deliverAt(m outbox.Message) *time.Time {
+	if m.DeliverAt.IsZero() {
+		return nil
+	}
+	return &m.DeliverAt
 }
 
 // enqueueManySQL calls txoutbox_enqueue_many with msgs (ids included) in tx.
@@ -136,7 +146,11 @@ func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uu
 	keys, bizKeys := make([]*string, n), make([]*string, n)
 	hdrs := make([]any, n)
 	ids := make([]*string, n)
+	dues := make([]*time.Time, n)
+	delayed := false
 	for i, m := range msgs {
+		dues[i] = deliverAt(m)
+		delayed = delayed || dues[i] != nil
 		subjects[i], payloads[i] = m.Subject, m.Payload
 		if payloads[i] == nil {
 			payloads[i] = []byte{}
@@ -154,8 +168,11 @@ func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uu
 		}
 	}
 	var out []uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[])`,
-		subjects, payloads, keys, hdrs, bizKeys, ids).Scan(&out)
+	if !delayed {
+		dues = nil // the argument left NULL, as a caller without delayed messages passes it
+	}
+	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[], $7::timestamptz[])`,
+		subjects, payloads, keys, hdrs, bizKeys, ids, dues).Scan(&out)
 	return out, err
 }
 
@@ -316,6 +333,14 @@ func agreementRows() []agreementRow {
 		// Ids.
 		{name: "given id", m: outbox.Message{Subject: "s.v", ID: uuid.New()}, want: "ok"},
 		{name: "id already in the outbox", m: outbox.Message{Subject: "s.v", ID: uuid.New()}, want: "TX006", dup: true},
+		// Delivery times (migration 005).
+		{name: "delivery time ahead", m: outbox.Message{Subject: "s.v", Key: "k", BizKey: "b:1:2030-01-01T10:00:00Z", DeliverAt: time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC)}, want: "ok"},
+		{name: "delivery time past", m: outbox.Message{Subject: "s.v", DeliverAt: time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)}, want: "ok"},
+		{name: "delivery time at the lower bound", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MinDeliverAt}, want: "ok"},
+		{name: "delivery time before 1970", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MinDeliverAt.Add(-time.Second)}, want: "TX009"},
+		{name: "delivery time at the upper bound", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MaxDeliverAt}, want: "ok"},
+		{name: "delivery time after 9999", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MaxDeliverAt.Add(time.Second)}, want: "TX009"},
+		{name: "bad subject and bad delivery time", m: outbox.Message{Subject: "a..b", DeliverAt: outbox.MaxDeliverAt.Add(time.Second)}, want: "TX001"},
 	}
 	return rows
 }
@@ -328,14 +353,18 @@ type storedRow struct {
 	Headers   map[string][]string
 	Payload   []byte
 	State     string
+	DeliverAt string // "<NULL>" for none
+	ReadyAt   bool   // ready_at set
 }
 
 func readStored(t *testing.T, ctx context.Context, tx pgx.Tx, id uuid.UUID) storedRow {
 	t.Helper()
 	var r storedRow
 	var hdr []byte
-	if err := tx.QueryRow(ctx, `SELECT subject, coalesce(msg_key, '<NULL>'), partition_key, headers, payload, state FROM txoutbox_messages WHERE message_id = $1`, id).
-		Scan(&r.Subject, &r.Key, &r.Partition, &hdr, &r.Payload, &r.State); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT subject, coalesce(msg_key, '<NULL>'), partition_key, headers, payload, state,
+    coalesce(to_char(deliver_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '<NULL>'), ready_at IS NOT NULL
+FROM txoutbox_messages WHERE message_id = $1`, id).
+		Scan(&r.Subject, &r.Key, &r.Partition, &hdr, &r.Payload, &r.State, &r.DeliverAt, &r.ReadyAt); err != nil {
 		t.Fatalf("read %s: %v", id, err)
 	}
 	if hdr != nil {

@@ -26,7 +26,7 @@ import (
 //	relay_health{state}                  1 for the relay's current Health, 0 for the others
 //	relay_ready_backlog{partition}, relay_oldest_ready_age_seconds{partition}
 //	                                     the held partitions' backlog, sampled
-//	outbox_messages{state}, outbox_oldest_ready_age_seconds,
+//	outbox_messages{state}, outbox_oldest_ready_age_seconds, outbox_next_scheduled_seconds,
 //	outbox_subject_ready{subject}, outbox_subject_oldest_ready_age_seconds{subject}
 //	                                     the whole outbox, sampled (the same on every relay:
 //	                                     aggregate with max, not sum); the subject families
@@ -127,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Age of the oldest ready row of each partition this relay holds (0 when it has none).")), []string{"partition"}),
 		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "messages",
-			Help: "Outbox rows by state (ready, dead, prepared, check_exhausted), each counted up to SampleLimit. The whole outbox: every relay reports the same value.",
+			Help: "Outbox rows by state (ready, dead, prepared, check_exhausted, scheduled), each counted up to SampleLimit. The whole outbox: every relay reports the same value.",
 		}, []string{"state"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "oldest_ready_age_seconds",
@@ -230,6 +230,9 @@ func (r *Relay) sampleOnce(ctx context.Context) error {
 	r.m.rows.WithLabelValues(store.StatePrepared).Set(float64(st.Prepared))
 	r.m.rows.WithLabelValues(store.StateCheckExhausted).Set(float64(st.CheckExhausted))
 	r.m.oldest.Set(st.OldestReady.Seconds())
+	if err := r.sampleScheduled(ctx); err != nil {
+		return err
+	}
 	r.sampleHorizon(ctx)
 
 	subjects, err := r.q.SampleSubjects(ctx, r.pool, r.cfg.SampleLimit, maxSubjectSeries)

@@ -100,6 +100,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 					r.m.duplicates.Inc()
 				}
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
+				r.observeLateness(row)
 				r.failing.succeeded(r.log, row.Subject)
 				r.outages.succeeded(r, row.Subject)
 				if row.Key != "" {

@@ -61,6 +61,8 @@ type Relay struct {
 	q     *store.Queries
 	log   *slog.Logger
 	m     *metrics
+	sm    *scheduledMetrics // delayed messages (scheduled.go)
+	sched scheduler
 	lease *leaser
 	floor *claimFloor
 	wake  chan struct{}
@@ -170,6 +172,9 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, fmt.Errorf("relay: jetstream publisher: %w", err)
 	}
 	if r.m, err = newMetrics(c.Registerer); err != nil {
+		return nil, err
+	}
+	if r.sm, err = newScheduledMetrics(c.Registerer); err != nil {
 		return nil, err
 	}
 	if c.HandoverAfter != txoutbox.Off && js.Conn().Opts.ReconnectBufSize != -1 {
@@ -359,6 +364,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			outage, streamWait = 0, 0
 			r.setHealth(healthOK, nil)
 			wait, poll = poll, min(poll*2, r.cfg.PollMax)
+			wait = r.capWait(wait) // wake when the next delayed message falls due
 		case errors.Is(err, ErrStreamUnavailable):
 			// A stream without a leader, and nothing else to publish: its rows wait (no
 			// attempt); look again soon, since an election usually takes seconds. Not a broker
@@ -485,7 +491,7 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	}
 	t0 := time.Now()
 	args.After = r.floor.bound(parts, gen)
-	rows, err = r.q.Claim(ctx, conn, args)
+	rows, err = r.claimPromoting(ctx, conn, args) // delayed messages that fell due first (scheduled.go)
 	r.m.claimDur.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		r.lease.broken(err)

@@ -26,6 +26,8 @@ const (
 	SettledByChecker  = "checkback:checker"
 	SettledByFence    = "checkback:fence"
 	SettledByOperator = "operator"
+	// SettledByCancel: a delayed message withdrawn before it fell due (CancelTx; scheduled.go).
+	SettledByCancel = "cancel"
 )
 
 // SettleableStates are the states a producer or an operator may settle: a check_exhausted row
@@ -59,19 +61,22 @@ func newHalfSQL(q *Queries) halfSQL {
 	m := q.Messages
 	var h halfSQL
 	h.insertPrepared = `INSERT INTO ` + m + ` (message_id, subject, msg_key, partition_key, headers, payload, state,
-    producer_group, check_mode, next_check_at)
-VALUES ($1, $2, $3, $4, $5, $6, 'prepared', $7, $8, now() + $9::float8 * interval '1 millisecond')`
+    producer_group, check_mode, next_check_at, deliver_at)
+VALUES ($1, $2, $3, $4, $5, $6, 'prepared', $7, $8, now() + $9::float8 * interval '1 millisecond', $10)`
 	// The key's lock, taken before the new id is drawn (see commit), as EnqueueTx takes it.
 	// (Message ids are unique: one key at most, sorted.)
 	row := ` FROM ` + m + ` WHERE message_id = $1 AND msg_key IS NOT NULL AND state = ANY($2::text[])`
 	h.lockKey = keyLockSQL(q, `ARRAY(SELECT partition_key`+row+`)`,
 		`ARRAY(SELECT partition_key % `+strconv.Itoa(KeyLockBuckets)+row+`)`)
 	// Committing draws a new id: for one key, id order must be commit order, and the id this
-	// row got at prepare time is older than messages of its key committed since.
-	h.commit = `UPDATE ` + m + ` SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(),
+	// row got at prepare time is older than messages of its key committed since. A half
+	// message with a delivery time becomes scheduled (it draws its final id when it falls due).
+	h.commit = `UPDATE ` + m + ` SET id = DEFAULT, state = CASE WHEN deliver_at IS NULL THEN 'ready' ELSE 'scheduled' END,
+    ready_at = CASE WHEN deliver_at IS NULL THEN clock_timestamp() END, next_attempt_at = now(),
     attempts = 0, next_check_at = NULL, settled_by = $2, settled_at = clock_timestamp(),
     check_count = check_count + $4::int4
-WHERE message_id = $1 AND state = ANY($3::text[])`
+WHERE message_id = $1 AND state = ANY($3::text[])
+RETURNING state`
 	h.rollback = `UPDATE ` + m + ` SET state = 'rolled_back', next_check_at = NULL, settled_by = $2, settled_at = clock_timestamp(),
     check_count = check_count + $4::int4
 WHERE message_id = $1 AND state = ANY($3::text[])`
@@ -188,7 +193,7 @@ func (q *Queries) InsertPrepared(ctx context.Context, db DBTX, a PrepareArgs) er
 		g := a.Group
 		group = &g
 	}
-	_, err := db.Exec(ctx, q.half.insertPrepared, r.MessageID, r.Subject, key, part, hdr, payload, group, a.Mode, ms(max(a.Immunity, 0)))
+	_, err := db.Exec(ctx, q.half.insertPrepared, r.MessageID, r.Subject, key, part, hdr, payload, group, a.Mode, ms(max(a.Immunity, 0)), r.DeliverAt)
 	return err
 }
 
@@ -231,15 +236,16 @@ func (q *Queries) SettleHalf(ctx context.Context, tx DBTX, a HalfSettle) (settle
 			_ = br.Close()
 			return false, "", fmt.Errorf("lock key: %w", lockTableFull(err))
 		}
-		ct, err := br.Exec()
-		if cerr := br.Close(); err == nil {
+		var st string
+		err := br.QueryRow().Scan(&st)
+		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 			err = cerr
 		}
-		if err != nil {
+		switch {
+		case err == nil:
+			return true, st, nil // ready, or scheduled for a message with a delivery time
+		case !errors.Is(err, pgx.ErrNoRows):
 			return false, "", lockTableFull(err)
-		}
-		if ct.RowsAffected() == 1 {
-			return true, StateReady, nil
 		}
 	} else {
 		ct, err := tx.Exec(ctx, q.half.rollback, a.MessageID, a.By, from, inc)

@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
@@ -67,7 +68,8 @@ func (q *Queries) InsertMessagesSQL(ctx context.Context, db SQLDBTX, rows []NewR
 	var lockKeys []int32
 	for i, r := range rows {
 		keys[i], parts[i], headers[i], payloads[i] = r.columns()
-		if keys[i] != nil {
+		// A scheduled row draws its final id, under its key's lock, when it falls due.
+		if keys[i] != nil && r.DeliverAt == nil {
 			lockKeys = append(lockKeys, parts[i])
 		}
 	}
@@ -78,6 +80,13 @@ func (q *Queries) InsertMessagesSQL(ctx context.Context, db SQLDBTX, rows []NewR
 		int4Literal(parts),
 		arrayLiteral(n, func(b *strings.Builder, i int) bool { return quoteOpt(b, headers[i]) }),
 		byteaLiteral(payloads),
+		arrayLiteral(n, func(b *strings.Builder, i int) bool {
+			if rows[i].DeliverAt == nil {
+				return false
+			}
+			b.WriteString(timestampLiteral(*rows[i].DeliverAt))
+			return true
+		}),
 	}
 	stmt := q.insertMessages
 	if len(lockKeys) > 0 {
@@ -98,8 +107,18 @@ func (q *Queries) InsertPreparedSQL(ctx context.Context, db SQLDBTX, a PrepareAr
 		g := a.Group
 		group = &g
 	}
-	_, err := db.ExecContext(ctx, q.half.insertPrepared, r.MessageID.String(), r.Subject, key, int64(part), hdr, payload, group, a.Mode, ms(max(a.Immunity, 0)))
+	var due *string
+	if r.DeliverAt != nil {
+		s := timestampLiteral(*r.DeliverAt)
+		due = &s
+	}
+	_, err := db.ExecContext(ctx, q.half.insertPrepared, r.MessageID.String(), r.Subject, key, int64(part), hdr, payload, group, a.Mode, ms(max(a.Immunity, 0)), due)
 	return err
+}
+
+// timestampLiteral is t as PostgreSQL reads a timestamptz, to the microsecond (as pgx sends it).
+func timestampLiteral(t time.Time) string {
+	return t.UTC().Truncate(time.Microsecond).Format("2006-01-02T15:04:05.999999Z")
 }
 
 // SettleHalfSQL is SettleHalf over database/sql. Committing takes two statements (the key's

@@ -32,6 +32,8 @@ const (
 	StateRolledBack     = "rolled_back"
 	StateDead           = "dead"
 	StateCheckExhausted = "check_exhausted"
+	// StateScheduled: a delayed message waiting for its delivery time (scheduled.go).
+	StateScheduled = "scheduled"
 )
 
 // DBTX is txoutbox.DBTX: what queries run against.
@@ -70,6 +72,7 @@ type Queries struct {
 
 	half  halfSQL       // half messages and the check-back (half.go)
 	dedup dedupSQL      // the idempotent consumer (dedup.go)
+	sched scheduledSQL  // delayed messages (scheduled.go)
 	ops   *opsQueries   // relay membership, sampling and admin statements (ops.go)
 	sql   sqlStatements // the database/sql path's own statements (sqldb.go)
 }
@@ -89,16 +92,20 @@ func New(schema string) *Queries {
 	q.lockKeys = keyLockSQL(q, `$1::int4[]`, `$2::int4[]`)
 	// Rows are produced in array order (WITH ORDINALITY ... ORDER BY) so that identity values,
 	// and therefore publish order, follow the caller's order within one call.
-	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
-SELECT u.message_id, u.subject, u.msg_key, u.partition_key, u.headers, u.payload, 'ready', clock_timestamp()
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::jsonb[], $6::bytea[]) WITH ORDINALITY
-     AS u(message_id, subject, msg_key, partition_key, headers, payload, ord)
+	// A row with a delivery time is stored scheduled (scheduled.go); it becomes ready, with a
+	// new id, when it falls due.
+	q.insertMessages = `INSERT INTO ` + q.Messages + ` (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at, deliver_at)
+SELECT u.message_id, u.subject, u.msg_key, u.partition_key, u.headers, u.payload,
+       CASE WHEN u.deliver_at IS NULL THEN 'ready' ELSE 'scheduled' END,
+       CASE WHEN u.deliver_at IS NULL THEN clock_timestamp() END, u.deliver_at
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::jsonb[], $6::bytea[], $7::timestamptz[]) WITH ORDINALITY
+     AS u(message_id, subject, msg_key, partition_key, headers, payload, deliver_at, ord)
 ORDER BY u.ord`
 	// Claim due ready rows of the given partitions in id order, skipping every row whose key
 	// has an earlier row that failed and is waiting for its retry, or is dead. $5 is the
 	// claim floor (ClaimArgs.After): the scan starts above it, and an earlier failed row of
 	// the key at or below it holds the key back even when due (a claim from 0 takes it).
-	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at)
+	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at), o.deliver_at
 FROM ` + q.Messages + ` o
 WHERE o.state = 'ready'
   AND o.id > $5::int8
@@ -137,6 +144,7 @@ SELECT (SELECT count(*) FROM ok),
 SELECT (SELECT count(*) FROM ok),
        coalesce((SELECT array_agg(message_id) FROM failed WHERE state = 'dead'), '{}')`
 	q.half = newHalfSQL(q)
+	q.sched = newScheduledSQL(q)
 	q.ops = newOpsQueries(q)
 	q.sql = newSQLStatements(q)
 	return q
@@ -158,6 +166,8 @@ type NewRow struct {
 	Key       string // "" for none
 	Headers   []byte // JSON object, or nil
 	Payload   []byte
+	// DeliverAt, when set, stores the row scheduled for that time instead of ready.
+	DeliverAt *time.Time
 }
 
 // columns returns the row's nullable columns as they are stored: the key (nil when none),
@@ -211,12 +221,15 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 	parts := make([]int32, n)
 	headers := make([]*string, n)
 	payloads := make([][]byte, n)
+	deliverAt := make([]*time.Time, n)
 	var lockKeys []int32
 	for i, r := range rows {
 		ids[i] = r.MessageID
 		subjects[i] = r.Subject
 		keys[i], parts[i], headers[i], payloads[i] = r.columns()
-		if keys[i] != nil {
+		deliverAt[i] = r.DeliverAt
+		// A scheduled row draws its final id, under its key's lock, when it falls due.
+		if keys[i] != nil && r.DeliverAt == nil {
 			lockKeys = append(lockKeys, parts[i])
 		}
 	}
@@ -225,7 +238,7 @@ func (q *Queries) InsertMessages(ctx context.Context, db DBTX, rows []NewRow) er
 		sorted, buckets := keyLockArgs(lockKeys)
 		b.Queue(q.lockKeys, sorted, buckets)
 	}
-	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads)
+	b.Queue(q.insertMessages, ids, subjects, keys, parts, headers, payloads, deliverAt)
 	br := db.SendBatch(ctx, b)
 	if len(lockKeys) > 0 {
 		if _, err := br.Exec(); err != nil {
@@ -250,6 +263,8 @@ type Claimed struct {
 	Payload   []byte
 	Attempts  int32
 	ReadyAt   time.Time
+	// DeliverAt is the delivery time of a delayed message (zero for others).
+	DeliverAt time.Time
 }
 
 // ClaimArgs selects what Claim returns.
@@ -268,6 +283,15 @@ type ClaimArgs struct {
 
 // Claim returns up to Limit due ready rows in id order (see the statement for the key rule).
 func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, error) {
+	rows, err := db.Query(ctx, q.claim, a.args()...)
+	if err != nil {
+		return nil, err
+	}
+	return scanClaimed(rows, a.Limit)
+}
+
+// args are the claim statement's arguments.
+func (a ClaimArgs) args() []any {
 	excl := a.Exclude
 	if excl == nil {
 		excl = []int64{}
@@ -276,20 +300,24 @@ func (q *Queries) Claim(ctx context.Context, db DBTX, a ClaimArgs) ([]Claimed, e
 	if count <= 0 {
 		count = 1
 	}
-	rows, err := db.Query(ctx, q.claim, a.Limit, a.Partitions, count, excl, a.After)
-	if err != nil {
-		return nil, err
-	}
+	return []any{a.Limit, a.Partitions, count, excl, a.After}
+}
+
+func scanClaimed(rows pgx.Rows, limit int) ([]Claimed, error) {
 	defer rows.Close()
-	out := make([]Claimed, 0, a.Limit)
+	out := make([]Claimed, 0, limit)
 	for rows.Next() {
 		var c Claimed
 		var key *string
-		if err := rows.Scan(&c.ID, (*[16]byte)(&c.MessageID), &c.Subject, &key, &c.Headers, &c.Payload, &c.Attempts, &c.ReadyAt); err != nil {
+		var due *time.Time
+		if err := rows.Scan(&c.ID, (*[16]byte)(&c.MessageID), &c.Subject, &key, &c.Headers, &c.Payload, &c.Attempts, &c.ReadyAt, &due); err != nil {
 			return nil, err
 		}
 		if key != nil {
 			c.Key = *key
+		}
+		if due != nil {
+			c.DeliverAt = *due
 		}
 		out = append(out, c)
 	}

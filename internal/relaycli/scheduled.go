@@ -1,0 +1,208 @@
+package relaycli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/status"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+func init() {
+	register(command{name: "scheduled", summary: "list or cancel delayed messages waiting for their delivery time (list | cancel)", run: scheduledCmd})
+}
+
+const scheduledUsage = `
+relay scheduled: delayed messages (outbox.Message.DeliverAt) that wait for their delivery time.
+A relay publishes each within its poll interval of that time; until then it can be cancelled.
+
+Usage:
+  relay scheduled list [--subject S] [--due-within D] [--limit N] [--json]
+                                               in due order, first due first
+  relay scheduled cancel MESSAGE_ID...         withdraw them (each in its own transaction)
+  relay scheduled cancel --biz-key KEY         withdraw every scheduled message of a business key
+
+A message that is no longer scheduled (it fell due and a relay took it, or was published, or
+never existed) is not cancelled: cancel says so and exits with status 1. Only --database-url and
+--schema are read from the environment: what to select or change is always typed. --json prints
+a JSON array (list) or a JSON object (cancel: cancelled and not_cancelled, both always present).
+`
+
+func scheduledCmd(ctx context.Context, env *Env, args []string) error {
+	var dsn, schema, subject, bizKey string
+	var within time.Duration
+	var limit int
+	var asJSON bool
+	s := newSettings("scheduled", scheduledUsage, env.Stderr, env.Getenv)
+	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
+	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
+	s.String(&subject, "subject", "", "", "list: only messages of this subject (exact)")
+	s.Duration(&within, "due-within", "", 0, "list: only messages due within this long from now (0: any)")
+	s.Int(&limit, "limit", "", 100, "list: messages at most, first due first")
+	s.String(&bizKey, "biz-key", "", "", "cancel: every scheduled message of this business key (Txoutbox-Biz-Key)")
+	s.Bool(&asJSON, "json", "", false, "print JSON (list: an array; cancel: an object)")
+	s.EnvironmentOnlyFor("database-url", "schema")
+	if len(args) == 0 || (args[0] != "list" && args[0] != "cancel") {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			s.printHelp(env.Stdout)
+			return errHelp
+		}
+		return usageErr("want list or cancel (see relay scheduled --help)")
+	}
+	action := args[0]
+	positional, err := parseInterleaved(s, env, args[1:])
+	if err != nil {
+		return err
+	}
+	if dsn == "" {
+		return usageErr("no database: set DATABASE_URL or --database-url")
+	}
+	var ids []uuid.UUID
+	for _, a := range positional {
+		id, err := uuid.Parse(a)
+		if err != nil {
+			return usageErr("invalid message id %q: %v", a, err)
+		}
+		ids = append(ids, id)
+	}
+	switch action {
+	case "list":
+		if len(ids) > 0 || bizKey != "" {
+			return usageErr("list takes no message ids and no --biz-key")
+		}
+		if limit < 1 {
+			return usageErr("invalid --limit %d: must be at least 1", limit)
+		}
+		if within < 0 {
+			return usageErr("invalid --due-within %v: must not be negative", within)
+		}
+	case "cancel":
+		if (len(ids) > 0) == (bizKey != "") {
+			return usageErr("cancel takes message ids, or --biz-key")
+		}
+	}
+	if _, err := migrations.New(&migrations.Config{Schema: schema}); err != nil {
+		return usageErr("invalid --schema: %v", err)
+	}
+	log, _ := newLogger(env.Stderr, "text", "warn")
+	c, err := connect(ctx, connectOptions{DSN: dsn, Schema: schema, Log: log, AppName: "txoutbox-scheduled"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := checkSchema(ctx, c.Pool, schema); err != nil {
+		return err
+	}
+	q := store.New(schema)
+
+	if action == "list" {
+		var before *time.Time
+		if within > 0 {
+			// On the database's clock, as the relay compares delivery times.
+			var now time.Time
+			if err := c.Pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+				return err
+			}
+			b := now.Add(within)
+			before = &b
+		}
+		rows, err := q.ListScheduled(ctx, c.Pool, subject, before, limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			if rows == nil {
+				rows = []store.ScheduledRow{}
+			}
+			return writeJSON(env, rows)
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE_ID\tSUBJECT\tKEY\tBIZ_KEY\tDUE\tDUE_AT\tBYTES")
+		now := time.Now()
+		for _, r := range rows {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.MessageID, r.Subject, dash(r.Key), dash(truncate(r.BizKey, 60)),
+				status.Until(r.DeliverAt, now), r.DeliverAt.UTC().Format(time.RFC3339Nano), r.PayloadBytes)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			fmt.Fprintln(env.Stdout, "(no scheduled messages)")
+		}
+		if len(rows) == limit {
+			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
+		}
+		return nil
+	}
+
+	out := cancelResult{Cancelled: []uuid.UUID{}, NotCancelled: []notCancelled{}}
+	if bizKey != "" {
+		got, err := q.CancelScheduledBizKey(ctx, c.Pool, bizKey)
+		if err != nil {
+			return fmt.Errorf("cancel business key %q: %w", bizKey, err)
+		}
+		out.Cancelled = append(out.Cancelled, got...)
+		if len(got) == 0 {
+			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, Reason: "no scheduled message has this business key"})
+		}
+	}
+	for _, id := range ids {
+		var ok bool
+		var st string
+		err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
+			var err error
+			ok, st, err = q.CancelScheduled(ctx, tx, id)
+			return err
+		})
+		switch {
+		case errors.Is(err, store.ErrNoRow):
+			out.NotCancelled = append(out.NotCancelled, notCancelled{MessageID: id.String(), Reason: "no such message (never enqueued, or published and deleted)"})
+		case err != nil:
+			return fmt.Errorf("cancel %s: %w", id, err)
+		case !ok:
+			out.NotCancelled = append(out.NotCancelled, notCancelled{MessageID: id.String(), State: st, Reason: "not scheduled: it is " + st})
+		default:
+			out.Cancelled = append(out.Cancelled, id)
+		}
+	}
+	if asJSON {
+		if err := writeJSON(env, out); err != nil {
+			return err
+		}
+	} else {
+		for _, id := range out.Cancelled {
+			fmt.Fprintf(env.Stdout, "cancelled %s\n", id)
+		}
+		for _, n := range out.NotCancelled {
+			what := n.MessageID
+			if what == "" {
+				what = fmt.Sprintf("business key %q", n.BizKey)
+			}
+			fmt.Fprintf(env.Stderr, "%s: %s\n", what, n.Reason)
+		}
+	}
+	if len(out.NotCancelled) > 0 {
+		return fmt.Errorf("%d not cancelled", len(out.NotCancelled))
+	}
+	return nil
+}
+
+// cancelResult is relay scheduled cancel --json.
+type cancelResult struct {
+	Cancelled    []uuid.UUID    `json:"cancelled"`
+	NotCancelled []notCancelled `json:"not_cancelled"`
+}
+
+type notCancelled struct {
+	MessageID string `json:"message_id"`
+	BizKey    string `json:"biz_key"`
+	State     string `json:"state"`
+	Reason    string `json:"reason"`
+}

@@ -1,0 +1,115 @@
+package relaycli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+func TestScheduledCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+
+	for _, args := range [][]string{{"scheduled", "list", "--json"}} {
+		if code, out, errOut := cliEnv(t, vars, args...); code != 0 || out != "[]\n" {
+			t.Fatalf("%v on an empty outbox: exit %d, %q %s", args, code, out, errOut)
+		}
+	}
+	soon, later := time.Now().Add(10*time.Minute), time.Now().Add(48*time.Hour)
+	ids, err := c.EnqueueTx(ctx, db.Pool,
+		outbox.Message{Subject: "orders.timeout", Key: "order-1", BizKey: "order:1:timeout:x", DeliverAt: later},
+		outbox.Message{Subject: "orders.remind", Key: "order-1", DeliverAt: soon},
+		outbox.Message{Subject: "orders.remind", Key: "order-2", BizKey: "order:2:remind:y", DeliverAt: later},
+		outbox.Message{Subject: "orders.created", Key: "order-1"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cliEnv(t, vars, "scheduled", "list", "--json")
+	if code != 0 {
+		t.Fatalf("list: exit %d: %s", code, errOut)
+	}
+	checkJSONConvention(t, "scheduled list --json", out)
+	var rows []struct {
+		MessageID string    `json:"message_id"`
+		Subject   string    `json:"subject"`
+		BizKey    string    `json:"biz_key"`
+		DeliverAt time.Time `json:"deliver_at"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 || rows[0].MessageID != ids[1].String() || rows[1].MessageID != ids[0].String() || rows[2].MessageID != ids[2].String() {
+		t.Fatalf("list = %s; want the 3 scheduled messages, first due first", out)
+	}
+	code, out, _ = cliEnv(t, vars, "scheduled", "list", "--due-within", "1h", "--json")
+	if code != 0 || !strings.Contains(out, ids[1].String()) || strings.Contains(out, ids[0].String()) {
+		t.Fatalf("list --due-within 1h: exit %d, %s; want only the message due in 10 minutes", code, out)
+	}
+	code, out, _ = cliEnv(t, vars, "scheduled", "list", "--subject", "orders.timeout")
+	if code != 0 || !strings.Contains(out, ids[0].String()) || strings.Contains(out, ids[1].String()) || !strings.Contains(out, "order:1:timeout:x") {
+		t.Fatalf("list --subject: exit %d, %s", code, out)
+	}
+
+	// The status shows the scheduled messages and the next due time.
+	code, out, errOut = cliEnv(t, vars, "status")
+	if code != 0 || !strings.Contains(out, "SCHEDULED (DELAYED) MESSAGES BY SUBJECT") || !strings.Contains(out, soon.UTC().Format(time.RFC3339)) {
+		t.Fatalf("status: exit %d, %s %s; want the scheduled panel with the next due time", code, out, errOut)
+	}
+	code, out, _ = cliEnv(t, vars, "status", "--json")
+	checkJSONConvention(t, "status --json", out)
+	if code != 0 || !strings.Contains(out, `"TOTAL",`) || !strings.Contains(out, `"3"`) {
+		t.Fatalf("status --json: exit %d, %s", code, out)
+	}
+
+	// Cancel by id: the scheduled one goes; the ready one and an unknown one are refused.
+	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", ids[1].String(), ids[3].String(), "--json")
+	if code != 1 {
+		t.Fatalf("cancel of a scheduled and a ready message: exit %d, want 1 (%s %s)", code, out, errOut)
+	}
+	checkJSONConvention(t, "scheduled cancel --json", out)
+	var res struct {
+		Cancelled    []string `json:"cancelled"`
+		NotCancelled []struct {
+			MessageID string `json:"message_id"`
+			State     string `json:"state"`
+		} `json:"not_cancelled"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cancelled) != 1 || res.Cancelled[0] != ids[1].String() || len(res.NotCancelled) != 1 || res.NotCancelled[0].MessageID != ids[3].String() || res.NotCancelled[0].State != "ready" {
+		t.Fatalf("cancel --json = %s", out)
+	}
+	// By business key.
+	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y")
+	if code != 0 || !strings.Contains(out, "cancelled "+ids[2].String()) {
+		t.Fatalf("cancel --biz-key: exit %d, %s %s", code, out, errOut)
+	}
+	code, _, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y")
+	if code != 1 || !strings.Contains(errOut, "no scheduled message has this business key") {
+		t.Fatalf("second cancel --biz-key: exit %d, %s", code, errOut)
+	}
+	var left int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE state = 'scheduled'`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("%d scheduled rows left, %v; want 1", left, err)
+	}
+	// Usage errors.
+	for _, args := range [][]string{{"scheduled"}, {"scheduled", "cancel"}, {"scheduled", "cancel", "x"}, {"scheduled", "list", "--limit", "0"}} {
+		if code, _, _ := cliEnv(t, vars, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}

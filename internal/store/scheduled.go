@@ -1,0 +1,314 @@
+package store
+
+// Delayed messages (migration 005). A message with a delivery time is stored in state
+// scheduled. The relay's claim reads the ready index only, so a scheduled row costs it nothing
+// however many there are and however far ahead they are due. Before it claims, a relay
+// promotes the rows that fell due: an index range scan over (deliver_at, id) WHERE
+// state = 'scheduled' that stops at the first row not yet due, so its cost is the number of due
+// rows, not the number of scheduled ones.
+//
+// Promotion moves each due row to ready with a new id (UPDATE ... SET id = DEFAULT; the rows of
+// one key one statement after another, earliest due first), holding its key's lock as
+// EnqueueTx does:
+// for one key, id order stays the order in which rows became ready, and a delayed message
+// takes its place in its key's order when it falls due. The locks are only tried
+// (pg_try_advisory_xact_lock): a row whose key a producer's transaction holds, or that a
+// canceller holds (FOR UPDATE SKIP LOCKED), is left for the next pass, so a relay never waits
+// on a business transaction.
+//
+// Cancelling moves the row to rolled_back (settled_by 'cancel'; the check-back purges it after
+// the rolled-back retention, and the producer role needs no DELETE) and rescheduling updates
+// its time, both only while it is scheduled and in the caller's transaction: they take the row lock, so a promotion under way makes them
+// wait for it (and then find the row ready: too late), and a cancel not yet committed makes
+// promotion skip the row. A message whose cancel committed was therefore never ready, and the
+// relay publishes ready rows only.
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// BizKeyHeader is the header the business key travels in (outbox.HeaderBizKey); the scheduled
+// rows' business key index (migration 005) is on its first value.
+const BizKeyHeader = "Txoutbox-Biz-Key"
+
+// PromoteLimit bounds the rows one promotion moves: at most this many key locks (and as many
+// shared bucket locks) in one statement, as a producer's KeyLockBudget.
+const PromoteLimit = KeyLockBudget
+
+type scheduledSQL struct {
+	promote         string
+	cancel          string
+	cancelBiz       string
+	reschedule      string
+	rescheduleBiz   string
+	state           string
+	sample          string
+	list            string
+	statusBySubject string
+}
+
+func newScheduledSQL(q *Queries) scheduledSQL {
+	m := q.Messages
+	keyClass := strconv.Itoa(int(q.KeyLockClass)) + "::int4"
+	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
+	bizKey := `(headers -> '` + BizKeyHeader + `' ->> 0)`
+	var s scheduledSQL
+	// $1: the most rows to move. Returns how many moved, and the seconds until the next
+	// scheduled row not yet due (NULL when there is none), measured on the database's clock.
+	// $1: the most rows to look at. Returns how many moved, how many were due (more than moved:
+	// call again), and the seconds until the next scheduled row not yet due (NULL when there is
+	// none), measured on the database's clock. Rows of one key get their new ids in separate
+	// statements, earliest due first (DISTINCT ON): the order in which one UPDATE assigns
+	// identity values to several rows is not defined.
+	s.promote = `WITH due AS MATERIALIZED (
+  SELECT id, msg_key, partition_key, deliver_at FROM ` + m + `
+  WHERE state = 'scheduled' AND deliver_at <= now()
+  ORDER BY deliver_at, id
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), first AS MATERIALIZED (
+  SELECT DISTINCT ON (d.msg_key IS NULL, coalesce(d.msg_key, d.id::text)) d.id, d.msg_key, d.partition_key
+  FROM due d
+  ORDER BY d.msg_key IS NULL, coalesce(d.msg_key, d.id::text), d.deliver_at, d.id
+), locked AS MATERIALIZED (
+  SELECT f.id FROM first f
+  WHERE f.msg_key IS NULL
+     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, f.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+         AND pg_try_advisory_xact_lock(` + keyClass + `, f.partition_key))
+), moved AS (
+  UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
+  FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
+       (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
+        WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)`
+	cancel := `UPDATE ` + m + ` SET state = 'rolled_back', settled_by = '` + SettledByCancel + `', settled_at = clock_timestamp()
+WHERE `
+	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
+	s.cancelBiz = cancel + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2 WHERE message_id = $1 AND state = 'scheduled'`
+	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2 WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
+	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
+	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
+       (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT 1)`
+	s.list = `SELECT message_id, subject, coalesce(msg_key, ''), coalesce(` + bizKey + `, ''), deliver_at, created_at, length(payload)
+FROM ` + m + `
+WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
+ORDER BY deliver_at, id
+LIMIT $3`
+	// Exact, for relay status.
+	s.statusBySubject = `SELECT subject, count(*), min(deliver_at), max(deliver_at), count(*) FILTER (WHERE deliver_at <= now())
+FROM ` + m + ` WHERE state = 'scheduled'
+GROUP BY subject ORDER BY subject`
+	return s
+}
+
+// Promotion is what one Promote did.
+type Promotion struct {
+	// Moved counts the rows made ready.
+	Moved int
+	// More says that due rows are left (a full batch, a second row of a key, a row whose key
+	// was locked): promote again.
+	More bool
+	// Next is how long until the next scheduled row not yet due is due, on the database's
+	// clock, when HasNext.
+	Next    time.Duration
+	HasNext bool
+}
+
+// Promote moves scheduled rows that fell due to ready, looking at up to limit of them (see
+// the top of this file). It runs as one statement: pass a pool or a connection outside a
+// transaction, so that the key locks it takes end with it.
+func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (Promotion, error) {
+	var moved, due int64
+	var secs *float64
+	if err := db.QueryRow(ctx, q.sched.promote, int32(limit)).Scan(&moved, &due, &secs); err != nil {
+		return Promotion{}, err
+	}
+	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
+	if secs != nil {
+		p.Next, p.HasNext = seconds(*secs), true
+	}
+	return p, nil
+}
+
+// PromoteAndClaim is Promote (looking at up to limit rows) followed by Claim, in one round
+// trip and one implicit transaction: the claim sees the rows just promoted, and the key locks
+// the promotion took end with it.
+func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, a ClaimArgs) (Promotion, []Claimed, error) {
+	b := &pgx.Batch{}
+	b.Queue(q.sched.promote, int32(limit))
+	b.Queue(q.claim, a.args()...)
+	br := db.SendBatch(ctx, b)
+	var moved, due int64
+	var secs *float64
+	if err := br.QueryRow().Scan(&moved, &due, &secs); err != nil {
+		_ = br.Close()
+		return Promotion{}, nil, err
+	}
+	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
+	if secs != nil {
+		p.Next, p.HasNext = seconds(*secs), true
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return Promotion{}, nil, err
+	}
+	claimed, err := scanClaimed(rows, a.Limit)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Promotion{}, nil, err
+	}
+	return p, claimed, nil
+}
+
+// ScheduledState returns a message's state, or ErrNoRow.
+func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (string, error) {
+	var st string
+	err := db.QueryRow(ctx, q.sched.state, id).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNoRow
+	}
+	return st, err
+}
+
+// CancelScheduled withdraws the message id (scheduled → rolled_back) if it is scheduled. When it is not, it returns false
+// and the message's state (ErrNoRow when there is none), read in a second statement so that,
+// under READ COMMITTED, it sees what a promotion the update waited on committed.
+func (q *Queries) CancelScheduled(ctx context.Context, db DBTX, id uuid.UUID) (bool, string, error) {
+	ct, err := db.Exec(ctx, q.sched.cancel, id)
+	if err != nil {
+		return false, "", err
+	}
+	if ct.RowsAffected() == 1 {
+		return true, "", nil
+	}
+	st, err := q.ScheduledState(ctx, db, id)
+	return false, st, err
+}
+
+// RescheduleScheduled sets the delivery time of the message id if it is scheduled; otherwise
+// as CancelScheduled.
+func (q *Queries) RescheduleScheduled(ctx context.Context, db DBTX, id uuid.UUID, at time.Time) (bool, string, error) {
+	ct, err := db.Exec(ctx, q.sched.reschedule, id, at)
+	if err != nil {
+		return false, "", err
+	}
+	if ct.RowsAffected() == 1 {
+		return true, "", nil
+	}
+	st, err := q.ScheduledState(ctx, db, id)
+	return false, st, err
+}
+
+// CancelScheduledBizKey withdraws every scheduled message whose business key is bizKey and
+// returns their ids.
+func (q *Queries) CancelScheduledBizKey(ctx context.Context, db DBTX, bizKey string) ([]uuid.UUID, error) {
+	return q.collectIDs(ctx, db, q.sched.cancelBiz, bizKey)
+}
+
+// RescheduleScheduledBizKey sets the delivery time of every scheduled message whose business
+// key is bizKey and returns their ids.
+func (q *Queries) RescheduleScheduledBizKey(ctx context.Context, db DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	return q.collectIDs(ctx, db, q.sched.rescheduleBiz, bizKey, at)
+}
+
+func (q *Queries) collectIDs(ctx context.Context, db DBTX, sql string, args ...any) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
+		var id uuid.UUID
+		err := r.Scan(&id)
+		return id, err
+	})
+}
+
+// ScheduledSample is the bounded count of scheduled rows and how long until the earliest is
+// due.
+type ScheduledSample struct {
+	Count int64
+	// NextDue is how long until the earliest scheduled row is due, on the database's clock
+	// (negative: overdue); HasNext is false when there is none.
+	NextDue time.Duration
+	HasNext bool
+}
+
+// SampleScheduled counts scheduled rows up to limit and reads the earliest delivery time.
+func (q *Queries) SampleScheduled(ctx context.Context, db DBTX, limit int) (ScheduledSample, error) {
+	var s ScheduledSample
+	var secs *float64
+	err := db.QueryRow(ctx, q.sched.sample, int64(limit)).Scan(&s.Count, &secs)
+	if secs != nil {
+		s.NextDue, s.HasNext = seconds(*secs), true
+	}
+	return s, err
+}
+
+// ScheduledRow is a scheduled message as an operator sees it.
+type ScheduledRow struct {
+	MessageID    uuid.UUID `json:"message_id"`
+	Subject      string    `json:"subject"`
+	Key          string    `json:"key"`
+	BizKey       string    `json:"biz_key"`
+	DeliverAt    time.Time `json:"deliver_at"`
+	CreatedAt    time.Time `json:"created_at"`
+	PayloadBytes int64     `json:"payload_bytes"`
+}
+
+// ListScheduled returns up to limit scheduled messages in due order, of subject (any when
+// ""), due at or before dueBefore (any when nil).
+func (q *Queries) ListScheduled(ctx context.Context, db DBTX, subject string, dueBefore *time.Time, limit int) ([]ScheduledRow, error) {
+	rows, err := db.Query(ctx, q.sched.list, subject, dueBefore, int32(limit))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledRow, error) {
+		var s ScheduledRow
+		err := r.Scan(&s.MessageID, &s.Subject, &s.Key, &s.BizKey, &s.DeliverAt, &s.CreatedAt, &s.PayloadBytes)
+		return s, err
+	})
+}
+
+// ScheduledSubject is one subject's scheduled messages.
+type ScheduledSubject struct {
+	Subject  string
+	Count    int64
+	FirstDue time.Time
+	LastDue  time.Time
+	// Overdue counts those already due (the relay promotes them at its next pass; many of
+	// them mean no relay is running).
+	Overdue int64
+}
+
+// ScheduledStatuses counts scheduled messages per subject (exact: it reads every scheduled
+// row's index entry).
+func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX) ([]ScheduledSubject, error) {
+	rows, err := db.Query(ctx, q.sched.statusBySubject)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledSubject, error) {
+		var s ScheduledSubject
+		err := r.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue)
+		return s, err
+	})
+}
+
+// PromoteSQL is Promote's statement ($1: the limit), for tests that look at its plan.
+func (q *Queries) PromoteSQL() string { return q.sched.promote }
+
+// ClaimSQL is Claim's statement, for tests that look at its plan.
+func (q *Queries) ClaimSQL() string { return q.claim }

@@ -1,1 +1,0 @@
-DROP FUNCTION txoutbox_reserved_005();

@@ -1,0 +1,137 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// The order-timeout pattern: "close this order if it is still unpaid in 30 minutes". The
+// timeout is a delayed message committed with the order; paying cancels it in the payment's
+// own transaction, so a paid order never times out. If the payment comes after the relay took
+// the timeout, CancelTx says so (ErrNotScheduled) and the timeout's consumer decides: it closes
+// the order only if it is still unpaid, under the order's row lock, so payment and timeout
+// never both win.
+//
+// The business key names the timer and its due time: an order may have several timers (a
+// reminder, a timeout, a timeout moved later), and idempotent consumers deduplicate on the
+// business key, so each must be a key of its own.
+func Example_orderTimeout() {
+	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		fmt.Println(err)
+		return
+	}
+	orders := pgx.Identifier{schema, "orders_unpaid_timeout"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+orders+` (id text PRIMARY KEY, status text NOT NULL)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// Place the order: the order, its event and its timeout commit together.
+	orderID := uuid.NewString()
+	due := time.Now().Add(30 * time.Minute).UTC().Truncate(time.Second)
+	var timeoutID uuid.UUID
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+orders+` VALUES ($1, 'unpaid')`, orderID); err != nil {
+			return err
+		}
+		ids, err := client.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.placed", Key: orderID, Payload: []byte(orderID)},
+			outbox.Message{
+				Subject:   "orders.timeout",
+				Key:       orderID,
+				BizKey:    "order:" + orderID + ":timeout:" + due.Format(time.RFC3339),
+				DeliverAt: due,
+				Payload:   []byte(orderID),
+			})
+		if err != nil {
+			return err
+		}
+		timeoutID = ids[1]
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The customer pays: the order is paid and its timeout withdrawn, in one transaction.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'paid' WHERE id = $1 AND status = 'unpaid'`, orderID)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errors.New("the order was closed before it was paid: refund")
+		}
+		err = client.CancelTx(ctx, tx, timeoutID)
+		if errors.Is(err, outbox.ErrNotScheduled) {
+			fmt.Println("the timeout went out already; its consumer will find the order paid")
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("paid; timeout cancelled")
+
+	// Cancelling again: the timeout is no longer scheduled (it is rolled back).
+	err = client.CancelTx(ctx, pool, timeoutID)
+	var se *outbox.ScheduleError
+	fmt.Println(errors.Is(err, outbox.ErrNotScheduled), errors.As(err, &se) && se.State == "rolled_back")
+
+	// The timeout's consumer handler (run by consumer.Consumer in the message's transaction):
+	// close the order only if it is still unpaid. A late timeout of a paid order does nothing.
+	closeIfUnpaid := func(ctx context.Context, tx pgx.Tx, orderID string) (bool, error) {
+		tag, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'closed' WHERE id = $1 AND status = 'unpaid'`, orderID)
+		return tag.RowsAffected() == 1, err
+	}
+	var closed bool
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		closed, err = closeIfUnpaid(ctx, tx, orderID)
+		return err
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM `+orders+` WHERE id = $1`, orderID).Scan(&status); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("closed by a late timeout:", closed, "- status:", status)
+	// Output:
+	// paid; timeout cancelled
+	// true true
+	// closed by a late timeout: false - status: paid
+}

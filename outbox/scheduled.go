@@ -1,0 +1,167 @@
+package outbox
+
+// Delayed messages: Message.DeliverAt, CancelTx, RescheduleTx.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/store"
+)
+
+// Bounds of Message.DeliverAt and of RescheduleTx's time: PostgreSQL stores far wider, but a
+// time outside them is a bug (an uninitialised or mis-scaled value), not a plan.
+var (
+	MinDeliverAt = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	MaxDeliverAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+)
+
+// ErrInvalidDeliverAt: a delivery time outside MinDeliverAt..MaxDeliverAt (EnqueueTx and
+// Prepare return it in a *MessageError; RescheduleTx and RescheduleBizKeyTx wrapped). Nothing
+// is stored.
+var ErrInvalidDeliverAt = errors.New("invalid delivery time")
+
+// ErrNotScheduled is returned (in a *ScheduleError) by CancelTx and RescheduleTx when the
+// message is not, or no longer, waiting for its delivery time: it fell due and the relay took
+// it (it is ready, published or dead: it goes, or went, out), it was cancelled (rolled_back), it is a half
+// message not yet committed (settle it with Rollback instead), or it never existed (the error
+// then also matches ErrNotFound). By CancelBizKeyTx and RescheduleBizKeyTx when no scheduled
+// message has the business key. Nothing was changed.
+var ErrNotScheduled = errors.New("message is not scheduled")
+
+// ScheduleError says why a delayed message could not be cancelled or rescheduled.
+type ScheduleError struct {
+	// Op is "cancel" or "reschedule".
+	Op string
+	// ID is the message id (uuid.Nil for the business key forms).
+	ID uuid.UUID
+	// BizKey is the business key, for the business key forms.
+	BizKey string
+	// State is the message's state: "ready" (due, being published), "published" (kept by a
+	// retention), "dead", "prepared", "check_exhausted", "rolled_back" (cancelled, or a half
+	// message rolled back), or "" when there is no such message (never enqueued, or published
+	// and deleted, or purged; for the business key forms: no scheduled one).
+	State string
+}
+
+func (e *ScheduleError) Error() string {
+	what := "message " + e.ID.String()
+	if e.ID == uuid.Nil {
+		what = fmt.Sprintf("messages of business key %q", e.BizKey)
+	}
+	switch {
+	case e.ID == uuid.Nil:
+		return fmt.Sprintf("outbox: %s %s: none is scheduled: %v", e.Op, what, ErrNotScheduled)
+	case e.State == "":
+		return fmt.Sprintf("outbox: %s %s: %v: %v", e.Op, what, ErrNotScheduled, ErrNotFound)
+	case e.State == store.StateReady || e.State == store.StatePublished:
+		return fmt.Sprintf("outbox: %s %s: it is %s (it fell due and is published, or being published): %v", e.Op, what, e.State, ErrNotScheduled)
+	}
+	return fmt.Sprintf("outbox: %s %s: it is %s: %v", e.Op, what, e.State, ErrNotScheduled)
+}
+
+// Unwrap returns ErrNotScheduled, and ErrNotFound as well when the message does not exist.
+func (e *ScheduleError) Unwrap() []error {
+	if e.State == "" && e.ID != uuid.Nil {
+		return []error{ErrNotScheduled, ErrNotFound}
+	}
+	return []error{ErrNotScheduled}
+}
+
+// CancelTx withdraws the delayed message id inside the caller's transaction tx: if tx
+// commits, the message is never published (its row is rolled_back, settled by "cancel", and
+// purged with the rolled-back rows); if tx rolls back, it stays scheduled. It never begins,
+// commits or rolls back tx.
+//
+// It succeeds only while the message is scheduled, and then holds its row lock until tx ends.
+// Otherwise it returns a *ScheduleError wrapping ErrNotScheduled: most usefully, the message
+// fell due and the relay took it, so it is, or is about to be, published — the reminder went
+// out and the caller must live with it (typically: the consumer's handler checks the business
+// state, so a timeout for an order paid meanwhile does nothing). The relay takes a due message
+// in a statement that skips rows locked by a cancel in progress, and a cancel that meets a
+// relay taking the row waits for it and then reports it too late: a cancel that commits always
+// means the message is never published.
+//
+// With tx in REPEATABLE READ or SERIALIZABLE isolation, a cancel that meets a concurrent
+// promotion fails with a serialization error (SQLSTATE 40001) instead: retry the transaction.
+func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
+	ok, state, err := c.q.CancelScheduled(ctx, tx, id)
+	return c.scheduleResult("cancel", id, ok, state, err)
+}
+
+// RescheduleTx moves the delivery time of the delayed message id to at, inside the caller's
+// transaction tx, under the same rules as CancelTx. A time already past makes the message due
+// at once (the relay takes it at its next pass). at must lie between MinDeliverAt and
+// MaxDeliverAt (else an error wrapping ErrInvalidDeliverAt, and nothing changes). The message
+// keeps its id; its place in its key's order is still decided when it falls due.
+func (c *Client) RescheduleTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID, at time.Time) error {
+	if err := checkDeliverAt(at); err != nil {
+		return fmt.Errorf("outbox: reschedule message %s: %w", id, err)
+	}
+	ok, state, err := c.q.RescheduleScheduled(ctx, tx, id, at)
+	return c.scheduleResult("reschedule", id, ok, state, err)
+}
+
+func (c *Client) scheduleResult(op string, id uuid.UUID, ok bool, state string, err error) error {
+	switch {
+	case errors.Is(err, store.ErrNoRow):
+		return &ScheduleError{Op: op, ID: id}
+	case err != nil:
+		return fmt.Errorf("outbox: %s message %s: %w", op, id, err)
+	case !ok:
+		return &ScheduleError{Op: op, ID: id, State: state}
+	}
+	return nil
+}
+
+// CancelBizKeyTx withdraws, inside the caller's transaction tx, every scheduled message whose
+// BizKey is bizKey, and returns their ids. It returns a *ScheduleError wrapping ErrNotScheduled
+// when there is none (all of them fell due already, or there never was one). The rules of
+// CancelTx apply to each message. A business key of delayed work should name the due time (see
+// BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them.
+func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string) ([]uuid.UUID, error) {
+	if what := checkKey(bizKey); what != "" {
+		return nil, fmt.Errorf("outbox: cancel: %w: BizKey %s", ErrInvalidKey, what)
+	}
+	ids, err := c.q.CancelScheduledBizKey(ctx, tx, bizKey)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: cancel business key %q: %w", bizKey, err)
+	}
+	if len(ids) == 0 {
+		return nil, &ScheduleError{Op: "cancel", BizKey: bizKey}
+	}
+	return ids, nil
+}
+
+// RescheduleBizKeyTx moves to at, inside the caller's transaction tx, the delivery time of
+// every scheduled message whose BizKey is bizKey, and returns their ids; as CancelBizKeyTx
+// and RescheduleTx.
+func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	if what := checkKey(bizKey); what != "" {
+		return nil, fmt.Errorf("outbox: reschedule: %w: BizKey %s", ErrInvalidKey, what)
+	}
+	if err := checkDeliverAt(at); err != nil {
+		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
+	}
+	ids, err := c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
+	}
+	if len(ids) == 0 {
+		return nil, &ScheduleError{Op: "reschedule", BizKey: bizKey}
+	}
+	return ids, nil
+}
+
+// checkDeliverAt refuses a (non-zero) delivery time outside the bounds.
+func checkDeliverAt(at time.Time) error {
+	if at.Before(MinDeliverAt) || at.After(MaxDeliverAt) {
+		return fmt.Errorf("%w: %s is outside %s..%s", ErrInvalidDeliverAt, at.Format(time.RFC3339Nano),
+			MinDeliverAt.Format(time.RFC3339), MaxDeliverAt.Format(time.RFC3339))
+	}
+	return nil
+}

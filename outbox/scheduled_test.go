@@ -1,0 +1,251 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// state returns the message's state and delivery time ("" when there is no row).
+func state(t *testing.T, db *testsvc.DB, id uuid.UUID) (string, *time.Time) {
+	t.Helper()
+	var st string
+	var at *time.Time
+	err := db.Pool.QueryRow(context.Background(), `SELECT state, deliver_at FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&st, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, at
+}
+
+func inTx(t *testing.T, db *testsvc.DB, f func(tx pgx.Tx) error) error {
+	t.Helper()
+	return pgx.BeginFunc(context.Background(), db.Pool, f)
+}
+
+func TestDeliverAtStoresScheduled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	due := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	var ids []uuid.UUID
+	if err := inTx(t, db, func(tx pgx.Tx) error {
+		var err error
+		ids, err = c.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.timeout", Key: "order-1", DeliverAt: due},
+			outbox.Message{Subject: "orders.created", Key: "order-1"},
+			outbox.Message{Subject: "orders.past", DeliverAt: time.Now().Add(-time.Hour)},
+		)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st, at := state(t, db, ids[0]); st != "scheduled" || at == nil || !at.Equal(due) {
+		t.Fatalf("delayed message: state %q, deliver_at %v; want scheduled at %v", st, at, due)
+	}
+	if st, at := state(t, db, ids[1]); st != "ready" || at != nil {
+		t.Fatalf("immediate message: state %q, deliver_at %v; want ready without a delivery time", st, at)
+	}
+	// A time already past is "as soon as possible": still scheduled, promoted at the relay's next pass.
+	if st, _ := state(t, db, ids[2]); st != "scheduled" {
+		t.Fatalf("message due in the past: state %q, want scheduled", st)
+	}
+	// The scheduled rows are outside the claim's index and hold no ready_at.
+	if n := count(t, db, "state = 'scheduled' AND ready_at IS NULL"); n != 2 {
+		t.Fatalf("%d scheduled rows without ready_at, want 2", n)
+	}
+}
+
+func TestDeliverAtOutOfRangeRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	for _, at := range []time.Time{
+		time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		err := inTx(t, db, func(tx pgx.Tx) error {
+			_, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.ok"}, outbox.Message{Subject: "orders.timeout", DeliverAt: at})
+			return err
+		})
+		var me *outbox.MessageError
+		if !errors.Is(err, outbox.ErrInvalidDeliverAt) || !errors.As(err, &me) || me.Index != 1 {
+			t.Fatalf("DeliverAt %v: err = %v; want a *MessageError for message 1 wrapping ErrInvalidDeliverAt", at, err)
+		}
+		if _, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: at}, &outbox.PrepareOptions{Fence: true}); !errors.Is(err, outbox.ErrInvalidDeliverAt) {
+			t.Fatalf("Prepare with DeliverAt %v: err = %v; want ErrInvalidDeliverAt", at, err)
+		}
+		if err := c.RescheduleTx(ctx, db.Pool, uuid.New(), at); !errors.Is(err, outbox.ErrInvalidDeliverAt) {
+			t.Fatalf("RescheduleTx to %v: err = %v; want ErrInvalidDeliverAt", at, err)
+		}
+	}
+	if n := count(t, db, "true"); n != 0 {
+		t.Fatalf("%d rows stored, want none", n)
+	}
+}
+
+func TestCancelTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	due := time.Now().Add(time.Hour)
+	var ids []uuid.UUID
+	if err := inTx(t, db, func(tx pgx.Tx) error {
+		var err error
+		ids, err = c.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.timeout", DeliverAt: due},
+			outbox.Message{Subject: "orders.timeout", DeliverAt: due},
+			outbox.Message{Subject: "orders.created"},
+		)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rolled back with the caller's transaction: the message stays scheduled.
+	errBusiness := errors.New("business change failed")
+	err := inTx(t, db, func(tx pgx.Tx) error {
+		if err := c.CancelTx(ctx, tx, ids[0]); err != nil {
+			return err
+		}
+		return errBusiness
+	})
+	if !errors.Is(err, errBusiness) {
+		t.Fatal(err)
+	}
+	if st, _ := state(t, db, ids[0]); st != "scheduled" {
+		t.Fatalf("after a rolled back cancel: state %q, want scheduled", st)
+	}
+	// Committed: withdrawn (rolled back, settled by the cancel; purged with the rolled-back rows).
+	if err := inTx(t, db, func(tx pgx.Tx) error { return c.CancelTx(ctx, tx, ids[0]) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, "state = 'rolled_back' AND settled_by = 'cancel' AND settled_at IS NOT NULL"); n != 1 {
+		t.Fatalf("after a committed cancel: %d rows rolled back by the cancel, want 1", n)
+	}
+	// Twice: not scheduled.
+	err = c.CancelTx(ctx, db.Pool, ids[0])
+	var se *outbox.ScheduleError
+	if !errors.Is(err, outbox.ErrNotScheduled) || errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.ID != ids[0] || se.State != "rolled_back" {
+		t.Fatalf("second cancel = %v; want a *ScheduleError wrapping ErrNotScheduled, state rolled_back", err)
+	}
+	// No such message: not scheduled, not found.
+	err = c.CancelTx(ctx, db.Pool, uuid.New())
+	if !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.State != "" {
+		t.Fatalf("cancel of no message = %v; want a *ScheduleError wrapping ErrNotScheduled and ErrNotFound", err)
+	}
+	// A message that is not delayed (or whose time came and the relay took it): ready.
+	err = c.CancelTx(ctx, db.Pool, ids[2])
+	if !errors.Is(err, outbox.ErrNotScheduled) || errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.State != "ready" {
+		t.Fatalf("cancel of a ready message = %v; want ErrNotScheduled with state ready", err)
+	}
+	if st, _ := state(t, db, ids[2]); st != "ready" {
+		t.Fatalf("the ready message is %q after a refused cancel", st)
+	}
+	// The other one is untouched.
+	if st, _ := state(t, db, ids[1]); st != "scheduled" {
+		t.Fatalf("the other delayed message is %q, want scheduled", st)
+	}
+	// A half message with a delivery time is not scheduled until it is committed.
+	half, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: due}, &outbox.PrepareOptions{Fence: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CancelTx(ctx, db.Pool, half.ID); !errors.As(err, &se) || se.State != "prepared" {
+		t.Fatalf("cancel of a prepared message = %v; want ErrNotScheduled with state prepared", err)
+	}
+	if err := c.Commit(ctx, db.Pool, half.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, at := state(t, db, half.ID); st != "scheduled" || at == nil {
+		t.Fatalf("committed half message with a delivery time: state %q, deliver_at %v; want scheduled", st, at)
+	}
+	if err := c.CancelTx(ctx, db.Pool, half.ID); err != nil {
+		t.Fatalf("cancel of a committed delayed half message: %v", err)
+	}
+}
+
+func TestRescheduleTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	ids, err := c.EnqueueTx(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(48 * time.Hour).Truncate(time.Microsecond)
+	if err := inTx(t, db, func(tx pgx.Tx) error { return c.RescheduleTx(ctx, tx, ids[0], later) }); err != nil {
+		t.Fatal(err)
+	}
+	if st, at := state(t, db, ids[0]); st != "scheduled" || at == nil || !at.Equal(later) {
+		t.Fatalf("rescheduled: state %q at %v; want scheduled at %v", st, at, later)
+	}
+	if err := c.RescheduleTx(ctx, db.Pool, uuid.New(), later); !errors.Is(err, outbox.ErrNotFound) || !errors.Is(err, outbox.ErrNotScheduled) {
+		t.Fatalf("reschedule of no message = %v; want ErrNotScheduled and ErrNotFound", err)
+	}
+}
+
+func TestCancelAndRescheduleByBizKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	// One order, two timers: the business key names each timer's due time.
+	remind := time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC)
+	timeout := remind.Add(time.Hour)
+	bk := func(kind string, at time.Time) string { return "order:42:" + kind + ":" + at.Format(time.RFC3339) }
+	ids, err := c.EnqueueTx(ctx, db.Pool,
+		outbox.Message{Subject: "orders.remind", Key: "order-42", BizKey: bk("remind", remind), DeliverAt: remind},
+		outbox.Message{Subject: "orders.timeout", Key: "order-42", BizKey: bk("timeout", timeout), DeliverAt: timeout},
+		outbox.Message{Subject: "orders.created", Key: "order-42", BizKey: bk("timeout", timeout)}, // same key, not delayed: never cancelled
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uuid.UUID
+	if err := inTx(t, db, func(tx pgx.Tx) error {
+		var err error
+		got, err = c.CancelBizKeyTx(ctx, tx, bk("timeout", timeout))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != ids[1] {
+		t.Fatalf("cancelled %v, want [%v]", got, ids[1])
+	}
+	if st, _ := state(t, db, ids[0]); st != "scheduled" {
+		t.Fatalf("the other timer is %q, want scheduled", st)
+	}
+	if st, _ := state(t, db, ids[2]); st != "ready" {
+		t.Fatalf("the ready message of the same business key is %q, want ready", st)
+	}
+	_, err = c.CancelBizKeyTx(ctx, db.Pool, bk("timeout", timeout))
+	var se *outbox.ScheduleError
+	if !errors.Is(err, outbox.ErrNotScheduled) || errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.BizKey != bk("timeout", timeout) {
+		t.Fatalf("second cancel = %v; want a *ScheduleError for the business key wrapping ErrNotScheduled", err)
+	}
+	moved := remind.Add(15 * time.Minute)
+	got, err = c.RescheduleBizKeyTx(ctx, db.Pool, bk("remind", remind), moved)
+	if err != nil || len(got) != 1 || got[0] != ids[0] {
+		t.Fatalf("RescheduleBizKeyTx = %v, %v; want [%v]", got, err, ids[0])
+	}
+	if _, at := state(t, db, ids[0]); at == nil || !at.Equal(moved) {
+		t.Fatalf("rescheduled to %v, want %v", at, moved)
+	}
+	if _, err := c.CancelBizKeyTx(ctx, db.Pool, " bad"); !errors.Is(err, outbox.ErrInvalidKey) {
+		t.Fatalf("cancel with an invalid business key = %v; want ErrInvalidKey", err)
+	}
+}

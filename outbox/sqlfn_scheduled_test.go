@@ -1,0 +1,120 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// The SQL contract's delayed messages: txoutbox_enqueue, txoutbox_prepare (then
+// txoutbox_commit) with a delivery time store scheduled rows; txoutbox_cancel,
+// txoutbox_reschedule and their business key forms behave as CancelTx and RescheduleTx, with
+// TX201 where those return ErrNotScheduled.
+func TestSQLScheduledFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	due := time.Date(2031, 5, 1, 12, 0, 0, 0, time.UTC)
+	exec := func(sql string, args ...any) string {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, sql, args...)
+		return sqlOutcome(err)
+	}
+	var id, other uuid.UUID
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_enqueue('orders.timeout', 'x', 'k', NULL, 'order:1:timeout', NULL, $1)`, due).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_enqueue('orders.remind', 'x', 'k', NULL, 'order:1:remind', deliver_at => $1)`, due).Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	if st, at := state(t, db, id); st != "scheduled" || at == nil || !at.Equal(due) {
+		t.Fatalf("txoutbox_enqueue with deliver_at: %q at %v", st, at)
+	}
+	later := due.Add(time.Hour)
+	if got := exec(`SELECT txoutbox_reschedule($1, $2)`, id, later); got != "ok" {
+		t.Fatalf("txoutbox_reschedule: %s", got)
+	}
+	if _, at := state(t, db, id); at == nil || !at.Equal(later) {
+		t.Fatalf("rescheduled to %v, want %v", at, later)
+	}
+	if got := exec(`SELECT txoutbox_reschedule($1, '10000-01-01')`, id); got != "TX009" {
+		t.Fatalf("txoutbox_reschedule to year 10000: %s, want TX009", got)
+	}
+	// Cancelled in a transaction that rolls back: still scheduled; that commits: withdrawn.
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT txoutbox_cancel($1)`, id); err != nil {
+			return err
+		}
+		return tx.Rollback(ctx)
+	})
+	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatal(err)
+	}
+	if st, _ := state(t, db, id); st != "scheduled" {
+		t.Fatalf("after a rolled back txoutbox_cancel: %q", st)
+	}
+	if got := exec(`SELECT txoutbox_cancel($1)`, id); got != "ok" {
+		t.Fatalf("txoutbox_cancel: %s", got)
+	}
+	for _, sql := range []string{`SELECT txoutbox_cancel($1)`, `SELECT txoutbox_reschedule($1, now())`} {
+		if got := exec(sql, id); got != "TX201" {
+			t.Fatalf("%s of a cancelled message: %s, want TX201", sql, got)
+		}
+		if got := exec(sql, uuid.New()); got != "TX201" {
+			t.Fatalf("%s of no message: %s, want TX201", sql, got)
+		}
+	}
+	// The Go client sees the SQL cancel as its own.
+	if err := c.CancelTx(ctx, db.Pool, id); !errors.Is(err, outbox.ErrNotScheduled) || goOutcome(err) != "TX201" {
+		t.Fatalf("CancelTx after txoutbox_cancel: %v", err)
+	}
+	// Business key forms.
+	var ids []uuid.UUID
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_reschedule_biz_key('order:1:remind', $1)`, later).Scan(&ids); err != nil || len(ids) != 1 || ids[0] != other {
+		t.Fatalf("txoutbox_reschedule_biz_key = %v, %v", ids, err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_cancel_biz_key('order:1:remind')`).Scan(&ids); err != nil || len(ids) != 1 || ids[0] != other {
+		t.Fatalf("txoutbox_cancel_biz_key = %v, %v", ids, err)
+	}
+	if got := exec(`SELECT txoutbox_cancel_biz_key('order:1:remind')`); got != "TX201" {
+		t.Fatalf("second txoutbox_cancel_biz_key: %s, want TX201", got)
+	}
+	// A half message with a delivery time: prepared, then scheduled when committed.
+	var half uuid.UUID
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('orders.timeout', 'x', 'k', fence => true, deliver_at => $1)`, due).Scan(&half); err != nil {
+		t.Fatal(err)
+	}
+	if st, at := state(t, db, half); st != "prepared" || at == nil || !at.Equal(due) {
+		t.Fatalf("txoutbox_prepare with deliver_at: %q at %v", st, at)
+	}
+	if got := exec(`SELECT txoutbox_commit($1)`, half); got != "ok" {
+		t.Fatalf("txoutbox_commit: %s", got)
+	}
+	if st, _ := state(t, db, half); st != "scheduled" {
+		t.Fatalf("committed delayed half message: %q, want scheduled", st)
+	}
+	if n := count(t, db, "state = 'scheduled' AND ready_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d scheduled rows with ready_at", n)
+	}
+	// Batch: delivery times per message, NULL for none; a length mismatch is TX008.
+	var many []uuid.UUID
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_enqueue_many(ARRAY['a.b', 'a.c'], ARRAY['x', 'y']::bytea[], deliver_ats => ARRAY[NULL, $1]::timestamptz[])`, due).Scan(&many); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := state(t, db, many[0]); st != "ready" {
+		t.Fatalf("batch message without a delivery time: %q", st)
+	}
+	if st, _ := state(t, db, many[1]); st != "scheduled" {
+		t.Fatalf("batch message with a delivery time: %q", st)
+	}
+	if got := exec(`SELECT txoutbox_enqueue_many(ARRAY['a.b', 'a.c'], ARRAY['x', 'y']::bytea[], deliver_ats => ARRAY[$1]::timestamptz[])`, due); got != "TX008" {
+		t.Fatalf("batch with one delivery time for two messages: %s, want TX008", got)
+	}
+}

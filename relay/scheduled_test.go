@@ -1,0 +1,435 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// promoteNow makes the relay's next claim promote, whatever its last promotion was.
+func promoteNow(r *Relay) { r.sched = scheduler{} }
+
+// backdate makes the given scheduled messages due (a back-dated fixture instead of waiting).
+func (e *env) backdate(ids ...uuid.UUID) {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(context.Background(),
+		`UPDATE txoutbox_messages SET deliver_at = now() - interval '1 second' WHERE message_id = ANY($1) AND state = 'scheduled'`, ids); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// published returns the message ids in the stream, in stream order.
+func (e *env) published(stream string) []string {
+	var out []string
+	for _, m := range e.streamMsgs(stream) {
+		out = append(out, m.Header.Get("Nats-Msg-Id"))
+	}
+	return out
+}
+
+func TestScheduledPublishedWhenDue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Registerer: reg})
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", Key: "o1", Payload: []byte("t"), DeliverAt: time.Now().Add(time.Hour)})
+	drain(t, r)
+	if got := e.published("ORDERS"); len(got) != 0 {
+		t.Fatalf("published %v before the delivery time", got)
+	}
+	if n := e.count("state = 'scheduled'"); n != 1 {
+		t.Fatalf("%d scheduled rows, want 1", n)
+	}
+	// The relay knows when to wake.
+	if until := time.Until(r.sched.next); until < 50*time.Minute || until > 61*time.Minute {
+		t.Fatalf("next due in %v, want about an hour", until)
+	}
+	e.backdate(ids...)
+	promoteNow(r)
+	drain(t, r)
+	if got := e.published("ORDERS"); len(got) != 1 || got[0] != ids[0].String() {
+		t.Fatalf("published %v, want [%v]", got, ids[0])
+	}
+	if n := e.count("true"); n != 0 {
+		t.Fatalf("%d rows left, want none", n)
+	}
+	if n := testutil.ToFloat64(r.sm.promoted); n != 1 {
+		t.Fatalf("promoted counter %v, want 1", n)
+	}
+	if n := testutil.CollectAndCount(r.sm.lateness); n != 1 {
+		t.Fatalf("lateness histogram has %d series, want 1", n)
+	}
+	var lateCount uint64
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "txoutbox_relay_scheduled_lateness_seconds" {
+			lateCount = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if lateCount != 1 {
+		t.Fatalf("lateness observations %d, want 1", lateCount)
+	}
+}
+
+// A running relay publishes a delayed message at its time, never before: the stream's
+// timestamp of the message is not earlier than its delivery time.
+func TestScheduledNeverEarly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(&Config{DisableDoorbell: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	var ids []uuid.UUID
+	var dues []time.Time
+	for i := range 5 {
+		due := time.Now().Add(time.Duration(200+100*i) * time.Millisecond)
+		dues = append(dues, due)
+		ids = append(ids, e.enqueue(outbox.Message{Subject: "orders.timeout", Payload: []byte{byte(i)}, DeliverAt: due})...)
+	}
+	testsvc.Eventually(t, 30*time.Second, "every delayed message in the stream", func() bool {
+		return len(e.streamMsgs("ORDERS")) == len(ids)
+	})
+	byID := map[string]time.Time{}
+	for i, id := range ids {
+		byID[id.String()] = dues[i]
+	}
+	for _, m := range e.streamMsgs("ORDERS") {
+		due := byID[m.Header.Get("Nats-Msg-Id")]
+		if m.Time.Before(due.Truncate(time.Microsecond)) {
+			t.Errorf("message %s stored at %v, before its delivery time %v", m.Header.Get("Nats-Msg-Id"), m.Time, due)
+		}
+	}
+}
+
+// A delayed keyed message holds nothing back while it waits, and takes its place in its
+// key's order when it falls due: after the messages of the key that became ready before it,
+// before those that become ready after it.
+func TestScheduledKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	msg := func(name string, due time.Time) outbox.Message {
+		return outbox.Message{Subject: "orders.event", Key: "order-1", Payload: []byte(name), DeliverAt: due}
+	}
+	a := e.enqueue(msg("A", time.Now().Add(time.Hour)))
+	e.enqueue(msg("B", time.Time{}), msg("C", time.Time{}))
+	drain(t, r)
+	e.enqueue(msg("D", time.Time{}))
+	e.backdate(a...)
+	promoteNow(r)
+	drain(t, r)
+	e.enqueue(msg("E", time.Time{}))
+	drain(t, r)
+	var got string
+	for _, m := range e.streamMsgs("ORDERS") {
+		got += string(m.Data)
+	}
+	if got != "BCDAE" {
+		t.Fatalf("stream order %q, want BCDAE (B, C not held back by the waiting A; A after D, ready before it fell due; E after A)", got)
+	}
+}
+
+// A failed publish of a delayed message that fell due holds back the later messages of its
+// key, like any message's.
+func TestScheduledFailureHoldsBackItsKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	a := e.enqueue(outbox.Message{Subject: "nowhere.timeout", Key: "k", Payload: []byte("A"), DeliverAt: time.Now().Add(time.Hour)})
+	e.backdate(a...)
+	promoteNow(r)
+	// A publish without a stream counts as a failed attempt once the relay has told "no
+	// stream" from an outage.
+	testsvc.Eventually(t, 20*time.Second, "the promoted message without a stream to fail", func() bool {
+		if _, err := r.runOnce(context.Background()); err != nil && !errors.Is(err, ErrBrokerUnavailable) {
+			t.Fatal(err)
+		}
+		return e.count("state IN ('ready', 'dead') AND attempts > 0 AND message_id = $1", a[0]) == 1
+	})
+	e.enqueue(outbox.Message{Subject: "orders.event", Key: "k", Payload: []byte("B")})
+	drain(t, r)
+	if got := e.streamMsgs("ORDERS"); len(got) != 0 {
+		t.Fatalf("B published while the failed delayed message of its key waits for its retry")
+	}
+}
+
+// A cancel that holds the row (its transaction still open) makes the relay skip the row; if
+// it commits, the message is never published; if it rolls back, the message goes out.
+func TestCancelInFlightIsSkipped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	ids := e.enqueue(
+		outbox.Message{Subject: "orders.timeout", Payload: []byte("1"), DeliverAt: time.Now().Add(time.Hour)},
+		outbox.Message{Subject: "orders.timeout", Payload: []byte("2"), DeliverAt: time.Now().Add(time.Hour)},
+	)
+	for i, commit := range []bool{true, false} {
+		e.backdate(ids[i])
+		tx, err := e.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.client.CancelTx(ctx, tx, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+		promoteNow(r)
+		drain(t, r)
+		if n := e.count("state = 'scheduled' AND message_id = $1", ids[i]); n != 1 {
+			t.Fatalf("the relay took a due row whose cancel is in progress")
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		promoteNow(r)
+		drain(t, r)
+	}
+	got := e.published("ORDERS")
+	if len(got) != 1 || got[0] != ids[1].String() {
+		t.Fatalf("published %v, want only the message whose cancel rolled back (%v)", got, ids[1])
+	}
+	if n := e.count("state <> 'rolled_back'"); n != 0 {
+		t.Fatalf("%d rows left besides the cancelled one", n)
+	}
+}
+
+// A cancel after the relay took the row (claimed, published, not yet settled) is told so.
+func TestCancelAfterClaimRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+	e.backdate(ids...)
+	var cancelErr error
+	r.hooks.afterPublish = func(context.Context, int) error {
+		cancelErr = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error { return e.client.CancelTx(ctx, tx, ids[0]) })
+		return nil
+	}
+	promoteNow(r)
+	if n, err := r.runOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("runOnce = %d, %v", n, err)
+	}
+	var se *outbox.ScheduleError
+	if !errors.Is(cancelErr, outbox.ErrNotScheduled) || !errors.As(cancelErr, &se) || se.State != store.StateReady {
+		t.Fatalf("cancel while the relay publishes = %v; want ErrNotScheduled, state ready", cancelErr)
+	}
+	if got := e.published("ORDERS"); len(got) != 1 {
+		t.Fatalf("published %v, want the message once", got)
+	}
+}
+
+// Cancels race two relays publishing the same rows: every message is either cancelled (the
+// cancel committed) and never published, or refused (ErrNotScheduled) and published once,
+// never both, never neither.
+func TestCancelRacesRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const n = 300
+	// Due one after another, 5ms apart, from a second from now; each cancel is paced to its
+	// message's due time, so that cancels meet rows just before, while and just after the
+	// relays take them.
+	base := time.Now().Add(time.Second)
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Subject: "orders.timeout", Key: fmt.Sprintf("k%d", i%7), Payload: []byte(fmt.Sprint(i)),
+			DeliverAt: base.Add(time.Duration(i) * 5 * time.Millisecond)}
+	}
+	ids := e.enqueue(msgs...)
+
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range 2 { // two relays: concurrent promotions too
+		r := e.relay(&Config{ID: fmt.Sprint(i), BatchSize: 7})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(rctx); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}()
+	}
+	t.Cleanup(func() { stop(); wg.Wait() }) // before the relays close
+	var mu sync.Mutex
+	cancelled := map[string]bool{}
+	var refused int
+	var cwg sync.WaitGroup
+	for w := range 2 { // two cancellers, each every other message, in due order
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			for i := w; i < n; i += 2 {
+				id := ids[i]
+				time.Sleep(time.Until(msgs[i].DeliverAt)) // pacing: cancel when the message falls due
+				err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error { return e.client.CancelTx(ctx, tx, id) })
+				mu.Lock()
+				switch {
+				case err == nil:
+					cancelled[id.String()] = true
+				case errors.Is(err, outbox.ErrNotScheduled):
+					refused++ // promoted: being published (ready), or published and deleted (not found)
+				default:
+					t.Errorf("cancel %d: %v", i, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	cwg.Wait()
+	testsvc.Eventually(t, 60*time.Second, "every row settled", func() bool { return e.count("state <> 'rolled_back'") == 0 })
+	stop()
+	wg.Wait()
+	got := e.published("ORDERS")
+	seen := map[string]bool{}
+	for _, id := range got {
+		if seen[id] {
+			t.Errorf("message %s published twice", id)
+		}
+		seen[id] = true
+		if cancelled[id] {
+			t.Errorf("message %s published although its cancel committed", id)
+		}
+	}
+	if c := e.count("state = 'rolled_back' AND settled_by = 'cancel'"); c != len(cancelled) {
+		t.Errorf("%d rows cancelled in the table, %d cancels committed", c, len(cancelled))
+	}
+	if len(got)+len(cancelled) != n {
+		t.Fatalf("%d published + %d cancelled != %d messages (%d cancels refused)", len(got), len(cancelled), n, refused)
+	}
+	t.Logf("%d cancelled, %d refused (too late), %d published", len(cancelled), refused, len(got))
+}
+
+// A large scheduled backlog far ahead costs the claim and the promotion nothing: neither
+// reads one of its rows.
+func TestFarFutureBacklogNotRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const far = 20000
+	if _, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at)
+SELECT gen_random_uuid(), 'orders.far', g, '\x00', 'scheduled', now() + interval '1 day' + g * interval '1 second'
+FROM generate_series(1, $1) g`, far); err != nil {
+		t.Fatal(err)
+	}
+	due := e.enqueue(
+		outbox.Message{Subject: "orders.timeout", Key: "k", DeliverAt: time.Now().Add(time.Hour)},
+		outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)},
+		outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)},
+	)
+	e.backdate(due...)
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	if _, err := e.db.Pool.Exec(ctx, `ANALYZE txoutbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	q := store.New(e.db.Schema)
+	// The rows each index scan of the statement read, by index.
+	scanned := func(sql string, args ...any) map[string]float64 {
+		t.Helper()
+		var plan []byte
+		err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&plan)
+		}) // EXPLAIN ANALYZE runs the statement: in a transaction (committed; promotion is what we want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc []struct{ Plan map[string]any }
+		if err := json.Unmarshal(plan, &doc); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		var walk func(n map[string]any)
+		walk = func(n map[string]any) {
+			if idx, ok := n["Index Name"].(string); ok {
+				loops, _ := n["Actual Loops"].(float64)
+				rows, _ := n["Actual Rows"].(float64)
+				removed, _ := n["Rows Removed by Filter"].(float64)
+				out[idx] += (rows + removed) * max(loops, 1)
+			}
+			if n["Node Type"] == "Seq Scan" {
+				out["seq scan of "+fmt.Sprint(n["Relation Name"])] += 1
+			}
+			if kids, ok := n["Plans"].([]any); ok {
+				for _, k := range kids {
+					walk(k.(map[string]any))
+				}
+			}
+		}
+		walk(doc[0].Plan)
+		return out
+	}
+	promote := scanned(q.PromoteSQL(), int32(store.PromoteLimit))
+	if got := promote["txoutbox_messages_scheduled_idx"]; got == 0 || got > 10 {
+		t.Fatalf("promotion read %v rows of the scheduled index, want the 3 due ones and the next one (plan scans: %v)", got, promote)
+	}
+	for k := range promote {
+		if k != "txoutbox_messages_scheduled_idx" && k != "txoutbox_messages_pkey" {
+			t.Fatalf("promotion scanned %s (%v)", k, promote)
+		}
+	}
+	if n := e.count("state = 'ready'"); n != 4 {
+		t.Fatalf("%d ready rows after the promotion, want 4", n)
+	}
+	claim := scanned(q.ClaimSQL(), 100, nil, int32(8), []int64{}, int64(0))
+	for k, v := range claim {
+		if v > 10 {
+			t.Fatalf("the claim read %v rows through %s, want at most the 4 ready ones (plan scans: %v)", v, k, claim)
+		}
+	}
+	if n := e.count("state = 'scheduled'"); n != far {
+		t.Fatalf("%d scheduled rows, want %d", n, far)
+	}
+}
+
+// Two delayed messages of one key that fall due in the same pass go out in due order, not
+// enqueue order.
+func TestScheduledSameKeyDueOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	now := time.Now()
+	var msgs []outbox.Message
+	for i, name := range []string{"E", "D", "C", "B", "A"} { // enqueued E first, due last
+		msgs = append(msgs, outbox.Message{Subject: "orders.event", Key: "k", Payload: []byte(name), DeliverAt: now.Add(time.Hour - time.Duration(i)*time.Minute)})
+	}
+	ids := e.enqueue(msgs...)
+	if _, err := e.db.Pool.Exec(context.Background(), `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '2 hours' WHERE message_id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	drain(t, r)
+	var got string
+	for _, m := range e.streamMsgs("ORDERS") {
+		got += string(m.Data)
+	}
+	if got != "ABCDE" {
+		t.Fatalf("stream order %q, want ABCDE (due order)", got)
+	}
+}
