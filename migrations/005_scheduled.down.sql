@@ -9,6 +9,7 @@ BEGIN
 END $$;
 
 DROP INDEX txoutbox_messages_scheduled_biz_key_idx;
+DROP INDEX txoutbox_messages_scheduled_key_idx;
 DROP INDEX txoutbox_messages_scheduled_idx;
 ALTER TABLE txoutbox_messages DROP CONSTRAINT txoutbox_messages_state_check;
 ALTER TABLE txoutbox_messages ADD CONSTRAINT txoutbox_messages_state_check

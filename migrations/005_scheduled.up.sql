@@ -18,6 +18,11 @@ ALTER TABLE txoutbox_messages ADD CONSTRAINT txoutbox_messages_state_check
 -- Promotion (and the next due time): scheduled rows by due time.
 CREATE INDEX txoutbox_messages_scheduled_idx ON txoutbox_messages (deliver_at, id) WHERE state = 'scheduled';
 
+-- Promotion keeps a key's order: a row is promoted only when no earlier scheduled row of its
+-- key is left behind (locked by a cancel in progress, or taken by another relay's pass).
+CREATE INDEX txoutbox_messages_scheduled_key_idx ON txoutbox_messages (msg_key, deliver_at, id)
+    WHERE state = 'scheduled' AND msg_key IS NOT NULL;
+
 -- Cancelling and rescheduling by business key (the Txoutbox-Biz-Key header).
 CREATE INDEX txoutbox_messages_scheduled_biz_key_idx ON txoutbox_messages ((headers -> 'Txoutbox-Biz-Key' ->> 0))
     WHERE state = 'scheduled';
@@ -257,6 +262,37 @@ BEGIN
         FOR g IN SELECT a.grantee FROM pg_proc o, aclexplode(o.proacl) a
                  WHERE o.oid = p.old_fn AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> o.proowner LOOP
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', p.new_fn, g.grantee::regrole::text);
+        END LOOP;
+    END LOOP;
+END
+$do$;
+
+-- Roles granted the producer's privileges before this migration (relay migrate grants --role
+-- producer at migration 4) keep working without a new grant: a half message's commit now
+-- reads deliver_at (Go's Commit and txoutbox_settle_half), and CancelTx, RescheduleTx and
+-- their SQL functions need it too. Every role that may settle half messages (UPDATE of
+-- check_count) gets the new column privileges; every role that may call txoutbox_commit gets
+-- EXECUTE on the new functions. Roles with table-wide privileges (the relay, owners) have
+-- them already.
+DO $do$
+DECLARE
+    r record;
+    f regprocedure;
+BEGIN
+    FOR r IN SELECT a.rolname FROM pg_roles a
+             WHERE NOT a.rolsuper AND a.rolname NOT LIKE 'pg\_%'
+               AND has_column_privilege(a.oid, 'txoutbox_messages'::regclass, 'check_count', 'UPDATE')
+               AND NOT has_column_privilege(a.oid, 'txoutbox_messages'::regclass, 'deliver_at', 'UPDATE') LOOP
+        EXECUTE format('GRANT SELECT (deliver_at, headers), UPDATE (deliver_at) ON txoutbox_messages TO %I', r.rolname);
+    END LOOP;
+    FOR r IN SELECT a.rolname FROM pg_roles a
+             WHERE NOT a.rolsuper AND a.rolname NOT LIKE 'pg\_%'
+               AND a.oid <> (SELECT p.proowner FROM pg_proc p WHERE p.oid = 'txoutbox_commit(uuid)'::regprocedure)
+               AND has_function_privilege(a.oid, 'txoutbox_commit(uuid)'::regprocedure, 'EXECUTE') LOOP
+        FOREACH f IN ARRAY ARRAY['txoutbox_raise_not_scheduled(text, uuid, text)', 'txoutbox_check_deliver_at(text, timestamptz)',
+                                 'txoutbox_cancel(uuid)', 'txoutbox_reschedule(uuid, timestamptz)',
+                                 'txoutbox_cancel_biz_key(text)', 'txoutbox_reschedule_biz_key(text, timestamptz)']::regprocedure[] LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, r.rolname);
         END LOOP;
     END LOOP;
 END

@@ -389,8 +389,12 @@ FROM generate_series(1, $1) g`, far); err != nil {
 	if got := promote["txoutbox_messages_scheduled_idx"]; got == 0 || got > 10 {
 		t.Fatalf("promotion read %v rows of the scheduled index, want the 3 due ones and the next one (plan scans: %v)", got, promote)
 	}
-	for k := range promote {
-		if k != "txoutbox_messages_scheduled_idx" && k != "txoutbox_messages_pkey" {
+	for k, v := range promote {
+		switch {
+		case k == "txoutbox_messages_scheduled_key_idx" && v > 10:
+			// The key-order probe looks only at earlier scheduled rows of a due row's key.
+			t.Fatalf("promotion read %v rows of the scheduled key index (%v)", v, promote)
+		case k != "txoutbox_messages_scheduled_idx" && k != "txoutbox_messages_pkey" && k != "txoutbox_messages_scheduled_key_idx":
 			t.Fatalf("promotion scanned %s (%v)", k, promote)
 		}
 	}
@@ -431,5 +435,46 @@ func TestScheduledSameKeyDueOrder(t *testing.T) {
 	}
 	if got != "ABCDE" {
 		t.Fatalf("stream order %q, want ABCDE (due order)", got)
+	}
+}
+
+// A key's delayed messages are published in due order even while the earliest one's row is
+// locked when the relay promotes (a cancel in progress that then rolls back): the later one
+// waits for it instead of overtaking it.
+func TestPromotionWaitsForALockedEarlierRowOfItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	ids := e.enqueue(
+		outbox.Message{Subject: "orders.event", Key: "k", Payload: []byte("first"), DeliverAt: time.Now().Add(time.Hour)},
+		outbox.Message{Subject: "orders.event", Key: "k", Payload: []byte("second"), DeliverAt: time.Now().Add(2 * time.Hour)},
+	)
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '3 hours' WHERE message_id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CancelTx(ctx, tx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	drain(t, r)
+	if got := e.published("ORDERS"); len(got) != 0 {
+		t.Fatalf("published %v while the key's earlier row was locked by a cancel in progress", got)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	drain(t, r)
+	var got string
+	for _, m := range e.streamMsgs("ORDERS") {
+		got += string(m.Data) + " "
+	}
+	if got != "first second " {
+		t.Fatalf("stream order %q, want first second (due order)", got)
 	}
 }

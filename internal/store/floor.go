@@ -37,7 +37,7 @@ const floorSQL = `SELECT
             WHERE o.state = 'ready' AND o.id > $1::int8
               AND ($2::int4[] IS NULL OR o.partition_key %% $3::int4 = ANY($2::int4[]))), 0),
   coalesce((SELECT min(o.id) FROM %[1]s o
-            WHERE o.state IN ('dead', 'check_exhausted')
+            WHERE o.state = 'dead'
               AND ($2::int4[] IS NULL OR o.partition_key %% $3::int4 = ANY($2::int4[]))), 0)
 FROM pg_locks l
 WHERE l.locktype = 'relation' AND l.relation = $4::text::regclass
@@ -58,7 +58,8 @@ type ClaimFloorState struct {
 	Writers  []string
 	Prepared bool
 	// MinReady is the lowest ready id above After in the partitions (0: none); MinDead the
-	// lowest dead or check_exhausted id in them (0: none).
+	// lowest dead id in them (0: none). check_exhausted rows do not count: they become ready
+	// only through a commit, which draws a new id, so they never pin the floor.
 	MinReady int64
 	MinDead  int64
 }

@@ -73,13 +73,17 @@ func newScheduledSQL(q *Queries) scheduledSQL {
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), first AS MATERIALIZED (
-  SELECT DISTINCT ON (d.msg_key IS NULL, coalesce(d.msg_key, d.id::text)) d.id, d.msg_key, d.partition_key
+  SELECT DISTINCT ON (d.msg_key IS NULL, coalesce(d.msg_key, d.id::text)) d.id, d.msg_key, d.partition_key, d.deliver_at
   FROM due d
   ORDER BY d.msg_key IS NULL, coalesce(d.msg_key, d.id::text), d.deliver_at, d.id
 ), locked AS MATERIALIZED (
   SELECT f.id FROM first f
   WHERE f.msg_key IS NULL
-     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, f.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+     OR (NOT EXISTS ( -- an earlier row of the key that this pass could not lock goes first
+           SELECT 1 FROM ` + m + ` e
+           WHERE e.state = 'scheduled' AND e.msg_key = f.msg_key
+             AND (e.deliver_at, e.id) < (f.deliver_at, f.id))
+         AND pg_try_advisory_xact_lock_shared(` + bucketClass + `, f.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
          AND pg_try_advisory_xact_lock(` + keyClass + `, f.partition_key))
 ), moved AS (
   UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
