@@ -255,6 +255,13 @@ func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Messag
 }
 
 func (c *Client) enqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs []Message) ([]uuid.UUID, error) {
+	return c.enqueue(ctx, msgs, func(rows []store.NewRow) error { return c.q.InsertMessages(ctx, tx, rows) }, store.DuplicateMessageID)
+}
+
+// enqueue is EnqueueTx and EnqueueSQLTx past their handle: it validates msgs (and captures the
+// trace context) into rows, refuses ids repeated in the call, inserts the rows with insert and
+// names the message behind a duplicate id the insert reports (dupID reads it from the error).
+func (c *Client) enqueue(ctx context.Context, msgs []Message, insert func([]store.NewRow) error, dupID func(error) (uuid.UUID, bool)) ([]uuid.UUID, error) {
 	rows := make([]store.NewRow, len(msgs))
 	ids := make([]uuid.UUID, len(msgs))
 	seen := make(map[uuid.UUID]int, len(msgs))
@@ -272,8 +279,8 @@ func (c *Client) enqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs []Message
 		rows[i] = row
 		ids[i] = row.MessageID
 	}
-	if err := c.q.InsertMessages(ctx, tx, rows); err != nil {
-		if id, dup := store.DuplicateMessageID(err); dup {
+	if err := insert(rows); err != nil {
+		if id, dup := dupID(err); dup {
 			if i, ok := seen[id]; ok {
 				return nil, &MessageError{Index: i, ID: id, Subject: msgs[i].Subject, Err: ErrDuplicateID,
 					Detail: "a message with this id is already in the outbox"}

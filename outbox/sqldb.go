@@ -33,34 +33,10 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	rows := make([]store.NewRow, len(msgs))
-	ids := make([]uuid.UUID, len(msgs))
-	seen := make(map[uuid.UUID]int, len(msgs))
-	for i := range msgs {
-		m := &msgs[i]
-		row, err := c.traceRow(ctx, i, m)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[row.MessageID]; dup {
-			return nil, &MessageError{Index: i, ID: row.MessageID, Subject: m.Subject, Err: ErrDuplicateID,
-				Detail: fmt.Sprintf("message %d of this call has the same id", j)}
-		}
-		seen[row.MessageID] = i
-		rows[i] = row
-		ids[i] = row.MessageID
-	}
-	if err := c.q.InsertMessagesSQL(ctx, tx, rows); err != nil {
-		if id, dup := store.DuplicateMessageIDSQL(err); dup {
-			if i, ok := seen[id]; ok {
-				return nil, &MessageError{Index: i, ID: id, Subject: msgs[i].Subject, Err: ErrDuplicateID,
-					Detail: "a message with this id is already in the outbox"}
-			}
-			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
-		}
-		return nil, fmt.Errorf("outbox: enqueue: %w", store.LockTableFull(err, ErrLockTableFull))
-	}
-	return ids, nil
+	ctx, span := c.startEnqueue(ctx, "enqueue", msgs)
+	ids, err := c.enqueue(ctx, msgs, func(rows []store.NewRow) error { return c.q.InsertMessagesSQL(ctx, tx, rows) }, store.DuplicateMessageIDSQL)
+	endEnqueue(span, ids, err)
+	return ids, err
 }
 
 // PrepareSQL is Prepare for database/sql: it validates msg and stores it as a half message
