@@ -192,6 +192,7 @@ func TestCancelInFlightIsSkipped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // never left open by a failure
 		if err := e.client.CancelTx(ctx, tx, ids[i]); err != nil {
 			t.Fatal(err)
 		}
@@ -457,6 +458,8 @@ func TestPromotionWaitsForALockedEarlierRowOfItsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A failing test must not leave the cancel open: the schema's cleanup would wait on it.
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	if err := e.client.CancelTx(ctx, tx, ids[0]); err != nil {
 		t.Fatal(err)
 	}
