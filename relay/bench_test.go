@@ -33,7 +33,7 @@ type benchEnv struct {
 	body   []byte
 }
 
-func newBenchEnv(b *testing.B) *benchEnv {
+func newBenchEnv(b testing.TB) *benchEnv {
 	b.Helper()
 	db := testsvc.NewDB(b)
 	n := testsvc.NewNATS(b)
@@ -58,7 +58,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 }
 
 // fill commits n messages (keys > 0: spread over that many keys), 1,000 per transaction.
-func (e *benchEnv) fill(b *testing.B, n, keys int) {
+func (e *benchEnv) fill(b testing.TB, n, keys int) {
 	b.Helper()
 	ctx := context.Background()
 	for done := 0; done < n; {

@@ -313,23 +313,9 @@ func (l *leaser) maintainLocked(ctx context.Context) error {
 		// Hijack: a connection holding session locks must never go back to the pool.
 		l.conn = pc.Hijack()
 		l.nextRound = time.Time{}
-		// Name the session so operators (and pg_stat_activity queries) can tell it apart.
-		// force_generic_plan: on a table without statistics yet (a fresh outbox, a backlog
-		// inserted since the last analyze) the first custom plans of the claim sort the whole
-		// backlog instead of walking the ready index (40 ms instead of 0.3 ms at 50,000 rows).
-		// synchronous_commit off: a settle lost in a PostgreSQL crash only makes its rows
-		// ready again, and they are republished and deduplicated like after a relay crash; in
-		// exchange the relay never waits for a WAL flush. It applies to this session only.
-		// TCP keepalives and user timeout: when the relay's host dies or its network is cut,
-		// PostgreSQL ends this session — and releases its partition locks — within seconds
-		// instead of the system default of about two hours, so a standby takes over.
-		if _, err := l.conn.Exec(ctx, `SELECT set_config('application_name', $1, false),
-			set_config('plan_cache_mode', 'force_generic_plan', false),
-			set_config('synchronous_commit', 'off', false),
-			set_config('tcp_keepalives_idle', '5', false),
-			set_config('tcp_keepalives_interval', '2', false),
-			set_config('tcp_keepalives_count', '3', false),
-			set_config('tcp_user_timeout', '10000', false)`, l.r.appName()); err != nil {
+		// The relay's own session settings (generic plans that walk the indexes, no WAL flush
+		// waits, TCP keepalives): see store.SetupRelaySession.
+		if err := store.SetupRelaySession(ctx, l.conn, l.r.appName()); err != nil {
 			l.dropLocked()
 			return fmt.Errorf("relay: connect: %w", err)
 		}

@@ -238,12 +238,13 @@ func ceilingWithPG(ctx context.Context, r *run, o *drainOpts, pool *pgxpool.Pool
 		out.alone, perMsg(self1-self0, o.msgs), perMsg(nats1-nats0, o.msgs))
 
 	// The same publish while one connection claims and settles the copy, batch after batch.
-	conn, err := pool.Acquire(ctx)
+	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return out, err
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('synchronous_commit', 'off', false)"); err != nil {
+	conn := pc.Hijack() // set up as a relay's session: never back to the pool
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if err := store.SetupRelaySession(ctx, conn, "outbox-bench claim-settle"); err != nil {
 		return out, err
 	}
 	var backend int32

@@ -97,6 +97,12 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	if o.AppName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName
 	}
+	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
+		// Short statements only: JIT compilation (100-250 ms when a plan's estimated cost passes
+		// jit_above_cost, easily reached on an outbox without statistics yet) would cost more
+		// than any of them. The relay's claiming session sets it too (store.SetupRelaySession).
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fail(fmt.Errorf("connect to PostgreSQL: %w", err))
