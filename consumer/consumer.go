@@ -127,7 +127,9 @@ type Consumer struct {
 	lastErr  atomic.Pointer[error] // the last consume error (errors of many types: not an atomic.Value)
 }
 
-// hooks are fault-injection and observation points for tests.
+// hooks are in-process test seams for this package's own tests (unexported, nil in every
+// consumer the constructors return): observation points, and steps a test makes fail as a
+// crash there would. Process crashes are internal/fault's points (see relay's hooks).
 type hooks struct {
 	// setupWait observes a Setup that JetStream could not answer and that Run waits out.
 	setupWait func(err error)

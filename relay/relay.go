@@ -98,7 +98,11 @@ type backoffEvent struct {
 	wait   time.Duration
 }
 
-// hooks are fault-injection points for tests.
+// hooks are in-process test seams: points where this package's own tests (and only they:
+// the type is unexported and nil in every relay New returns) pause the relay, observe it or
+// make a step fail as a crash there would. Faults that end the process — the crash tests and
+// the chaos proof, across processes — are internal/fault's named points, compiled only into
+// binaries built with its build tag; that is txoutbox's one fault-injection mechanism.
 type hooks struct {
 	// afterPublish runs after every PubAck of a batch is in and before the batch is settled;
 	// an error makes runOnce return it without settling, as a crash there would.
