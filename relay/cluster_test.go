@@ -720,3 +720,124 @@ func TestAmbiguousPublishOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// start runs a relay on its own connection to the cluster, with test hooks set before Run.
+func (e *clusterEnv) start(cfg *Config, set func(r *Relay)) *running {
+	e.t.Helper()
+	r := e.relay(cfg)
+	set(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return &running{Relay: r, stop: stop}
+}
+
+// TestFrozenRelayPublishesNothingAfterTakeover on a three-node cluster with an R3 stream, and
+// a leader change while the relay is frozen: the relay that takes over republishes the frozen
+// relay's first wave to the stream's new leader, which drops it as duplicates (the message ids
+// are replicated with the messages); the frozen relay, woken, sends nothing more. The stream,
+// with the shortest duplicate window the start check accepts, holds every message once, in
+// order per key.
+func TestClusterFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
+	t.Parallel()
+	e := newClusterEnv(t)
+	ctx := context.Background()
+	cfg := func(id string, logger *slog.Logger) *Config {
+		return &Config{ID: id, Partitions: 4, LeaseInterval: 100 * time.Millisecond, PublishTimeout: time.Second,
+			BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second, Subjects: []string{"acc.>"}, Logger: logger}
+	}
+	// The shortest window the start check accepts, and it refuses one a millisecond shorter.
+	window := cfg("", nil).WithDefaults().RequiredDuplicateWindow()
+	setWindow := func(w time.Duration) {
+		t.Helper()
+		s, err := e.cluster.JS.Stream(ctx, "ACC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := s.CachedInfo().Config
+		sc.Duplicates = w
+		if _, err := e.cluster.JS.UpdateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setWindow(window - time.Millisecond)
+	if err := e.relay(cfg("check", nil)).CheckStreams(ctx); !errors.Is(err, ErrDuplicateWindow) {
+		t.Fatalf("CheckStreams with a window of %s = %v, want ErrDuplicateWindow", window-time.Millisecond, err)
+	}
+	setWindow(window)
+
+	const keys, perKey = 5, 4
+	var msgs []outbox.Message
+	for i := 0; i < perKey; i++ {
+		for k := 0; k < keys; k++ {
+			key := fmt.Sprintf("k%d", k)
+			msgs = append(msgs, outbox.Message{Subject: "acc.seq", Key: key, Payload: []byte(key + ":" + strconv.Itoa(i+1))})
+		}
+	}
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		_, err := e.client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first relay takes every partition, claims the batch, sends its first wave (the first
+	// message of each key) and freezes before the second.
+	fr := newFreezer(2)
+	fr.armed.Store(true)
+	frozen := e.start(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
+	fr.wait(t, "the first relay")
+	if got := len(frozen.Partitions()); got != 4 {
+		t.Fatalf("the frozen relay holds %d partitions, want 4", got)
+	}
+	// The stream's leader changes while the relay is frozen.
+	old := e.cluster.StepDown(t, "ACC")
+	leader, err := e.cluster.WaitStreamLeader("ACC", old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The other relay fences the frozen one, takes its partitions and publishes everything
+	// (the first wave again, to the new leader: duplicates).
+	logs := &recordLog{}
+	other := e.start(cfg("other", slog.New(logs)), func(*Relay) {})
+	testsvc.Eventually(t, 20*time.Second, "the other relay to publish every row", func() bool { return e.count("true") == 0 })
+	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
+		t.Fatalf("%d fence lines, want 1", n)
+	}
+	if got := other.Stats().Duplicates; got != keys {
+		t.Fatalf("the other relay got %d duplicate PubAcks, want %d (the frozen relay's first wave, sent to the old leader %s)", got, keys, old.Name)
+	}
+
+	// The frozen relay wakes: its lease has expired, it withholds the rest of its batch.
+	close(fr.release)
+	testsvc.Eventually(t, 10*time.Second, "the woken relay to withhold its batch", func() bool { return frozen.Stats().Withheld > 0 })
+	if got, want := frozen.Stats().Withheld, int64(keys*(perKey-1)); got != want {
+		t.Fatalf("the woken relay withheld %d rows, want %d (everything after its first wave)", got, want)
+	}
+	if got := frozen.Stats().Duplicates; got != 0 {
+		t.Fatalf("the woken relay got %d duplicate PubAcks: it sent messages after its lease ended", got)
+	}
+	if got := frozen.Stats().Published; got != 0 {
+		t.Fatalf("the woken relay settled %d rows", got)
+	}
+	if err := frozen.stop(); err != nil {
+		t.Error(err)
+	}
+	if err := other.stop(); err != nil {
+		t.Error(err)
+	}
+	if n := e.count("attempts > 0 OR last_error IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows with attempts or a last_error, want none", n)
+	}
+	e.checkStoredOnce(len(msgs))
+	t.Logf("window %s; leader %s stepped down → %s while the relay was frozen; %d duplicates dropped by the new leader",
+		window, old.Name, leader.Name, keys)
+}
