@@ -411,7 +411,8 @@ func TestAlertRulesParse(t *testing.T) {
 	t.Parallel()
 	qs := ruleQueries(t)
 	want := []string{"TxoutboxOldestReadyRowTooOld", "TxoutboxDeadRows", "TxoutboxCheckExhausted", "TxoutboxFewerRelaysThanExpected",
-		"TxoutboxPartitionCountMismatch", "TxoutboxConsumerDeadLetters", "TxoutboxConsumerDuplicateRateHigh", "TxoutboxRelayNotReady"}
+		"TxoutboxPartitionCountMismatch", "TxoutboxConsumerDeadLetters", "TxoutboxConsumerDuplicateRateHigh", "TxoutboxRelayNotReady",
+		"TxoutboxStreamUnavailable"}
 	have := map[string]bool{}
 	for _, q := range qs {
 		have[strings.TrimPrefix(q.where, "alert ")] = true
@@ -431,7 +432,8 @@ func TestAlertRulesParse(t *testing.T) {
 // consumer (real PostgreSQL, embedded JetStream), each serving its registry on an operations
 // listener, after enough work that every family exists: messages published and consumed, a
 // dead row holding back two rows of its key, a half message whose checker is missing
-// (check_exhausted) and one still prepared, a dead letter.
+// (check_exhausted) and one still prepared, a dead letter; the stream gauge shows the streams
+// the relay's start check learnt, at 0.
 func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	t.Parallel()
 	queries := append(dashboardQueries(t), ruleQueries(t)...)
@@ -499,8 +501,10 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	}
 
 	relayReg := prometheus.NewRegistry()
+	// Subjects: the start check learns ORDERS, so txoutbox_relay_stream_unavailable has its
+	// series (0) without an outage.
 	r, err := relay.New(db.Pool, n.JS, &relay.Config{Schema: db.Schema, Registerer: relayReg, SampleInterval: 50 * time.Millisecond,
-		PollMax: 50 * time.Millisecond, Logger: testsvc.Logger()})
+		PollMax: 50 * time.Millisecond, Subjects: []string{"orders.>"}, Logger: testsvc.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

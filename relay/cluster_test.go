@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
@@ -568,7 +570,9 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 		}
 	}
 	logs := newEventLog()
-	r := e.relay(&Config{Subjects: []string{"acc.>", "other.>"}, PublishTimeout: time.Second, MaxAttempts: 2, Logger: slog.New(logs)})
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Subjects: []string{"acc.>", "other.>"}, PublishTimeout: time.Second, MaxAttempts: 2, Logger: slog.New(logs),
+		Registerer: reg, SampleInterval: time.Hour}) // the gauge is set as the outage changes, not by the sample
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
@@ -589,10 +593,16 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 	}
 	enqueue(outbox.Message{Subject: "other.x", Payload: []byte("before")})
 	testsvc.Eventually(t, 20*time.Second, "the relay to publish", func() bool { return e.count("true") == 0 })
+	// The streams the start check learnt are shown available once the sample loop (started
+	// with the pipeline) has made its first pass.
+	testsvc.Eventually(t, 10*time.Second, "a series per stream", func() bool {
+		return maps.Equal(unavailableGauge(t, reg), map[string]float64{"ACC": 0, "OTHER": 0})
+	})
 
 	leader := e.cluster.KillLeader(t, "ACC")
 	enqueue(outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:1")}, outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:2")})
 	testsvc.Eventually(t, 20*time.Second, "the relay to see ACC unavailable", func() bool { return logs.count(slog.LevelWarn, msgStreamDown) == 1 })
+	checkUnavailable(t, reg, map[string]float64{"ACC": 1, "OTHER": 0})
 	var msgs []outbox.Message
 	for i := 0; i < 20; i++ {
 		msgs = append(msgs, outbox.Message{Subject: "other.x", Key: fmt.Sprintf("o%d", i%4), Payload: []byte(fmt.Sprintf("o:%d", i))})
@@ -609,10 +619,80 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsvc.Eventually(t, 20*time.Second, "ACC's rows published", func() bool { return e.count("true") == 0 })
+	checkUnavailable(t, reg, map[string]float64{"ACC": 0, "OTHER": 0})
 	e.checkStoredOnce(2)
 	if f := r.Stats().Failed; f != 0 {
 		t.Fatalf("%d failed publishes, want 0", f)
 	}
+}
+
+// checkUnavailable checks txoutbox_relay_stream_unavailable: one series per stream in want,
+// with its value, and no other.
+func checkUnavailable(t *testing.T, g prometheus.Gatherer, want map[string]float64) {
+	t.Helper()
+	if got := unavailableGauge(t, g); !maps.Equal(got, want) {
+		t.Fatalf("txoutbox_relay_stream_unavailable = %v, want %v", got, want)
+	}
+}
+
+func unavailableGauge(t *testing.T, g prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	got := map[string]float64{}
+	for _, m := range gather(t, g)["txoutbox_relay_stream_unavailable"] {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "stream" {
+				got[l.GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return got
+}
+
+// An outage whose rows stop coming up (another relay took their partitions, an operator
+// purged them) is forgotten after outageUnmet by the sample loop: the gauge goes back to 0
+// and the relay says so once. One that keeps meeting its rows is not.
+func TestStreamOutageUnmetIsForgotten(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logs := newEventLog()
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Registerer: reg, Logger: slog.New(logs)})
+	r.known.learn(&jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "has no leader (test)")
+	r.outages.begin(r, "GONE", []string{"gone.>"}, "gone.x", "has no leader (test)")
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 1, "GONE": 1})
+	r.syncStreamGauge()
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 1, "GONE": 1})
+
+	// Rows of both last met outageUnmet ago (and no info asked for in this test); then one of
+	// GONE's comes up.
+	r.outages.mu.Lock()
+	for _, o := range r.outages.m {
+		o.met = o.met.Add(-outageUnmet)
+		o.checked = time.Now().Add(time.Hour)
+	}
+	r.outages.mu.Unlock()
+	if err := r.knownOutage(context.Background(), "gone.x"); !errors.Is(err, ErrStreamUnavailable) {
+		t.Fatalf("knownOutage(gone.x) = %v, want ErrStreamUnavailable", err)
+	}
+	r.syncStreamGauge()
+	// ORDERS is known (the start check learnt it): shown available; GONE is still held.
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0, "GONE": 1})
+	if n := logs.count(slog.LevelInfo, "stream outage forgotten"); n != 1 {
+		t.Fatalf("%d 'forgotten' lines, want 1", n)
+	}
+	if a := logs.attrsOf("stream outage forgotten"); !strings.Contains(a, "stream=ORDERS") {
+		t.Fatalf("forgotten line says %q, want stream=ORDERS", a)
+	}
+	if err := r.knownOutage(context.Background(), "orders.created"); err != nil {
+		t.Fatalf("knownOutage(orders.created) after the outage was forgotten = %v, want nil (the row is sent)", err)
+	}
+
+	// A stream neither known nor held loses its series.
+	r.outages.succeeded(r, "gone.x")
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0, "GONE": 0})
+	r.syncStreamGauge()
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0})
 }
 
 // The publish outcomes explainFailures looks into: a PubAck timeout, no responders, and the
@@ -639,4 +719,125 @@ func TestAmbiguousPublishOutcomes(t *testing.T) {
 			t.Errorf("%s: ambiguous = %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// start runs a relay on its own connection to the cluster, with test hooks set before Run.
+func (e *clusterEnv) start(cfg *Config, set func(r *Relay)) *running {
+	e.t.Helper()
+	r := e.relay(cfg)
+	set(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop := func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return &running{Relay: r, stop: stop}
+}
+
+// TestFrozenRelayPublishesNothingAfterTakeover on a three-node cluster with an R3 stream, and
+// a leader change while the relay is frozen: the relay that takes over republishes the frozen
+// relay's first wave to the stream's new leader, which drops it as duplicates (the message ids
+// are replicated with the messages); the frozen relay, woken, sends nothing more. The stream,
+// with the shortest duplicate window the start check accepts, holds every message once, in
+// order per key.
+func TestClusterFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
+	t.Parallel()
+	e := newClusterEnv(t)
+	ctx := context.Background()
+	cfg := func(id string, logger *slog.Logger) *Config {
+		return &Config{ID: id, Partitions: 4, LeaseInterval: 100 * time.Millisecond, PublishTimeout: time.Second,
+			BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second, Subjects: []string{"acc.>"}, Logger: logger}
+	}
+	// The shortest window the start check accepts, and it refuses one a millisecond shorter.
+	window := cfg("", nil).WithDefaults().RequiredDuplicateWindow()
+	setWindow := func(w time.Duration) {
+		t.Helper()
+		s, err := e.cluster.JS.Stream(ctx, "ACC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := s.CachedInfo().Config
+		sc.Duplicates = w
+		if _, err := e.cluster.JS.UpdateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setWindow(window - time.Millisecond)
+	if err := e.relay(cfg("check", nil)).CheckStreams(ctx); !errors.Is(err, ErrDuplicateWindow) {
+		t.Fatalf("CheckStreams with a window of %s = %v, want ErrDuplicateWindow", window-time.Millisecond, err)
+	}
+	setWindow(window)
+
+	const keys, perKey = 5, 4
+	var msgs []outbox.Message
+	for i := 0; i < perKey; i++ {
+		for k := 0; k < keys; k++ {
+			key := fmt.Sprintf("k%d", k)
+			msgs = append(msgs, outbox.Message{Subject: "acc.seq", Key: key, Payload: []byte(key + ":" + strconv.Itoa(i+1))})
+		}
+	}
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		_, err := e.client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first relay takes every partition, claims the batch, sends its first wave (the first
+	// message of each key) and freezes before the second.
+	fr := newFreezer(2)
+	fr.armed.Store(true)
+	frozen := e.start(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
+	fr.wait(t, "the first relay")
+	if got := len(frozen.Partitions()); got != 4 {
+		t.Fatalf("the frozen relay holds %d partitions, want 4", got)
+	}
+	// The stream's leader changes while the relay is frozen.
+	old := e.cluster.StepDown(t, "ACC")
+	leader, err := e.cluster.WaitStreamLeader("ACC", old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The other relay fences the frozen one, takes its partitions and publishes everything
+	// (the first wave again, to the new leader: duplicates).
+	logs := &recordLog{}
+	other := e.start(cfg("other", slog.New(logs)), func(*Relay) {})
+	testsvc.Eventually(t, 20*time.Second, "the other relay to publish every row", func() bool { return e.count("true") == 0 })
+	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
+		t.Fatalf("%d fence lines, want 1", n)
+	}
+	if got := other.Stats().Duplicates; got != keys {
+		t.Fatalf("the other relay got %d duplicate PubAcks, want %d (the frozen relay's first wave, sent to the old leader %s)", got, keys, old.Name)
+	}
+
+	// The frozen relay wakes: its lease has expired, it withholds the rest of its batch.
+	close(fr.release)
+	testsvc.Eventually(t, 10*time.Second, "the woken relay to withhold its batch", func() bool { return frozen.Stats().Withheld > 0 })
+	if got, want := frozen.Stats().Withheld, int64(keys*(perKey-1)); got != want {
+		t.Fatalf("the woken relay withheld %d rows, want %d (everything after its first wave)", got, want)
+	}
+	if got := frozen.Stats().Duplicates; got != 0 {
+		t.Fatalf("the woken relay got %d duplicate PubAcks: it sent messages after its lease ended", got)
+	}
+	if got := frozen.Stats().Published; got != 0 {
+		t.Fatalf("the woken relay settled %d rows", got)
+	}
+	if err := frozen.stop(); err != nil {
+		t.Error(err)
+	}
+	if err := other.stop(); err != nil {
+		t.Error(err)
+	}
+	if n := e.count("attempts > 0 OR last_error IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows with attempts or a last_error, want none", n)
+	}
+	e.checkStoredOnce(len(msgs))
+	t.Logf("window %s; leader %s stepped down → %s while the relay was frozen; %d duplicates dropped by the new leader",
+		window, old.Name, leader.Name, keys)
 }

@@ -24,6 +24,9 @@ import (
 //	relay_partition_changes_total{change}, relay_partition_count_mismatch
 //	                                     the partition sharing, per lease round
 //	relay_health{state}                  1 for the relay's current Health, 0 for the others
+//	relay_stream_unavailable{stream}     1 while the relay holds a stream's rows back as
+//	                                     unavailable (no leader), 0 for the other streams it
+//	                                     knows; set as it changes, synced every sample
 //	relay_ready_backlog{partition}, relay_oldest_ready_age_seconds{partition}
 //	                                     the held partitions' backlog, sampled
 //	outbox_messages{state}, outbox_oldest_ready_age_seconds, outbox_next_scheduled_seconds,
@@ -53,6 +56,8 @@ type metrics struct {
 	changes    *prometheus.CounterVec
 	mismatch   prometheus.Gauge
 	health     *prometheus.GaugeVec
+	// streamUnavailable is set under the outages' lock (see streamOutages).
+	streamUnavailable *prometheus.GaugeVec
 
 	backlog    *prometheus.GaugeVec
 	oldestPart *prometheus.GaugeVec
@@ -121,6 +126,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"1 while a live relay is configured with another partition count (a misconfiguration), else 0."))),
 		health: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("health",
 			"1 for the relay's current state (starting, ok, standby, postgres_unavailable, nats_unavailable), 0 for the others.")), []string{"state"}),
+		streamUnavailable: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("stream_unavailable",
+			"1 while this relay holds back the rows of a stream as unavailable (no leader: publishes get no responders or no PubAck while JetStream answers; no attempt counted), 0 for the other streams it knows. Cleared by the stream's next acknowledged publish, or when none of its rows came up for 30s.")), []string{"stream"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("ready_backlog",
 			"Ready rows of each partition this relay holds, counted among the oldest SampleLimit ready rows.")), []string{"partition"}),
 		oldestPart: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("oldest_ready_age_seconds",
@@ -171,7 +178,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.setHealth(healthStarting)
 	if err := prom.Register(reg, "relay",
-		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.streamUnavailable), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
 		prom.Of(&m.claimDur), prom.Of(&m.settleDur), prom.Of(&m.oldestXact), prom.Of(&m.xminAge), prom.Of(&m.prepared), prom.Of(&m.oldestPrep), prom.Of(&m.horizonError)); err != nil {
 		return nil, err
 	}
@@ -195,6 +202,7 @@ func (r *Relay) sampleLoop(ctx context.Context) {
 	defer t.Stop()
 	failing := false
 	for {
+		r.syncStreamGauge()
 		err := r.sampleOnce(ctx)
 		switch {
 		case ctx.Err() != nil:

@@ -78,6 +78,17 @@ func (k *knownStreams) forget(name string) {
 	delete(k.m, name)
 }
 
+// names returns the names of the known streams.
+func (k *knownStreams) names() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]string, 0, len(k.m))
+	for name := range k.m {
+		out = append(out, name)
+	}
+	return out
+}
+
 // subjects returns the subject filters of a known stream (nil if unknown).
 func (k *knownStreams) subjects(name string) []string {
 	k.mu.Lock()
@@ -98,20 +109,29 @@ func (k *knownStreams) find(subj string) (string, bool) {
 }
 
 // outageRecheck is how often the relay asks a stream in outage whether it has a leader
-// again (when a row of its subjects comes up); outageAsk bounds that question.
+// again (when a row of its subjects comes up); outageAsk bounds that question. outageUnmet is
+// how long an outage is remembered without a row of its stream coming up: while the relay
+// holds such rows it meets them at least every outageRecheck, so an outage unmet that long
+// is one whose rows went elsewhere (their partitions taken over, the rows requeued or purged).
+// It is forgotten (see syncStreamGauge): the stream's gauge goes back to 0, and its next row is
+// sent and starts the outage again if it fails.
 const (
 	outageRecheck = 250 * time.Millisecond
 	outageAsk     = 500 * time.Millisecond
+	outageUnmet   = 30 * time.Second
 )
 
 // streamOutages remembers the streams found unavailable. Their rows are not sent (they would
 // only get "no responders", or hold up their batch for a publish timeout) until the stream's
 // info answers with a leader; the next publish on one of its subjects that is acknowledged
-// ends the outage. One warning when an outage starts, one info line when it ends.
+// ends the outage. One warning when an outage starts, one info line when it ends. The gauge
+// txoutbox_relay_stream_unavailable{stream} is 1 while a stream is here, set under mu with
+// every change (and synced with the known streams by syncStreamGauge).
 type streamOutages struct {
-	n  atomic.Int32 // len(m), read without the lock for every row sent and acknowledged
-	mu sync.Mutex
-	m  map[string]*streamOutage // by stream name
+	n     atomic.Int32 // len(m), read without the lock for every row sent and acknowledged
+	mu    sync.Mutex
+	m     map[string]*streamOutage // by stream name
+	shown map[string]bool          // the stream labels the gauge has a series for
 }
 
 type streamOutage struct {
@@ -119,7 +139,17 @@ type streamOutage struct {
 	reason   string
 	since    time.Time
 	checked  time.Time // when the stream was last found unavailable
+	met      time.Time // when a row of the stream last came up (begin, knownOutage)
 	probing  bool      // its info answered with a leader: rows are sent again
+}
+
+// setGauge sets the stream's unavailable gauge; o.mu is held.
+func (o *streamOutages) setGauge(r *Relay, name string, v float64) {
+	if o.shown == nil {
+		o.shown = map[string]bool{}
+	}
+	o.shown[name] = true
+	r.m.streamUnavailable.WithLabelValues(name).Set(v)
 }
 
 // begin records that stream name is unavailable; subj is the subject that showed it.
@@ -140,7 +170,8 @@ func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, re
 	} else if len(e.subjects) == 0 {
 		e.subjects = []string{subj}
 	}
-	e.reason, e.checked, e.probing = reason, now, false
+	e.reason, e.checked, e.met, e.probing = reason, now, now, false
+	o.setGauge(r, name, 1)
 	o.mu.Unlock()
 	if !known {
 		r.log.Warn("stream unavailable: its messages wait, no attempt counted, until it acknowledges again (the other streams go on)",
@@ -168,6 +199,7 @@ func (o *streamOutages) succeeded(r *Relay, subj string) {
 	if e != nil {
 		delete(o.m, name)
 		o.n.Store(int32(len(o.m)))
+		o.setGauge(r, name, 0)
 	}
 	o.mu.Unlock()
 	if e != nil {
@@ -201,6 +233,7 @@ func (r *Relay) knownOutage(ctx context.Context, subj string) error {
 	}
 	r.outages.mu.Lock()
 	probing, due, reason := e.probing, time.Since(e.checked) >= outageRecheck, e.reason
+	e.met = time.Now()
 	r.outages.mu.Unlock()
 	if probing {
 		return nil
@@ -225,6 +258,44 @@ func (r *Relay) knownOutage(ctx context.Context, subj string) error {
 		}
 	}
 	return &streamOutageError{stream: name, subject: subj, reason: reason}
+}
+
+// syncStreamGauge sets txoutbox_relay_stream_unavailable for every stream the relay knows or
+// holds as unavailable (1 while it does, 0 otherwise), drops the series of streams it no
+// longer knows, and forgets an outage whose rows have not come up for outageUnmet (logged).
+// The sample loop runs it.
+func (r *Relay) syncStreamGauge() {
+	known := r.known.names()
+	o := &r.outages
+	o.mu.Lock()
+	var forgotten []string
+	want := map[string]float64{}
+	for _, name := range known {
+		want[name] = 0
+	}
+	for name, e := range o.m {
+		if time.Since(e.met) >= outageUnmet {
+			delete(o.m, name)
+			forgotten = append(forgotten, name)
+			continue
+		}
+		want[name] = 1
+	}
+	o.n.Store(int32(len(o.m)))
+	for name := range o.shown {
+		if _, ok := want[name]; !ok {
+			r.m.streamUnavailable.DeleteLabelValues(name)
+			delete(o.shown, name)
+		}
+	}
+	for name, v := range want {
+		o.setGauge(r, name, v)
+	}
+	o.mu.Unlock()
+	for _, name := range forgotten {
+		r.log.Info("stream outage forgotten: no row of the stream came up for a while (its partitions were taken over, or its rows requeued or purged); its next row is sent",
+			"stream", name, "unmet_for", outageUnmet.String())
+	}
 }
 
 // streamInfo asks JetStream for a stream's info and learns its subjects.
