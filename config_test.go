@@ -11,6 +11,7 @@ import (
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -31,6 +32,8 @@ func TestEveryPackageReportsOneConfigError(t *testing.T) {
 		{"outbox", "Config.Schema", outboxErr},
 		{"migrations", "Config.Schema", migErr},
 		{"outbox", "Config.MaxMessageBytes", func() error { _, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: 10}); return err }()},
+		{"checker", "Options.SubjectPrefix", checker.ValidateOptions(&checker.Options{Outbox: "o", SubjectPrefix: "a..b"})},
+		{"checker", "Options.Outbox", checker.ValidateOptions(nil)},
 	} {
 		var ce *txoutbox.ConfigError
 		if !errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.field {
@@ -130,6 +133,28 @@ func TestOffAndForeverAreMinusOneEverywhere(t *testing.T) {
 	} {
 		if !errors.Is(err, txoutbox.ErrInvalidConfig) {
 			t.Errorf("a jitter of 1 was accepted: %v", err)
+		}
+	}
+	// The checker's Options have no off or forever value: every negative is refused, naming
+	// the field, and zero is the default.
+	for _, c := range []struct {
+		field string
+		set   func(*checker.Options, int)
+		get   func(*checker.Options) int
+	}{
+		{"Concurrency", func(o *checker.Options, v int) { o.Concurrency = v }, func(o *checker.Options) int { return o.Concurrency }},
+		{"Timeout", func(o *checker.Options, v int) { o.Timeout = time.Duration(v) }, func(o *checker.Options) int { return int(o.Timeout) }},
+	} {
+		for _, v := range []int{-1, -2} {
+			o := &checker.Options{Outbox: "o"}
+			c.set(o, v)
+			var ce *txoutbox.ConfigError
+			if err := checker.ValidateOptions(o); !errors.As(err, &ce) || ce.Field != "Options."+c.field {
+				t.Errorf("checker %s = %d: got %v, want a ConfigError naming it", c.field, v, err)
+			}
+		}
+		if got := c.get((&checker.Options{}).WithDefaults()); got <= 0 {
+			t.Errorf("checker %s = 0 did not take a default (got %d)", c.field, got)
 		}
 	}
 	if (&relay.Config{}).WithDefaults().Retention != 0 {

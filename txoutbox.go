@@ -2,9 +2,10 @@
 // the configuration conventions and the default schema.
 //
 // The roles live in their own packages: outbox (producers write messages in their own
-// transaction), relay (publishes committed messages to NATS JetStream), consumer (idempotent
-// JetStream consumers), checkback (resolves stale half messages and purges old rows) and
-// migrations (the schema).
+// transaction), outbox/checker (a producer group's answer to the check-back: did this half
+// message's transaction commit?), relay (publishes committed messages to NATS JetStream),
+// consumer (idempotent JetStream consumers), checkback (resolves stale half messages and
+// purges old rows) and migrations (the schema).
 //
 // # Database handles
 //
@@ -17,12 +18,16 @@
 //
 // Services on database/sql use the database/sql counterparts SQLDBTX, SQLBeginner and SQLDB
 // (*sql.Tx, *sql.Conn, *sql.DB, sqlx, GORM's connection pool; any PostgreSQL driver), taken by
-// the methods whose names say SQL: outbox.Client.EnqueueSQLTx and the half-message twins, and
-// consumer.NewSQL.
+// the producer methods whose names say SQL: outbox.Client.EnqueueSQLTx, the half-message twins
+// (PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL) and
+// checker.OutboxIdentitySQL. consumer.NewSQL alone takes a *sql.DB itself, not an interface: it
+// takes a connection of its own (sql.DB.Conn) for each message, so that after a failed commit
+// it can ask that same connection whether it is alive.
 //
 // # Configuration
 //
-// Every component is built from a Config struct. In every Config:
+// Every component is built from a Config struct (the checker's is checker.Options). In every
+// Config:
 //   - a zero value means the default, which the field's documentation states ("Defaults to
 //     100.") and an exported Default constant holds; Config.WithDefaults returns a copy with
 //     the defaults applied;

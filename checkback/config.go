@@ -95,11 +95,12 @@ type Config struct {
 	GroupConcurrency int
 	GroupRate        float64
 
-	// Outbox identifies this outbox in every check request; a checker (Serve) answers only
-	// the requests of the outbox it is given as ServeOptions.Outbox, so that two services
+	// Outbox identifies this outbox in every check request; a checker (checker.Serve) answers only
+	// the requests of the outbox it is given as checker.Options.Outbox, so that two services
 	// using the same producer group name on one NATS never settle each other's messages.
 	// Set it to an explicit name (the same on both sides) to decouple it from the database.
-	// Defaults to OutboxIdentity of the pool and Schema: "<system identifier>/<database>/<schema>".
+	// Defaults to checker.OutboxIdentity of the pool and Schema:
+	// "<system identifier>/<database>/<schema>".
 	Outbox string
 
 	// SubjectPrefix: a producer group's checker is asked on SubjectPrefix + "." + group.

@@ -11,9 +11,11 @@ import (
 
 // Roles of least privilege, for Grants.
 const (
-	// RoleProducer inserts messages (EnqueueTx, Prepare) and settles its half messages
-	// (Commit, CommitTx, Rollback). It cannot delete outbox rows, read their payloads and
-	// headers, or touch consumers' dedup rows.
+	// RoleProducer inserts messages (EnqueueTx, Prepare), settles its half messages (Commit,
+	// CommitTx, Rollback) and cancels or moves its delayed messages (CancelTx, RescheduleTx and
+	// their business key forms, which find rows by header: so it can read every message's
+	// headers and delivery time, since migration 5). It cannot delete outbox rows, read their
+	// payloads, change a payload, headers or subject, or touch consumers' dedup rows.
 	RoleProducer = "producer"
 	// RoleRelay claims, publishes and settles rows, keeps its membership row and partition
 	// leases, and runs the check-back (resolve, stale report, purge of published, rolled back

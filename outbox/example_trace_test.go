@@ -40,7 +40,12 @@ func ExampleConfig_tracing() {
 	}
 
 	tp := sdktrace.NewTracerProvider() // in a service: with sdktrace.WithBatcher(an OTLP exporter)
-	defer func() { _ = tp.Shutdown(ctx) }()
+	defer func() {
+		// Shutdown flushes the spans still buffered: an error means some were not exported.
+		if err := tp.Shutdown(ctx); err != nil {
+			fmt.Println("tracer provider shutdown:", err)
+		}
+	}()
 	client, err := outbox.NewClient(&outbox.Config{Schema: schema, TracerProvider: tp, Propagator: propagation.TraceContext{}})
 	if err != nil {
 		fmt.Println(err)

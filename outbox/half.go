@@ -145,8 +145,29 @@ type PrepareOptions struct {
 	// CheckImmunity delays the first check of this message: it is not checked before
 	// CheckImmunity has passed, nor before the check-back's transaction timeout (RocketMQ's
 	// CHECK_IMMUNITY_TIME_IN_SECONDS). Use it for local transactions known to take longer
-	// than the timeout. Defaults to 0.
+	// than the timeout. Defaults to 0: no delay beyond the transaction timeout. It has no
+	// txoutbox.Off or txoutbox.Forever value (a message that must never be checked is not a
+	// half message): a negative one is refused, as a *txoutbox.ConfigError naming
+	// PrepareOptions.CheckImmunity.
 	CheckImmunity time.Duration
+}
+
+// prepareOptions returns *opts (zero when nil), validated: the group, and CheckImmunity.
+func prepareOptions(opts *PrepareOptions) (PrepareOptions, error) {
+	var o PrepareOptions
+	if opts != nil {
+		o = *opts
+	}
+	if !o.Fence || o.Group != "" {
+		if err := ValidateGroup(o.Group); err != nil {
+			return o, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
+		}
+	}
+	if o.CheckImmunity < 0 {
+		return o, &txoutbox.ConfigError{Package: "outbox", Field: "PrepareOptions.CheckImmunity",
+			Reason: fmt.Sprintf("must not be negative (0: checked from the transaction timeout on), got %s", o.CheckImmunity)}
+	}
+	return o, nil
 }
 
 // Half is a prepared half message.
@@ -178,14 +199,9 @@ func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opt
 }
 
 func (c *Client) prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
-	var o PrepareOptions
-	if opts != nil {
-		o = *opts
-	}
-	if !o.Fence || o.Group != "" {
-		if err := ValidateGroup(o.Group); err != nil {
-			return Half{}, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
-		}
+	o, err := prepareOptions(opts)
+	if err != nil {
+		return Half{}, err
 	}
 	row, err := c.traceRow(ctx, 0, &msg)
 	if err != nil {

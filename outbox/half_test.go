@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -51,6 +52,8 @@ func TestPrepareValidation(t *testing.T) {
 		{"empty group without fence", ok, &outbox.PrepareOptions{}, outbox.ErrInvalidGroup},
 		{"group with a dot", ok, &outbox.PrepareOptions{Group: "orders.svc"}, outbox.ErrInvalidGroup},
 		{"group with a space", ok, &outbox.PrepareOptions{Group: "orders svc"}, outbox.ErrInvalidGroup},
+		{"negative check immunity", ok, &outbox.PrepareOptions{Group: "orders", CheckImmunity: -1}, txoutbox.ErrInvalidConfig},
+		{"check immunity below -1", ok, &outbox.PrepareOptions{Fence: true, CheckImmunity: -time.Second}, txoutbox.ErrInvalidConfig},
 		{"bad subject", outbox.Message{Subject: "orders.*"}, &outbox.PrepareOptions{Group: "orders"}, outbox.ErrInvalidSubject},
 		{"bad header", outbox.Message{Subject: "a.b", Headers: map[string][]string{"Nats-Msg-Id": {"x"}}}, &outbox.PrepareOptions{Fence: true}, outbox.ErrInvalidHeader},
 	}

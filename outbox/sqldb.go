@@ -43,14 +43,9 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 // through db, usually the *sql.DB, so that the half message is committed before the producer
 // starts its work.
 func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
-	var o PrepareOptions
-	if opts != nil {
-		o = *opts
-	}
-	if !o.Fence || o.Group != "" {
-		if err := ValidateGroup(o.Group); err != nil {
-			return Half{}, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
-		}
+	o, err := prepareOptions(opts)
+	if err != nil {
+		return Half{}, err
 	}
 	row, err := c.traceRow(ctx, 0, &msg)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "github.com/lib/pq"              // database/sql driver "postgres"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -447,6 +448,9 @@ func TestHalfMessagesSQL(t *testing.T) {
 			}
 			if _, err := c.PrepareSQL(ctx, sdb, msg, &outbox.PrepareOptions{Group: "no spaces"}); !errors.Is(err, outbox.ErrInvalidGroup) {
 				t.Fatalf("PrepareSQL with a bad group: %v, want ErrInvalidGroup", err)
+			}
+			if _, err := c.PrepareSQL(ctx, sdb, msg, &outbox.PrepareOptions{Group: "orders", CheckImmunity: -1}); !errors.Is(err, txoutbox.ErrInvalidConfig) {
+				t.Fatalf("PrepareSQL with a negative CheckImmunity: %v, want a ConfigError", err)
 			}
 			if _, err := c.PrepareSQL(ctx, sdb, outbox.Message{Subject: "a..b"}, &outbox.PrepareOptions{Group: "orders"}); !errors.Is(err, outbox.ErrInvalidSubject) {
 				t.Fatalf("PrepareSQL with a bad subject: %v, want ErrInvalidSubject", err)

@@ -32,13 +32,14 @@ var (
 	ErrHeadersTooLarge = fmt.Errorf("%w: header block too large", ErrMessageTooLarge)
 	// ErrInvalidHeader: a header name that is not an RFC 7230 token or is reserved (see
 	// IsReservedHeader), a name with no value, or a value that is not valid UTF-8, holds a
-	// control character other than a tab inside it, or begins or ends with white space (see
-	// ValidateHeaderValue).
+	// control character other than a tab inside it, or begins or ends with white space or a
+	// zero-width character (see ValidateHeaderValue).
 	ErrInvalidHeader = errors.New("invalid header")
 	// ErrDuplicateID: two messages of one call share an id, or the id is already in the outbox.
 	ErrDuplicateID = errors.New("duplicate message id")
 	// ErrInvalidKey: a Key or BizKey that is too long, not valid UTF-8, holds a control
-	// character, or begins or ends with white space (see ValidateKey).
+	// character, or begins or ends with white space or a zero-width character (see
+	// ValidateKey).
 	ErrInvalidKey = errors.New("invalid key")
 )
 

@@ -219,9 +219,11 @@ func (c *Config) WithDefaults() *Config {
 //
 // So: PublishTimeout + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
 // 14×LeaseInterval). With the defaults, 5s + 1m = 65s. The frozen relay itself never
-// republishes: its lease has expired when it wakes (see the lease notes in lease.go). A relay
-// or a database that is down longer than the window republishes outside it; the idempotent
-// consumer's dedup row absorbs those.
+// republishes: a lease also expires on its holder's monotonic clock, 10 lease intervals
+// after its last successful lease round, and a relay checks that expiry immediately before it
+// hands each message to the NATS client, so a relay that wakes after being fenced sends
+// nothing more. A relay or a database that is down longer than the window republishes outside
+// it; the idempotent consumer's dedup row absorbs those.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
 	d := c.BackoffMax
 	if c.HandoverAfter >= 0 {

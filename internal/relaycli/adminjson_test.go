@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -132,17 +133,22 @@ func TestAdminJSONConvention(t *testing.T) {
 	checkJSONConvention(t, "status --json", out)
 }
 
-// What to select or change is never read from the environment by relay dead and relay
-// prepared: only --database-url and --schema are; and a stray TXOUTBOX_ALL=true (or any other
-// selection variable) does not make relay prepared resume resume anything.
+// What to select or change is never read from the environment by relay dead, relay prepared
+// and relay scheduled: only --database-url and --schema are; and a stray TXOUTBOX_ALL=true (or
+// any other selection variable) does not make relay prepared resume resume anything.
 func TestAdminSelectionIsCommandLineOnly(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range []string{"dead", "prepared"} {
+	for _, cmd := range []string{"dead", "prepared", "scheduled"} {
 		code, out, _ := cliEnv(t, nil, cmd, "--help")
 		if code != 0 {
 			t.Fatalf("%s --help: exit %d", cmd, code)
 		}
-		lines := strings.Split(out, "\n")
+		// The settings table, not the usage text above it (which may start a line with a flag).
+		_, table, ok := strings.Cut(out, "Settings (flag, environment variable, default):")
+		if !ok {
+			t.Fatalf("%s --help has no settings table:\n%s", cmd, out)
+		}
+		lines := strings.Split(table, "\n")
 		n := 0
 		for i, l := range lines {
 			f := strings.Fields(l)
@@ -190,6 +196,70 @@ func TestAdminSelectionIsCommandLineOnly(t *testing.T) {
 	// The same command with --all typed resumes it.
 	if code, out, errOut := cliEnv(t, vars, "prepared", "resume", "--all"); code != 0 || !strings.Contains(out, "resumed "+h.ID.String()) {
 		t.Fatalf("prepared resume --all: exit %d: %s%s", code, out, errOut)
+	}
+}
+
+// A stray selection variable (TXOUTBOX_BIZ_KEY, TXOUTBOX_ID, TXOUTBOX_ALL, ...) never widens
+// relay scheduled cancel: without a typed selection it is a usage error (exit 2), and with one
+// it cancels exactly what was typed; the message the environment names stays scheduled until
+// its business key is typed.
+func TestScheduledCancelSelectionIsCommandLineOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		ids, err = c.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.expire", BizKey: "order:1:expire", DeliverAt: due},
+			outbox.Message{Subject: "orders.expire", BizKey: "order:2:expire", DeliverAt: due},
+			outbox.Message{Subject: "orders.expire", BizKey: "order:3:expire", DeliverAt: due})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	target, typedByKey, typedByID := ids[0], ids[1], ids[2]
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema,
+		"TXOUTBOX_BIZ_KEY": "order:1:expire", "BIZ_KEY": "order:1:expire", "TXOUTBOX_ID": target.String(),
+		"TXOUTBOX_MESSAGE_ID": target.String(), "TXOUTBOX_ALL": "true", "TXOUTBOX_SUBJECT": "orders.expire",
+		"TXOUTBOX_STATE": "all", "TXOUTBOX_LIMIT": "1000"}
+	state := func(id uuid.UUID) string {
+		t.Helper()
+		var st string
+		if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if code, out, errOut := cliEnv(t, vars, "scheduled", "cancel"); code != 2 {
+		t.Errorf("scheduled cancel with the selection only in the environment: exit %d, want 2 (usage):\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:expire"); code != 0 ||
+		strings.Contains(out, target.String()) || !strings.Contains(out, "cancelled "+typedByKey.String()) {
+		t.Errorf("scheduled cancel --biz-key order:2:expire: exit %d:\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := cliEnv(t, vars, "scheduled", "cancel", typedByID.String(), "--json"); code != 0 ||
+		strings.Contains(out, target.String()) || !strings.Contains(out, typedByID.String()) {
+		t.Errorf("scheduled cancel %s: exit %d:\n%s%s", typedByID, code, out, errOut)
+	}
+	if st := state(target); st != "scheduled" {
+		t.Fatalf("the message named only by the environment is %s, want scheduled", st)
+	}
+	for _, id := range []uuid.UUID{typedByKey, typedByID} {
+		if st := state(id); st != "rolled_back" {
+			t.Errorf("typed message %s is %s, want rolled_back (cancelled)", id, st)
+		}
+	}
+	// Typed, the business key the environment named is cancelled.
+	if code, out, errOut := cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:1:expire"); code != 0 || !strings.Contains(out, "cancelled "+target.String()) {
+		t.Fatalf("scheduled cancel --biz-key order:1:expire: exit %d: %s%s", code, out, errOut)
 	}
 }
 

@@ -2,6 +2,7 @@ package relaycli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,14 +32,18 @@ func wantDenied(t *testing.T, what string, err error) {
 	}
 }
 
-// The core paths run as the four least-privilege roles `relay migrate grants` prints, each a
-// LOGIN role of its own: the producer enqueues and prepares, commits and rolls back half
-// messages, and cannot delete outbox rows, read payloads back or read dedup rows; the relay
-// publishes and the check-back resolves half messages (checker and fence) and purges, and the
-// relay cannot insert messages; the consumer applies messages and cannot read the outbox; the
-// admin owns the schema and migrates.
-func TestLeastPrivilegeRoles(t *testing.T) {
-	t.Parallel()
+// leastPrivilege is a test schema migrated and granted, with one LOGIN role per
+// least-privilege role granted by `relay migrate grants`.
+type leastPrivilege struct {
+	db    *testsvc.DB
+	login map[string]string // role -> its login role's name
+	dsnOf func(role string) string
+	// poolOf opens a pool logged in as role, closed by the test's cleanup.
+	poolOf func(role string) *pgxpool.Pool
+}
+
+func newLeastPrivilege(t *testing.T) *leastPrivilege {
+	t.Helper()
 	ctx := context.Background()
 	base := testsvc.PostgresDSN(t)
 	super, err := pgxpool.New(ctx, base)
@@ -64,12 +70,6 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		})
 	}
 	db := testsvc.NewDB(t)
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (message_id text PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `GRANT INSERT ON ledger TO `+login[migrations.RoleConsumer]); err != nil {
-		t.Fatal(err)
-	}
 	for _, r := range migrations.Roles {
 		code, sql, stderr := cli(t, "migrate", "grants", "--role", r, "--schema", db.Schema, "--grantee", login[r])
 		if code != 0 {
@@ -95,6 +95,26 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		}
 		t.Cleanup(p.Close)
 		return p
+	}
+	return &leastPrivilege{db: db, login: login, dsnOf: dsnOf, poolOf: poolOf}
+}
+
+// The core paths run as the four least-privilege roles `relay migrate grants` prints, each a
+// LOGIN role of its own: the producer enqueues and prepares, commits and rolls back half
+// messages, and cannot delete outbox rows, read payloads back or read dedup rows; the relay
+// publishes and the check-back resolves half messages (checker and fence) and purges, and the
+// relay cannot insert messages; the consumer applies messages and cannot read the outbox; the
+// admin owns the schema and migrates.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db, login, dsnOf, poolOf := lp.db, lp.login, lp.dsnOf, lp.poolOf
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (message_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `GRANT INSERT ON ledger TO `+login[migrations.RoleConsumer]); err != nil {
+		t.Fatal(err)
 	}
 	n := testsvc.NewNATS(t)
 	n.Stream(t, "ORDERS", "orders.>")
@@ -264,5 +284,127 @@ func TestGrantsCommand(t *testing.T) {
 	code, out, _ := cli(t, "migrate", "grants", "--role", "relay", "--signal-backend")
 	if code != 0 || !strings.Contains(out, `GRANT pg_signal_backend TO "txoutbox_relay";`) || !strings.Contains(out, `"public"."txoutbox_relays"`) {
 		t.Errorf("exit %d:\n%s", code, out)
+	}
+}
+
+// The delayed-message paths (migration 5) run as the restricted producer role: EnqueueTx with a
+// DeliverAt, CancelTx, RescheduleTx, CancelBizKeyTx and RescheduleBizKeyTx succeed with the
+// grants `relay migrate grants --role producer` prints (SELECT of deliver_at and headers,
+// UPDATE of deliver_at), and the producer still cannot delete outbox rows, read payloads,
+// rewrite a message or touch dedup rows. The admin role lists and cancels scheduled messages.
+func TestLeastPrivilegeDelayedMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(bizKey string) outbox.Message {
+		return outbox.Message{Subject: "orders.expire", Key: "orders", BizKey: bizKey, Payload: []byte("expire " + bizKey), DeliverAt: due}
+	}
+	var ids []uuid.UUID
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		ids, err = client.EnqueueTx(ctx, tx, msg("order:1:expire"), msg("order:2:expire"), msg("order:3:expire"),
+			msg("order:4:expire"), msg("order:5:expire"))
+		return err
+	}); err != nil {
+		t.Fatalf("producer EnqueueTx with DeliverAt: %v", err)
+	}
+	byID, rescheduled, byKey, keyRescheduled, forAdmin := ids[0], ids[1], ids[2], ids[3], ids[4]
+	later := due.Add(time.Hour)
+	inTx := func(what string, f func(tx pgx.Tx) error) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, producer, f); err != nil {
+			t.Fatalf("producer %s: %v", what, err)
+		}
+	}
+	inTx("CancelTx", func(tx pgx.Tx) error { return client.CancelTx(ctx, tx, byID) })
+	inTx("RescheduleTx", func(tx pgx.Tx) error { return client.RescheduleTx(ctx, tx, rescheduled, later) })
+	inTx("CancelBizKeyTx", func(tx pgx.Tx) error {
+		got, err := client.CancelBizKeyTx(ctx, tx, "order:3:expire")
+		if err == nil && (len(got) != 1 || got[0] != byKey) {
+			t.Errorf("CancelBizKeyTx cancelled %v, want [%s]", got, byKey)
+		}
+		return err
+	})
+	inTx("RescheduleBizKeyTx", func(tx pgx.Tx) error {
+		got, err := client.RescheduleBizKeyTx(ctx, tx, "order:4:expire", later)
+		if err == nil && (len(got) != 1 || got[0] != keyRescheduled) {
+			t.Errorf("RescheduleBizKeyTx moved %v, want [%s]", got, keyRescheduled)
+		}
+		return err
+	})
+	// A cancel of a message no longer scheduled is still refused as such, not as a denial.
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error { return client.CancelTx(ctx, tx, byID) }); !errors.Is(err, outbox.ErrNotScheduled) {
+		t.Errorf("producer CancelTx of a cancelled message: %v, want ErrNotScheduled", err)
+	}
+
+	type row struct {
+		state string
+		at    time.Time
+	}
+	read := func(id uuid.UUID) row {
+		t.Helper()
+		var r row
+		if err := db.Pool.QueryRow(ctx, `SELECT state, deliver_at FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&r.state, &r.at); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for id, want := range map[uuid.UUID]row{
+		byID: {"rolled_back", due}, rescheduled: {"scheduled", later}, byKey: {"rolled_back", due},
+		keyRescheduled: {"scheduled", later}, forAdmin: {"scheduled", due},
+	} {
+		if got := read(id); got.state != want.state || !got.at.Equal(want.at) {
+			t.Errorf("message %s: %s due %s, want %s due %s", id, got.state, got.at, want.state, want.at)
+		}
+	}
+
+	// What the producer must not do, delayed messages or not.
+	for what, sql := range map[string]string{
+		"DELETE outbox rows":            `DELETE FROM txoutbox_messages`,
+		"SELECT payload":                `SELECT payload FROM txoutbox_messages`,
+		"UPDATE payload":                `UPDATE txoutbox_messages SET payload = ''`,
+		"UPDATE headers":                `UPDATE txoutbox_messages SET headers = '{}'`,
+		"UPDATE subject":                `UPDATE txoutbox_messages SET subject = 'elsewhere'`,
+		"SELECT dedup rows":             `SELECT * FROM txoutbox_consumer_dedup`,
+		"DELETE dedup rows":             `DELETE FROM txoutbox_consumer_dedup`,
+		"SELECT the relays' membership": `SELECT * FROM txoutbox_relays`,
+	} {
+		_, err := producer.Exec(ctx, sql)
+		wantDenied(t, "producer "+what, err)
+	}
+
+	// The admin role lists and cancels scheduled messages.
+	admin := func(args ...string) string {
+		t.Helper()
+		code, out, stderr := cli(t, append(args, "--database-url", lp.dsnOf(migrations.RoleAdmin), "--schema", db.Schema)...)
+		if code != 0 {
+			t.Fatalf("relay %s as the admin role: exit %d\n%s%s", strings.Join(args, " "), code, out, stderr)
+		}
+		return out
+	}
+	var listed []struct {
+		MessageID uuid.UUID `json:"message_id"`
+		BizKey    string    `json:"biz_key"`
+	}
+	if err := json.Unmarshal([]byte(admin("scheduled", "list", "--json")), &listed); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) != 3 || listed[0].MessageID != forAdmin {
+		t.Errorf("scheduled list as the admin role: %+v, want %s first of 3 (then the two moved to %s)", listed, forAdmin, later)
+	}
+	if out := admin("scheduled", "cancel", "--biz-key", "order:5:expire"); !strings.Contains(out, "cancelled "+forAdmin.String()) {
+		t.Errorf("scheduled cancel --biz-key as the admin role: %q", out)
+	}
+	if got := read(forAdmin); got.state != "rolled_back" {
+		t.Errorf("the admin's cancel left message %s %s", forAdmin, got.state)
 	}
 }

@@ -8,6 +8,7 @@
 package checker
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -34,11 +35,13 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ErrNoOutbox is returned by Serve when Options.Outbox is empty: a checker must know
-// which outbox it answers for, or it could settle the half messages of another service that
-// uses the same producer group name.
-var ErrNoOutbox = errors.New("checker: Options.Outbox is required: the outbox this checker answers for " +
-	"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)")
+// ErrNoOutbox is returned by Serve (and ValidateOptions) when Options.Outbox is empty: a
+// checker must know which outbox it answers for, or it could settle the half messages of
+// another service that uses the same producer group name. It is a *txoutbox.ConfigError
+// naming Options.Outbox, so it also matches txoutbox.ErrInvalidConfig.
+var ErrNoOutbox error = &txoutbox.ConfigError{Package: "checker", Field: "Options.Outbox",
+	Reason: "is required: the outbox this checker answers for " +
+		"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)"}
 
 // Func answers a check: did the local transaction of this half message commit? Return
 // outbox.StateCommit or outbox.StateRollback only when the outcome is certain;
@@ -50,13 +53,20 @@ type Func func(ctx context.Context, req Request) (outbox.LocalState, error)
 const (
 	// DefaultSubjectPrefix is the check-back's default checkback.Config.SubjectPrefix.
 	DefaultSubjectPrefix = "txoutbox.check"
-	DefaultConcurrency   = 16
-	DefaultTimeout       = 3 * time.Second
+	// DefaultQueueGroup is the NATS micro default queue group.
+	DefaultQueueGroup  = micro.DefaultQueueGroup
+	DefaultConcurrency = 16
+	// DefaultTimeout is the check-back's default request timeout
+	// (checkback.DefaultRequestTimeout).
+	DefaultTimeout = 3 * time.Second
 	// ServiceVersion is the version the checker micro services announce.
 	ServiceVersion = "1.0.0"
 )
 
-// Options configure Serve. nil means all defaults.
+// Options configure Serve. nil means all defaults, but Outbox is required. They follow the
+// txoutbox Config convention: a zero field means its default (Options.WithDefaults applies
+// them), no field takes txoutbox.Off or txoutbox.Forever, and an invalid value (a negative
+// Concurrency or Timeout among them) is a *txoutbox.ConfigError naming the field.
 type Options struct {
 	// SubjectPrefix must match the check-back's Config.SubjectPrefix. Defaults to
 	// "txoutbox.check".
@@ -73,7 +83,7 @@ type Options struct {
 
 	// QueueGroup spreads the checks of a group over every process serving it; the outbox's
 	// token (see OutboxToken) is appended, so that the checkers of two outboxes are never in
-	// one queue group. Defaults to the NATS micro default ("q").
+	// one queue group. Defaults to "q" (DefaultQueueGroup, the NATS micro default).
 	QueueGroup string
 
 	// Concurrency bounds the checks answered at once by this process. Defaults to 16.
@@ -101,6 +111,49 @@ type Options struct {
 	// application sets one.
 	Propagator propagation.TextMapPropagator
 }
+
+// WithDefaults returns a copy of o with every unset field set to its default. o may be nil.
+func (o *Options) WithDefaults() *Options {
+	out := Options{}
+	if o != nil {
+		out = *o
+	}
+	out.SubjectPrefix = cmp.Or(out.SubjectPrefix, DefaultSubjectPrefix)
+	out.QueueGroup = cmp.Or(out.QueueGroup, DefaultQueueGroup)
+	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
+	out.Timeout = cmp.Or(out.Timeout, DefaultTimeout)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (o *Options) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "checker", Field: "Options." + field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if o.Outbox == "" {
+		return ErrNoOutbox
+	}
+	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
+		return bad("SubjectPrefix", "is invalid: %v", err)
+	}
+	// micro takes a queue group of subject characters (wildcards included).
+	if err := outbox.ValidateSubjectFilter(o.QueueGroup); err != nil {
+		return bad("QueueGroup", "is invalid: %v", err)
+	}
+	switch {
+	case o.Concurrency < 1:
+		return bad("Concurrency", "must be at least 1, got %d", o.Concurrency)
+	case o.Timeout <= 0:
+		return bad("Timeout", "must be positive, got %s", o.Timeout)
+	}
+	return nil
+}
+
+// ValidateOptions reports whether opts, with defaults applied, are valid; errors are
+// *txoutbox.ConfigError values naming the field (ErrNoOutbox when Outbox is empty).
+func ValidateOptions(opts *Options) error { return opts.WithDefaults().validate() }
 
 // maxForeignLogged bounds the foreign outboxes one Server remembers having logged.
 const maxForeignLogged = 64
@@ -158,30 +211,9 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 	if err := outbox.ValidateGroup(group); err != nil {
 		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	if o.SubjectPrefix == "" {
-		o.SubjectPrefix = DefaultSubjectPrefix
-	}
-	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
-		return nil, fmt.Errorf("checker: Options.SubjectPrefix: %w", err)
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = DefaultConcurrency
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Outbox == "" {
-		return nil, ErrNoOutbox
-	}
-	if o.QueueGroup == "" {
-		o.QueueGroup = micro.DefaultQueueGroup
+	o := opts.WithDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
 	foreign, err := foreignCounter(o.Registerer, group)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
@@ -77,6 +78,43 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 		return outbox.StateCommit, nil
 	}, nil); !errors.Is(err, checker.ErrNoOutbox) {
 		t.Fatalf("Serve without an outbox: %v, want ErrNoOutbox", err)
+	}
+}
+
+// Options follow the txoutbox Config convention: zero takes the documented default, a negative
+// Concurrency or Timeout is refused by Serve as a *txoutbox.ConfigError naming the field
+// (it used to become the default silently), and a missing Outbox is ErrNoOutbox, also a
+// ConfigError.
+func TestOptionsFollowTheConfigConvention(t *testing.T) {
+	t.Parallel()
+	d := (*checker.Options)(nil).WithDefaults()
+	if d.SubjectPrefix != checker.DefaultSubjectPrefix || d.QueueGroup != checker.DefaultQueueGroup ||
+		d.Concurrency != checker.DefaultConcurrency || d.Timeout != checker.DefaultTimeout || d.Logger == nil {
+		t.Fatalf("WithDefaults: %+v", d)
+	}
+	if err := checker.ValidateOptions(&checker.Options{Outbox: "db/one"}); err != nil {
+		t.Fatalf("defaults with an outbox: %v", err)
+	}
+	var ce *txoutbox.ConfigError
+	if err := checker.ValidateOptions(&checker.Options{}); !errors.Is(err, checker.ErrNoOutbox) ||
+		!errors.Is(err, txoutbox.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Options.Outbox" {
+		t.Fatalf("no outbox: %v", err)
+	}
+	n := testsvc.NewNATS(t)
+	check := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }
+	for field, o := range map[string]*checker.Options{
+		"Options.Concurrency":   {Outbox: "db/one", Concurrency: -1},
+		"Options.Timeout":       {Outbox: "db/one", Timeout: -time.Second},
+		"Options.SubjectPrefix": {Outbox: "db/one", SubjectPrefix: "a b"},
+		"Options.QueueGroup":    {Outbox: "db/one", QueueGroup: "q q"},
+	} {
+		srv, err := checker.Serve(n.Conn, "pay", check, o)
+		if err == nil {
+			_ = srv.Stop()
+		}
+		if !errors.As(err, &ce) || ce.Field != field || ce.Package != "checker" || !errors.Is(err, txoutbox.ErrInvalidConfig) {
+			t.Errorf("%s: Serve returned %v, want a *txoutbox.ConfigError naming it", field, err)
+		}
 	}
 }
 
