@@ -11,8 +11,9 @@ import (
 )
 
 // A producer role granted at migration 4 (before delayed messages) keeps working after
-// migration 5 without a new grant: committing a half message (which now reads deliver_at),
-// and the new cancel and reschedule functions. Without the grants migration 5 carries over,
+// migrations 5 and 7 without a new grant: committing a half message (which now reads
+// deliver_at), the new cancel and reschedule functions, and enqueueing (migration 7's
+// txoutbox_partition_keys). Without the grants migration 5 carries over,
 // the commit fails with "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
@@ -71,6 +72,8 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 		}
 	}
 	asProducer("enqueue", `SELECT txoutbox_enqueue('orders.x', 'p')`)
+	// Migration 7's txoutbox_partition_keys, which txoutbox_write calls with the caller's rights.
+	asProducer("enqueue many with keys", `SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], ARRAY['k1', ''])`)
 	asProducer("prepare and commit a half message", `SELECT txoutbox_commit(txoutbox_prepare('orders.x', 'p', producer_group => 'g1'))`)
 	asProducer("prepare and roll back a half message", `SELECT txoutbox_rollback(txoutbox_prepare('orders.x', 'p', producer_group => 'g1'))`)
 	asProducer("enqueue a delayed message and reschedule it", `SELECT txoutbox_reschedule(txoutbox_enqueue('orders.y', 'p', deliver_at => now() + interval '1 hour'), now() + interval '2 hours')`)

@@ -297,6 +297,23 @@ func agreementRows() []agreementRow {
 		{name: "header description", m: one("description", "v"), want: "TX003"},
 		{name: "header Statuses", m: one("Statuses", "v"), want: "ok"},
 		{name: "header with no value", m: withHdr(map[string][]string{"a": {}}), want: "TX003"},
+		// One ASCII header with nothing escaped (migration 7 reads it with string functions).
+		{name: "header traceparent", m: one("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), want: "ok"},
+		{name: "header name with DEL", m: one("a\x7f", "v"), want: "TX003"},
+		{name: "header name with a bracket", m: one("a[", "v"), want: "TX003"},
+		{name: "header name mimicking the JSON", m: one(`a": ["b`, "v"), want: "TX003"},
+		{name: "header DESCRIPTION", m: one("DESCRIPTION", "v"), want: "TX003"},
+		{name: "header Txoutbox-x", m: one("Txoutbox-x", "v"), want: "TX003"},
+		{name: "header Descriptions", m: one("Descriptions", "v"), want: "ok"},
+		{name: "header value mimicking the JSON", m: one("a", `v"], "b": ["w`), want: "ok"},
+		{name: "header value of brackets", m: one("a", `["x"]`), want: "ok"},
+		{name: "header value leading space", m: one("a", " v"), want: "TX003"},
+		{name: "header value one space", m: one("a", " "), want: "TX003"},
+		{name: "header value inner DEL", m: one("a", "v\x7fw"), want: "TX003"},
+		{name: "header value trailing DEL", m: one("a", "v\x7f"), want: "TX003"},
+		{name: "header value with a backslash", m: one("a", `v\w`), want: "ok"},
+		{name: "header value of a quote", m: one("a", `"`), want: "ok"},
+		{name: "header value trailing NBSP", m: one("a", "v\u00a0"), want: "TX003"},
 		// Header values.
 		{name: "header value empty", m: one("a", ""), want: "ok"},
 		{name: "header many values", m: withHdr(map[string][]string{"a": {"1", "2", ""}, "B": {"x"}, "b": {"y"}}), want: "ok"},
@@ -547,13 +564,50 @@ func TestSQLKeyHashAndLockClassesAreTheStores(t *testing.T) {
 	if kc != q.KeyLockClass || bc != q.KeyBucketLockClass {
 		t.Fatalf("SQL lock classes %d, %d; the store's %d, %d", kc, bc, q.KeyLockClass, q.KeyBucketLockClass)
 	}
-	for _, s := range []string{"", "a", "order-1", "ключ🔑", strings.Repeat("x", 1024), uuid.NewString(), "txoutbox.key:" + db.Schema} {
+	strs := []string{"", "a", "order-1", "ключ🔑", strings.Repeat("x", 1024), uuid.NewString(), "txoutbox.key:" + db.Schema}
+	for n := 1; n <= 40; n++ { // every length around the 4-byte steps of txoutbox_partition_keys
+		strs = append(strs, strings.Repeat("k", n-1)+string(rune('a'+n%26)), strings.Repeat("é", n/2)+strings.Repeat("z", n%2))
+	}
+	for _, s := range strs {
 		var h int32
 		if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_key_hash($1)`, s).Scan(&h); err != nil {
 			t.Fatal(err)
 		}
 		if h != store.KeyHash(s) {
 			t.Fatalf("txoutbox_key_hash(%.20q) = %d, store.KeyHash = %d", s, h, store.KeyHash(s))
+		}
+	}
+	// txoutbox_partition_keys (migration 7) hashes a batch: the key, or the id's text form for
+	// a message without one (NULL or ''); keys may be NULL.
+	keys := make([]*string, 0, 2*len(strs))
+	ids := make([]uuid.UUID, 0, 2*len(strs))
+	want := make([]int32, 0, 2*len(strs))
+	for i := range strs {
+		id := uuid.Must(uuid.NewV7())
+		var k *string
+		switch {
+		case strs[i] != "":
+			k = &strs[i]
+			want = append(want, store.KeyHash(strs[i]))
+		default:
+			k = &strs[i] // '' is no key
+			want = append(want, store.KeyHash(id.String()))
+		}
+		keys, ids = append(keys, k), append(ids, id)
+		id2 := uuid.New()
+		keys, ids, want = append(keys, nil), append(ids, id2), append(want, store.KeyHash(id2.String()))
+	}
+	var got, gotNoKeys []int32
+	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_partition_keys($1::text[], $2::uuid[]), txoutbox_partition_keys(NULL, $2::uuid[])`, keys, ids).
+		Scan(&got, &gotNoKeys); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("txoutbox_partition_keys = %v, want store.KeyHash's %v", got, want)
+	}
+	for i, id := range ids {
+		if gotNoKeys[i] != store.KeyHash(id.String()) {
+			t.Fatalf("txoutbox_partition_keys(NULL, ids)[%d] = %d, want store.KeyHash(%s) = %d", i, gotNoKeys[i], id, store.KeyHash(id.String()))
 		}
 	}
 }
@@ -663,7 +717,13 @@ func TestSQLHeaderSizesAgreeWithGo(t *testing.T) {
 		h       map[string][]string
 		invalid bool
 	}{
-		{h: map[string][]string{"a": {"x"}}},                        // simple
+		{h: map[string][]string{"a": {"x"}}}, // simple
+		{h: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}},
+		{h: map[string][]string{"a": {"x y"}}},                  // an inner space
+		{h: map[string][]string{"a": {`"], "b": ["`}}},          // looks like two headers
+		{h: map[string][]string{"a": {"v "}}, invalid: true},    // a trailing space
+		{h: map[string][]string{"a": {"v\x7f"}}, invalid: true}, // DEL
+		{h: map[string][]string{"Status": {"1"}}, invalid: true},
 		{h: map[string][]string{"a": {""}}},                         // simple, an empty value
 		{h: map[string][]string{"A": {"1"}, "bb": {"22"}}},          // simple, two headers
 		{h: map[string][]string{"a": {"zürich ☃"}}},                 // simple, multi-byte

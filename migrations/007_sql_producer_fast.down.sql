@@ -1,0 +1,195 @@
+-- Reverts 007: migration 004's and 005's definitions of the functions 007 replaced, and
+-- txoutbox_partition_keys dropped.
+
+
+CREATE OR REPLACE FUNCTION txoutbox_enqueue(subject text, payload bytea, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+    biz_key text DEFAULT NULL, id uuid DEFAULT NULL, deliver_at timestamptz DEFAULT NULL)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    mid uuid;
+BEGIN
+    IF deliver_at IS NULL THEN
+        RETURN txoutbox_enqueue_v4(subject, payload, key, headers, biz_key, id);
+    END IF;
+    -- The message's own checks first, as EnqueueTx makes them (an error undoes the insert).
+    mid := txoutbox_enqueue_v4(subject, payload, key, headers, biz_key, id);
+    PERFORM txoutbox_check_deliver_at('txoutbox_enqueue', deliver_at);
+    UPDATE txoutbox_messages m SET state = 'scheduled', ready_at = NULL, deliver_at = txoutbox_enqueue.deliver_at
+    WHERE m.message_id = mid;
+    RETURN mid;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_enqueue_many(subjects text[], payloads bytea[], keys text[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL, biz_keys text[] DEFAULT NULL, ids uuid[] DEFAULT NULL, deliver_ats timestamptz[] DEFAULT NULL)
+RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    out_ids uuid[];
+    bad int;
+BEGIN
+    IF deliver_ats IS NULL THEN
+        RETURN txoutbox_enqueue_many_v4(subjects, payloads, keys, headers, biz_keys, ids);
+    END IF;
+    IF coalesce(cardinality(deliver_ats), 0) <> coalesce(cardinality(subjects), 0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = format('txoutbox_enqueue_many: deliver_ats: invalid argument: %s delivery times for %s subjects',
+                coalesce(cardinality(deliver_ats), 0), coalesce(cardinality(subjects), 0));
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM unnest(deliver_ats) d WHERE d IS NOT NULL) THEN
+        RETURN txoutbox_enqueue_many_v4(subjects, payloads, keys, headers, biz_keys, ids);
+    END IF;
+    -- The messages' own checks first (an error undoes the inserts); then the delivery times.
+    -- (EnqueueTx checks message by message: with one message bad in its content and an
+    -- earlier one bad in its delivery time only, the two name different messages.)
+    out_ids := txoutbox_enqueue_many_v4(subjects, payloads, keys, headers, biz_keys, ids);
+    SELECT min(o) INTO bad FROM unnest(deliver_ats) WITH ORDINALITY AS u(d, o)
+    WHERE d IS NOT NULL AND (d < '1970-01-01 00:00:00+00' OR d > '9999-12-31 23:59:59+00');
+    IF bad IS NOT NULL THEN
+        PERFORM txoutbox_check_deliver_at(format('txoutbox_enqueue_many: message %s', bad - 1), deliver_ats[bad]);
+    END IF;
+    UPDATE txoutbox_messages m SET state = 'scheduled', ready_at = NULL, deliver_at = u.d
+    FROM unnest(out_ids, deliver_ats) AS u(id, d)
+    WHERE m.message_id = u.id AND u.d IS NOT NULL;
+    RETURN out_ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
+    headers jsonb[], biz_keys text[], ids uuid[], producer_group text, check_mode text, check_immunity interval)
+RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $fn$
+DECLARE
+    n int := cardinality(subjects);
+    given_ids boolean := coalesce(cardinality(array_remove(ids, NULL)), 0) > 0;
+    bad int;
+    dup int;
+    hsizes int[];
+    out_ids uuid[];
+    out_parts int4[];
+    lock_hashes int4[];
+    done uuid[];
+    ctx text;
+BEGIN
+    SELECT min(c.ord) FILTER (WHERE c.ok IS NOT TRUE), array_agg(c.hsize ORDER BY c.ord),
+           array_agg(c.mid ORDER BY c.ord), array_agg(c.part ORDER BY c.ord),
+           array_agg(c.part) FILTER (WHERE c.k IS NOT NULL)
+      INTO bad, hsizes, out_ids, out_parts, lock_hashes
+    FROM (SELECT m.ord, m.k, m.mid, m.hsize, m.part,
+                 txoutbox_subject_ok(m.subject) AND txoutbox_key_ok(m.k) AND txoutbox_key_ok(m.bk) AND m.hsize >= 0
+                 AND txoutbox_header_block(m.hsize, m.k, m.bk) <= 61439
+                 AND coalesce(octet_length(m.payload), 0) + txoutbox_header_block(m.hsize, m.k, m.bk) <= 1048576 AS ok
+          FROM (SELECT t.*, txoutbox_key_hash(coalesce(t.k, t.mid::text)) AS part,
+                       -- The size of the headers' lines, -1 when they are invalid: from their
+                       -- text when it is simple, else header by header, value by value.
+                       CASE WHEN t.hdr IS NULL THEN 0
+                            WHEN t.hdr_text IS NULL THEN -1
+                            ELSE coalesce(txoutbox_simple_headers_size(t.hdr_text), (
+                                SELECT CASE WHEN bool_and(txoutbox_header_name_ok(e.key) AND jsonb_typeof(e.value) = 'array'
+                                                          AND jsonb_array_length(e.value) > 0 AND txoutbox_header_value_ok(v.value)) IS NOT FALSE
+                                            THEN coalesce(sum(octet_length(e.key) + 4 + octet_length(v.value #>> '{}')), 0)::int
+                                            ELSE -1 END
+                                FROM jsonb_each(t.hdr) e
+                                LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.value) = 'array' THEN e.value END) v(value) ON true))
+                       END AS hsize
+                FROM (SELECT u.ord, u.subject, u.payload, nullif(u.key, '') AS k, nullif(u.biz_key, '') AS bk, u.hdr,
+                             CASE WHEN jsonb_typeof(u.hdr) = 'object' THEN u.hdr::text END AS hdr_text,
+                             coalesce(u.id, txoutbox_uuidv7()) AS mid
+                      FROM unnest(subjects, payloads, keys, headers, biz_keys, ids) WITH ORDINALITY
+                           AS u(subject, payload, key, hdr, biz_key, id, ord)
+                      OFFSET 0) t
+                OFFSET 0) m) c;
+    IF given_ids THEN
+        SELECT min(d.ord) INTO dup
+        FROM (SELECT u.ord, row_number() OVER (PARTITION BY u.id ORDER BY u.ord) AS seen
+              FROM unnest(ids) WITH ORDINALITY AS u(id, ord) WHERE u.id IS NOT NULL) d
+        WHERE d.seen > 1;
+    END IF;
+    IF bad IS NOT NULL OR dup IS NOT NULL THEN
+        bad := least(bad, dup);
+        ctx := fn || ': ' || CASE WHEN numbered THEN format('message %s: ', bad) ELSE '' END;
+        PERFORM txoutbox_check_message(ctx, subjects[bad], payloads[bad], nullif(keys[bad], ''), headers[bad],
+                                       nullif(biz_keys[bad], ''), hsizes[bad]);
+        IF bad = dup THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX006',
+                MESSAGE = format('%sid: duplicate message id: message %s of this call has the same id %s', ctx, array_position(ids, ids[bad]), ids[bad]);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'XX000',
+            MESSAGE = format('%stxoutbox internal error: the batch check refused the message and txoutbox_check_message found nothing wrong', ctx);
+    END IF;
+    IF check_mode IS NULL AND lock_hashes IS NOT NULL THEN
+        PERFORM txoutbox_lock_key_hashes(lock_hashes);
+    END IF;
+    IF check_mode IS NULL AND NOT given_ids THEN
+        -- Ready messages with ids drawn here (UUIDv7, no collision): EnqueueTx's statement.
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               'ready', clock_timestamp()
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, ord)
+        ORDER BY u.ord;
+        RETURN out_ids;
+    END IF;
+    -- A caller's id may already be in the outbox: skip the conflict, then say which.
+    WITH ins AS (
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at,
+            producer_group, check_mode, next_check_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               CASE WHEN check_mode IS NULL THEN 'ready' ELSE 'prepared' END,
+               CASE WHEN check_mode IS NULL THEN clock_timestamp() END,
+               producer_group, check_mode,
+               CASE WHEN check_mode IS NOT NULL THEN now() + greatest(coalesce(check_immunity, interval '0'), interval '0') END
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, ord)
+        ORDER BY u.ord
+        ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING
+        RETURNING message_id
+    )
+    SELECT array_agg(message_id) INTO done FROM ins;
+    IF coalesce(cardinality(done), 0) <> n THEN
+        FOR i IN 1 .. n LOOP
+            IF NOT (out_ids[i] = ANY(coalesce(done, '{}'))) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX006',
+                    MESSAGE = format('%s: %sid: duplicate message id: a message with id %s is already in the outbox',
+                                     fn, CASE WHEN numbered THEN format('message %s: ', i) ELSE '' END, out_ids[i]);
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN out_ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_simple_headers_size(t text) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT CASE WHEN t = '{}' THEN 0
+            WHEN t ~ ('^\{' || txoutbox_simple_header_re() || '(, ' || txoutbox_simple_header_re() || ')*\}$')
+             AND t !~* '"(nats-[^"]*|txoutbox-[^"]*|status|description)": \['
+            THEN octet_length(t) - 6 * ((octet_length(t) - octet_length(replace(t, '"', ''))) / 4)
+       END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_uuidv7() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $fn$
+SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+    PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+    FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_subject_ok(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT octet_length(s) BETWEEN 1 AND 1024
+   AND s !~ '[\u0001-\u0020\u007f-\u009f]|(^|\.)(\.|$)|(^|\.)[*>](\.|$)'
+   AND split_part(s, '.', 1) NOT IN ('$JS', '$JSC', '$SYS', '$NRG')
+$fn$;
+
+DROP FUNCTION txoutbox_partition_keys(text[], uuid[]);
