@@ -193,3 +193,23 @@ SELECT octet_length(s) BETWEEN 1 AND 1024
 $fn$;
 
 DROP FUNCTION txoutbox_partition_keys(text[], uuid[]);
+
+-- Migration 005's txoutbox_prepare (a negative check_immunity counts as none).
+CREATE OR REPLACE FUNCTION txoutbox_prepare(subject text, payload bytea, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+    biz_key text DEFAULT NULL, id uuid DEFAULT NULL, producer_group text DEFAULT NULL, fence boolean DEFAULT false,
+    check_immunity interval DEFAULT NULL, deliver_at timestamptz DEFAULT NULL)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    mid uuid;
+BEGIN
+    mid := txoutbox_prepare_v4(subject, payload, key, headers, biz_key, id, producer_group, fence, check_immunity);
+    IF deliver_at IS NOT NULL THEN
+        PERFORM txoutbox_check_deliver_at('txoutbox_prepare', deliver_at);
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_prepare.deliver_at WHERE m.message_id = mid;
+    END IF;
+    RETURN mid;
+END
+$fn$;

@@ -9,6 +9,8 @@
 --     instead of one call per message;
 --   * txoutbox_enqueue and txoutbox_enqueue_many without delivery times call txoutbox_write
 --     directly (one PL/pgSQL layer instead of two).
+-- One rule is added, so that the SQL contract agrees with the Go client again:
+-- txoutbox_prepare refuses a negative check_immunity (TX008), as Prepare does.
 
 -- The partition keys of a batch: FNV-1a (32 bits) of each key's UTF-8 bytes masked to 31 bits,
 -- as txoutbox_key_hash and store.KeyHash compute it, or of the message id's text form for a
@@ -317,5 +319,30 @@ BEGIN
     FROM unnest(out_ids, deliver_ats) AS u(id, d)
     WHERE m.message_id = u.id AND u.d IS NOT NULL;
     RETURN out_ids;
+END
+$fn$;
+
+-- txoutbox_prepare refuses a negative check_immunity (TX008), as outbox.Prepare refuses a
+-- negative PrepareOptions.CheckImmunity; before, it counted as none.
+CREATE OR REPLACE FUNCTION txoutbox_prepare(subject text, payload bytea, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+    biz_key text DEFAULT NULL, id uuid DEFAULT NULL, producer_group text DEFAULT NULL, fence boolean DEFAULT false,
+    check_immunity interval DEFAULT NULL, deliver_at timestamptz DEFAULT NULL)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    mid uuid;
+BEGIN
+    IF check_immunity < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = format('txoutbox_prepare: check_immunity: invalid argument: must not be negative (0 or NULL: checked from the check-back''s transaction timeout on), got %s', check_immunity);
+    END IF;
+    mid := txoutbox_prepare_v4(subject, payload, key, headers, biz_key, id, producer_group, fence, check_immunity);
+    IF deliver_at IS NOT NULL THEN
+        PERFORM txoutbox_check_deliver_at('txoutbox_prepare', deliver_at);
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_prepare.deliver_at WHERE m.message_id = mid;
+    END IF;
+    RETURN mid;
 END
 $fn$;

@@ -177,6 +177,17 @@ func TestSQLHalfMessagesAgreeWithGo(t *testing.T) {
 			}
 		}
 	}
+	// Check immunity: none, some, negative (refused by both).
+	for _, tc := range []struct {
+		immunity time.Duration
+		want     string
+	}{{0, "ok"}, {5 * time.Second, "ok"}, {-time.Second, "TX008"}, {-time.Microsecond, "TX008"}} {
+		_, goErr := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "h.v"}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: tc.immunity})
+		sqlErr := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'orders', check_immunity => $1)`, tc.immunity).Scan(new(uuid.UUID))
+		if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != tc.want || s != tc.want {
+			t.Errorf("prepare with check immunity %s: Go %s, SQL %s; want %s", tc.immunity, g, s, tc.want)
+		}
+	}
 	// Prepare validates the message as txoutbox_enqueue does.
 	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('a..b', '', producer_group => 'g')`).Scan(new(uuid.UUID)); sqlOutcome(err) != "TX001" {
 		t.Errorf("txoutbox_prepare of a bad subject: %v, want TX001", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -42,6 +43,9 @@ var sqlStates = []struct {
 	{outbox.ErrNotFound, "TX103"},
 	{outbox.ErrInvalidDeliverAt, "TX009"},
 	{outbox.ErrNotScheduled, "TX201"},
+	// An invalid argument of a call (PrepareOptions.CheckImmunity; batch arrays of unequal
+	// length have no Go form).
+	{txoutbox.ErrInvalidConfig, "TX008"},
 }
 
 // goOutcome is "ok" or the SQLSTATE code of err's sentinel.
