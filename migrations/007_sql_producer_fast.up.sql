@@ -77,7 +77,8 @@ END
 $fn$;
 
 -- EXECUTE is granted explicitly, not to PUBLIC (004). txoutbox_write calls this function with
--- the caller's privileges: every role that may call txoutbox_enqueue_many gets EXECUTE on it,
+-- the caller's privileges: every role that may call txoutbox_write (what txoutbox_enqueue,
+-- txoutbox_enqueue_many and txoutbox_prepare reach) gets EXECUTE on it,
 -- so that producers granted before this migration keep working without a new grant.
 REVOKE EXECUTE ON FUNCTION txoutbox_partition_keys(text[], uuid[]) FROM PUBLIC;
 DO $do$
@@ -87,8 +88,8 @@ BEGIN
     FOR r IN SELECT a.rolname FROM pg_roles a
              WHERE NOT a.rolsuper AND a.rolname NOT LIKE 'pg\_%'
                AND a.oid <> (SELECT p.proowner FROM pg_proc p
-                             WHERE p.oid = 'txoutbox_enqueue_many(text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[])'::regprocedure)
-               AND has_function_privilege(a.oid, 'txoutbox_enqueue_many(text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[])'::regprocedure, 'EXECUTE') LOOP
+                             WHERE p.oid = 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure)
+               AND has_function_privilege(a.oid, 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure, 'EXECUTE') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION txoutbox_partition_keys(text[], uuid[]) TO %I', r.rolname);
     END LOOP;
 END

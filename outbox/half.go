@@ -152,20 +152,21 @@ type PrepareOptions struct {
 	CheckImmunity time.Duration
 }
 
-// prepareOptions returns *opts (zero when nil), validated: the group, and CheckImmunity.
+// prepareOptions returns *opts (zero when nil), validated: CheckImmunity, then the group.
 func prepareOptions(opts *PrepareOptions) (PrepareOptions, error) {
 	var o PrepareOptions
 	if opts != nil {
 		o = *opts
 	}
+	// CheckImmunity first, as txoutbox_prepare checks check_immunity before producer_group.
+	if o.CheckImmunity < 0 {
+		return o, &txoutbox.ConfigError{Package: "outbox", Field: "PrepareOptions.CheckImmunity",
+			Reason: fmt.Sprintf("must not be negative (0: checked from the transaction timeout on), got %s", o.CheckImmunity)}
+	}
 	if !o.Fence || o.Group != "" {
 		if err := ValidateGroup(o.Group); err != nil {
 			return o, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
 		}
-	}
-	if o.CheckImmunity < 0 {
-		return o, &txoutbox.ConfigError{Package: "outbox", Field: "PrepareOptions.CheckImmunity",
-			Reason: fmt.Sprintf("must not be negative (0: checked from the transaction timeout on), got %s", o.CheckImmunity)}
 	}
 	return o, nil
 }

@@ -188,6 +188,12 @@ func TestSQLHalfMessagesAgreeWithGo(t *testing.T) {
 			t.Errorf("prepare with check immunity %s: Go %s, SQL %s; want %s", tc.immunity, g, s, tc.want)
 		}
 	}
+	// Both wrong: the same first complaint.
+	_, goErr := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "h.v"}, &outbox.PrepareOptions{Group: "bad group", CheckImmunity: -time.Second})
+	sqlErr := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'bad group', check_immunity => '-1 second')`).Scan(new(uuid.UUID))
+	if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != "TX008" || s != "TX008" {
+		t.Errorf("prepare with a bad group and a negative check immunity: Go %s, SQL %s; want TX008", g, s)
+	}
 	// Prepare validates the message as txoutbox_enqueue does.
 	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('a..b', '', producer_group => 'g')`).Scan(new(uuid.UUID)); sqlOutcome(err) != "TX001" {
 		t.Errorf("txoutbox_prepare of a bad subject: %v, want TX001", err)

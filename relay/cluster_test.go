@@ -571,8 +571,10 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 	}
 	logs := newEventLog()
 	reg := prometheus.NewRegistry()
+	// Batches of 5: ACC's held rows are many batches' worth, ahead of OTHER's in id order; the
+	// claims must leave them out, or every batch would hold only them.
 	r := e.relay(&Config{Subjects: []string{"acc.>", "other.>"}, PublishTimeout: time.Second, MaxAttempts: 2, Logger: slog.New(logs),
-		Registerer: reg, SampleInterval: time.Hour}) // the gauge is set as the outage changes, not by the sample
+		Registerer: reg, SampleInterval: time.Hour, BatchSize: 5}) // the gauge is set as the outage changes, not by the sample
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
@@ -603,24 +605,43 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 	enqueue(outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:1")}, outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:2")})
 	testsvc.Eventually(t, 20*time.Second, "the relay to see ACC unavailable", func() bool { return logs.count(slog.LevelWarn, msgStreamDown) == 1 })
 	checkUnavailable(t, reg, map[string]float64{"ACC": 1, "OTHER": 0})
+	// Many more of ACC's rows, unkeyed and of keys of their own, then a row of OTHER with
+	// ACC's key "a": it must wait behind a:1 and a:2.
+	var accMsgs []outbox.Message
+	seq := map[string]int{}
+	for i := 0; i < 40; i++ {
+		m := outbox.Message{Subject: "acc.x", Payload: []byte(fmt.Sprintf("u%d:1", i))} // each its own sequence
+		if i%2 == 1 {
+			m.Key = fmt.Sprintf("b%d", i%6)
+			seq[m.Key]++
+			m.Payload = []byte(fmt.Sprintf("%s:%d", m.Key, seq[m.Key]))
+		}
+		accMsgs = append(accMsgs, m)
+	}
+	enqueue(accMsgs...)
+	enqueue(outbox.Message{Subject: "other.x", Key: "a", Payload: []byte("a:3")})
+	const accRows = 42
 	var msgs []outbox.Message
 	for i := 0; i < 20; i++ {
 		msgs = append(msgs, outbox.Message{Subject: "other.x", Key: fmt.Sprintf("o%d", i%4), Payload: []byte(fmt.Sprintf("o:%d", i))})
 	}
 	enqueue(msgs...)
-	testsvc.Eventually(t, 20*time.Second, "OTHER's rows published", func() bool { return e.count("subject = 'other.x'") == 0 })
+	testsvc.Eventually(t, 20*time.Second, "OTHER's rows published (but a:3)", func() bool { return e.count("subject = 'other.x'") == 1 })
 	if l := e.cluster.StreamLeader("ACC"); l != nil {
 		t.Fatalf("ACC had a new leader (%s) before OTHER's rows were published: the test proves nothing", l.Name)
 	}
-	if n := e.count("subject = 'acc.x' AND attempts = 0 AND last_error IS NULL"); n != 2 {
-		t.Fatalf("%d untouched ACC rows while ACC has no leader, want 2", n)
+	if n := e.count("subject = 'acc.x' AND attempts = 0 AND last_error IS NULL"); n != accRows {
+		t.Fatalf("%d untouched ACC rows while ACC has no leader, want %d", n, accRows)
+	}
+	if n := e.count("subject = 'other.x' AND msg_key = 'a'"); n != 1 {
+		t.Fatalf("OTHER's row of key a was published before ACC's earlier rows of the key")
 	}
 	if _, err := e.cluster.WaitStreamLeader("ACC", leader, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	testsvc.Eventually(t, 20*time.Second, "ACC's rows published", func() bool { return e.count("true") == 0 })
 	checkUnavailable(t, reg, map[string]float64{"ACC": 0, "OTHER": 0})
-	e.checkStoredOnce(2)
+	e.checkStoredOnce(accRows)
 	if f := r.Stats().Failed; f != 0 {
 		t.Fatalf("%d failed publishes, want 0", f)
 	}
@@ -812,8 +833,10 @@ func TestClusterFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 	if n := logs.countMsg(slog.LevelWarn, "ended the lease session of a relay that stopped heartbeating; its partitions are free"); n != 1 {
 		t.Fatalf("%d fence lines, want 1", n)
 	}
-	if got := other.Stats().Duplicates; got != keys {
-		t.Fatalf("the other relay got %d duplicate PubAcks, want %d (the frozen relay's first wave, sent to the old leader %s)", got, keys, old.Name)
+	if got := other.Stats().Duplicates; got < keys {
+		// At least the frozen relay's first wave; a PubAck that timed out on this loaded
+		// machine after the message was stored adds one more when its row is sent again.
+		t.Fatalf("the other relay got %d duplicate PubAcks, want at least %d (the frozen relay's first wave, sent to the old leader %s)", got, keys, old.Name)
 	}
 
 	// The frozen relay wakes: its lease has expired, it withholds the rest of its batch.

@@ -79,8 +79,8 @@ const (
 	fenceFactor = 11
 	// sessionEndBound: how long PostgreSQL takes at most to end the lease session of a relay
 	// whose host died or whose network was cut (the session's TCP keepalives: 5s idle, then 3
-	// probes 2s apart; its TCP user timeout is 10s). Kept in step with the set_config in
-	// maintainLocked.
+	// probes 2s apart; its TCP user timeout is 10s). Kept in step with the TCP settings of
+	// store.SetupRelaySession.
 	sessionEndBound = 11 * time.Second
 	// silentFactor: a member whose heartbeat has not moved for this many of its lease
 	// intervals is not waiting for anything (its share does not hold partitions back).

@@ -139,8 +139,111 @@ type streamOutage struct {
 	reason   string
 	since    time.Time
 	checked  time.Time // when the stream was last found unavailable
-	met      time.Time // when a row of the stream last came up (begin, knownOutage)
+	met      time.Time // when a row of the stream last came up (begin, knownOutage, askOutages)
 	probing  bool      // its info answered with a leader: rows are sent again
+	asking   bool      // askOutages is asking its info
+	// The rows held back for the outage, left out of the relay's claims while it lasts (see
+	// exclusions), so that they cannot fill every batch and stop the other streams: unkeyed
+	// rows by id, keyed ones by key (a key's later rows must not go before its held row).
+	// Claimed under lease generation gen.
+	heldIDs  map[int64]struct{}
+	heldKeys map[string]struct{}
+	gen      uint64
+}
+
+// maxHeld bounds the rows (ids and keys) an outage leaves out of the claims; past it, further
+// rows of the stream are claimed and held back batch by batch, as before a stream's rows were
+// left out.
+const maxHeld = 20000
+
+// hold records a row held back for the outage of stream name (claimed under lease generation
+// gen), so that claims leave it out until the stream answers with a leader again.
+func (o *streamOutages) hold(name string, id int64, key string, gen uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.m[name]
+	if e == nil || e.probing {
+		return
+	}
+	if e.gen != gen {
+		e.heldIDs, e.heldKeys, e.gen = nil, nil, gen
+	}
+	if len(e.heldIDs)+len(e.heldKeys) >= maxHeld {
+		return
+	}
+	if key == "" {
+		if e.heldIDs == nil {
+			e.heldIDs = map[int64]struct{}{}
+		}
+		e.heldIDs[id] = struct{}{}
+		return
+	}
+	if e.heldKeys == nil {
+		e.heldKeys = map[string]struct{}{}
+	}
+	e.heldKeys[key] = struct{}{}
+}
+
+// exclusions returns the ids and keys the claim leaves out, of the outages not being probed
+// whose rows were held under lease generation gen (rows held under another generation may be
+// another relay's now: their sets are dropped).
+func (o *streamOutages) exclusions(gen uint64) (ids []int64, keys []string) {
+	if o.n.Load() == 0 {
+		return nil, nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, e := range o.m {
+		if e.gen != gen {
+			e.heldIDs, e.heldKeys, e.gen = nil, nil, gen
+		}
+		if e.probing {
+			continue
+		}
+		for id := range e.heldIDs {
+			ids = append(ids, id)
+		}
+		for k := range e.heldKeys {
+			keys = append(keys, k)
+		}
+	}
+	return ids, keys
+}
+
+// askOutages asks, in the background, the info of each stream whose held rows the claims
+// leave out and whose last answer is older than outageRecheck (knownOutage does it for rows
+// that come up; these do not): once it answers with a leader, its rows are claimed and sent
+// again, and the first acknowledged publish ends the outage.
+func (r *Relay) askOutages(ctx context.Context) {
+	if r.outages.n.Load() == 0 {
+		return
+	}
+	o := &r.outages
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for name, e := range o.m {
+		if e.probing || e.asking || len(e.heldIDs)+len(e.heldKeys) == 0 || time.Since(e.checked) < outageRecheck {
+			continue
+		}
+		e.asking = true
+		go func() {
+			// Not the claim's context: the claim returns (and cancels it) long before.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.probeTimeout(), outageAsk))
+			info, err := r.streamInfo(actx, name)
+			cancel()
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			e.asking = false
+			e.met = time.Now() // its rows are still held here: not an outage to forget
+			switch {
+			case err == nil && hasLeader(info), errors.Is(err, jetstream.ErrStreamNotFound):
+				e.probing = true
+				r.Wake()
+			default:
+				e.checked = time.Now()
+			}
+		}()
+	}
 }
 
 // setGauge sets the stream's unavailable gauge; o.mu is held.

@@ -72,7 +72,7 @@ SELECT gen_random_uuid(), 'orders.created', g, '\x00', 'ready', now() FROM gener
 	if err := e.db.Pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'txoutbox_messages'::regclass`).Scan(&reltuples); err != nil {
 		t.Fatal(err)
 	}
-	if reltuples >= 0 {
+	if reltuples > 0 { // -1 when never analysed (PostgreSQL 14 and later), 0 before 14
 		t.Fatalf("pg_class.reltuples = %v: the table has statistics, want none (never analysed) for this test", reltuples)
 	}
 	var minID int64

@@ -122,6 +122,10 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				if res.streamErr == nil {
 					res.streamErr = o.err
 				}
+				var se *streamOutageError
+				if errors.As(o.err, &se) {
+					r.outages.hold(se.stream, row.ID, row.Key, gen)
+				}
 			default:
 				perm := isPermanent(o.err)
 				text := describe(row, o.err)

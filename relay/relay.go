@@ -490,6 +490,12 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 		return nil, 0, nil, err
 	}
 	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}
+	// Rows held back for a stream outage stay out of the claim while it lasts (outage.go).
+	r.askOutages(ctx)
+	if ids, keys := r.outages.exclusions(gen); len(ids)+len(keys) > 0 {
+		args.Exclude = append(slices.Clip(exclude), ids...)
+		args.ExcludeKeys = keys
+	}
 	if len(parts) < r.cfg.Partitions {
 		args.Partitions = parts
 	}

@@ -402,7 +402,7 @@ FROM generate_series(1, $1) g`, far); err != nil {
 	if n := e.count("state = 'ready'"); n != 4 {
 		t.Fatalf("%d ready rows after the promotion, want 4", n)
 	}
-	claim := scanned(q.ClaimSQL(), 100, nil, int32(8), []int64{}, int64(0))
+	claim := scanned(q.ClaimSQL(), 100, nil, int32(8), []int64{}, int64(0), []string{})
 	for k, v := range claim {
 		if v > 10 {
 			t.Fatalf("the claim read %v rows through %s, want at most the 4 ready ones (plan scans: %v)", v, k, claim)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/internal/embedded"
@@ -97,11 +98,22 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	if o.AppName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName
 	}
-	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
+	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set && !strings.Contains(pcfg.ConnConfig.RuntimeParams["options"], "jit") {
 		// Short statements only: JIT compilation (100-250 ms when a plan's estimated cost passes
 		// jit_above_cost, easily reached on an outbox without statistics yet) would cost more
 		// than any of them. The relay's claiming session sets it too (store.SetupRelaySession).
-		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+		// Set after connecting, not as a startup parameter: connection poolers such as
+		// PgBouncer refuse startup parameters they do not know.
+		after := pcfg.AfterConnect
+		pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if after != nil {
+				if err := after(ctx, conn); err != nil {
+					return err
+				}
+			}
+			_, err := conn.Exec(ctx, "SELECT set_config('jit', 'off', false)")
+			return err
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

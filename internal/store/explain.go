@@ -26,7 +26,12 @@ func (q *Queries) ExplainClaim(ctx context.Context, conn *pgx.Conn, a ClaimArgs,
 	if a.Partitions != nil {
 		parts = int32Array(a.Partitions)
 	}
-	args := fmt.Sprintf("%d, %s, %d, %s, %d", a.Limit, parts, count, int64Array(a.Exclude), a.After)
+	keys := make([]string, len(a.ExcludeKeys))
+	for i, k := range a.ExcludeKeys {
+		keys[i] = strconv.Quote(k)
+	}
+	args := fmt.Sprintf("%d, %s, %d, %s, %d, '{%s}'::text[]", a.Limit, parts, count, int64Array(a.Exclude), a.After,
+		strings.ReplaceAll(strings.Join(keys, ","), "'", "''"))
 	return explainPrepared(ctx, conn, q.claim, args, generic)
 }
 
@@ -73,10 +78,17 @@ func explainPrepared(ctx context.Context, conn *pgx.Conn, stmt, args string, gen
 	if generic {
 		mode = "force_generic_plan"
 	}
+	var prev string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('plan_cache_mode')").Scan(&prev); err != nil {
+		return nil, err
+	}
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
 		return nil, err
 	}
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET plan_cache_mode") }()
+	// Back to the session's own value (a relay's session sets one: RESET would drop it).
+	defer func() {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT set_config('plan_cache_mode', $1, false)", prev)
+	}()
 	if _, err := conn.Exec(ctx, "PREPARE txoutbox_explain AS "+stmt); err != nil {
 		return nil, err
 	}

@@ -10,8 +10,11 @@ import "context"
 //     table without statistics yet would be planned for the literal values; one generic plan
 //     is kept instead.
 //   - enable_seqscan and enable_bitmapscan off: every statement the relay runs on this session
-//     reads an index in its order (the ready index for the claim, the primary key for the
-//     settle, the scheduled and dead indexes, the membership table's key) and stops early.
+//     against the outbox reads an index in its order (the ready index for the claim, an index
+//     on id for the settle, the scheduled and dead indexes) and stops early; the few-row
+//     membership table and the lock and activity views it also reads are scanned as before
+//     (nothing else can read them, and with jit off a disabled scan's inflated estimate costs
+//     nothing).
 //     Without statistics (a fresh outbox, or a backlog inserted faster than autoanalyze
 //     runs, or autovacuum off) the planner cannot know that, and with the claim floor's
 //     range condition it chose a bitmap scan of the whole backlog and a sort: 27-41 ms for a

@@ -112,6 +112,7 @@ WHERE o.state = 'ready'
   AND o.next_attempt_at <= now()
   AND ($2::int4[] IS NULL OR o.partition_key % $3::int4 = ANY($2::int4[]))
   AND o.id NOT IN (SELECT unnest($4::int8[])) -- a hashed subplan: O(1) per row, where = ANY is O(n)
+  AND (o.msg_key IS NULL OR o.msg_key NOT IN (SELECT unnest($6::text[])))
   AND (o.msg_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM ` + q.Messages + ` b
         WHERE b.msg_key = o.msg_key AND b.id < o.id
@@ -273,8 +274,12 @@ type ClaimArgs struct {
 	// Partitions to claim from, out of PartitionCount; nil means all.
 	Partitions     []int32
 	PartitionCount int32
-	// Exclude lists ids already in flight.
+	// Exclude lists ids left out: rows in flight, and unkeyed rows held back for a stream
+	// outage.
 	Exclude []int64
+	// ExcludeKeys lists keys whose rows are all left out (a row of the key is held back for a
+	// stream outage: its later rows must not go before it).
+	ExcludeKeys []string
 	// After is the claim floor: only rows with a higher id are claimed, and a key whose
 	// earlier failed row is at or below it is held back. 0 claims from the start. See
 	// ClaimFloor for when a floor is safe.
@@ -300,7 +305,11 @@ func (a ClaimArgs) args() []any {
 	if count <= 0 {
 		count = 1
 	}
-	return []any{a.Limit, a.Partitions, count, excl, a.After}
+	keys := a.ExcludeKeys
+	if keys == nil {
+		keys = []string{}
+	}
+	return []any{a.Limit, a.Partitions, count, excl, a.After, keys}
 }
 
 func scanClaimed(rows pgx.Rows, limit int) ([]Claimed, error) {
