@@ -181,10 +181,10 @@ func TestClusterOrderedAcrossConsumerCrashAndLeaderKill(t *testing.T) {
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})
 	if err := bStop(); err != nil {
-		t.Errorf("instance b: %v", err)
+		t.Fatalf("instance b: %v", err)
 	}
 	if err := cStop(); err != nil {
-		t.Errorf("instance c: %v", err)
+		t.Fatalf("instance c: %v", err)
 	}
 
 	if n := e.count(`SELECT count(*) FROM applied`); n != total {

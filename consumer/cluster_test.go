@@ -15,7 +15,8 @@ import (
 
 // A consumer started while its stream has no leader (two of three nodes down: no quorum)
 // waits — one warning, Run does not return — and consumes once a node is back; a stream that
-// does not exist is an answer, not an outage: Run returns at once.
+// does not exist is an answer, not an outage: Run returns at once. The consumer is ordered:
+// its start also looks the stream up (to read the key order back), in the same waiting passes.
 func TestClusterConsumerStartedDuringElectionWaits(t *testing.T) {
 	t.Parallel()
 	db := testsvc.NewDB(t)
@@ -47,7 +48,7 @@ func TestClusterConsumerStartedDuringElectionWaits(t *testing.T) {
 	c, err := New(db.Pool, js, func(_ context.Context, _ pgx.Tx, m Message) error {
 		handled <- string(m.Data)
 		return nil
-	}, &Config{Stream: "CL", Durable: "cl", Schema: db.Schema, AckWait: 2 * time.Second, Logger: quietLogger()})
+	}, &Config{Stream: "CL", Durable: "cl", Schema: db.Schema, AckWait: 2 * time.Second, Ordered: true, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

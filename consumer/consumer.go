@@ -244,24 +244,31 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 // jserr.Waitable) it waits, logging one warning with the error, then debug lines, and one
 // info line once Setup passes; an answer that says the configuration is wrong (no such
 // stream, no dead-letter stream, a refused request) ends it with that error at once. Each
-// pass is bounded by AckWait within [2s, 10s].
-func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, error) {
+// pass is bounded by AckWait within [2s, 10s]. In ordered mode a pass also looks the stream up
+// (the key order is read back from it), so that lookup waits out an election the same way.
+func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstream.Stream, error) {
 	delay := 100 * time.Millisecond
 	waited := false
 	for {
 		sctx, cancel := context.WithTimeout(ctx, min(max(c.cfg.AckWait, 2*time.Second), 10*time.Second))
 		cons, err := c.Setup(sctx)
+		var stream jetstream.Stream
+		if err == nil && c.cfg.Ordered {
+			if stream, err = c.js.Stream(sctx, c.cfg.Stream); err != nil {
+				err = fmt.Errorf("consumer: stream %q: %w", c.cfg.Stream, err)
+			}
+		}
 		cancel()
 		switch {
 		case err == nil:
 			if waited {
 				c.log.Info("consumer set up: JetStream answers")
 			}
-			return cons, nil
+			return cons, stream, nil
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case !jserr.Waitable(err):
-			return nil, err
+			return nil, nil, err
 		case !waited:
 			waited = true
 			c.log.Warn("waiting for JetStream to set the consumer up", "err", err,
@@ -276,7 +283,7 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, error)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-t.C:
 		}
 		delay = min(2*delay, 2*time.Second)
@@ -317,7 +324,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: Run: %w", txoutbox.ErrRunning)
 	}
 	defer c.running.Store(false)
-	cons, err := c.setupWaiting(ctx)
+	cons, stream, err := c.setupWaiting(ctx)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil // stopped while waiting for JetStream
@@ -329,10 +336,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stopRefresh := make(chan struct{})
 	defer close(stopRefresh)
 	if c.cfg.Ordered {
-		stream, err := c.js.Stream(ctx, c.cfg.Stream)
-		if err != nil {
-			return fmt.Errorf("consumer: stream %q: %w", c.cfg.Stream, err)
-		}
 		c.order = newKeyOrder(c.js, stream, cons, c.cfg.FilterSubjects)
 		go c.refreshOrder(ctx, c.order, stopRefresh)
 	}
