@@ -72,12 +72,18 @@ type ConfigError struct {
 	Field string
 	// Reason says what is wrong and what is accepted.
 	Reason string
+	// Err is the error behind Reason when there is one, such as a validation sentinel of
+	// package outbox: errors.Is and errors.As see it.
+	Err error
 }
 
 func (e *ConfigError) Error() string { return e.Package + ": " + e.Field + " " + e.Reason }
 
 // Is reports whether target is ErrInvalidConfig.
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Unwrap returns Err.
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 // DBTX runs statements: pgx.Tx, *pgx.Conn, *pgxpool.Pool and *pgxpool.Conn satisfy it. A call
 // given a pgx.Tx runs its statements in that transaction.

@@ -135,12 +135,15 @@ func (o *Options) validate() error {
 	if o.Outbox == "" {
 		return ErrNoOutbox
 	}
+	wrap := func(field string, err error) error {
+		return &txoutbox.ConfigError{Package: "checker", Field: "Options." + field, Reason: "is invalid: " + err.Error(), Err: err}
+	}
 	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
-		return bad("SubjectPrefix", "is invalid: %v", err)
+		return wrap("SubjectPrefix", err)
 	}
 	// micro takes a queue group of subject characters (wildcards included).
 	if err := outbox.ValidateSubjectFilter(o.QueueGroup); err != nil {
-		return bad("QueueGroup", "is invalid: %v", err)
+		return wrap("QueueGroup", err)
 	}
 	switch {
 	case o.Concurrency < 1:

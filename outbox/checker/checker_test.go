@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,6 +115,10 @@ func TestOptionsFollowTheConfigConvention(t *testing.T) {
 		}
 		if !errors.As(err, &ce) || ce.Field != field || ce.Package != "checker" || !errors.Is(err, txoutbox.ErrInvalidConfig) {
 			t.Errorf("%s: Serve returned %v, want a *txoutbox.ConfigError naming it", field, err)
+		}
+		// The subject rules' own sentinel stays visible through the ConfigError.
+		if strings.HasPrefix(field, "Options.S") && !errors.Is(err, outbox.ErrInvalidSubject) {
+			t.Errorf("%s: Serve returned %v, want it to wrap outbox.ErrInvalidSubject", field, err)
 		}
 	}
 }
