@@ -729,6 +729,8 @@ func TestRefusedCommitRetried(t *testing.T) {
 	}
 	e.exec(`DELETE FROM reservations`)
 	e.waitEffects(1)
+	// The effect is committed before the message is acked and counted.
+	testsvc.Eventually(t, 10*time.Second, "the message counted as processed", func() bool { return c.Stats().Processed >= 1 })
 	if c.Stats().Processed != 1 || c.Stats().DeadLettered != 0 {
 		t.Errorf("processed %d, dead-lettered %d", c.Stats().Processed, c.Stats().DeadLettered)
 	}
@@ -912,6 +914,8 @@ func TestConnectionLostAtCommit(t *testing.T) {
 			}
 			e.run(c)
 			e.waitEffects(batch)
+			// The effects are committed before the messages are acked and counted.
+			testsvc.Eventually(t, 10*time.Second, "every message counted as processed", func() bool { return c.Stats().Processed >= int64(batch) })
 			if !killed.Load() || c.Stats().Unavailable < 1 {
 				t.Fatalf("killed %v, unavailable %d", killed.Load(), c.Stats().Unavailable)
 			}

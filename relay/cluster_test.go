@@ -604,6 +604,16 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 	leader := e.cluster.KillLeader(t, "ACC")
 	enqueue(outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:1")}, outbox.Message{Subject: "acc.x", Key: "a", Payload: []byte("a:2")})
 	testsvc.Eventually(t, 20*time.Second, "the relay to see ACC unavailable", func() bool { return logs.count(slog.LevelWarn, msgStreamDown) == 1 })
+	if g := unavailableGauge(t, reg); g["ACC"] != 1 {
+		// Seen once in many runs: say everything about it.
+		e.diagnose(logs, r)
+		logs.mu.Lock()
+		for _, l := range logs.lines {
+			t.Logf("%s %s %s %s", l.at.Format("15:04:05.000"), l.level, l.msg, l.attrs)
+		}
+		logs.mu.Unlock()
+		t.Logf("ACC leader now: %v (killed %s); relay stats %+v", e.cluster.StreamLeader("ACC"), leader.Name, r.Stats())
+	}
 	checkUnavailable(t, reg, map[string]float64{"ACC": 1, "OTHER": 0})
 	// Many more of ACC's rows, unkeyed and of keys of their own, then a row of OTHER with
 	// ACC's key "a": it must wait behind a:1 and a:2.
