@@ -226,6 +226,10 @@ func TestClusterOrderedAcrossConsumerCrashAndLeaderKill(t *testing.T) {
 			t.Errorf("key %s: %d applied, %d published", k, len(got[k]), published[k])
 		}
 	}
+	// The dead-letter stream (R3) lost a node too: its leader may still be being elected.
+	if _, err := cl.WaitStreamLeader(deadStream, nil, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	if dead := testsvc.StreamMsgs(t, cl.JS, deadStream); len(dead) != 0 {
 		t.Errorf("%d dead letters, want none (first: %q, %s)", len(dead), dead[0].Data, dead[0].Header.Get(HeaderDeadReason))
 	}
