@@ -435,18 +435,23 @@ func TestClusterRelayStartedDuringElectionWaits(t *testing.T) {
 	if err := other.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); e.count("true") != 0; time.Sleep(50 * time.Millisecond) { // polls the table
-		if time.Now().After(deadline) {
-			// Seen once in many loaded runs: say everything about it.
+	dumpAt, dumped := time.Now().Add(59*time.Second), false
+	testsvc.Eventually(t, 60*time.Second, "every row published", func() bool {
+		if e.count("true") == 0 {
+			return true
+		}
+		if !dumped && time.Now().After(dumpAt) {
+			// Seen once in many loaded runs: say everything about it before failing.
+			dumped = true
 			e.diagnose(logs, r)
 			logs.mu.Lock()
 			for _, l := range logs.lines {
 				t.Logf("%s %s %s %s", l.at.Format("15:04:05.000"), l.level, l.msg, l.attrs)
 			}
 			logs.mu.Unlock()
-			t.Fatalf("%d rows left 60s after the node came back", e.count("true"))
 		}
-	}
+		return false
+	})
 	t.Logf("node back → every row published: %s", time.Since(at).Round(time.Millisecond))
 	if n := logs.count(slog.LevelInfo, "streams checked: JetStream answers"); n != 1 {
 		t.Fatalf("%d 'streams checked' lines, want 1", n)
