@@ -261,6 +261,32 @@ func (l *eventLog) count(level slog.Level, prefix string) int {
 	return n
 }
 
+// sequence returns, in order, the letter of every line whose message starts with a prefix
+// in letters.
+func (l *eventLog) sequence(letters map[string]byte) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b []byte
+	for _, x := range l.lines {
+		for prefix, c := range letters {
+			if strings.HasPrefix(x.msg, prefix) {
+				b = append(b, c)
+			}
+		}
+	}
+	return string(b)
+}
+
+// dump logs every line recorded, for a failure's diagnostics.
+func (l *eventLog) dump(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, x := range l.lines {
+		t.Logf("%s %s %s %s", x.at.Format("15:04:05.000"), x.level, x.msg, x.attrs)
+	}
+}
+
 func (l *eventLog) attrsOf(prefix string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -343,11 +369,19 @@ func leaderLoss(t *testing.T, killed bool, fault func(e *clusterEnv) *embedded.C
 	e.checkStoredOnce(produced)
 	// A killed leader leaves the stream leaderless for an election timeout: the relay says so
 	// once, and once when it is over. A step-down may go unnoticed (the election takes
-	// milliseconds); if the relay noticed, it says so the same way.
-	down, up := logs.count(slog.LevelWarn, msgStreamDown), logs.count(slog.LevelInfo, msgStreamUp)
-	if killed && down != 1 || down > 1 || up != down {
-		t.Fatalf("%d %q warnings and %d %q lines, want one each (one per state change)", down, msgStreamDown, up, msgStreamUp)
+	// milliseconds); if the relay noticed, it says so the same way. One line per state change:
+	// the outage lines alternate, warning then info. A leader change may also be two outages
+	// close together, each real: publishes acknowledged by the new leader, then some that time
+	// out for a moment (seen once in a few dozen runs, with the cluster's routes still sending
+	// the subject's messages to the old leader); so a few pairs are allowed, not more.
+	seq := logs.sequence(map[string]byte{msgStreamDown: 'D', msgStreamUp: 'U'})
+	pairs := len(seq) / 2
+	if killed && pairs == 0 || pairs > 3 || seq != strings.Repeat("DU", pairs) {
+		logs.dump(t) // the relay's lines, and when
+		t.Fatalf("outage lines in order %q (D: %q, U: %q), want alternating, one pair each (at most 3)%s", seq, msgStreamDown, msgStreamUp,
+			map[bool]string{true: ", at least one for a killed leader"}[killed])
 	}
+	down := pairs
 	if a := logs.attrsOf(msgStreamDown); down > 0 && (!strings.Contains(a, "stream=ACC") || !strings.Contains(a, "has no leader") && !strings.Contains(a, "leader just changed")) {
 		t.Fatalf("outage line says %q, want the stream and that it has no leader", a)
 	}
@@ -623,11 +657,7 @@ func TestClusterLeaderlessStreamDoesNotHoldUpOthers(t *testing.T) {
 	if g := unavailableGauge(t, reg); g["ACC"] != 1 {
 		// Seen once in many runs: say everything about it.
 		e.diagnose(logs, r)
-		logs.mu.Lock()
-		for _, l := range logs.lines {
-			t.Logf("%s %s %s %s", l.at.Format("15:04:05.000"), l.level, l.msg, l.attrs)
-		}
-		logs.mu.Unlock()
+		logs.dump(t)
 		t.Logf("ACC leader now: %v (killed %s); relay stats %+v", e.cluster.StreamLeader("ACC"), leader.Name, r.Stats())
 	}
 	checkUnavailable(t, reg, map[string]float64{"ACC": 1, "OTHER": 0})
@@ -740,6 +770,72 @@ func TestStreamOutageUnmetIsForgotten(t *testing.T) {
 	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0, "GONE": 0})
 	r.syncStreamGauge()
 	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0})
+}
+
+// A wave in flight when its stream's leader went has PubAcks from before and failures from
+// after, in no telling order: its acknowledged publishes do not end the outage its failures
+// began (they did once, and the next batch began it again: two warnings for one outage). The
+// outage ends with the first acknowledged publish after the stream answers with a leader.
+func TestOutageMetInTheMiddleOfAWave(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	logs := newEventLog()
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, Retention: time.Hour})
+	first := true
+	r.hooks.afterWave = func(n int, outs []outcome) {
+		if first && n == 1 {
+			// The second publish of the first wave met the outage (it was stored all the
+			// same, as a publish whose PubAck was lost may be).
+			first = false
+			outs[1] = outcome{err: nats.ErrNoResponders}
+		}
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("p0")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("p1")},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("k:1")},
+		outbox.Message{Subject: "orders.created", Key: "k", Payload: []byte("k:2")})
+	if n, err := r.runOnce(ctx); err != nil || n != 4 {
+		t.Fatalf("runOnce = %d, %v; want 4 rows claimed, no error (two were published)", n, err)
+	}
+	if n := e.count("state = 'published'"); n != 2 {
+		t.Fatalf("%d rows published by the first batch, want 2 (p0 and k:1)", n)
+	}
+	for _, p := range []string{"p1", "k:2"} {
+		if row := e.row(p); row.state != "ready" || row.attempts != 0 || row.lastErr != "" {
+			t.Fatalf("row %s after the outage: %+v, want ready, untouched", p, row)
+		}
+	}
+	if down, up := logs.count(slog.LevelWarn, msgStreamDown), logs.count(slog.LevelInfo, msgStreamUp); down != 1 || up != 0 {
+		t.Fatalf("after the wave: %d %q warnings and %d %q lines, want 1 and 0: the outage is not over", down, msgStreamDown, up, msgStreamUp)
+	}
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 1})
+
+	// The stream is asked again (its last answer back-dated), answers with a leader, and the
+	// held rows go: the outage ends, said once.
+	r.outages.mu.Lock()
+	for _, o := range r.outages.m {
+		o.checked = time.Now().Add(-time.Hour)
+	}
+	r.outages.mu.Unlock()
+	if err := r.knownOutage(ctx, "orders.created"); err != nil {
+		t.Fatalf("knownOutage once the stream answers with a leader = %v, want nil", err)
+	}
+	drain(t, r)
+	if n := e.count("state <> 'published'"); n != 0 {
+		t.Fatalf("%d rows not published after the outage", n)
+	}
+	if down, up := logs.count(slog.LevelWarn, msgStreamDown), logs.count(slog.LevelInfo, msgStreamUp); down != 1 || up != 1 {
+		t.Fatalf("after the outage: %d %q warnings and %d %q lines, want one each", down, msgStreamDown, up, msgStreamUp)
+	}
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0})
+	if got := payloads(e.streamMsgs("ORDERS")); got != "p0,p1,k:1,k:2" {
+		t.Fatalf("ORDERS holds %q, want p0,p1,k:1,k:2 (p1 once: its republish is a duplicate)", got)
+	}
+	if st := r.Stats(); st.Failed != 0 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v, want no failure and one duplicate (p1's republish)", st)
+	}
 }
 
 // The publish outcomes explainFailures looks into: a PubAck timeout, no responders, and the

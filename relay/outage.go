@@ -311,6 +311,26 @@ func (o *streamOutages) succeeded(r *Relay, subj string) {
 	}
 }
 
+// succeededExcept ends the outages of the streams capturing the subjects in acked (each
+// acknowledged a publish of a wave), except those of the streams in down (a publish of the
+// same wave met their outage).
+func (o *streamOutages) succeededExcept(r *Relay, acked []string, down map[string]bool) {
+	if o.n.Load() == 0 {
+		return
+	}
+	seen := map[string]bool{}
+	for _, subj := range acked {
+		if seen[subj] {
+			continue
+		}
+		seen[subj] = true
+		if name, e := o.find(subj); e == nil || down[name] {
+			continue
+		}
+		o.succeeded(r, subj)
+	}
+}
+
 // find returns the stream in outage capturing subj, if any.
 func (o *streamOutages) find(subj string) (string, *streamOutage) {
 	if o.n.Load() == 0 {

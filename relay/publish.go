@@ -86,8 +86,13 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 			h(n)
 		}
 		outs := r.publishWave(ctx, rows, wave, gen)
+		if h := r.hooks.afterWave; h != nil {
+			h(n, outs)
+		}
 		r.explainFailures(ctx, rows, wave, outs)
 		var next []int
+		var acked []string        // the subjects of the wave's acknowledged publishes
+		down := map[string]bool{} // the streams of the wave's publishes that met an outage
 		for j, i := range wave {
 			row, o := &rows[i], outs[j]
 			switch {
@@ -102,7 +107,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
 				r.observeLateness(row)
 				r.failing.succeeded(r.log, row.Subject)
-				r.outages.succeeded(r, row.Subject)
+				acked = append(acked, row.Subject)
 				if row.Key != "" {
 					pos[row.Key]++
 					if p := pos[row.Key]; p < len(chains[row.Key]) {
@@ -125,6 +130,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				var se *streamOutageError
 				if errors.As(o.err, &se) {
 					r.outages.hold(se.stream, row.ID, row.Key, gen)
+					down[se.stream] = true
 				}
 			default:
 				perm := isPermanent(o.err)
@@ -144,6 +150,11 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				r.failing.failed(r.log, row, text, !perm && row.Attempts+1 < int32(r.cfg.MaxAttempts))
 			}
 		}
+		// An acknowledged publish ends its stream's outage, unless a publish of the same wave
+		// met that outage: a wave in flight when the leader went has PubAcks from before and
+		// failures from after, and its outage is not over (the wave's order of outcomes says
+		// nothing about the order in time).
+		r.outages.succeededExcept(r, acked, down)
 		if res.brokerErr != nil || res.withheld > 0 {
 			// The broker is gone, or the lease ended: send nothing more; the rows stay ready.
 			break

@@ -112,6 +112,9 @@ type hooks struct {
 	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
 	// lease checks of its rows: blocking in it is a pause of the relay there.
 	beforeWave func(n int)
+	// afterWave runs when the outcomes of a publish wave are in, before they are explained;
+	// it may rewrite them (an outage met in the middle of a wave).
+	afterWave func(n int, outs []outcome)
 	// afterRound runs after each successful lease round, with the leaser's lock held, given
 	// the round's start and what it left.
 	afterRound func(start time.Time, st LeaseStatus)
