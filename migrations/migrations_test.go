@@ -255,3 +255,81 @@ func TestUpRefusesNonUTF8Database(t *testing.T) {
 		t.Fatalf("the refused Up left the schema behind (%d, %v)", schemas, err)
 	}
 }
+
+// Every down migration restores exactly the schema of the version before it: the same
+// tables, columns, constraints, indexes and functions (their whole definitions, bodies
+// included), and the same privileges on them. Migrations that replace function bodies
+// (007) restore the bodies they replaced, byte for byte.
+func TestDownRestoresThePreviousVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := newSchema(t, "downs")
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := m.Migrations()
+	snap := func() map[string]string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `
+SELECT 'function ' || p.oid::regprocedure::text, pg_get_functiondef(p.oid) || coalesce(p.proacl::text, '')
+FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+UNION ALL
+SELECT 'relation ' || c.relname, c.relkind::text || coalesce(c.relacl::text, '') || coalesce((
+    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                      || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') || coalesce(' ' || a.attacl::text, ''), ', ' ORDER BY a.attnum)
+    FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '')
+FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+UNION ALL
+SELECT 'index ' || c.relname, pg_get_indexdef(c.oid)
+FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'i'
+UNION ALL
+SELECT 'constraint ' || r.conrelid::regclass::text || ' ' || r.conname, pg_get_constraintdef(r.oid)
+FROM pg_constraint r WHERE r.connamespace = $1::regnamespace
+UNION ALL
+SELECT 'trigger ' || g.tgname, pg_get_triggerdef(g.oid)
+FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid WHERE c.relnamespace = $1::regnamespace AND NOT g.tgisinternal`,
+			pgx.Identifier{schema}.Sanitize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for rows.Next() {
+			var k, v string
+			if err := rows.Scan(&k, &v); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = v
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	inSchema(t, pool, schema) // an empty schema
+	before := []map[string]string{snap()}
+	for _, mig := range all {
+		inSchema(t, pool, schema, mig.Up)
+		before = append(before, snap())
+	}
+	for v := len(all); v >= 1; v-- {
+		inSchema(t, pool, schema, all[v-1].Down)
+		got, want := snap(), before[v-1]
+		for k, w := range want {
+			if g, ok := got[k]; !ok {
+				t.Errorf("down %d: %s is missing (version %d has it)", v, k, v-1)
+			} else if g != w {
+				t.Errorf("down %d: %s differs from version %d's:\n got: %s\nwant: %s", v, k, v-1, g, w)
+			}
+		}
+		for k := range got {
+			if _, ok := want[k]; !ok {
+				t.Errorf("down %d: %s is left (version %d has none)", v, k, v-1)
+			}
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+}

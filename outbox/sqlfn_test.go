@@ -508,10 +508,28 @@ func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
 	if fmt.Sprint(order) != fmt.Sprint(ids) {
 		t.Fatalf("row order %v, want the call's order %v", order, ids)
 	}
-	for _, id := range ids {
-		if id.Version() != 7 {
-			t.Fatalf("id %s is version %d, want 7", id, id.Version())
+	checkDrawnIDs(t, ids)
+	// Two calls in a row (most likely in one millisecond), of many messages each: every id
+	// drawn is a UUIDv7 of its own.
+	many := make([]outbox.Message, 1000)
+	for i := range many {
+		many[i] = outbox.Message{Subject: "orders.created", Payload: []byte("x")}
+	}
+	var all []uuid.UUID
+	for range 2 {
+		ids, err := call(tx, many)
+		if err != nil {
+			t.Fatal(err)
 		}
+		checkDrawnIDs(t, ids)
+		all = append(all, ids...)
+	}
+	seen := map[uuid.UUID]bool{}
+	for _, id := range all {
+		if seen[id] {
+			t.Fatalf("id %s drawn twice in two calls", id)
+		}
+		seen[id] = true
 	}
 	_ = tx.Rollback(ctx)
 
@@ -552,6 +570,21 @@ func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
 	tx = beginTx(t, db)
 	if err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many(ARRAY['a','b'], ARRAY['\x'::bytea])`).Scan(new([]uuid.UUID)); sqlOutcome(err) != "TX008" {
 		t.Fatalf("unequal arrays: %v; want TX008", err)
+	}
+}
+
+// checkDrawnIDs checks the ids one call drew: each a version 7 UUID of the RFC 9562 variant
+// whose timestamp is now (within a minute).
+func checkDrawnIDs(t *testing.T, ids []uuid.UUID) {
+	t.Helper()
+	for _, id := range ids {
+		if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
+			t.Fatalf("id %s is version %d variant %v, want 7 of RFC 9562", id, id.Version(), id.Variant())
+		}
+		sec, nsec := id.Time().UnixTime()
+		if d := time.Since(time.Unix(sec, nsec)); d < -time.Minute || d > time.Minute {
+			t.Fatalf("id %s says %s, want now", id, time.Unix(sec, nsec))
+		}
 	}
 }
 
