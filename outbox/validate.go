@@ -148,17 +148,25 @@ func ValidateSubject(s string) error {
 			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidSubject, r, i)
 		}
 	}
-	toks := strings.Split(s, ".")
-	for i, tok := range toks {
-		switch tok {
-		case "":
-			return fmt.Errorf("%w: token %d is empty", ErrInvalidSubject, i+1)
-		case "*", ">":
-			return fmt.Errorf("%w: token %d is the wildcard %q; publish subjects must be literal", ErrInvalidSubject, i+1, tok)
+	first := ""
+	for n, start, i := 1, 0, 0; i <= len(s); i++ { // the tokens, without allocating them
+		if i < len(s) && s[i] != '.' {
+			continue
 		}
+		switch tok := s[start:i]; tok {
+		case "":
+			return fmt.Errorf("%w: token %d is empty", ErrInvalidSubject, n)
+		case "*", ">":
+			return fmt.Errorf("%w: token %d is the wildcard %q; publish subjects must be literal", ErrInvalidSubject, n, tok)
+		default:
+			if n == 1 {
+				first = tok
+			}
+		}
+		n, start = n+1, i+1
 	}
 	for _, r := range reservedSubjectTokens {
-		if toks[0] == r {
+		if first == r {
 			return fmt.Errorf("%w: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server", ErrInvalidSubject, r)
 		}
 	}

@@ -373,3 +373,53 @@ func TestConfigMaxMessageBytesLimit(t *testing.T) {
 		t.Fatalf("err = %v, want one naming MaxMessageBytes", err)
 	}
 }
+
+// ValidateSubject reads the tokens without splitting the subject (it runs for every message
+// enqueued and published): it says what a split would, for every subject of up to five bytes
+// over the letters that matter (the separator, the wildcards, the reserved prefixes' first
+// letters), and for the reserved subjects.
+func TestValidateSubjectTokensAsSplit(t *testing.T) {
+	t.Parallel()
+	split := func(s string) string { // the rules of the token loop, with strings.Split
+		if s == "" || len(s) > outbox.MaxSubjectLength {
+			return "not checked here"
+		}
+		toks := strings.Split(s, ".")
+		for i, tok := range toks {
+			switch tok {
+			case "":
+				return fmt.Sprintf("token %d is empty", i+1)
+			case "*", ">":
+				return fmt.Sprintf("token %d is the wildcard %q", i+1, tok)
+			}
+		}
+		switch toks[0] {
+		case "$JS", "$JSC", "$SYS", "$NRG":
+			return "reserved for NATS"
+		}
+		return ""
+	}
+	var subjects []string
+	var grow func(prefix string)
+	grow = func(prefix string) {
+		subjects = append(subjects, prefix)
+		if len(prefix) == 5 {
+			return
+		}
+		for _, c := range []string{"a", ".", "*", ">", "$", "J", "S"} {
+			grow(prefix + c)
+		}
+	}
+	grow("")
+	subjects = append(subjects, "$JS.API.x", "$JSC.x", "$SYS.x", "$NRG.x", "$JS", "x.$JS", "$JSX.x")
+	for _, s := range subjects[1:] {
+		want := split(s)
+		err := outbox.ValidateSubject(s)
+		switch {
+		case want == "" && err != nil:
+			t.Fatalf("ValidateSubject(%q) = %v, want nil", s, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Fatalf("ValidateSubject(%q) = %v, want an error saying %q", s, err, want)
+		}
+	}
+}

@@ -394,7 +394,7 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 var errBadHeaders = errors.New("relay: stored row cannot be published as it is")
 
 func buildMsg(row *store.Claimed) (*nats.Msg, error) {
-	h := nats.Header{}
+	var h nats.Header
 	if len(row.Headers) > 0 {
 		if err := json.Unmarshal(row.Headers, (*map[string][]string)(&h)); err != nil {
 			return nil, fmt.Errorf("%w: the stored headers are not a JSON object of string lists: %v", errBadHeaders, err)
@@ -403,9 +403,14 @@ func buildMsg(row *store.Claimed) (*nats.Msg, error) {
 	if err := checkStored(row.Subject, row.Key, h); err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadHeaders, err)
 	}
-	h.Set(outbox.HeaderMsgID, row.MessageID.String())
+	if h == nil {
+		h = make(nats.Header, 2)
+	}
+	// h.Set's, with one allocation for both values.
+	vals := [2]string{row.MessageID.String(), row.Key}
+	h[outbox.HeaderMsgID] = vals[0:1:1]
 	if row.Key != "" {
-		h.Set(outbox.HeaderKey, row.Key)
+		h[outbox.HeaderKey] = vals[1:2:2]
 	}
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Payload}, nil
 }
