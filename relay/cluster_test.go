@@ -838,6 +838,48 @@ func TestOutageMetInTheMiddleOfAWave(t *testing.T) {
 	}
 }
 
+// Rows of a wave not sent for an outage already known (turned away before the stream
+// answered with a leader) do not keep the outage on: a publish of the same wave acknowledged
+// after the stream answered ends it, said once.
+func TestOutageEndedByAWaveWithRowsTurnedAway(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	logs := newEventLog()
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, Retention: time.Hour})
+	r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "has no leader (test)")
+	r.outages.mu.Lock()
+	r.outages.m["ORDERS"].probing = true // its info answered with a leader: rows are sent
+	r.outages.mu.Unlock()
+	first := true
+	r.hooks.afterWave = func(n int, outs []outcome) {
+		if first && n == 1 {
+			// The first row was turned away for the outage, before the stream answered.
+			first = false
+			outs[0] = outcome{err: &streamOutageError{stream: "ORDERS", subject: "orders.created", reason: "has no leader (test)"}}
+		}
+	}
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("p0")}, outbox.Message{Subject: "orders.created", Payload: []byte("p1")})
+	if n, err := r.runOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("runOnce = %d, %v; want 2 rows claimed, no error", n, err)
+	}
+	if row := e.row("p0"); row.state != "ready" || row.attempts != 0 || row.lastErr != "" {
+		t.Fatalf("row p0, turned away: %+v, want ready, untouched", row)
+	}
+	if row := e.row("p1"); row.state != "published" {
+		t.Fatalf("row p1: %+v, want published", row)
+	}
+	if down, up := logs.count(slog.LevelWarn, msgStreamDown), logs.count(slog.LevelInfo, msgStreamUp); down != 1 || up != 1 {
+		t.Fatalf("%d %q warnings and %d %q lines, want one each: p1's PubAck ends the outage", down, msgStreamDown, up, msgStreamUp)
+	}
+	checkUnavailable(t, reg, map[string]float64{"ORDERS": 0})
+	drain(t, r)
+	if got := payloads(e.streamMsgs("ORDERS")); got != "p0,p1" {
+		t.Fatalf("ORDERS holds %q, want p0,p1 (p0 once: its republish is a duplicate)", got)
+	}
+}
+
 // The publish outcomes explainFailures looks into: a PubAck timeout, no responders, and the
 // JetStream errors about the cluster's state right now; never an error about the message.
 func TestAmbiguousPublishOutcomes(t *testing.T) {

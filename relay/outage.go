@@ -28,9 +28,11 @@ import (
 // no attempt counted, and published once it acknowledges again; the other streams' rows go on.
 var ErrStreamUnavailable = errors.New("relay: stream unavailable")
 
-// streamOutageError is the outcome of a row whose stream is unavailable.
+// streamOutageError is the outcome of a row whose stream is unavailable: its publish met the
+// outage (sent), or it was not sent for an outage already known.
 type streamOutageError struct {
 	stream, subject, reason string
+	sent                    bool
 }
 
 func (e *streamOutageError) Error() string {
@@ -286,48 +288,40 @@ func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, re
 
 // succeeded ends the outage of the stream capturing subj, if any: a publish on it was
 // acknowledged.
-func (o *streamOutages) succeeded(r *Relay, subj string) {
-	if o.n.Load() == 0 {
-		return
-	}
-	o.mu.Lock()
-	var name string
-	var e *streamOutage
-	for n, x := range o.m {
-		if capturesSubject(&jetstream.StreamConfig{Subjects: x.subjects}, subj) {
-			name, e = n, x
-			break
-		}
-	}
-	if e != nil {
-		delete(o.m, name)
-		o.n.Store(int32(len(o.m)))
-		o.setGauge(r, name, 0)
-	}
-	o.mu.Unlock()
-	if e != nil {
-		r.log.Info("stream available again: its messages are published", "stream", name,
-			"outage", time.Since(e.since).Round(time.Millisecond).String())
-	}
-}
+func (o *streamOutages) succeeded(r *Relay, subj string) { o.succeededExcept(r, []string{subj}, nil) }
 
-// succeededExcept ends the outages of the streams capturing the subjects in acked (each
+// succeededExcept ends the outages of the streams capturing a subject in acked (each
 // acknowledged a publish of a wave), except those of the streams in down (a publish of the
 // same wave met their outage).
 func (o *streamOutages) succeededExcept(r *Relay, acked []string, down map[string]bool) {
-	if o.n.Load() == 0 {
+	if o.n.Load() == 0 || len(acked) == 0 {
 		return
 	}
-	seen := map[string]bool{}
-	for _, subj := range acked {
-		if seen[subj] {
+	type ended struct {
+		name string
+		e    *streamOutage
+	}
+	var over []ended
+	o.mu.Lock()
+	for name, e := range o.m {
+		if down[name] {
 			continue
 		}
-		seen[subj] = true
-		if name, e := o.find(subj); e == nil || down[name] {
-			continue
+		cfg := &jetstream.StreamConfig{Subjects: e.subjects}
+		for _, subj := range acked {
+			if capturesSubject(cfg, subj) {
+				delete(o.m, name)
+				o.setGauge(r, name, 0)
+				over = append(over, ended{name, e})
+				break
+			}
 		}
-		o.succeeded(r, subj)
+	}
+	o.n.Store(int32(len(o.m)))
+	o.mu.Unlock()
+	for _, x := range over {
+		r.log.Info("stream available again: its messages are published", "stream", x.name,
+			"outage", time.Since(x.e.since).Round(time.Millisecond).String())
 	}
 }
 

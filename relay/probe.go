@@ -185,7 +185,7 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		subjects = p.info.Config.Subjects
 	}
 	r.outages.begin(r, p.name, subjects, subj, reason)
-	return &streamOutageError{stream: p.name, subject: subj, reason: reason}
+	return &streamOutageError{stream: p.name, subject: subj, reason: reason, sent: true}
 }
 
 // capturesSubject reports whether a stream with cfg captures the literal subject subj.

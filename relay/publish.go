@@ -91,8 +91,11 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		}
 		r.explainFailures(ctx, rows, wave, outs)
 		var next []int
-		var acked []string        // the subjects of the wave's acknowledged publishes
-		down := map[string]bool{} // the streams of the wave's publishes that met an outage
+		// With an outage on (explainFailures may have begun one): the subjects of the wave's
+		// acknowledged publishes, and the streams of its publishes that met an outage.
+		anyOutage := r.outages.n.Load() > 0
+		var acked []string
+		down := map[string]bool{}
 		for j, i := range wave {
 			row, o := &rows[i], outs[j]
 			switch {
@@ -107,7 +110,9 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				r.m.latency.Observe(time.Since(row.ReadyAt).Seconds())
 				r.observeLateness(row)
 				r.failing.succeeded(r.log, row.Subject)
-				acked = append(acked, row.Subject)
+				if anyOutage && (len(acked) == 0 || acked[len(acked)-1] != row.Subject) {
+					acked = append(acked, row.Subject)
+				}
 				if row.Key != "" {
 					pos[row.Key]++
 					if p := pos[row.Key]; p < len(chains[row.Key]) {
@@ -130,7 +135,9 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				var se *streamOutageError
 				if errors.As(o.err, &se) {
 					r.outages.hold(se.stream, row.ID, row.Key, gen)
-					down[se.stream] = true
+					if se.sent {
+						down[se.stream] = true
+					}
 				}
 			default:
 				perm := isPermanent(o.err)
@@ -153,7 +160,8 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		// An acknowledged publish ends its stream's outage, unless a publish of the same wave
 		// met that outage: a wave in flight when the leader went has PubAcks from before and
 		// failures from after, and its outage is not over (the wave's order of outcomes says
-		// nothing about the order in time).
+		// nothing about the order in time). Rows not sent for an outage already known do not
+		// count: the stream may have answered with a leader since.
 		r.outages.succeededExcept(r, acked, down)
 		if res.brokerErr != nil || res.withheld > 0 {
 			// The broker is gone, or the lease ended: send nothing more; the rows stay ready.
