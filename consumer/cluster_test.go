@@ -69,14 +69,16 @@ func TestClusterConsumerStartedDuringElectionWaits(t *testing.T) {
 	}
 
 	at := time.Now()
-	if err := other.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cl.StartForQuorum(t, "CL", other, 30*time.Second)
+	var lastErr error
 	testsvc.Eventually(t, 60*time.Second, "a publish to the stream once it has a leader again", func() bool {
 		pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer pcancel()
-		_, err := cl.JS.Publish(pctx, "cl.x", []byte("after the election"), jetstream.WithMsgID("after-the-election"))
-		return err == nil
+		_, lastErr = cl.JS.Publish(pctx, "cl.x", []byte("after the election"), jetstream.WithMsgID("after-the-election"))
+		if lastErr != nil && time.Since(at) > 55*time.Second {
+			t.Logf("publish: %v; cluster: %s", lastErr, cl.Describe("CL"))
+		}
+		return lastErr == nil
 	})
 	published := time.Now()
 	select {

@@ -466,9 +466,7 @@ func TestClusterRelayStartedDuringElectionWaits(t *testing.T) {
 
 	// One node back: a quorum, an election, and the relay starts.
 	at := time.Now()
-	if err := other.Start(); err != nil {
-		t.Fatal(err)
-	}
+	e.cluster.StartForQuorum(t, "ACC", other, 30*time.Second)
 	dumpAt, dumped := time.Now().Add(59*time.Second), false
 	testsvc.Eventually(t, 60*time.Second, "every row published", func() bool {
 		if e.count("true") == 0 {

@@ -309,6 +309,29 @@ func (c *Cluster) Node(name string) *ClusterNode {
 	return nil
 }
 
+// Describe says, for diagnostics, each node's state: running or not (killed: its routes cut),
+// routes, whether it is the JetStream meta leader, and, for each stream named, whether it
+// leads the stream and is current with its leader.
+func (c *Cluster) Describe(streams ...string) string {
+	var b strings.Builder
+	for _, n := range c.Nodes {
+		n.mu.Lock()
+		killed := n.killed
+		n.mu.Unlock()
+		s := n.Server()
+		if s == nil {
+			fmt.Fprintf(&b, "%s: down (killed %v); ", n.Name, killed)
+			continue
+		}
+		fmt.Fprintf(&b, "%s: up, routes %d, meta leader %v", n.Name, s.NumRemotes(), s.JetStreamIsLeader())
+		for _, st := range streams {
+			fmt.Fprintf(&b, ", %s leader %v current %v", st, s.JetStreamIsStreamLeader(GlobalAccount, st), s.JetStreamIsStreamCurrent(GlobalAccount, st))
+		}
+		b.WriteString("; ")
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
 // WaitMetaLeader waits until a running node is the JetStream meta leader.
 func (c *Cluster) WaitMetaLeader(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)

@@ -52,9 +52,7 @@ func TestRunStartedDuringElectionWaits(t *testing.T) {
 		t.Fatal("the relay started while the stream had no leader")
 	}
 
-	if err := other.Start(); err != nil {
-		t.Fatal(err)
-	}
+	c.StartForQuorum(t, "ACC", other, 30*time.Second)
 	p.waitLog(t, "streams checked: JetStream answers", 60*time.Second)
 	p.waitLog(t, "relay started", 10*time.Second)
 	testsvc.Eventually(t, 30*time.Second, "the row published", func() bool {
