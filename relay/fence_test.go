@@ -296,10 +296,12 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 // The corner of the rule above: a relay that froze only just now still counts as responsive
 // (its heartbeat moved within two of its lease intervals), and when another relay is killed
 // it is below its share, so the survivor keeps one of the killed relay's partitions for it.
-// A relay that waits takes free partitions within a tenth of its lease interval; one kept for
-// it for five of those is taken by the survivor, beyond its share, while the frozen relay
-// still counts as responsive (its lease interval is long here: 2 s, so it counts as silent
-// only 4 s after its last heartbeat), and is not released for it while it stays frozen.
+// But a relay below its share runs a lease round (moving its heartbeat) at every claim and,
+// idle, every tenth of its lease interval: one whose heartbeat has not moved for a whole lease
+// interval has stalled, and nothing is kept for it. The survivor takes the partition, beyond
+// its share, while the frozen relay still counts as responsive (its lease interval is 2 s
+// here: it stalls 2 s after its last heartbeat and counts as silent only at 4 s), and does not
+// release it while the frozen relay's heartbeat stays still.
 func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

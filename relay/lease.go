@@ -54,10 +54,10 @@ import (
 // nothing is released that nobody would take. A member is responsive while this relay has
 // seen its heartbeat move within silentFactor of its lease intervals. Free partitions that no
 // responsive member is waiting for are taken at once by whoever sees them, beyond its share if
-// need be (a frozen member still counted alive keeps a share nobody else would take), and so
-// are free partitions kept for a responsive member that has not taken them within keptRounds
-// of its waiting rounds (it froze only just now); the shares even out again by the release
-// rule once that member comes back or is fenced. Rounds
+// need be (a frozen member still counted alive keeps a share nobody else would take); a member
+// below its share that has not moved its heartbeat for stalledFactor of its lease intervals
+// waits for nothing either (it froze only just now, it is not silent yet). The shares even out
+// again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
 // lease generation, so its old holder sends nothing more of it; the rows it already sent may
 // be sent again by the new holder at once) or sleeps. Because a key's messages are published
@@ -90,14 +90,13 @@ const (
 	// waitingRounds: a relay below its share runs this many rounds per lease interval until
 	// it has its share (the partitions it waits for are being released).
 	waitingRounds = 10
-	// keptRounds: a free partition kept for a responsive member below its share (its
-	// heartbeat moved within silentFactor of its lease intervals) is taken by anyone once this
-	// relay has seen it free for this many of that member's waiting rounds (half its lease
-	// interval): a member that waits runs a round every waitingRounds-th of its lease interval
-	// and takes it at the next one, so one that has not in five froze since its last
-	// heartbeat (or is stuck in a long publish), though it does not count as silent yet. The
-	// shares even out again once it is back.
-	keptRounds = 5
+	// stalledFactor: a member below its share whose heartbeat has not moved for this many of
+	// its lease intervals waits for nothing either, though it is not silent yet. A relay
+	// below its share runs a round (which moves its heartbeat) at every claim, and while idle
+	// waitingRounds times per lease interval: one that has not in a whole interval froze only
+	// just now (or is stuck in a publish longer than that), and free partitions are not kept
+	// for it. Once its heartbeat moves again, it waits as before and is given its share.
+	stalledFactor = 1
 	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
 	// connection of its own, off the claim path) this many times per lease interval, at most
 	// every maxMemberWatch (every 250 ms with the default 2 s), so that a relay joining or
@@ -194,14 +193,7 @@ type leaser struct {
 	handedOver  bool // JetStream is unreachable: partitions released, membership left
 	silent      int
 	roundStart  time.Time // of the last round
-	// freeSince is, per partition this relay saw free, when its rounds first saw it free
-	// (its monotonic clock); partitions seen held are dropped. stuck holds, per member that
-	// was waiting when free partitions kept for it were taken (see keptRounds), the heartbeat
-	// it had then: until its heartbeat moves, it waits for nothing (nothing is released for
-	// it, nothing kept).
-	freeSince map[int32]time.Time
-	stuck     map[uuid.UUID]time.Time
-	rate      rateMeter // the publish rate reported with the heartbeat
+	rate        rateMeter // the publish rate reported with the heartbeat
 
 	// validUntil is when the lease ends, on this process's monotonic clock: leaseTTLFactor
 	// lease intervals after the start of the last successful round. gen counts the releases
@@ -452,10 +444,11 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		locked[lk.Partition] = true
 	}
 	// What the responsive others wait for: the most we release, and what free partitions
-	// are kept for. A silent member waits for nothing.
-	deficit, silent := 0, 0
-	var keptFor time.Duration // how long free partitions are kept for the members waiting
-	var waiters []store.RelayMember
+	// are kept for. A silent member waits for nothing, nor does a stalled one (below its share
+	// and its heartbeat still for stalledFactor of its lease intervals). stallAt is when the
+	// first of the waiting members stalls if its heartbeat does not move.
+	deficit, silent, stalled := 0, 0, 0
+	var stallAt time.Time
 	for i, m := range alive {
 		if i == me {
 			continue
@@ -464,62 +457,23 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			silent++
 			continue
 		}
-		if beat, ok := l.stuck[m.Instance]; ok {
-			if beat.Equal(m.HeartbeatAt) {
-				continue // it did not take what was kept for it, and has not moved since
+		if heldBy[m.PID] >= share(i) {
+			continue
+		}
+		if s, ok := l.seen[m.Instance]; ok {
+			at := s.at.Add(stalledFactor * memberInterval(m, cfg.LeaseInterval))
+			if !now.Before(at) {
+				stalled++
+				continue
 			}
-			delete(l.stuck, m.Instance)
+			if stallAt.IsZero() || at.Before(stallAt) {
+				stallAt = at
+			}
 		}
-		if heldBy[m.PID] < share(i) {
-			deficit += share(i) - heldBy[m.PID]
-			keptFor = max(keptFor, keptRounds*memberInterval(m, cfg.LeaseInterval)/waitingRounds)
-			waiters = append(waiters, m)
-		}
-	}
-	for inst := range l.stuck { // members gone
-		if !slices.ContainsFunc(alive, func(m store.RelayMember) bool { return m.Instance == inst }) {
-			delete(l.stuck, inst)
-		}
+		deficit += share(i) - heldBy[m.PID]
 	}
 	free := cfg.Partitions - len(locked)
 	waiting := deficit - free
-	// Free partitions kept for the waiting members longer than keptFor are not being taken:
-	// they are kept no longer (see keptRounds). Until then, a round when the first of them
-	// falls due.
-	if l.freeSince == nil {
-		l.freeSince = map[int32]time.Time{}
-	}
-	var stale int
-	var due time.Time
-	for p := int32(0); p < int32(cfg.Partitions); p++ {
-		if locked[p] {
-			delete(l.freeSince, p)
-			continue
-		}
-		since, ok := l.freeSince[p]
-		if !ok {
-			since = now
-			l.freeSince[p] = now
-		}
-		switch at := since.Add(keptFor); {
-		case deficit == 0:
-		case !now.Before(at):
-			stale++
-		case due.IsZero() || at.Before(due):
-			due = at
-		}
-	}
-	kept := max(deficit-stale, 0) // what free partitions are still kept for
-	if stale > 0 {
-		// The waiting members did not take them: until their heartbeats move, they wait for
-		// nothing (the partitions taken now are not released for them at the next round).
-		if l.stuck == nil {
-			l.stuck = map[uuid.UUID]time.Time{}
-		}
-		for _, m := range waiters {
-			l.stuck[m.Instance] = m.HeartbeatAt
-		}
-	}
 	if n != l.relays || target != l.target || silent != l.silent {
 		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions, "silent", silent)
 	}
@@ -529,7 +483,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 
 	// Free partitions: up to our share, plus those no responsive member waits for.
 	want := max(target-len(l.held), 0)
-	want += max(free-want-kept, 0)
+	want += max(free-want-deficit, 0)
 	switch {
 	case len(l.held) > target && waiting > 0:
 		extra := slices.Clone(l.held[max(target, len(l.held)-waiting):])
@@ -566,12 +520,9 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		if len(taken) > 0 {
 			slices.Sort(taken)
 			l.r.m.changes.WithLabelValues("taken").Add(float64(len(taken)))
-			if len(l.held) > target && stale > 0 && deficit > 0 {
-				l.r.log.Info("partitions taken beyond the fair share: a relay below its share has not taken them in five of its waiting rounds (paused?)",
-					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent, "kept_for", keptFor.String())
-			} else if len(l.held) > target {
+			if len(l.held) > target {
 				l.r.log.Info("partitions taken beyond the fair share: no responsive relay is waiting for them",
-					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent)
+					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent, "stalled", stalled)
 			} else {
 				l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
 			}
@@ -582,8 +533,8 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		// membership watch sees this relay): look again soon.
 		l.nextRound = now.Add(max(cfg.LeaseInterval/waitingRounds, 10*time.Millisecond))
 	}
-	if !due.IsZero() && due.Before(l.nextRound) {
-		l.nextRound = due // free partitions kept for a member: look again when they fall due
+	if deficit > 0 && free > 0 && !stallAt.IsZero() && stallAt.Before(l.nextRound) {
+		l.nextRound = stallAt // free partitions are kept for a member: look again when it would stall
 	}
 	l.r.m.partitions.Set(float64(len(l.held)))
 
