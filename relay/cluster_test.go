@@ -973,7 +973,7 @@ func TestClusterFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 
 	// The first relay takes every partition, claims the batch, sends its first wave (the first
 	// message of each key) and freezes before the second.
-	fr := newFreezer(2)
+	fr := newFreezer(t, 2)
 	fr.armed.Store(true)
 	frozen := e.start(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
 	fr.wait(t, "the first relay")

@@ -44,10 +44,14 @@ type freezer struct {
 	once    sync.Once
 	frozen  chan struct{} // closed when the relay is blocked
 	release chan struct{} // close to let it go on
+	done    <-chan struct{}
 }
 
-func newFreezer(wave int) *freezer {
-	return &freezer{wave: wave, frozen: make(chan struct{}), release: make(chan struct{})}
+// newFreezer returns a freezer that also lets go when the test ends (t.Context is cancelled
+// before the relays are stopped by their cleanups: a failing test must not hang on a frozen
+// relay).
+func newFreezer(t *testing.T, wave int) *freezer {
+	return &freezer{wave: wave, frozen: make(chan struct{}), release: make(chan struct{}), done: t.Context().Done()}
 }
 
 func (f *freezer) hook(n int) {
@@ -57,7 +61,10 @@ func (f *freezer) hook(n int) {
 	block := false
 	f.once.Do(func() { block = true; close(f.frozen) })
 	if block {
-		<-f.release
+		select {
+		case <-f.release:
+		case <-f.done:
+		}
 	}
 }
 
@@ -150,7 +157,7 @@ func TestFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 
 	// The first relay takes every partition, claims the batch, sends its first wave (the first
 	// message of each key) and freezes before the second.
-	fr := newFreezer(2)
+	fr := newFreezer(t, 2)
 	fr.armed.Store(true)
 	frozen := e.startWith(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
 	fr.wait(t, "the first relay")
@@ -213,7 +220,7 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 	cfg := func(id string) *Config {
 		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
 	}
-	fa, fc := newFreezer(1), newFreezer(1)
+	fa, fc := newFreezer(t, 1), newFreezer(t, 1)
 	a := e.startWith(cfg("a"), func(r *Relay) { r.hooks.beforeWave = fa.hook })
 	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
 	var bRounds <-chan round
@@ -270,6 +277,92 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 	close(fa.release)
 	close(fc.release)
 	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2 again", func() bool {
+		return slices.Equal(shares(a, b, c), []int{3, 3, 2}) && len(e.leases().Locks) == parts
+	})
+	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })
+	seen := map[string]bool{}
+	for _, m := range e.streamMsgs("ORDERS") {
+		id := m.Header.Get(outbox.HeaderMsgID)
+		if seen[id] {
+			t.Fatalf("message %s stored twice", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != len(msgs) {
+		t.Fatalf("stream holds %d messages, want %d", len(seen), len(msgs))
+	}
+}
+
+// The corner of the rule above: a relay that froze only just now still counts as responsive
+// (its heartbeat moved within two of its lease intervals), and when another relay is killed
+// it is below its share, so the survivor keeps one of the killed relay's partitions for it.
+// But a relay below its share runs a lease round (moving its heartbeat) at every claim and,
+// idle, every tenth of its lease interval: one whose heartbeat has not moved for a whole lease
+// interval has stalled, and nothing is kept for it. The survivor takes the partition, beyond
+// its share, while the frozen relay still counts as responsive (its lease interval is 2 s
+// here: it stalls 2 s after its last heartbeat and counts as silent only at 4 s), and does not
+// release it while the frozen relay's heartbeat stays still.
+func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const parts = 8
+	const lease = 200 * time.Millisecond
+	cfg := func(id string, lease time.Duration) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
+	}
+	fa, fc := newFreezer(t, 1), newFreezer(t, 1)
+	a := e.startWith(cfg("a", 2*time.Second), func(r *Relay) { r.hooks.beforeWave = fa.hook })
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
+	var bRounds <-chan round
+	b := e.startWith(cfg("b", lease), func(r *Relay) { bRounds = roundsOf(r) })
+	testsvc.Eventually(t, 20*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
+	c := e.startWith(cfg("c", lease), func(r *Relay) { r.hooks.beforeWave = fc.hook })
+	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
+
+	// a and c freeze on their next batch; c is killed at once: a still counts as responsive,
+	// and below its share of two live relays (4), so one of c's partitions is kept for it.
+	fa.armed.Store(true)
+	fc.armed.Store(true)
+	var msgs []outbox.Message
+	for i := 0; i < 64; i++ {
+		msgs = append(msgs, outbox.Message{Subject: "orders.created", Payload: []byte(strconv.Itoa(i))})
+	}
+	e.enqueue(msgs...)
+	fa.wait(t, "a")
+	fc.wait(t, "c")
+	var pid int32
+	if err := e.db.Pool.QueryRow(ctx, `SELECT backend_pid FROM txoutbox_relays WHERE instance = $1`, c.lease.reg.Instance).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Eventually(t, 10*time.Second, "c's session to end", func() bool { return !e.backendExists(pid) })
+
+	// b takes its share (4), then the partition kept for a: every partition held, while a
+	// still counts as responsive.
+	rd := nextRound(t, bRounds, "b to hold 5", func(rd round) bool { return len(rd.st.Held) == 5 })
+	unheld := time.Since(killed)
+	if rd.st.Silent != 0 {
+		t.Fatalf("b took the kept partition in a round that counted %d silent relays, want 0: a, frozen just now, still counts as responsive (its lease interval is 2 s)", rd.st.Silent)
+	}
+	if locks := len(e.leases().Locks); locks != parts {
+		t.Fatalf("%d partitions held after b took the kept one, want %d", locks, parts)
+	}
+	// Not released for a while a stays frozen: b's next rounds keep 5.
+	for range 3 {
+		if rd := nextRound(t, bRounds, "a later round of b", func(round) bool { return true }); len(rd.st.Held) != 5 {
+			t.Fatalf("b holds %d partitions in a later round, want 5: nothing is released for a relay that did not take what was kept for it", len(rd.st.Held))
+		}
+	}
+	t.Logf("c's partitions unheld for %s after the kill (b's lease interval %s, a's 2s)", unheld.Round(time.Millisecond), lease)
+
+	// a and c come back: the shares even out again, every row is published once.
+	close(fa.release)
+	close(fc.release)
+	testsvc.Eventually(t, 30*time.Second, "shares 3/3/2 again", func() bool {
 		return slices.Equal(shares(a, b, c), []int{3, 3, 2}) && len(e.leases().Locks) == parts
 	})
 	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })

@@ -54,8 +54,10 @@ import (
 // nothing is released that nobody would take. A member is responsive while this relay has
 // seen its heartbeat move within silentFactor of its lease intervals. Free partitions that no
 // responsive member is waiting for are taken at once by whoever sees them, beyond its share if
-// need be (a frozen member still counted alive keeps a share nobody else would take), and the
-// shares even out again by the release rule once that member comes back or is fenced. Rounds
+// need be (a frozen member still counted alive keeps a share nobody else would take); a member
+// below its share that has not moved its heartbeat for stalledFactor of its lease intervals
+// waits for nothing either (it froze only just now, it is not silent yet). The shares even out
+// again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
 // lease generation, so its old holder sends nothing more of it; the rows it already sent may
 // be sent again by the new holder at once) or sleeps. Because a key's messages are published
@@ -88,6 +90,13 @@ const (
 	// waitingRounds: a relay below its share runs this many rounds per lease interval until
 	// it has its share (the partitions it waits for are being released).
 	waitingRounds = 10
+	// stalledFactor: a member below its share whose heartbeat has not moved for this many of
+	// its lease intervals waits for nothing either, though it is not silent yet. A relay
+	// below its share runs a round (which moves its heartbeat) at every claim, and while idle
+	// waitingRounds times per lease interval: one that has not in a whole interval froze only
+	// just now (or is stuck in a publish longer than that), and free partitions are not kept
+	// for it. Once its heartbeat moves again, it waits as before and is given its share.
+	stalledFactor = 1
 	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
 	// connection of its own, off the claim path) this many times per lease interval, at most
 	// every maxMemberWatch (every 250 ms with the default 2 s), so that a relay joining or
@@ -435,8 +444,11 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		locked[lk.Partition] = true
 	}
 	// What the responsive others wait for: the most we release, and what free partitions
-	// are kept for. A silent member waits for nothing.
-	deficit, silent := 0, 0
+	// are kept for. A silent member waits for nothing, nor does a stalled one (below its share
+	// and its heartbeat still for stalledFactor of its lease intervals). stallAt is when the
+	// first of the waiting members stalls if its heartbeat does not move.
+	deficit, silent, stalled := 0, 0, 0
+	var stallAt time.Time
 	for i, m := range alive {
 		if i == me {
 			continue
@@ -445,9 +457,20 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			silent++
 			continue
 		}
-		if heldBy[m.PID] < share(i) {
-			deficit += share(i) - heldBy[m.PID]
+		if heldBy[m.PID] >= share(i) {
+			continue
 		}
+		if s, ok := l.seen[m.Instance]; ok {
+			at := s.at.Add(stalledFactor * memberInterval(m, cfg.LeaseInterval))
+			if !now.Before(at) {
+				stalled++
+				continue
+			}
+			if stallAt.IsZero() || at.Before(stallAt) {
+				stallAt = at
+			}
+		}
+		deficit += share(i) - heldBy[m.PID]
 	}
 	free := cfg.Partitions - len(locked)
 	waiting := deficit - free
@@ -499,7 +522,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			l.r.m.changes.WithLabelValues("taken").Add(float64(len(taken)))
 			if len(l.held) > target {
 				l.r.log.Info("partitions taken beyond the fair share: no responsive relay is waiting for them",
-					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent)
+					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent, "stalled", stalled)
 			} else {
 				l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
 			}
@@ -509,6 +532,9 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		// Someone is about to release what we wait for (it runs a round as soon as its
 		// membership watch sees this relay): look again soon.
 		l.nextRound = now.Add(max(cfg.LeaseInterval/waitingRounds, 10*time.Millisecond))
+	}
+	if deficit > 0 && free > 0 && !stallAt.IsZero() && stallAt.Before(l.nextRound) {
+		l.nextRound = stallAt // free partitions are kept for a member: look again when it would stall
 	}
 	l.r.m.partitions.Set(float64(len(l.held)))
 
