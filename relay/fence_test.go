@@ -296,12 +296,12 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 // The corner of the rule above: a relay that froze only just now still counts as responsive
 // (its heartbeat moved within two of its lease intervals), and when another relay is killed
 // it is below its share, so the survivor keeps one of the killed relay's partitions for it.
-// But a relay below its share runs a lease round (moving its heartbeat) at every claim and,
-// idle, every tenth of its lease interval: one whose heartbeat has not moved for a whole lease
-// interval has stalled, and nothing is kept for it. The survivor takes the partition, beyond
-// its share, while the frozen relay still counts as responsive (its lease interval is 2 s
-// here: it stalls 2 s after its last heartbeat and counts as silent only at 4 s), and does not
-// release it while the frozen relay's heartbeat stays still.
+// But a relay below its share runs a lease round (moving its heartbeat) every tenth of its
+// lease interval, and one at its share every interval: one whose heartbeat has not moved for
+// one and a half intervals has stalled, and nothing is kept for it. The survivor takes the
+// partition, beyond its share, while the frozen relay still counts as responsive (its lease
+// interval is 4 s here: it stalls 6 s after the survivor first read its last heartbeat and
+// counts as silent only at 8 s), and does not release it while that heartbeat stays still.
 func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -312,7 +312,7 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
 	}
 	fa, fc := newFreezer(t, 1), newFreezer(t, 1)
-	a := e.startWith(cfg("a", 2*time.Second), func(r *Relay) { r.hooks.beforeWave = fa.hook })
+	a := e.startWith(cfg("a", 4*time.Second), func(r *Relay) { r.hooks.beforeWave = fa.hook })
 	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
 	var bRounds <-chan round
 	b := e.startWith(cfg("b", lease), func(r *Relay) { bRounds = roundsOf(r) })
@@ -346,7 +346,7 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	rd := nextRound(t, bRounds, "b to hold 5", func(rd round) bool { return len(rd.st.Held) == 5 })
 	unheld := time.Since(killed)
 	if rd.st.Silent != 0 {
-		t.Fatalf("b took the kept partition in a round that counted %d silent relays, want 0: a, frozen just now, still counts as responsive (its lease interval is 2 s)", rd.st.Silent)
+		t.Fatalf("b took the kept partition in a round that counted %d silent relays, want 0: a, frozen just now, still counts as responsive (its lease interval is 4 s)", rd.st.Silent)
 	}
 	if locks := len(e.leases().Locks); locks != parts {
 		t.Fatalf("%d partitions held after b took the kept one, want %d", locks, parts)
@@ -357,7 +357,7 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 			t.Fatalf("b holds %d partitions in a later round, want 5: nothing is released for a relay that did not take what was kept for it", len(rd.st.Held))
 		}
 	}
-	t.Logf("c's partitions unheld for %s after the kill (b's lease interval %s, a's 2s)", unheld.Round(time.Millisecond), lease)
+	t.Logf("c's partitions unheld for %s after the kill (b's lease interval %s, a's 4s)", unheld.Round(time.Millisecond), lease)
 
 	// a and c come back: the shares even out again, every row is published once.
 	close(fa.release)

@@ -55,7 +55,7 @@ import (
 // seen its heartbeat move within silentFactor of its lease intervals. Free partitions that no
 // responsive member is waiting for are taken at once by whoever sees them, beyond its share if
 // need be (a frozen member still counted alive keeps a share nobody else would take); a member
-// below its share that has not moved its heartbeat for stalledFactor of its lease intervals
+// below its share whose heartbeat has not moved for stalledFactor of its lease intervals
 // waits for nothing either (it froze only just now, it is not silent yet). The shares even out
 // again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
@@ -90,13 +90,16 @@ const (
 	// waitingRounds: a relay below its share runs this many rounds per lease interval until
 	// it has its share (the partitions it waits for are being released).
 	waitingRounds = 10
-	// stalledFactor: a member below its share whose heartbeat has not moved for this many of
-	// its lease intervals waits for nothing either, though it is not silent yet. A relay
-	// below its share runs a round (which moves its heartbeat) at every claim, and while idle
-	// waitingRounds times per lease interval: one that has not in a whole interval froze only
-	// just now (or is stuck in a publish longer than that), and free partitions are not kept
-	// for it. Once its heartbeat moves again, it waits as before and is given its share.
-	stalledFactor = 1
+	// stalledFactor: a member below its share whose heartbeat this relay has not seen move
+	// for this many of its lease intervals waits for nothing either, though it is not silent
+	// yet. A relay that has seen itself below its share runs a lease round (which moves its
+	// heartbeat) every waitingRounds-th of its lease interval, at a claim or while idle; a
+	// relay at its share, every lease interval, and it may learn that it is short (a relay
+	// killed: the membership watch does not see it) only at that round. So one whose
+	// heartbeat has not moved for one and a half intervals froze only just now, or is stuck
+	// in one publish longer than that: free partitions are not kept for it, nothing is
+	// released for it, and once its heartbeat moves it waits as before and is given its share.
+	stalledFactor = 1.5
 	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
 	// connection of its own, off the claim path) this many times per lease interval, at most
 	// every maxMemberWatch (every 250 ms with the default 2 s), so that a relay joining or
@@ -192,6 +195,7 @@ type leaser struct {
 	fenceFailed bool // a fence was refused (logged once)
 	handedOver  bool // JetStream is unreachable: partitions released, membership left
 	silent      int
+	stalled     int
 	roundStart  time.Time // of the last round
 	rate        rateMeter // the publish rate reported with the heartbeat
 
@@ -461,7 +465,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			continue
 		}
 		if s, ok := l.seen[m.Instance]; ok {
-			at := s.at.Add(stalledFactor * memberInterval(m, cfg.LeaseInterval))
+			at := s.at.Add(time.Duration(stalledFactor * float64(memberInterval(m, cfg.LeaseInterval))))
 			if !now.Before(at) {
 				stalled++
 				continue
@@ -474,10 +478,10 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	}
 	free := cfg.Partitions - len(locked)
 	waiting := deficit - free
-	if n != l.relays || target != l.target || silent != l.silent {
-		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions, "silent", silent)
+	if n != l.relays || target != l.target || silent != l.silent || stalled != l.stalled {
+		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions, "silent", silent, "stalled", stalled)
 	}
-	l.relays, l.target, l.silent = n, target, silent
+	l.relays, l.target, l.silent, l.stalled = n, target, silent, stalled
 	l.r.m.relays.Set(float64(n))
 	l.r.m.target.Set(float64(target))
 
