@@ -297,13 +297,22 @@ func (r *run) ResetStream(ctx context.Context, name string, subjects ...string) 
 	if err := r.JS.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("reset stream %s: %w", name, err)
 	}
-	s, err := r.JS.CreateStream(ctx, jetstream.StreamConfig{
+	cfg := jetstream.StreamConfig{
 		Name:       name,
 		Subjects:   subjects,
 		Storage:    jetstream.FileStorage,
 		Replicas:   r.replicas(),
 		Duplicates: StreamDuplicates,
-	})
+	}
+	s, err := r.JS.CreateStream(ctx, cfg)
+	// Right after the delete, the server may still be removing the old stream's files: the
+	// create then fails with 10049 ("error creating store for stream"; seen once in the test
+	// suite). Ask again for a few seconds.
+	var apiErr *jetstream.APIError
+	for deadline := time.Now().Add(5 * time.Second); err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == 10049 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		s, err = r.JS.CreateStream(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s on %v: %w", name, subjects, err)
 	}
