@@ -98,7 +98,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	if o.AppName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName
 	}
-	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set && !strings.Contains(pcfg.ConnConfig.RuntimeParams["options"], "jit") {
+	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set && !optionsSetJIT(pcfg.ConnConfig.RuntimeParams["options"]) {
 		// Short statements only: JIT compilation (100-250 ms when a plan's estimated cost passes
 		// jit_above_cost, easily reached on an outbox without statistics yet) would cost more
 		// than any of them. The relay's claiming session sets it too (store.SetupRelaySession).
@@ -315,4 +315,27 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema, v, src, m.Latest(), schema)
 	}
 	return nil
+}
+
+// optionsSetJIT reports whether a connection's options parameter sets jit itself
+// ("-c jit=on", "-cjit=on", "--jit=on"); other settings that start with jit (jit_above_cost)
+// do not count.
+func optionsSetJIT(options string) bool {
+	fields := strings.Fields(options)
+	for i, f := range fields {
+		switch {
+		case f == "-c" && i+1 < len(fields):
+			f = fields[i+1]
+		case strings.HasPrefix(f, "-c"):
+			f = f[2:]
+		case strings.HasPrefix(f, "--"):
+			f = f[2:]
+		default:
+			continue
+		}
+		if strings.HasPrefix(f, "jit=") {
+			return true
+		}
+	}
+	return false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -20,7 +21,9 @@ func TestPoolTurnsJITOff(t *testing.T) {
 		want string
 	}{
 		{base, "off"},
-		{withJITOn(base), "on"},
+		{withOptions(base, "-c jit=on"), "on"},
+		{withOptions(base, "-cjit=on"), "on"},
+		{withOptions(base, "-c jit_above_cost=100000"), "off"}, // another jit setting: jit itself is still turned off
 	} {
 		c, err := connect(ctx, connectOptions{DSN: tc.dsn, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
@@ -35,13 +38,14 @@ func TestPoolTurnsJITOff(t *testing.T) {
 	}
 }
 
-// withJITOn adds options=-c jit=on to a URL or keyword/value connection string.
-func withJITOn(dsn string) string {
+// withOptions adds an options parameter (server settings, "-c name=value") to a URL or a
+// keyword/value connection string.
+func withOptions(dsn, options string) string {
 	switch {
 	case !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://"):
-		return dsn + " options='-c jit=on'"
+		return dsn + " options='" + options + "'"
 	case strings.Contains(dsn, "?"):
-		return dsn + "&options=-c%20jit%3Don"
+		return dsn + "&options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
 	}
-	return dsn + "?options=-c%20jit%3Don"
+	return dsn + "?options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
 }

@@ -26,12 +26,7 @@ func (q *Queries) ExplainClaim(ctx context.Context, conn *pgx.Conn, a ClaimArgs,
 	if a.Partitions != nil {
 		parts = int32Array(a.Partitions)
 	}
-	keys := make([]string, len(a.ExcludeKeys))
-	for i, k := range a.ExcludeKeys {
-		keys[i] = strconv.Quote(k)
-	}
-	args := fmt.Sprintf("%d, %s, %d, %s, %d, '{%s}'::text[]", a.Limit, parts, count, int64Array(a.Exclude), a.After,
-		strings.ReplaceAll(strings.Join(keys, ","), "'", "''"))
+	args := fmt.Sprintf("%d, %s, %d, %s, %d, %s", a.Limit, parts, count, int64Array(a.Exclude), a.After, textArray(a.ExcludeKeys))
 	return explainPrepared(ctx, conn, q.claim, args, generic)
 }
 
@@ -104,6 +99,13 @@ func int64Array(v []int64) string {
 		s[i] = strconv.FormatInt(x, 10)
 	}
 	return "'{" + strings.Join(s, ",") + "}'::int8[]"
+}
+
+// textArray is v as an SQL literal of type text[]: each element quoted as an array element
+// (quoteElem), the whole as a string constant.
+func textArray(v []string) string {
+	lit := arrayLiteral(len(v), func(b *strings.Builder, i int) bool { quoteElem(b, v[i]); return true })
+	return "'" + strings.ReplaceAll(lit, "'", "''") + "'::text[]"
 }
 
 func int32Array(v []int32) string {
