@@ -214,7 +214,6 @@ func TestFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.Background()
 	const parts = 8
 	const lease = 200 * time.Millisecond
 	cfg := func(id string) *Config {
@@ -242,17 +241,7 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 	nextRound(t, bRounds, "b to see a and c silent", func(rd round) bool { return rd.st.Silent == 2 })
 
 	// c is killed: PostgreSQL ends its session, its locks go.
-	var pid int32
-	if err := e.db.Pool.QueryRow(ctx, `SELECT backend_pid FROM txoutbox_relays WHERE instance = $1`, c.lease.reg.Instance).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
-	testsvc.Eventually(t, 10*time.Second, "c's session to end", func() bool {
-		return !e.backendExists(pid)
-	})
+	killed := e.killLeaseSession(c)
 	gone := time.Now()
 
 	// b's first round after the kill takes both of c's partitions, although b's fair share
@@ -280,17 +269,7 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 		return slices.Equal(shares(a, b, c), []int{3, 3, 2}) && len(e.leases().Locks) == parts
 	})
 	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })
-	seen := map[string]bool{}
-	for _, m := range e.streamMsgs("ORDERS") {
-		id := m.Header.Get(outbox.HeaderMsgID)
-		if seen[id] {
-			t.Fatalf("message %s stored twice", id)
-		}
-		seen[id] = true
-	}
-	if len(seen) != len(msgs) {
-		t.Fatalf("stream holds %d messages, want %d", len(seen), len(msgs))
-	}
+	e.checkStoredOnce("ORDERS", len(msgs))
 }
 
 // The corner of the rule above: a relay that froze only just now still counts as responsive
@@ -305,7 +284,6 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.Background()
 	const parts = 8
 	const lease = 200 * time.Millisecond
 	cfg := func(id string, lease time.Duration) *Config {
@@ -331,15 +309,7 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	e.enqueue(msgs...)
 	fa.wait(t, "a")
 	fc.wait(t, "c")
-	var pid int32
-	if err := e.db.Pool.QueryRow(ctx, `SELECT backend_pid FROM txoutbox_relays WHERE instance = $1`, c.lease.reg.Instance).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
-	testsvc.Eventually(t, 10*time.Second, "c's session to end", func() bool { return !e.backendExists(pid) })
+	killed := e.killLeaseSession(c)
 
 	// b takes its share (4), then the partition kept for a: every partition held, while a
 	// still counts as responsive.
@@ -366,16 +336,39 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 		return slices.Equal(shares(a, b, c), []int{3, 3, 2}) && len(e.leases().Locks) == parts
 	})
 	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })
+	e.checkStoredOnce("ORDERS", len(msgs))
+}
+
+// killLeaseSession ends r's lease session as PostgreSQL would for a killed relay (its locks
+// go), waits until the backend is gone, and returns when it was terminated.
+func (e *env) killLeaseSession(r *running) time.Time {
+	e.t.Helper()
+	ctx := context.Background()
+	var pid int32
+	if err := e.db.Pool.QueryRow(ctx, `SELECT backend_pid FROM txoutbox_relays WHERE instance = $1`, r.lease.reg.Instance).Scan(&pid); err != nil {
+		e.t.Fatal(err)
+	}
+	killed := time.Now()
+	if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		e.t.Fatal(err)
+	}
+	testsvc.Eventually(e.t, 10*time.Second, "the killed relay's session to end", func() bool { return !e.backendExists(pid) })
+	return killed
+}
+
+// checkStoredOnce checks that stream holds want messages, each message id once.
+func (e *env) checkStoredOnce(stream string, want int) {
+	e.t.Helper()
 	seen := map[string]bool{}
-	for _, m := range e.streamMsgs("ORDERS") {
+	for _, m := range e.streamMsgs(stream) {
 		id := m.Header.Get(outbox.HeaderMsgID)
 		if seen[id] {
-			t.Fatalf("message %s stored twice", id)
+			e.t.Fatalf("message %s stored twice", id)
 		}
 		seen[id] = true
 	}
-	if len(seen) != len(msgs) {
-		t.Fatalf("stream holds %d messages, want %d", len(seen), len(msgs))
+	if len(seen) != want {
+		e.t.Fatalf("stream holds %d messages, want %d", len(seen), want)
 	}
 }
 

@@ -286,10 +286,6 @@ func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, re
 	}
 }
 
-// succeeded ends the outage of the stream capturing subj, if any: a publish on it was
-// acknowledged.
-func (o *streamOutages) succeeded(r *Relay, subj string) { o.succeededExcept(r, []string{subj}, nil) }
-
 // succeededExcept ends the outages of the streams capturing a subject in acked (each
 // acknowledged a publish of a wave), except those of the streams in down (a publish of the
 // same wave met their outage).
