@@ -573,11 +573,64 @@ func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
 	}
 }
 
+// The message a batch is refused for is the first refused, whether for its content or for an
+// id an earlier message of the call has, and the error is that message's first problem: its
+// content before its id, as EnqueueTx checks them (message by message). Several messages
+// refused at once, each for a different class, name the first with its own error (a header
+// block over the limit before a message whose headers are invalid, so that the size counted
+// is the first's).
+func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	id := uuid.New()
+	good := func(id uuid.UUID) outbox.Message { return outbox.Message{Subject: "a.b", ID: id, Payload: []byte("p")} }
+	badSubject := func(id uuid.UUID) outbox.Message { return outbox.Message{Subject: "a..b", ID: id} }
+	badKey := outbox.Message{Subject: "a.b", Key: "k "}
+	badHeader := outbox.Message{Subject: "a.b", Headers: map[string][]string{"Nats-Rollup": {"all"}}}
+	bigBlock := sized(outbox.Message{Subject: "a.b"}, outbox.MaxHeaderBytes+1)
+	cases := []struct {
+		name  string
+		msgs  []outbox.Message
+		want  string
+		index int // 0-based, of the message named
+	}{
+		{"an id twice", []outbox.Message{good(id), good(id)}, "TX006", 1},
+		{"an id twice, the second's subject invalid", []outbox.Message{good(id), badSubject(id)}, "TX001", 1},
+		{"an id twice, then an invalid subject", []outbox.Message{good(id), good(id), badSubject(uuid.Nil)}, "TX006", 1},
+		{"an invalid subject, then an id twice", []outbox.Message{good(id), badSubject(uuid.Nil), good(id)}, "TX001", 1},
+		{"an invalid key, then invalid headers", []outbox.Message{good(uuid.Nil), badKey, badHeader}, "TX002", 1},
+		{"a header block too large, then invalid headers", []outbox.Message{good(uuid.Nil), bigBlock, badHeader, badKey}, "TX004", 1},
+		{"invalid headers, then a header block too large", []outbox.Message{good(uuid.Nil), badHeader, bigBlock}, "TX003", 1},
+	}
+	for _, tc := range cases {
+		tx := beginTx(t, db)
+		_, goErr := c.EnqueueTx(ctx, tx, tc.msgs...)
+		_ = tx.Rollback(ctx)
+		var me *outbox.MessageError
+		if goOutcome(goErr) != tc.want || !errors.As(goErr, &me) || me.Index != tc.index {
+			t.Errorf("%s: EnqueueTx: %v; want %s naming message %d (0-based)", tc.name, goErr, tc.want, tc.index)
+		}
+		tx = beginTx(t, db)
+		_, sqlErr := enqueueManySQL(ctx, tx, tc.msgs)
+		_ = tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.As(sqlErr, &pgErr) || pgErr.Code != tc.want || !strings.Contains(pgErr.Message, fmt.Sprintf("message %d:", tc.index+1)) {
+			t.Errorf("%s: txoutbox_enqueue_many: %v; want %s naming message %d (1-based)", tc.name, sqlErr, tc.want, tc.index+1)
+		}
+	}
+}
+
 // checkDrawnIDs checks the ids one call drew: each a version 7 UUID of the RFC 9562 variant
-// whose timestamp is now (within a minute).
+// whose timestamp is now (within a minute), each greater than the one before (monotonic
+// random, RFC 9562 section 6.2, method 2: txoutbox_uuidv7s).
 func checkDrawnIDs(t *testing.T, ids []uuid.UUID) {
 	t.Helper()
-	for _, id := range ids {
+	for i, id := range ids {
+		if i > 0 && bytes.Compare(ids[i-1][:], id[:]) >= 0 {
+			t.Fatalf("id %d of the call, %s, is not greater than the one before, %s", i, id, ids[i-1])
+		}
 		if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 			t.Fatalf("id %s is version %d variant %v, want 7 of RFC 9562", id, id.Version(), id.Variant())
 		}
