@@ -1,5 +1,6 @@
 -- Reverts 008: migration 007's txoutbox_write, which draws each message's id with
--- txoutbox_uuidv7(), and txoutbox_uuidv7s dropped.
+-- txoutbox_uuidv7(), and txoutbox_uuidv7s dropped. EXECUTE on txoutbox_partition_keys that
+-- 008 granted to roles that may call txoutbox_write stays (see 008's up migration).
 
 CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
     headers jsonb[], biz_keys text[], ids uuid[], producer_group text, check_mode text, check_immunity interval)

@@ -27,19 +27,25 @@ END
 $fn$;
 
 -- EXECUTE is granted explicitly, not to PUBLIC (004), to every role that may call
--- txoutbox_write (which calls this function with the caller's privileges), as migration 007
--- does for txoutbox_partition_keys: producers granted before this migration keep working.
+-- txoutbox_write (which calls this function with the caller's privileges): producers granted
+-- before this migration keep working, and so does the owner of the earlier migrations' functions
+-- when another role (an operator, a superuser) runs this one. Migration 007 granted
+-- txoutbox_partition_keys the same way but passed over txoutbox_write's owner, which only
+-- worked when one role ran both: roles that may call txoutbox_write and not
+-- txoutbox_partition_keys get it here too (008's down migration leaves that grant: it only lets
+-- them do what txoutbox_write already allowed).
 REVOKE EXECUTE ON FUNCTION txoutbox_uuidv7s(bigint) FROM PUBLIC;
 DO $do$
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT a.rolname FROM pg_roles a
+    FOR r IN SELECT a.rolname, f.fn FROM pg_roles a
+             CROSS JOIN (VALUES ('txoutbox_uuidv7s(bigint)'::regprocedure),
+                                ('txoutbox_partition_keys(text[], uuid[])'::regprocedure)) AS f(fn)
              WHERE NOT a.rolsuper AND a.rolname NOT LIKE 'pg\_%'
-               AND a.oid <> (SELECT p.proowner FROM pg_proc p
-                             WHERE p.oid = 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure)
-               AND has_function_privilege(a.oid, 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure, 'EXECUTE') LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION txoutbox_uuidv7s(bigint) TO %I', r.rolname);
+               AND has_function_privilege(a.oid, 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure, 'EXECUTE')
+               AND NOT has_function_privilege(a.oid, f.fn, 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', r.fn, r.rolname);
     END LOOP;
 END
 $do$;
@@ -68,11 +74,11 @@ DECLARE
     drawn uuid[];
 BEGIN
     -- Ids for the messages without one, drawn for the whole call.
-    IF coalesce(cardinality(array_remove(ids, NULL)), 0) < n THEN
-        drawn := txoutbox_uuidv7s(n);
+    IF ids IS NULL OR cardinality(ids) < n OR array_position(ids, NULL) IS NOT NULL THEN
+        drawn := txoutbox_uuidv7s(greatest(n, coalesce(cardinality(ids), 0)));
     END IF;
     out_ids := CASE WHEN given_ids
-                    THEN ARRAY(SELECT coalesce(u.id, drawn[u.ord]) FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord)
+                    THEN ARRAY(SELECT coalesce(u.id, drawn[u.ord]) FROM unnest(subjects, ids) WITH ORDINALITY AS u(s, id, ord) ORDER BY u.ord)
                     ELSE drawn END;
     -- The first message refused, and the sizes of the headers of the messages refused (the
     -- first's is bad_hsizes[1]): nothing is sorted or collected for a batch without one.
@@ -98,8 +104,8 @@ BEGIN
                        END AS hsize
                 FROM (SELECT u.ord, u.subject, u.payload, nullif(u.key, '') AS k, nullif(u.biz_key, '') AS bk, u.hdr,
                              CASE WHEN jsonb_typeof(u.hdr) = 'object' THEN u.hdr::text END AS hdr_text
-                      FROM unnest(subjects, payloads, keys, headers, biz_keys) WITH ORDINALITY
-                           AS u(subject, payload, key, hdr, biz_key, ord)
+                      FROM unnest(subjects, payloads, keys, headers, biz_keys, ids) WITH ORDINALITY
+                           AS u(subject, payload, key, hdr, biz_key, id, ord)
                       OFFSET 0) t
                 OFFSET 0) m) c;
     IF given_ids THEN

@@ -2,18 +2,20 @@ package migrations_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
 // A producer role granted at migration 4 (before delayed messages) keeps working after
-// migrations 5 and 7 without a new grant: committing a half message (which now reads
+// migrations 5, 7 and 8 without a new grant: committing a half message (which now reads
 // deliver_at), the new cancel and reschedule functions, and enqueueing (migration 7's
-// txoutbox_partition_keys). Without the grants migration 5 carries over,
+// txoutbox_partition_keys, migration 8's txoutbox_uuidv7s). Without the grants migration 5 carries over,
 // the commit fails with "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
@@ -80,4 +82,64 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	asProducer("enqueue a delayed message and cancel it", `SELECT txoutbox_cancel(txoutbox_enqueue('orders.z', 'p', deliver_at => now() + interval '1 hour'))`)
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
+}
+
+// The role that owns the earlier migrations' functions keeps enqueueing when another role (an
+// operator, a superuser) applies the later migrations, whose new functions txoutbox_write
+// calls with the caller's privileges: txoutbox_uuidv7s (008) and txoutbox_partition_keys (007,
+// whose own grant passed over txoutbox_write's owner; 008 repairs it). Migrations 1–6 (then 1–7)
+// run as the owner, the rest as the superuser of the test database.
+func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, keep := range []int{7, 6} {
+		admin, schema := newSchema(t, "owner"+strconv.Itoa(keep))
+		role := "own_" + strings.TrimPrefix(schema, "owner")
+		if _, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+			_, _ = admin.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+		})
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := pgxpool.ParseConfig(testsvc.PostgresDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["role"] = role
+		asOwner, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer asOwner.Close()
+		m, err := migrations.New(&migrations.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(ctx, asOwner); err != nil {
+			t.Fatalf("up as the owner: %v", err)
+		}
+		if _, err := m.Down(ctx, asOwner, m.Latest()-keep); err != nil {
+			t.Fatalf("down to %d as the owner: %v", keep, err)
+		}
+		if _, err := m.Up(ctx, admin); err != nil {
+			t.Fatalf("up from %d as the superuser: %v", keep, err)
+		}
+		for _, sql := range []string{
+			`SELECT txoutbox_enqueue('orders.x', 'p')`,
+			`SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], ARRAY['k1', ''])`,
+		} {
+			err := pgx.BeginFunc(ctx, asOwner, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+"; "+sql)
+				return err
+			})
+			if err != nil {
+				t.Errorf("migrations 1-%d by the owner, the rest by a superuser: %s as the owner: %v", keep, sql, err)
+			}
+		}
+	}
 }

@@ -19,14 +19,14 @@ import (
 // BenchmarkProducers compares, in one run, the ways to write the same keyed message (a
 // subject, a key of its own, one header, 100 bytes of payload): EnqueueTx, the SQL function
 // txoutbox_enqueue (one call per message), its batch form txoutbox_enqueue_many, and a plain
-// INSERT of the same row without validation or key lock. Each op runs 10 transactions of 1 or
+// INSERT of the same row without validation or key lock. Each op runs 50 transactions of 1 or
 // 100 messages of every way, in turns; ns/msg is per message. Each way runs on a connection
 // of its own, and server-µs/tx is its backend's CPU time per transaction (utime+stime from
 // /proc, when the server runs on this machine): the load of a shared machine moves it far
 // less than the wall clock. The ratios to EnqueueTx are of one run, in wall clock and in
 // server CPU.
 //
-//	go test ./outbox/ -run '^$' -bench 'BenchmarkProducers$' -benchtime 3s -count 3
+//	go test ./outbox/ -run '^$' -bench 'BenchmarkProducers$' -benchtime 10x -count 3
 func BenchmarkProducers(b *testing.B) {
 	ctx := context.Background()
 	db := testsvc.NewDB(b)

@@ -622,6 +622,27 @@ func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 	}
 }
 
+// txoutbox_write, which producers may call (the public functions check their arrays' lengths
+// first), pairs ids with messages by position: fewer ids than messages draw the rest, more ids
+// than messages are refused as messages without a subject.
+func TestSQLWriteWithIdsOfAnotherLength(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	id := uuid.New()
+	const call = `SELECT txoutbox_write('f', true, ARRAY['a.b', 'a.c'], ARRAY['p', 'q']::bytea[], NULL, NULL, NULL, $1::uuid[], NULL, NULL, NULL)`
+	tx := beginTx(t, db)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var ids []uuid.UUID
+	if err := tx.QueryRow(ctx, call, []uuid.UUID{id}).Scan(&ids); err != nil || len(ids) != 2 || ids[0] != id {
+		t.Fatalf("two messages, one id: %v, %v; want the id, then one drawn", ids, err)
+	}
+	checkDrawnIDs(t, ids[1:])
+	if err := tx.QueryRow(ctx, call, []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}).Scan(&ids); sqlOutcome(err) != "TX001" {
+		t.Fatalf("two messages, three ids: %v; want TX001 (message 3 has no subject)", err)
+	}
+}
+
 // checkDrawnIDs checks the ids one call drew: each a version 7 UUID of the RFC 9562 variant
 // whose timestamp is now (within a minute), each greater than the one before (monotonic
 // random, RFC 9562 section 6.2, method 2: txoutbox_uuidv7s).
