@@ -590,6 +590,8 @@ func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 	badKey := outbox.Message{Subject: "a.b", Key: "k "}
 	badHeader := outbox.Message{Subject: "a.b", Headers: map[string][]string{"Nats-Rollup": {"all"}}}
 	bigBlock := sized(outbox.Message{Subject: "a.b"}, outbox.MaxHeaderBytes+1)
+	traced := outbox.Message{Subject: "a.b", Key: "k", Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}
+	atLimit, overLimit := payloadFor(traced, outbox.DefaultMaxMessageBytes), payloadFor(traced, outbox.DefaultMaxMessageBytes+1)
 	cases := []struct {
 		name  string
 		msgs  []outbox.Message
@@ -603,6 +605,9 @@ func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 		{"an invalid key, then invalid headers", []outbox.Message{good(uuid.Nil), badKey, badHeader}, "TX002", 1},
 		{"a header block too large, then invalid headers", []outbox.Message{good(uuid.Nil), bigBlock, badHeader, badKey}, "TX004", 1},
 		{"invalid headers, then a header block too large", []outbox.Message{good(uuid.Nil), badHeader, bigBlock}, "TX003", 1},
+		{"a message too large, then invalid headers", []outbox.Message{good(uuid.Nil), overLimit, badHeader}, "TX005", 1},
+		{"a message at the limit, then one over it", []outbox.Message{atLimit, overLimit, bigBlock}, "TX005", 1},
+		{"a header block too large, then a message too large", []outbox.Message{atLimit, bigBlock, overLimit}, "TX004", 1},
 	}
 	for _, tc := range cases {
 		tx := beginTx(t, db)

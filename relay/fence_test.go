@@ -216,28 +216,9 @@ func TestKilledRelaysPartitionsTakenWhileAnotherIsFrozen(t *testing.T) {
 	e := newEnv(t)
 	const parts = 8
 	const lease = 200 * time.Millisecond
-	cfg := func(id string) *Config {
-		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
-	}
-	fa, fc := newFreezer(t, 1), newFreezer(t, 1)
-	a := e.startWith(cfg("a"), func(r *Relay) { r.hooks.beforeWave = fa.hook })
-	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
-	var bRounds <-chan round
-	b := e.startWith(cfg("b"), func(r *Relay) { bRounds = roundsOf(r) })
-	testsvc.Eventually(t, 10*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
-	c := e.startWith(cfg("c"), func(r *Relay) { r.hooks.beforeWave = fc.hook })
-	testsvc.Eventually(t, 10*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
-
 	// a and c freeze on their next batch; rows for every partition.
-	fa.armed.Store(true)
-	fc.armed.Store(true)
-	var msgs []outbox.Message
-	for i := 0; i < 64; i++ {
-		msgs = append(msgs, outbox.Message{Subject: "orders.created", Payload: []byte(strconv.Itoa(i))})
-	}
-	e.enqueue(msgs...)
-	fa.wait(t, "a")
-	fc.wait(t, "c")
+	tr := e.startFreezingTrio(parts, lease)
+	a, b, c, fa, fc, bRounds, msgs := tr.a, tr.b, tr.c, tr.fa, tr.fc, tr.bRounds, tr.msgs
 	nextRound(t, bRounds, "b to see a and c silent", func(rd round) bool { return rd.st.Silent == 2 })
 
 	// c is killed: PostgreSQL ends its session, its locks go.
@@ -286,29 +267,10 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	e := newEnv(t)
 	const parts = 8
 	const lease = 200 * time.Millisecond
-	cfg := func(id string, lease time.Duration) *Config {
-		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
-	}
-	fa, fc := newFreezer(t, 1), newFreezer(t, 1)
-	a := e.startWith(cfg("a", 4*time.Second), func(r *Relay) { r.hooks.beforeWave = fa.hook })
-	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
-	var bRounds <-chan round
-	b := e.startWith(cfg("b", lease), func(r *Relay) { bRounds = roundsOf(r) })
-	testsvc.Eventually(t, 20*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
-	c := e.startWith(cfg("c", lease), func(r *Relay) { r.hooks.beforeWave = fc.hook })
-	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
-
 	// a and c freeze on their next batch; c is killed at once: a still counts as responsive,
 	// and below its share of two live relays (4), so one of c's partitions is kept for it.
-	fa.armed.Store(true)
-	fc.armed.Store(true)
-	var msgs []outbox.Message
-	for i := 0; i < 64; i++ {
-		msgs = append(msgs, outbox.Message{Subject: "orders.created", Payload: []byte(strconv.Itoa(i))})
-	}
-	e.enqueue(msgs...)
-	fa.wait(t, "a")
-	fc.wait(t, "c")
+	tr := e.startFreezingTrio(parts, 4*time.Second)
+	a, b, c, fa, fc, bRounds, msgs := tr.a, tr.b, tr.c, tr.fa, tr.fc, tr.bRounds, tr.msgs
 	killed := e.killLeaseSession(c)
 
 	// b takes its share (4), then the partition kept for a: every partition held, while a
@@ -337,6 +299,42 @@ func TestPartitionKeptForARelayThatFrozeJustNowIsTaken(t *testing.T) {
 	})
 	testsvc.Eventually(t, 20*time.Second, "every row published", func() bool { return e.count("true") == 0 })
 	e.checkStoredOnce("ORDERS", len(msgs))
+}
+
+// freezingTrio is three relays over parts partitions with shares 3/3/2, a and c frozen in
+// their first wave of a batch of 64 rows (rows for every partition), b's lease rounds
+// observed.
+type freezingTrio struct {
+	a, b, c *running
+	fa, fc  *freezer
+	bRounds <-chan round
+	msgs    []outbox.Message
+}
+
+// startFreezingTrio starts a (lease interval aLease), then b and c (200 ms), waits for the
+// shares 3/3/2, arms a's and c's freezers, enqueues 64 rows and waits until a and c are frozen.
+func (e *env) startFreezingTrio(parts int, aLease time.Duration) freezingTrio {
+	t := e.t
+	t.Helper()
+	cfg := func(id string, lease time.Duration) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond, BackoffMax: time.Second}
+	}
+	tr := freezingTrio{fa: newFreezer(t, 1), fc: newFreezer(t, 1)}
+	tr.a = e.startWith(cfg("a", aLease), func(r *Relay) { r.hooks.beforeWave = tr.fa.hook })
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(tr.a.Partitions()) == parts })
+	tr.b = e.startWith(cfg("b", 200*time.Millisecond), func(r *Relay) { tr.bRounds = roundsOf(r) })
+	testsvc.Eventually(t, 20*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(tr.a, tr.b), []int{4, 4}) })
+	tr.c = e.startWith(cfg("c", 200*time.Millisecond), func(r *Relay) { r.hooks.beforeWave = tr.fc.hook })
+	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(tr.a, tr.b, tr.c), []int{3, 3, 2}) })
+	tr.fa.armed.Store(true)
+	tr.fc.armed.Store(true)
+	for i := 0; i < 64; i++ {
+		tr.msgs = append(tr.msgs, outbox.Message{Subject: "orders.created", Payload: []byte(strconv.Itoa(i))})
+	}
+	e.enqueue(tr.msgs...)
+	tr.fa.wait(t, "a")
+	tr.fc.wait(t, "c")
+	return tr
 }
 
 // killLeaseSession ends r's lease session as PostgreSQL would for a killed relay (its locks

@@ -307,10 +307,14 @@ func (r *run) ResetStream(ctx context.Context, name string, subjects ...string) 
 	s, err := r.JS.CreateStream(ctx, cfg)
 	// Right after the delete, the server may still be removing the old stream's files: the
 	// create then fails with 10049 ("error creating store for stream"; seen once in the test
-	// suite). Ask again for a few seconds.
+	// suite). Ask again for a few seconds, unless the run is stopped.
 	var apiErr *jetstream.APIError
 	for deadline := time.Now().Add(5 * time.Second); err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == 10049 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("create stream %s on %v: %w (after %v)", name, subjects, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
 		s, err = r.JS.CreateStream(ctx, cfg)
 	}
 	if err != nil {
