@@ -312,9 +312,22 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		}
 	}
 	if v < m.Latest() {
-		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema, v, src, m.Latest(), schema)
+		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: %s", schema, v, src, m.Latest(), upgradeAdvice(src, schema))
 	}
 	return nil
+}
+
+// upgradeAdvice says how to bring a schema up to date: with relay migrate up when txoutbox
+// keeps its versions (or nothing does yet), else with the tool whose table src names
+// (relay migrate up refuses a schema another tool manages: migrations.ErrManagedElsewhere).
+func upgradeAdvice(src, schema string) string {
+	switch {
+	case strings.HasPrefix(src, "golang-migrate's "):
+		return fmt.Sprintf("apply this binary's migrations/ with golang-migrate (`migrate -path migrations -database ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
+	case strings.HasPrefix(src, "goose's "):
+		return fmt.Sprintf("apply this binary's migrations with goose (`relay migrate export --format goose`, then `goose ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
+	}
+	return fmt.Sprintf("run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema)
 }
 
 // optionsSetJIT reports whether a connection's options parameter sets jit itself

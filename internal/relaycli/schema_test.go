@@ -2,6 +2,8 @@ package relaycli
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -43,5 +45,58 @@ func TestCheckSchemaReadsGolangMigrate(t *testing.T) {
 	err = checkSchema(ctx, db.Pool, db.Schema)
 	if err == nil || !strings.Contains(err.Error(), "schema_migrations") || !strings.Contains(err.Error(), "golang-migrate") {
 		t.Fatalf("a schema one version behind: %v, want a refusal naming golang-migrate's schema_migrations", err)
+	}
+}
+
+// The advice for a schema that is behind names a way that works for whichever tool keeps its
+// versions: relay migrate up for txoutbox's own table (and it then succeeds), the other tool
+// for golang-migrate's or goose's table (relay migrate up refuses those schemas).
+func TestCheckSchemaAdviceNamesTheToolThatKeepsTheVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct{ tool, ddl, record, advice string }{
+		{"txoutbox", "", "", "relay migrate up"},
+		{"golang-migrate", `CREATE TABLE %s (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)`,
+			`INSERT INTO %s VALUES ($1, false)`, "with golang-migrate"},
+		{"goose", `CREATE TABLE %s (id serial NOT NULL, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp NULL DEFAULT now(), PRIMARY KEY (id))`,
+			`INSERT INTO %s (version_id, is_applied) SELECT g, true FROM generate_series(0, $1::int) g`, "with goose"},
+	} {
+		t.Run(tc.tool, func(t *testing.T) {
+			t.Parallel()
+			db := testsvc.NewDB(t)
+			m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Down(ctx, db.Pool, 1); err != nil {
+				t.Fatal(err)
+			}
+			if tc.ddl != "" { // move the record to the other tool's table
+				table := map[string]string{"golang-migrate": migrations.GolangMigrateTable, "goose": migrations.GooseTable}[tc.tool]
+				q := pgx.Identifier{db.Schema, table}.Sanitize()
+				for _, stmt := range []string{
+					"DROP TABLE " + pgx.Identifier{db.Schema, migrations.VersionTable}.Sanitize(),
+					fmt.Sprintf(tc.ddl, q),
+				} {
+					if _, err := db.Pool.Exec(ctx, stmt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := db.Pool.Exec(ctx, fmt.Sprintf(tc.record, q), m.Latest()-1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = checkSchema(ctx, db.Pool, db.Schema)
+			if err == nil || !strings.Contains(err.Error(), tc.advice) {
+				t.Fatalf("a schema one version behind (%s): %v, want advice %q", tc.tool, err, tc.advice)
+			}
+			_, upErr := m.Up(ctx, db.Pool)
+			if says := strings.Contains(err.Error(), "run `relay migrate up"); says != (upErr == nil) {
+				t.Fatalf("the advice %q recommends relay migrate up: %v, but relay migrate up returns %v", err, says, upErr)
+			}
+			if tc.ddl != "" && !errors.Is(upErr, migrations.ErrManagedElsewhere) {
+				t.Fatalf("relay migrate up on a %s schema: %v, want ErrManagedElsewhere", tc.tool, upErr)
+			}
+		})
 	}
 }
