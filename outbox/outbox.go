@@ -152,13 +152,21 @@ func (c *Client) Config() Config { return *c.cfg }
 
 // Message is one event to publish.
 type Message struct {
-	// ID is the message id, used as JetStream's Nats-Msg-Id. Defaults to a new UUIDv7.
+	// ID is the message id, used as JetStream's Nats-Msg-Id. Defaults to a new UUIDv7. An id
+	// names one message for good: never give a second message the id of an earlier one, even
+	// after the first was published and its row purged (EnqueueTx can refuse a reuse only while
+	// the first row is in the outbox, ErrDuplicateID). JetStream drops the second as a
+	// duplicate within its duplicate window, and a consumer's dedup row drops it after.
 	ID uuid.UUID
 	// Subject is the NATS subject to publish to. Required; must be a literal subject.
 	Subject string
 	// Key, when set, orders messages: messages of one key reach JetStream in commit order and
 	// a message that cannot be published holds back the later messages of its key only.
-	// Typically an aggregate id. Sent as the Txoutbox-Key header. It must pass ValidateKey
+	// Typically an aggregate id. A key is global across subjects: a message of key k that
+	// cannot be published holds back k's later messages on every subject, since one
+	// aggregate's events often go to several subjects and their order is the aggregate's (put
+	// the subject in the key, "orders.created:42", for order per subject only). Sent as the
+	// Txoutbox-Key header. It must pass ValidateKey
 	// (no control characters, no white space at either end, at most MaxKeyLength bytes).
 	Key string
 	// BizKey is an optional business idempotency key (for example "order:42:created"). When

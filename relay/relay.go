@@ -6,7 +6,10 @@
 // success); settle the whole batch in one statement. Messages of one key are published one
 // after another (the next only once the previous one's PubAck is in), so a key's messages are
 // stored in order even across failures, retries and relay handovers; messages of different
-// keys, and unkeyed messages, are pipelined.
+// keys, and unkeyed messages, are pipelined. A key is global across subjects: a failed or
+// dead message of key k on one subject holds back k's later messages on every subject, because
+// a key names an aggregate (an order, an account) whose events often go to several subjects and
+// whose order is what matters; put the subject in the key for order per subject only.
 //
 // A crash between publish and settle leaves the rows ready, so they are published again; the
 // stream's duplicate window (and the idempotent consumer's dedup table beyond it) absorb that.
