@@ -42,29 +42,11 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 
 // PrepareSQL is Prepare for database/sql: it validates msg and stores it as a half message
 // through db, usually the *sql.DB, so that the half message is committed before the producer
-// starts its work.
+// starts its work. Like Prepare, it captures the trace context of ctx into the message's
+// headers, and with Config.EnqueueSpan it does so inside the same "prepare" span.
 func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
-	o, err := prepareOptions(opts)
-	if err != nil {
-		return Half{}, err
-	}
-	row, err := c.traceRow(ctx, 0, &msg)
-	if err != nil {
-		return Half{}, err
-	}
-	mode := store.CheckModeChecker
-	if o.Fence {
-		mode = store.CheckModeFence
-	}
-	err = c.q.InsertPreparedSQL(ctx, db, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
-	if err != nil {
-		if _, dup := store.DuplicateMessageIDSQL(err); dup {
-			return Half{}, fmt.Errorf("outbox: %w: message %s is already in the outbox", ErrDuplicateID, row.MessageID)
-		}
-		return Half{}, fmt.Errorf("outbox: prepare: %w", err)
-	}
-	c.half.prepared.Inc()
-	return Half{ID: row.MessageID, Subject: msg.Subject, Key: msg.Key, Group: o.Group, Fence: o.Fence}, nil
+	return c.prepare(ctx, msg, opts, func(ctx context.Context, a store.PrepareArgs) error { return c.q.InsertPreparedSQL(ctx, db, a) },
+		func(err error) bool { _, dup := store.DuplicateMessageIDSQL(err); return dup })
 }
 
 // CommitSQL is Commit for database/sql: it commits a half message in a transaction of its own
