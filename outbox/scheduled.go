@@ -98,7 +98,11 @@ func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) e
 // transaction tx, under the same rules as CancelTx. A time already past makes the message due
 // at once (the relay takes it at its next pass). at must lie between MinDeliverAt and
 // MaxDeliverAt (else an error wrapping ErrInvalidDeliverAt, and nothing changes). The message
-// keeps its id; its place in its key's order is still decided when it falls due.
+// keeps its id and its business key: a business key that names the due time still names the
+// old one, so find the message later by id or by that original key (CancelBizKeyTx with a key
+// built from the new time finds nothing). To re-arm a timer for a new time as a distinct
+// business event, cancel it and enqueue a new message with a key naming the new time, in one
+// transaction. Its place in its key's order is still decided when it falls due.
 func (c *Client) RescheduleTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID, at time.Time) error {
 	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduled(ctx, tx, id, at) })
 }
@@ -150,7 +154,7 @@ func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error)) ([]uuid.UUI
 
 // RescheduleBizKeyTx moves to at, inside the caller's transaction tx, the delivery time of
 // every scheduled message whose BizKey is bizKey, and returns their ids; as CancelBizKeyTx
-// and RescheduleTx.
+// and RescheduleTx. The messages keep their business key, bizKey, whatever time it names.
 func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
 	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) })
 }

@@ -304,6 +304,14 @@ func TestCancelAndRescheduleByBizKeySQL(t *testing.T) {
 			if _, at := state(t, db, ids[0]); at == nil || !at.Equal(moved) {
 				t.Fatalf("rescheduled to %v, want %v", at, moved)
 			}
+			// The message keeps its business key, which names the old time: a key rebuilt
+			// from the new time finds nothing, the original one finds it.
+			if _, err := c.CancelBizKeySQLTx(ctx, sdb, bk("remind", moved)); !errors.Is(err, outbox.ErrNotScheduled) {
+				t.Fatalf("cancel by a key naming the new time = %v; want ErrNotScheduled", err)
+			}
+			if n := count(t, db, "message_id = '"+ids[0].String()+"' AND state = 'scheduled' AND headers->'Txoutbox-Biz-Key'->>0 = '"+bk("remind", remind)+"'"); n != 1 {
+				t.Fatalf("the rescheduled message no longer has its business key %q", bk("remind", remind))
+			}
 			_, err = c.RescheduleBizKeySQLTx(ctx, sdb, bk("timeout", timeout), moved)
 			if !errors.Is(err, outbox.ErrNotScheduled) || !errors.As(err, &se) || se.Op != "reschedule" || se.BizKey != bk("timeout", timeout) {
 				t.Fatalf("reschedule of a key with nothing scheduled = %v; want a *ScheduleError wrapping ErrNotScheduled", err)
