@@ -19,7 +19,8 @@
 // Services on database/sql use the database/sql counterparts SQLDBTX, SQLBeginner and SQLDB
 // (*sql.Tx, *sql.Conn, *sql.DB, sqlx, GORM's connection pool; any PostgreSQL driver), taken by
 // the producer methods whose names say SQL: outbox.Client.EnqueueSQLTx, the half-message twins
-// (PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL) and
+// (PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL), the delayed
+// messages' twins (CancelSQLTx, RescheduleSQLTx, CancelBizKeySQLTx, RescheduleBizKeySQLTx) and
 // checker.OutboxIdentitySQL. consumer.NewSQL alone takes a *sql.DB itself, not an interface: it
 // takes a connection of its own (sql.DB.Conn) for each message, so that after a failed commit
 // it can ask that same connection whether it is alive.

@@ -22,8 +22,11 @@ import (
 // never both win.
 //
 // The business key names the timer and its due time: an order may have several timers (a
-// reminder, a timeout, a timeout moved later), and idempotent consumers deduplicate on the
-// business key, so each must be a key of its own.
+// reminder, a timeout, a timeout re-armed for a later time), and idempotent consumers
+// deduplicate on the business key, so each must be a key of its own. Two ways to move a
+// timer, shown below: RescheduleTx moves the same message (same id, same business key, which
+// still names the first time: look it up by id or by that key); a timer re-armed as a new
+// business event is a cancel and a new message whose key names the new time.
 func Example_orderTimeout() {
 	ctx := context.Background()
 	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
@@ -55,6 +58,7 @@ func Example_orderTimeout() {
 
 	// Place the order: the order, its event and its timeout commit together.
 	orderID := uuid.NewString()
+	timeoutKey := func(due time.Time) string { return "order:" + orderID + ":timeout:" + due.UTC().Format(time.RFC3339) }
 	due := time.Now().Add(30 * time.Minute).UTC().Truncate(time.Second)
 	var timeoutID uuid.UUID
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -66,7 +70,7 @@ func Example_orderTimeout() {
 			outbox.Message{
 				Subject:   "orders.timeout",
 				Key:       orderID,
-				BizKey:    "order:" + orderID + ":timeout:" + due.Format(time.RFC3339),
+				BizKey:    timeoutKey(due),
 				DeliverAt: due,
 				Payload:   []byte(orderID),
 			})
@@ -80,6 +84,52 @@ func Example_orderTimeout() {
 		fmt.Println(err)
 		return
 	}
+
+	// The same timeout, 15 minutes later: RescheduleTx moves the message and keeps its id and
+	// its business key, which still names the first due time. A key rebuilt from the new time
+	// finds nothing; the message is found by its id, or by the key it was enqueued with.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return client.RescheduleTx(ctx, tx, timeoutID, due.Add(15*time.Minute))
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = client.CancelBizKeyTx(ctx, pool, timeoutKey(due.Add(15*time.Minute)))
+	if err != nil && !errors.Is(err, outbox.ErrNotScheduled) {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("rescheduled; a key naming the new time finds it:", err == nil)
+
+	// The order is changed and gets a new timeout, a business event of its own: cancel the
+	// old timer (here by the key it was enqueued with) and enqueue a new one whose key names
+	// the new time, in one transaction.
+	rearmed := due.Add(time.Hour)
+	firstTimeout := timeoutID
+	var cancelled []uuid.UUID
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if cancelled, err = client.CancelBizKeyTx(ctx, tx, timeoutKey(due)); err != nil {
+			return err
+		}
+		ids, err := client.EnqueueTx(ctx, tx, outbox.Message{
+			Subject:   "orders.timeout",
+			Key:       orderID,
+			BizKey:    timeoutKey(rearmed),
+			DeliverAt: rearmed,
+			Payload:   []byte(orderID),
+		})
+		if err != nil {
+			return err
+		}
+		timeoutID = ids[0]
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("re-armed with a new business key; old timer cancelled:", len(cancelled) == 1 && cancelled[0] == firstTimeout)
 
 	// The customer pays: the order is paid and its timeout withdrawn, in one transaction.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -131,6 +181,8 @@ func Example_orderTimeout() {
 	}
 	fmt.Println("closed by a late timeout:", closed, "- status:", status)
 	// Output:
+	// rescheduled; a key naming the new time finds it: false
+	// re-armed with a new business key; old timer cancelled: true
 	// paid; timeout cancelled
 	// true true
 	// closed by a late timeout: false - status: paid

@@ -2,9 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,4 +158,121 @@ func ExampleClient_EnqueueSQLTx_gorm() {
 	}
 	fmt.Println(subjects)
 	// Output: [shipments.created]
+}
+
+// Delayed messages over database/sql: an order's timeout is enqueued with the order, moved
+// later, and withdrawn in the payment's transaction. RescheduleSQLTx, CancelBizKeySQLTx and
+// RescheduleBizKeySQLTx work the same way; each is its pgx method with SQL in its name.
+func ExampleClient_CancelSQLTx() {
+	ctx := context.Background()
+	schema := os.Getenv("TXOUTBOX_SCHEMA")
+	if err := migrateOutbox(ctx, os.Getenv("DATABASE_URL"), schema); err != nil {
+		fmt.Println(err)
+		return
+	}
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() {
+		if err := db.Close(); err != nil {
+			fmt.Println(err)
+		}
+	}()
+	orders := schema + ".orders_sql_timeout"
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+orders+` (id text PRIMARY KEY, status text NOT NULL)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// inTx runs f in a transaction: committed if f returns nil, rolled back otherwise.
+	inTx := func(f func(tx *sql.Tx) error) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := f(tx); err != nil {
+			return errors.Join(err, tx.Rollback())
+		}
+		return tx.Commit()
+	}
+
+	// Place the order: the order and its timeout commit together.
+	orderID := uuid.NewString()
+	due := time.Now().Add(30 * time.Minute).UTC().Truncate(time.Second)
+	var timeoutID uuid.UUID
+	err = inTx(func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+orders+` VALUES ($1, 'unpaid')`, orderID); err != nil {
+			return err
+		}
+		ids, err := client.EnqueueSQLTx(ctx, tx, outbox.Message{
+			Subject:   "orders.timeout",
+			Key:       orderID,
+			BizKey:    "order:" + orderID + ":timeout:" + due.Format(time.RFC3339),
+			DeliverAt: due,
+			Payload:   []byte(orderID),
+		})
+		if err != nil {
+			return err
+		}
+		timeoutID = ids[0]
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The customer is given 15 more minutes: the same timeout (same id, same business key)
+	// falls due later.
+	err = inTx(func(tx *sql.Tx) error {
+		return client.RescheduleSQLTx(ctx, tx, timeoutID, due.Add(15*time.Minute))
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The customer pays: the order is paid and its timeout withdrawn, in one transaction.
+	err = inTx(func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE `+orders+` SET status = 'paid' WHERE id = $1 AND status = 'unpaid'`, orderID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("the order was closed before it was paid: refund")
+		}
+		err = client.CancelSQLTx(ctx, tx, timeoutID)
+		if errors.Is(err, outbox.ErrNotScheduled) {
+			fmt.Println("the timeout went out already; its consumer will find the order paid")
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("paid; timeout cancelled")
+
+	// Cancelling again: the timeout is no longer scheduled.
+	err = client.CancelSQLTx(ctx, db, timeoutID)
+	var se *outbox.ScheduleError
+	if !errors.As(err, &se) {
+		fmt.Println("second cancel:", err)
+		return
+	}
+	fmt.Println("second cancel:", se.State, errors.Is(err, outbox.ErrNotScheduled))
+	// Output:
+	// paid; timeout cancelled
+	// second cancel: rolled_back true
 }

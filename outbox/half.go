@@ -189,8 +189,17 @@ type Half struct {
 // Like EnqueueTx, it captures the trace context of ctx into the message's headers; the
 // check-back's checks of the message and its publishing continue that trace.
 func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
+	return c.prepare(ctx, msg, opts, func(ctx context.Context, a store.PrepareArgs) error { return c.q.InsertPrepared(ctx, db, a) },
+		store.UniqueViolation)
+}
+
+// prepare is Prepare and PrepareSQL: the optional enqueue span around the validation and
+// insert (the pgx or the database/sql statement), and the trace context captured from within it;
+// dup says whether insert's error is a duplicate message id.
+func (c *Client) prepare(ctx context.Context, msg Message, opts *PrepareOptions,
+	insert func(context.Context, store.PrepareArgs) error, dup func(error) bool) (Half, error) {
 	ctx, span := c.startEnqueue(ctx, "prepare", []Message{msg})
-	h, err := c.prepare(ctx, db, msg, opts)
+	h, err := c.prepareRowAndInsert(ctx, msg, opts, insert, dup)
 	var ids []uuid.UUID
 	if err == nil {
 		ids = []uuid.UUID{h.ID}
@@ -199,7 +208,8 @@ func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opt
 	return h, err
 }
 
-func (c *Client) prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
+func (c *Client) prepareRowAndInsert(ctx context.Context, msg Message, opts *PrepareOptions,
+	insert func(context.Context, store.PrepareArgs) error, dup func(error) bool) (Half, error) {
 	o, err := prepareOptions(opts)
 	if err != nil {
 		return Half{}, err
@@ -212,9 +222,9 @@ func (c *Client) prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opt
 	if o.Fence {
 		mode = store.CheckModeFence
 	}
-	err = c.q.InsertPrepared(ctx, db, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
+	err = insert(ctx, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
 	if err != nil {
-		if store.UniqueViolation(err) {
+		if dup(err) {
 			return Half{}, fmt.Errorf("outbox: %w: message %s is already in the outbox", ErrDuplicateID, row.MessageID)
 		}
 		return Half{}, fmt.Errorf("outbox: prepare: %w", err)

@@ -31,11 +31,15 @@
 // and before those that become ready after it, and, like any message, a failure to publish it
 // holds back the later messages of its key. An entity with several timers needs a business key
 // per timer, naming its due time (for example "order:42:timeout:2026-12-03T10:30:00Z"): the
-// consumer deduplicates on it, and CancelBizKeyTx cancels exactly that timer.
+// consumer deduplicates on it, and CancelBizKeyTx cancels exactly that timer. RescheduleTx
+// keeps the message's id and business key (which then names the old time: find the message
+// by its id or its original key); a timer re-armed for a new time as a distinct business
+// event is a cancel and a new message whose key names the new time.
 //
 // Services on database/sql (sqlx, GORM, any PostgreSQL driver) use the twins whose names say
-// SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL —
-// with a *sql.Tx (txoutbox.SQLDBTX) in place of the pgx.Tx, under the same rules.
+// SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL,
+// CancelSQLTx, RescheduleSQLTx, CancelBizKeySQLTx, RescheduleBizKeySQLTx — with a *sql.Tx
+// (txoutbox.SQLDBTX) in place of the pgx.Tx, under the same rules.
 package outbox
 
 import (
@@ -188,8 +192,12 @@ type Message struct {
 	// message): it is committed with the transaction as any message, stored scheduled, and
 	// published when due, within the relay's poll interval (at once when the relay knows the
 	// time: it wakes for the next due message). Until the relay takes it, CancelTx and
-	// RescheduleTx can withdraw or move it inside any transaction. A time already past means
-	// "as soon as possible"; the zero time means not delayed. It is compared with the
+	// RescheduleTx can withdraw or move it inside any transaction. A time already past makes
+	// it due at once, but it is still stored scheduled and takes its key's order when the
+	// relay promotes it: after the ready messages of its key from the same transaction, even
+	// those after it in the call, and past-dated messages of one key in the order of their
+	// times (leave DeliverAt zero for a message that must keep its place in the call). The
+	// zero time means not delayed. It is compared with the
 	// database's clock and stored to the microsecond; it must lie between MinDeliverAt and
 	// MaxDeliverAt (ErrInvalidDeliverAt). A delayed message takes its place in its key's order
 	// when it falls due, not when it is enqueued (see the package documentation, "Delayed

@@ -21,16 +21,17 @@ var (
 )
 
 // ErrInvalidDeliverAt: a delivery time outside MinDeliverAt..MaxDeliverAt (EnqueueTx and
-// Prepare return it in a *MessageError; RescheduleTx and RescheduleBizKeyTx wrapped). Nothing
-// is stored.
+// Prepare return it in a *MessageError; RescheduleTx and RescheduleBizKeyTx, and their
+// database/sql twins, wrapped). Nothing is stored.
 var ErrInvalidDeliverAt = errors.New("invalid delivery time")
 
-// ErrNotScheduled is returned (in a *ScheduleError) by CancelTx and RescheduleTx when the
-// message is not, or no longer, waiting for its delivery time: it fell due and the relay took
-// it (it is ready, published or dead: it goes, or went, out), it was cancelled (rolled_back), it is a half
-// message not yet committed (settle it with Rollback instead), or it never existed (the error
-// then also matches ErrNotFound). By CancelBizKeyTx and RescheduleBizKeyTx when no scheduled
-// message has the business key. Nothing was changed.
+// ErrNotScheduled is returned (in a *ScheduleError) by CancelTx and RescheduleTx (and their
+// database/sql twins CancelSQLTx and RescheduleSQLTx) when the message is not, or no longer,
+// waiting for its delivery time: it fell due and the relay took it (it is ready, published or
+// dead: it goes, or went, out), it was cancelled (rolled_back), it is a half message not yet
+// committed (settle it with Rollback instead), or it never existed (the error then also
+// matches ErrNotFound). By CancelBizKeyTx and RescheduleBizKeyTx (CancelBizKeySQLTx,
+// RescheduleBizKeySQLTx) when no scheduled message has the business key. Nothing was changed.
 var ErrNotScheduled = errors.New("message is not scheduled")
 
 // ScheduleError says why a delayed message could not be cancelled or rescheduled.
@@ -97,12 +98,21 @@ func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) e
 // transaction tx, under the same rules as CancelTx. A time already past makes the message due
 // at once (the relay takes it at its next pass). at must lie between MinDeliverAt and
 // MaxDeliverAt (else an error wrapping ErrInvalidDeliverAt, and nothing changes). The message
-// keeps its id; its place in its key's order is still decided when it falls due.
+// keeps its id and its business key: a business key that names the due time still names the
+// old one, so find the message later by id or by that original key (CancelBizKeyTx with a key
+// built from the new time finds nothing). To re-arm a timer for a new time as a distinct
+// business event, cancel it and enqueue a new message with a key naming the new time, in one
+// transaction. Its place in its key's order is still decided when it falls due.
 func (c *Client) RescheduleTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID, at time.Time) error {
+	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduled(ctx, tx, id, at) })
+}
+
+// reschedule checks at and runs move (the pgx or the database/sql statement).
+func (c *Client) reschedule(id uuid.UUID, at time.Time, move func() (bool, string, error)) error {
 	if err := checkDeliverAt(at); err != nil {
 		return fmt.Errorf("outbox: reschedule message %s: %w", id, err)
 	}
-	ok, state, err := c.q.RescheduleScheduled(ctx, tx, id, at)
+	ok, state, err := move()
 	return c.scheduleResult("reschedule", id, ok, state, err)
 }
 
@@ -124,10 +134,15 @@ func (c *Client) scheduleResult(op string, id uuid.UUID, ok bool, state string, 
 // CancelTx apply to each message. A business key of delayed work should name the due time (see
 // BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them.
 func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string) ([]uuid.UUID, error) {
+	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKey(ctx, tx, bizKey) })
+}
+
+// cancelBizKey checks bizKey and runs cancel (the pgx or the database/sql statement).
+func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
 	if what := checkKey(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: cancel: %w: BizKey %s", ErrInvalidKey, what)
 	}
-	ids, err := c.q.CancelScheduledBizKey(ctx, tx, bizKey)
+	ids, err := cancel()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: cancel business key %q: %w", bizKey, err)
 	}
@@ -139,15 +154,20 @@ func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey st
 
 // RescheduleBizKeyTx moves to at, inside the caller's transaction tx, the delivery time of
 // every scheduled message whose BizKey is bizKey, and returns their ids; as CancelBizKeyTx
-// and RescheduleTx.
+// and RescheduleTx. The messages keep their business key, bizKey, whatever time it names.
 func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) })
+}
+
+// rescheduleBizKey checks bizKey and at and runs move (the pgx or the database/sql statement).
+func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
 	if what := checkKey(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: reschedule: %w: BizKey %s", ErrInvalidKey, what)
 	}
 	if err := checkDeliverAt(at); err != nil {
 		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
 	}
-	ids, err := c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at)
+	ids, err := move()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
@@ -41,29 +42,11 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 
 // PrepareSQL is Prepare for database/sql: it validates msg and stores it as a half message
 // through db, usually the *sql.DB, so that the half message is committed before the producer
-// starts its work.
+// starts its work. Like Prepare, it captures the trace context of ctx into the message's
+// headers, and with Config.EnqueueSpan it does so inside the same "prepare" span.
 func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
-	o, err := prepareOptions(opts)
-	if err != nil {
-		return Half{}, err
-	}
-	row, err := c.traceRow(ctx, 0, &msg)
-	if err != nil {
-		return Half{}, err
-	}
-	mode := store.CheckModeChecker
-	if o.Fence {
-		mode = store.CheckModeFence
-	}
-	err = c.q.InsertPreparedSQL(ctx, db, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
-	if err != nil {
-		if _, dup := store.DuplicateMessageIDSQL(err); dup {
-			return Half{}, fmt.Errorf("outbox: %w: message %s is already in the outbox", ErrDuplicateID, row.MessageID)
-		}
-		return Half{}, fmt.Errorf("outbox: prepare: %w", err)
-	}
-	c.half.prepared.Inc()
-	return Half{ID: row.MessageID, Subject: msg.Subject, Key: msg.Key, Group: o.Group, Fence: o.Fence}, nil
+	return c.prepare(ctx, msg, opts, func(ctx context.Context, a store.PrepareArgs) error { return c.q.InsertPreparedSQL(ctx, db, a) },
+		func(err error) bool { _, dup := store.DuplicateMessageIDSQL(err); return dup })
 }
 
 // CommitSQL is Commit for database/sql: it commits a half message in a transaction of its own
@@ -163,6 +146,39 @@ func (c *Client) SendInTransactionSQL(ctx context.Context, db txoutbox.SQLDB, ms
 		}
 	}
 	return h, st, errors.Join(lerr, serr)
+}
+
+// CancelSQLTx is CancelTx for database/sql: it withdraws the delayed message id inside the
+// caller's transaction tx (a *sql.Tx, sqlx's *sqlx.Tx, a GORM transaction's
+// Statement.ConnPool), with CancelTx's rules and statements: if tx commits, the message is
+// never published; it succeeds only while the message is scheduled, and otherwise returns a
+// *ScheduleError wrapping ErrNotScheduled (and ErrNotFound when there is no such message).
+// It never begins, commits or rolls back tx.
+func (c *Client) CancelSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
+	ok, state, err := c.q.CancelScheduledSQL(ctx, tx, id)
+	return c.scheduleResult("cancel", id, ok, state, err)
+}
+
+// RescheduleSQLTx is RescheduleTx for database/sql: it moves the delivery time of the delayed
+// message id to at inside tx, with RescheduleTx's rules and errors (ErrInvalidDeliverAt for a
+// time outside MinDeliverAt..MaxDeliverAt, a *ScheduleError when the message is not
+// scheduled). The message keeps its id and its business key.
+func (c *Client) RescheduleSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID, at time.Time) error {
+	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduledSQL(ctx, tx, id, at) })
+}
+
+// CancelBizKeySQLTx is CancelBizKeyTx for database/sql: it withdraws, inside tx, every
+// scheduled message whose BizKey is bizKey and returns their ids, or a *ScheduleError wrapping
+// ErrNotScheduled when there is none.
+func (c *Client) CancelBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string) ([]uuid.UUID, error) {
+	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKeySQL(ctx, tx, bizKey) })
+}
+
+// RescheduleBizKeySQLTx is RescheduleBizKeyTx for database/sql: it moves to at, inside tx, the
+// delivery time of every scheduled message whose BizKey is bizKey and returns their ids; as
+// CancelBizKeySQLTx and RescheduleSQLTx.
+func (c *Client) RescheduleBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) })
 }
 
 // NewPostgresSQLDoorbell is NewPostgresDoorbell for database/sql: the doorbell notifies

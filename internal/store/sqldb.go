@@ -116,6 +116,65 @@ func (q *Queries) InsertPreparedSQL(ctx context.Context, db SQLDBTX, a PrepareAr
 	return err
 }
 
+// CancelScheduledSQL is CancelScheduled over database/sql: the same statements (the update,
+// then, when it changed nothing, the state in a second statement).
+func (q *Queries) CancelScheduledSQL(ctx context.Context, db SQLDBTX, id uuid.UUID) (bool, string, error) {
+	return q.changeScheduledSQL(ctx, db, id, q.sched.cancel, id.String())
+}
+
+// RescheduleScheduledSQL is RescheduleScheduled over database/sql.
+func (q *Queries) RescheduleScheduledSQL(ctx context.Context, db SQLDBTX, id uuid.UUID, at time.Time) (bool, string, error) {
+	return q.changeScheduledSQL(ctx, db, id, q.sched.reschedule, id.String(), timestampLiteral(at))
+}
+
+func (q *Queries) changeScheduledSQL(ctx context.Context, db SQLDBTX, id uuid.UUID, stmt string, args ...any) (bool, string, error) {
+	res, err := db.ExecContext(ctx, stmt, args...)
+	if err != nil {
+		return false, "", err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, "", err
+	}
+	if n == 1 {
+		return true, "", nil
+	}
+	var st string
+	err = db.QueryRowContext(ctx, q.sched.state, id.String()).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, "", ErrNoRow
+	}
+	return false, st, err
+}
+
+// CancelScheduledBizKeySQL is CancelScheduledBizKey over database/sql.
+func (q *Queries) CancelScheduledBizKeySQL(ctx context.Context, db SQLDBTX, bizKey string) ([]uuid.UUID, error) {
+	return collectIDsSQL(ctx, db, q.sched.cancelBiz, bizKey)
+}
+
+// RescheduleScheduledBizKeySQL is RescheduleScheduledBizKey over database/sql.
+func (q *Queries) RescheduleScheduledBizKeySQL(ctx context.Context, db SQLDBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	return collectIDsSQL(ctx, db, q.sched.rescheduleBiz, bizKey, timestampLiteral(at))
+}
+
+// collectIDsSQL runs stmt and returns the message ids of its rows (a uuid column, which
+// drivers return as text).
+func collectIDsSQL(ctx context.Context, db SQLDBTX, stmt string, args ...any) (ids []uuid.UUID, err error) {
+	rows, err := db.QueryContext(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, rows.Close()) }()
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
 // timestampLiteral is t as PostgreSQL reads a timestamptz, to the microsecond (as pgx sends it).
 func timestampLiteral(t time.Time) string {
 	return t.UTC().Truncate(time.Microsecond).Format("2006-01-02T15:04:05.999999Z")
