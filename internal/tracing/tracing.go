@@ -9,7 +9,9 @@ package tracing
 
 import (
 	"context"
+	"reflect"
 	"strings"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -32,22 +34,70 @@ func Tracer(tp trace.TracerProvider, pkg string) trace.Tracer {
 	return tp.Tracer(ScopePrefix+pkg, trace.WithSchemaURL(semconv.SchemaURL))
 }
 
-// defaultProvider is the global tracer provider before the application sets one: a delegate
-// that records nothing until then.
-var defaultProvider = otel.GetTracerProvider()
-
 // Enabled reports whether tp (nil: the global provider) can record spans: false for nil
 // while the application has set no global provider, and for a noop provider. The hot paths
 // (a span per message) check it first, so that tracing off costs them nothing but this check.
+//
+// The global provider is judged by its type, not against a value captured at start: before
+// the application sets one, otel.GetTracerProvider returns OpenTelemetry's delegating
+// placeholder (a *tracerProvider of go.opentelemetry.io/otel/internal/global), which records
+// nothing; once one is set, it returns that one. So a provider set in another package's init,
+// before this package's, counts as set.
+//
+// A placeholder given explicitly (a Config.TracerProvider set to otel.GetTracerProvider()
+// before the application set one) counts as enabled: it starts recording once a provider is
+// set, and only the global lookup can tell that it has not been.
 func Enabled(tp trace.TracerProvider) bool {
-	if tp == nil {
+	global := tp == nil
+	if global {
 		tp = otel.GetTracerProvider()
-		if tp == defaultProvider {
-			return false
-		}
 	}
-	_, isNoop := tp.(noop.TracerProvider)
-	return !isNoop
+	if _, isNoop := tp.(noop.TracerProvider); isNoop {
+		return false
+	}
+	k := kindOf(reflect.TypeOf(tp))
+	return k == kindOther || (k == kindPlaceholder && !global)
+}
+
+// Provider kinds, by type.
+const (
+	kindOther       = iota // a provider that may record (the SDK's, another implementation)
+	kindPlaceholder        // the global placeholder: records nothing until a provider is set
+	kindNoop               // the trace package's own no-op (trace.NewNoopTracerProvider)
+)
+
+const (
+	globalPkg = "go.opentelemetry.io/otel/internal/global"
+	tracePkg  = "go.opentelemetry.io/otel/trace"
+)
+
+// kindVerdict caches kindOf's last answer: a process sees one or two provider types, and the
+// answer for a type never changes.
+type kindVerdict struct {
+	t    reflect.Type
+	kind int
+}
+
+var lastKind atomic.Pointer[kindVerdict]
+
+// kindOf tells the placeholder and the no-op apart from the providers that may record.
+func kindOf(t reflect.Type) int {
+	if v := lastKind.Load(); v != nil && v.t == t {
+		return v.kind
+	}
+	e := t
+	if e.Kind() == reflect.Pointer {
+		e = e.Elem()
+	}
+	k := kindOther
+	switch {
+	case e.PkgPath() == globalPkg && e.Name() == "tracerProvider":
+		k = kindPlaceholder
+	case e.PkgPath() == tracePkg && e.Name() == "noopTracerProvider":
+		k = kindNoop
+	}
+	lastKind.Store(&kindVerdict{t: t, kind: k})
+	return k
 }
 
 // Propagator returns p, or the global propagator when p is nil.
