@@ -9,7 +9,9 @@ package tracing
 
 import (
 	"context"
+	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -171,6 +173,40 @@ func ExtractContext(ctx context.Context, p propagation.TextMapPropagator, h map[
 	return p.Extract(ctx, Carrier(h))
 }
 
+// Server returns the server.address and server.port attributes of the NATS server at rawURL
+// (nats.Conn.ConnectedUrl), or nil when there is none (not connected). The last answer is
+// cached: a connection's server changes only when it reconnects elsewhere.
+func Server(rawURL string) []attribute.KeyValue {
+	if rawURL == "" {
+		return nil
+	}
+	if v := lastServer.Load(); v != nil && v.url == rawURL {
+		return v.attrs
+	}
+	var attrs []attribute.KeyValue
+	if u, err := url.Parse(rawURL); err == nil && u.Hostname() != "" {
+		attrs = append(attrs, ServerAddress.String(u.Hostname()))
+		if p, err := strconv.Atoi(u.Port()); err == nil {
+			attrs = append(attrs, ServerPort.Int(p))
+		}
+	}
+	lastServer.Store(&serverAttrs{url: rawURL, attrs: attrs})
+	return attrs
+}
+
+type serverAttrs struct {
+	url   string
+	attrs []attribute.KeyValue
+}
+
+var lastServer atomic.Pointer[serverAttrs]
+
+// CreationLink is the link a send or process span has to the message's creation context
+// (the producer's span it captured), as the messaging conventions ask besides the parent.
+func CreationLink(sc trace.SpanContext) trace.Link {
+	return trace.Link{SpanContext: sc}
+}
+
 // Attributes. messaging.* are OpenTelemetry's messaging semantic conventions; txoutbox.* are
 // this project's.
 var (
@@ -181,19 +217,24 @@ var (
 	OperationSend    = semconv.MessagingOperationTypeSend
 	OperationProcess = semconv.MessagingOperationTypeProcess
 
-	OperationName   = semconv.MessagingOperationNameKey
-	Destination     = semconv.MessagingDestinationNameKey
-	MessageID       = semconv.MessagingMessageIDKey
-	BodySize        = semconv.MessagingMessageBodySizeKey
-	BatchCount      = semconv.MessagingBatchMessageCountKey
-	ConsumerGroup   = semconv.MessagingConsumerGroupNameKey
-	ErrorType       = semconv.ErrorTypeKey
-	StreamName      = attribute.Key("txoutbox.stream.name")
-	StreamSequence  = attribute.Key("txoutbox.stream.sequence")
-	Duplicate       = attribute.Key("txoutbox.duplicate")
-	Attempt         = attribute.Key("txoutbox.attempt")
-	Delivery        = attribute.Key("txoutbox.delivery")
-	Outcome         = attribute.Key("txoutbox.outcome")
+	OperationName  = semconv.MessagingOperationNameKey
+	Destination    = semconv.MessagingDestinationNameKey
+	MessageID      = semconv.MessagingMessageIDKey
+	BodySize       = semconv.MessagingMessageBodySizeKey
+	BatchCount     = semconv.MessagingBatchMessageCountKey
+	ConsumerGroup  = semconv.MessagingConsumerGroupNameKey
+	ErrorType      = semconv.ErrorTypeKey
+	ServerAddress  = semconv.ServerAddressKey
+	ServerPort     = semconv.ServerPortKey
+	StreamName     = attribute.Key("txoutbox.stream.name")
+	StreamSequence = attribute.Key("txoutbox.stream.sequence")
+	Duplicate      = attribute.Key("txoutbox.duplicate")
+	Attempt        = attribute.Key("txoutbox.attempt")
+	Delivery       = attribute.Key("txoutbox.delivery")
+	Outcome        = attribute.Key("txoutbox.outcome")
+	// ErrorText is an error's text where no exception event carries it (an event about one
+	// message of a batch span).
+	ErrorText       = attribute.Key("txoutbox.error.message")
 	Group           = attribute.Key("txoutbox.group")
 	CheckNumber     = attribute.Key("txoutbox.check")
 	OutcomeApplied  = "applied"
@@ -206,15 +247,24 @@ var (
 	OutcomeAccepted = "published"
 )
 
-// Fail marks span as failed with err (its text as the status description, its type as
-// error.type), when err is not nil.
+// Fail marks span as failed with err, when err is not nil: an exception event (its text),
+// status error, and error.type typ, a low-cardinality class of the failure; with typ empty,
+// what the conventions fall back to (semconv.ErrorType: err's ErrorType method, else its
+// concrete type).
 func Fail(span trace.Span, err error, typ string) {
 	if err == nil || !span.IsRecording() {
 		return
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
+	span.SetAttributes(ErrorTypeOf(err, typ))
+}
+
+// ErrorTypeOf is the error.type attribute of err: typ, or with typ empty semconv.ErrorType's
+// fallback (err's ErrorType method, else its concrete type).
+func ErrorTypeOf(err error, typ string) attribute.KeyValue {
 	if typ != "" {
-		span.SetAttributes(ErrorType.String(typ))
+		return ErrorType.String(typ)
 	}
+	return semconv.ErrorType(err)
 }

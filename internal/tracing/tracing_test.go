@@ -71,3 +71,30 @@ func TestCarrier(t *testing.T) {
 		t.Error("HasAny")
 	}
 }
+
+func TestServer(t *testing.T) {
+	for _, tc := range []struct {
+		url, addr, port string
+	}{
+		{"nats://127.0.0.1:4222", "127.0.0.1", "4222"},
+		{"tls://nats.example.com:7422", "nats.example.com", "7422"},
+		{"nats://[::1]:4222", "::1", "4222"},
+		{"nats://127.0.0.1:4222", "127.0.0.1", "4222"}, // again: the cached answer
+		{"nats://host", "host", ""},
+		{"", "", ""},
+	} {
+		got := map[string]string{}
+		for _, kv := range Server(tc.url) {
+			got[string(kv.Key)] = kv.Value.Emit()
+		}
+		want := 0
+		for _, v := range []string{tc.addr, tc.port} {
+			if v != "" {
+				want++
+			}
+		}
+		if got["server.address"] != tc.addr || got["server.port"] != tc.port || len(got) != want {
+			t.Errorf("Server(%q) = %v, want address %q port %q", tc.url, got, tc.addr, tc.port)
+		}
+	}
+}
