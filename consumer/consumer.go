@@ -183,7 +183,7 @@ func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Con
 		q:       store.New(c.Schema),
 		log:     c.Logger.With("component", "consumer", "consumer", c.Durable, "stream", c.Stream),
 		m:       m,
-		trace:   newConsumerTracer(c),
+		trace:   newConsumerTracer(c, js.Conn()),
 	}, nil
 }
 

@@ -82,6 +82,7 @@ type result struct {
 	outcome outcome
 	delay   time.Duration // before the retry, for the retry outcomes
 	err     error         // the handler's or the infrastructure's error
+	reason  string        // the DeadReason, for outcomeDeadLettered
 }
 
 // handleOne handles one delivered message in its own transaction, outside any dispatcher
@@ -613,7 +614,7 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	c.countDeadLettered(reason == DeadReasonMalformed)
 	c.log.Warn("message dead-lettered", "reason", reason, "subject", it.raw.Subject(),
 		"stream_seq", it.msg.StreamSeq, "attempts", it.attempt(), "dead_letter_subject", c.cfg.DeadLetterSubject, "err", cause)
-	return result{outcome: outcomeDeadLettered, err: cause}
+	return result{outcome: outcomeDeadLettered, err: cause, reason: reason}
 }
 
 // headerBlockSize is the size of the header block NATS sends for h: "NATS/1.0\r\n", a

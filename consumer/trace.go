@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 
+	"github.com/nats-io/nats.go"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -12,23 +14,26 @@ import (
 
 // Process spans. Each time the consumer handles a message (a per-message Handler, in either
 // mode) it starts a span "process <subject>" (kind consumer) whose parent is the trace context
-// the producer captured in the message's headers, so that the producer's, the relay's and
-// the consumer's spans of one message share one trace id. The handler's ctx carries it. It
-// ends with the message's outcome (txoutbox.outcome: applied, duplicate, retried,
-// dead_lettered, or put_back and waiting, after which the message is handled again under a
-// new span). A consumer made with NewBatch starts one span per batch instead, with a link to
-// each message's producer context, the counts of each outcome, and an event per message not
-// applied.
+// the producer captured in the message's headers (its creation context), with a link to that
+// context too, as the messaging conventions ask, so that the producer's, the relay's and the
+// consumer's spans of one message share one trace id. The handler's ctx carries it. It ends
+// with the message's outcome (txoutbox.outcome: applied, duplicate, retried, dead_lettered,
+// or put_back and waiting, after which the message is handled again under a new span). With
+// BatchSize above 1 the messages of a batch share one transaction, so each message's span
+// starts when the batch starts and ends when the batch is settled. A consumer made with
+// NewBatch starts one span per batch instead, with a link to each message's producer context,
+// the counts of each outcome, and an event per message not applied.
 
 // consumerTracer is the consumer's OpenTelemetry side.
 type consumerTracer struct {
-	tp trace.TracerProvider // as configured (nil: the global one)
-	t  trace.Tracer
-	p  propagation.TextMapPropagator
+	tp   trace.TracerProvider // as configured (nil: the global one)
+	t    trace.Tracer
+	p    propagation.TextMapPropagator
+	conn *nats.Conn // for server.address and server.port; nil leaves them out
 }
 
-func newConsumerTracer(c *Config) *consumerTracer {
-	return &consumerTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "consumer"), p: tracing.Propagator(c.Propagator)}
+func newConsumerTracer(c *Config, conn *nats.Conn) *consumerTracer {
+	return &consumerTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "consumer"), p: tracing.Propagator(c.Propagator), conn: conn}
 }
 
 // outcomeName is the txoutbox.outcome of a result.
@@ -48,6 +53,24 @@ func outcomeName(o outcome) string {
 		return tracing.OutcomeWaiting
 	}
 	return o.String()
+}
+
+// errorType is the error.type of a result that failed: retried messages' handler failed
+// ("handler"), dead-lettered messages' type is their DeadReason (failed, permanent, malformed,
+// exhausted, out-of-order), put back messages met a database or broker failure
+// ("unavailable").
+func errorType(r result) string {
+	switch r.outcome {
+	case outcomeRetry, outcomeRetryLocal:
+		return "handler"
+	case outcomeDeadLettered:
+		if r.reason != "" {
+			return r.reason
+		}
+	case outcomeUnavailable:
+		return "unavailable"
+	}
+	return ""
 }
 
 // spanCtx returns ctx carrying it's process span, if it has one.
@@ -74,6 +97,15 @@ func (c *Consumer) messageAttrs(it *item) []attribute.KeyValue {
 	}
 }
 
+// serverAttrs are server.address and server.port of the NATS server the consumer is
+// connected to.
+func (c *Consumer) serverAttrs() []attribute.KeyValue {
+	if c.trace.conn == nil {
+		return nil
+	}
+	return tracing.Server(c.trace.conn.ConnectedUrl())
+}
+
 // startSpans starts the spans of a batch about to be handled and returns the context to
 // handle it in: per message (it.span), or, with a batch handler, one for the batch.
 func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Context, trace.Span) {
@@ -83,9 +115,14 @@ func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Conte
 	if c.batchHandler == nil {
 		for _, it := range batch {
 			pctx := tracing.ExtractContext(ctx, c.trace.p, it.raw.Headers())
-			_, span := c.trace.t.Start(pctx, "process "+it.msg.Subject, trace.WithSpanKind(trace.SpanKindConsumer))
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+			if sc := trace.SpanContextFromContext(pctx); sc.IsValid() && sc.IsRemote() {
+				opts = append(opts, trace.WithLinks(tracing.CreationLink(sc)))
+			}
+			_, span := c.trace.t.Start(pctx, "process "+it.msg.Subject, opts...)
 			if span.IsRecording() {
 				span.SetAttributes(c.messageAttrs(it)...)
+				span.SetAttributes(c.serverAttrs()...)
 			}
 			it.span = span
 		}
@@ -127,6 +164,7 @@ func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Conte
 			attrs = append(attrs, tracing.Destination.String(subject))
 		}
 		span.SetAttributes(attrs...)
+		span.SetAttributes(c.serverAttrs()...)
 	}
 	return ctx, span
 }
@@ -144,7 +182,7 @@ func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []resul
 				r := results[i]
 				span.SetAttributes(tracing.Outcome.String(outcomeName(r.outcome)))
 				if r.outcome != outcomeProcessed && r.outcome != outcomeDuplicate {
-					tracing.Fail(span, r.err, "")
+					tracing.Fail(span, r.err, errorType(r))
 				}
 			}
 			span.End()
@@ -160,8 +198,8 @@ func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []resul
 				continue
 			}
 			attrs := []attribute.KeyValue{tracing.MessageID.String(it.msg.ID), tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)), tracing.Outcome.String(name)}
-			if results[i].err != nil {
-				attrs = append(attrs, attribute.String("error.message", results[i].err.Error()))
+			if err := results[i].err; err != nil {
+				attrs = append(attrs, tracing.ErrorTypeOf(err, errorType(results[i])), tracing.ErrorText.String(err.Error()))
 			}
 			batchSpan.AddEvent("message "+name, trace.WithAttributes(attrs...))
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,6 +166,10 @@ func TestProcessSpans(t *testing.T) {
 					has(outcomes(ps[ids["poison"]]), "dead_lettered") && has(outcomes(ps[ids["untraced poison"]]), "dead_lettered")
 			})
 			ps := processSpans(exp)
+			natsURL, err := url.Parse(e.nats.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
 			for p, id := range ids {
 				runs := hs.of(p)
 				for _, s := range ps[id] {
@@ -173,15 +179,27 @@ func TestProcessSpans(t *testing.T) {
 						a["txoutbox.stream.name"] != testStream || a["messaging.operation.type"] != "process" {
 						t.Errorf("%s: span %q kind %v attributes %v", p, s.Name, s.SpanKind, a)
 					}
+					if a["server.address"] != natsURL.Hostname() || a["server.port"] != natsURL.Port() {
+						t.Errorf("%s: server.address %q server.port %q, want the NATS server's %s", p, a["server.address"], a["server.port"], natsURL.Host)
+					}
+					// The creation context is the parent and a link.
 					if want := producers[p]; want.IsValid() {
 						if s.Parent.SpanID() != want.SpanID() || s.SpanContext.TraceID() != want.TraceID() {
 							t.Errorf("%s: process span's parent %s/%s, want the producer's %s/%s", p, s.SpanContext.TraceID(), s.Parent.SpanID(), want.TraceID(), want.SpanID())
 						}
-					} else if s.Parent.IsValid() {
-						t.Errorf("%s: untraced message's process span has a parent %s", p, s.Parent.SpanID())
+						if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID() != want.SpanID() || s.Links[0].SpanContext.TraceID() != want.TraceID() {
+							t.Errorf("%s: process span's links %v, want one to the producer's span", p, s.Links)
+						}
+					} else if s.Parent.IsValid() || len(s.Links) > 0 {
+						t.Errorf("%s: untraced message's process span has a parent %s or links %v", p, s.Parent.SpanID(), s.Links)
 					}
-					if o := a["txoutbox.outcome"]; (o == "retried" || o == "dead_lettered") != (s.Status.Code.String() == "Error") {
+					o := a["txoutbox.outcome"]
+					if (o == "retried" || o == "dead_lettered") != (s.Status.Code.String() == "Error") {
 						t.Errorf("%s: outcome %s with status %v", p, o, s.Status.Code)
+					}
+					// error.type: the handler failed (retried), or the dead reason.
+					if want := map[string]string{"retried": "handler", "dead_lettered": "permanent"}[o]; a["error.type"] != want {
+						t.Errorf("%s: outcome %s with error.type %q, want %q", p, o, a["error.type"], want)
 					}
 				}
 				// Each handler call ran under one of its message's process spans.
@@ -250,6 +268,18 @@ func TestBatchHandlerSpan(t *testing.T) {
 	dupID := newID()
 	e.produced(tp, "orders.created", dupID, "biz-a", "a again", true)
 	testsvc.Eventually(t, 20*time.Second, "the duplicate", func() bool { return c.Stats().Duplicates == 1 })
+	// A malformed message (two message ids): dead-lettered without the handler.
+	e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID(), newID()}}, "malformed")
+	testsvc.Eventually(t, 20*time.Second, "the malformed message's event", func() bool {
+		for _, s := range exp.GetSpans() {
+			for _, ev := range s.Events {
+				if ev.Name == "message dead_lettered" {
+					return true
+				}
+			}
+		}
+		return false
+	})
 	testsvc.Eventually(t, 20*time.Second, "the duplicate's batch span", func() bool {
 		for _, s := range exp.GetSpans() {
 			if attrs(s.Attributes)["txoutbox.outcome.duplicate"] == "1" {
@@ -260,7 +290,7 @@ func TestBatchHandlerSpan(t *testing.T) {
 	})
 
 	linked := map[string]bool{}
-	var dupEvent bool
+	var dupEvent, deadEvent bool
 	batchSpans := map[trace.SpanID]bool{}
 	for _, s := range exp.GetSpans() {
 		if s.InstrumentationScope.Name != "github.com/txoutbox/txoutbox/consumer" {
@@ -280,6 +310,12 @@ func TestBatchHandlerSpan(t *testing.T) {
 		for _, ev := range s.Events {
 			ea := attrs(ev.Attributes)
 			dupEvent = dupEvent || (ev.Name == "message duplicate" && ea["messaging.message.id"] == dupID && ea["txoutbox.outcome"] == "duplicate")
+			if ev.Name == "message dead_lettered" {
+				deadEvent = ea["error.type"] == "malformed" && strings.Contains(ea["txoutbox.error.message"], "malformed")
+				if _, ok := ea["error.message"]; ok || !deadEvent {
+					t.Errorf("dead-lettered event attributes %v: want error.type=malformed and txoutbox.error.message, no error.message", ea)
+				}
+			}
 		}
 	}
 	for _, p := range []string{"a", "b", "c"} {
@@ -294,5 +330,8 @@ func TestBatchHandlerSpan(t *testing.T) {
 	}
 	if !dupEvent {
 		t.Error("no batch span records the duplicate with an event")
+	}
+	if !deadEvent {
+		t.Error("no batch span records the malformed message's dead letter with its error.type")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -45,6 +46,10 @@ const (
 
 // targetLabels are added by Prometheus to every scraped series; no component exports them.
 var targetLabels = map[string]bool{"instance": true, "job": true}
+
+// scrapeSeries are the series Prometheus writes for each scrape target itself (with the target
+// labels only): the rules watch `up` for a relay that is down, whose own series are gone.
+var scrapeSeries = map[string]bool{"up": true}
 
 // exported is what the scrapes showed: per series name (a histogram's _bucket, _sum and
 // _count separately), per label, the values seen.
@@ -303,6 +308,14 @@ func check(q query, e exported) []string {
 				bad("selector %s names no metric", n)
 				return nil
 			}
+			if scrapeSeries[name] {
+				for _, m := range n.LabelMatchers {
+					if m.Name != model.MetricNameLabel && !targetLabels[m.Name] {
+						bad("Prometheus's %s has no label %s", name, m.Name)
+					}
+				}
+				return nil
+			}
 			if e[name] == nil {
 				bad("metric %s is not exported", name)
 				return nil
@@ -384,17 +397,20 @@ func TestCheckFindsWhatIsNotExported(t *testing.T) {
 		"txoutbox_relay_commit_to_publish_seconds_bucket": {"le": {"+Inf": true}},
 	}
 	for expr, want := range map[string]string{
-		`max(txoutbox_outbox_messages{state="dead"}) > 0`:                                                  "",
-		`max by (instance) (txoutbox_outbox_messages{state=~"dead|ready", job="x"})`:                       "",
-		`histogram_quantile(0.9, sum by (le) (rate(txoutbox_relay_commit_to_publish_seconds_bucket[5m])))`: "",
-		`max(txoutbox_outbox_mesages)`:                                                                     "metric txoutbox_outbox_mesages is not exported",
-		`max(txoutbox_outbox_messages{stat="dead"})`:                                                       "has no label stat",
-		`max(txoutbox_outbox_messages{state="deadd"})`:                                                     `matches no value`,
-		`max(txoutbox_outbox_messages{state=~"gone|lost"})`:                                                `matches no value`,
-		`max by (subject) (txoutbox_outbox_messages)`:                                                      "has label subject",
-		`a{x="1"} / on (partition) txoutbox_outbox_messages`:                                               "metric a is not exported",
-		`txoutbox_outbox_messages / on (partition) txoutbox_outbox_messages`:                               "has label partition",
-		`max(txoutbox_outbox_messages`:                                                                     "unclosed",
+		`max(txoutbox_outbox_messages{state="dead"}) > 0`:                                                   "",
+		`max by (instance) (txoutbox_outbox_messages{state=~"dead|ready", job="x"})`:                        "",
+		`histogram_quantile(0.9, sum by (le) (rate(txoutbox_relay_commit_to_publish_seconds_bucket[5m])))`:  "",
+		`max(txoutbox_outbox_mesages)`:                                                                      "metric txoutbox_outbox_mesages is not exported",
+		`max(txoutbox_outbox_messages{stat="dead"})`:                                                        "has no label stat",
+		`max(txoutbox_outbox_messages{state="deadd"})`:                                                      `matches no value`,
+		`max(txoutbox_outbox_messages{state=~"gone|lost"})`:                                                 `matches no value`,
+		`max by (subject) (txoutbox_outbox_messages)`:                                                       "has label subject",
+		`a{x="1"} / on (partition) txoutbox_outbox_messages`:                                                "metric a is not exported",
+		`txoutbox_outbox_messages / on (partition) txoutbox_outbox_messages`:                                "has label partition",
+		`max(txoutbox_outbox_messages`:                                                                      "unclosed",
+		`(up{job="relay"} == 0) and on (instance, job) group by (instance, job) (txoutbox_outbox_messages)`: "",
+		`up{state="ok"} == 0`:                           "up has no label state",
+		`absent_over_time(txoutbox_outbox_mesages[5m])`: "metric txoutbox_outbox_mesages is not exported",
 	} {
 		got := check(query{where: "test", expr: expr}, e)
 		switch {
@@ -412,7 +428,7 @@ func TestAlertRulesParse(t *testing.T) {
 	qs := ruleQueries(t)
 	want := []string{"TxoutboxOldestReadyRowTooOld", "TxoutboxDeadRows", "TxoutboxCheckExhausted", "TxoutboxFewerRelaysThanExpected",
 		"TxoutboxPartitionCountMismatch", "TxoutboxConsumerDeadLetters", "TxoutboxConsumerDuplicateRateHigh", "TxoutboxRelayNotReady",
-		"TxoutboxStreamUnavailable"}
+		"TxoutboxStreamUnavailable", "TxoutboxRelayDown", "TxoutboxNoRelay"}
 	have := map[string]bool{}
 	for _, q := range qs {
 		have[strings.TrimPrefix(q.where, "alert ")] = true
@@ -425,6 +441,74 @@ func TestAlertRulesParse(t *testing.T) {
 	broken := []byte("groups:\n  - name: x\n    rules:\n      - alert: X\n        expr: max(\n")
 	if _, errs := rulefmt.Parse(broken, false, model.UTF8Validation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler)); len(errs) == 0 {
 		t.Error("rulefmt.Parse accepted a rule with a broken expression: the parse check proves nothing")
+	}
+}
+
+// A relay that is down exports nothing, so the rules that watch for it must not rest on the
+// relay's current series: TxoutboxRelayDown selects Prometheus's `up` == 0 and keeps, on
+// instance and job, the targets that were relays over a window; TxoutboxNoRelay is an absent
+// check over a window. And every other use of `up` is joined to a txoutbox metric the same
+// way: a bare `up == 0` would fire for every target Prometheus scrapes.
+func TestRelayDownAlertsDoNotNeedTheRelaysSeries(t *testing.T) {
+	t.Parallel()
+	exprs := map[string]parser.Expr{}
+	for _, q := range ruleQueries(t) {
+		expr, err := parser.NewParser(parser.Options{}).ParseExpr(q.expr)
+		if err != nil {
+			t.Fatalf("%s: %v", q.where, err)
+		}
+		exprs[strings.TrimPrefix(q.where, "alert ")] = expr
+		joined := map[*parser.VectorSelector]bool{}
+		parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+			b, ok := node.(*parser.BinaryExpr)
+			if !ok || b.Op != parser.LAND || b.VectorMatching == nil || !b.VectorMatching.On ||
+				!slices.Contains(b.VectorMatching.MatchingLabels, "instance") || !slices.Contains(b.VectorMatching.MatchingLabels, "job") {
+				return nil
+			}
+			rhs := selectorNames(b.RHS)
+			if len(rhs) == 0 || !strings.HasPrefix(rhs[0], "txoutbox_") {
+				return nil
+			}
+			parser.Inspect(b.LHS, func(n parser.Node, _ []parser.Node) error {
+				if vs, ok := n.(*parser.VectorSelector); ok {
+					joined[vs] = true
+				}
+				return nil
+			})
+			return nil
+		})
+		parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+			if vs, ok := node.(*parser.VectorSelector); ok && vs.Name == "up" && !joined[vs] {
+				t.Errorf("%s: %s is not joined on (instance, job) to a txoutbox metric: it would fire for any target", q.where, vs)
+			}
+			return nil
+		})
+	}
+
+	down, ok := exprs["TxoutboxRelayDown"]
+	if !ok {
+		t.Fatal("no TxoutboxRelayDown")
+	}
+	usesUp, usesWindow := false, false
+	parser.Inspect(down, func(node parser.Node, _ []parser.Node) error {
+		switch n := node.(type) {
+		case *parser.VectorSelector:
+			usesUp = usesUp || n.Name == "up"
+		case *parser.Call:
+			usesWindow = usesWindow || strings.HasSuffix(n.Func.Name, "_over_time")
+		}
+		return nil
+	})
+	if !usesUp || !usesWindow {
+		t.Errorf("TxoutboxRelayDown = %s: want up == 0 kept by a relay metric seen over a window", down)
+	}
+
+	none, ok := exprs["TxoutboxNoRelay"]
+	if !ok {
+		t.Fatal("no TxoutboxNoRelay")
+	}
+	if c, ok := none.(*parser.Call); !ok || (c.Func.Name != "absent_over_time" && c.Func.Name != "absent") {
+		t.Errorf("TxoutboxNoRelay = %s: want an absent check", none)
 	}
 }
 

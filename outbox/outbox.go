@@ -102,9 +102,10 @@ type Config struct {
 	// otel.SetTextMapPropagator(propagation.TraceContext{}).
 	Propagator propagation.TextMapPropagator
 
-	// EnqueueSpan, when set, makes EnqueueTx and Prepare start a span of their own ("create
-	// <subject>", kind producer) inside the caller's, and the messages capture it instead of
-	// the caller's span. Defaults to false: the enqueue is part of the caller's span.
+	// EnqueueSpan, when set, makes EnqueueTx and Prepare start a span of their own ("enqueue
+	// <subject>" or "prepare <subject>", kind producer, messaging.operation.type create)
+	// inside the caller's, and the messages capture it instead of the caller's span. Defaults
+	// to false: the enqueue is part of the caller's span.
 	EnqueueSpan bool
 }
 

@@ -2,9 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"maps"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -87,7 +89,9 @@ func (c *Client) startEnqueue(ctx context.Context, op string, msgs []Message) (c
 			break
 		}
 	}
-	name := "create"
+	// "{operation name} {destination}", as the messaging conventions name spans: the name is
+	// messaging.operation.name (enqueue, prepare), the type is create.
+	name := op
 	attrs := []attribute.KeyValue{tracing.SystemNATS, tracing.OperationCreate, tracing.OperationName.String(op)}
 	if subject != "" {
 		name += " " + subject
@@ -108,9 +112,29 @@ func endEnqueue(span trace.Span, ids []uuid.UUID, err error) {
 		if len(ids) == 1 {
 			span.SetAttributes(tracing.MessageID.String(ids[0].String()))
 		}
-		tracing.Fail(span, err, "")
+		tracing.Fail(span, err, enqueueErrorType(err))
 	}
 	span.End()
+}
+
+// enqueueErrorType is the error.type of a failed enqueue or prepare: invalid_message for a
+// message refused at the door (*MessageError), PostgreSQL's SQLSTATE for a database error
+// (40001, 23505, ...), canceled and deadline_exceeded for the context's end; empty (the
+// conventions' fallback, the error's type) for the rest.
+func enqueueErrorType(err error) string {
+	var me *MessageError
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &me):
+		return "invalid_message"
+	case errors.As(err, &pe):
+		return pe.Code
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	}
+	return ""
 }
 
 // traceNotCaptured records on the caller's span that a message was stored without the trace

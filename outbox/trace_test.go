@@ -160,15 +160,26 @@ func TestEnqueueSpan(t *testing.T) {
 		_, err := c.EnqueueTx(rctx, tx, outbox.Message{Subject: "bad subject"}, outbox.Message{Subject: "orders.x"})
 		return err
 	})
+	// A database error ends it with its SQLSTATE as error.type: here a transaction already
+	// aborted (25P02).
+	_ = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, _ = tx.Exec(ctx, "SELECT 1/0")
+		_, err := c.EnqueueTx(rctx, tx, outbox.Message{Subject: "orders.created"})
+		return err
+	})
 	req.End()
 
 	spans := exp.GetSpans()
-	if len(spans) != 4 {
-		t.Fatalf("%d spans, want request + 3 enqueue spans", len(spans))
+	if len(spans) != 5 {
+		t.Fatalf("%d spans, want request + 4 enqueue spans", len(spans))
 	}
-	enq, prep, bad := spans[0], spans[1], spans[2]
-	if enq.Name != "create orders.created" || enq.SpanKind != trace.SpanKindProducer || enq.Parent.SpanID() != req.SpanContext().SpanID() {
-		t.Fatalf("enqueue span %q kind %v parent %s, want \"create orders.created\", producer, child of the request", enq.Name, enq.SpanKind, enq.Parent.SpanID())
+	enq, prep, bad, dbErr := spans[0], spans[1], spans[2], spans[3]
+	if a := attrMap(dbErr.Attributes); dbErr.Name != "enqueue orders.created" || dbErr.Status.Code.String() != "Error" || a["error.type"] != "25P02" {
+		t.Fatalf("span of an enqueue in an aborted transaction: %q status %v attributes %v, want error.type=25P02", dbErr.Name, dbErr.Status.Code, a)
+	}
+	// Named "{messaging.operation.name} {destination}".
+	if enq.Name != "enqueue orders.created" || enq.SpanKind != trace.SpanKindProducer || enq.Parent.SpanID() != req.SpanContext().SpanID() {
+		t.Fatalf("enqueue span %q kind %v parent %s, want \"enqueue orders.created\", producer, child of the request", enq.Name, enq.SpanKind, enq.Parent.SpanID())
 	}
 	attrs := attrMap(enq.Attributes)
 	if attrs["messaging.system"] != "nats" || attrs["messaging.operation.type"] != "create" || attrs["messaging.destination.name"] != "orders.created" ||
@@ -180,14 +191,14 @@ func TestEnqueueSpan(t *testing.T) {
 		t.Fatalf("message captured span %s, want the enqueue span %s", p.SpanID(), enq.SpanContext.SpanID())
 	}
 	pa := attrMap(prep.Attributes)
-	if prep.Name != "create orders.paid" || pa["messaging.operation.name"] != "prepare" || pa["messaging.message.id"] != half.ID.String() {
+	if prep.Name != "prepare orders.paid" || pa["messaging.operation.name"] != "prepare" || pa["messaging.message.id"] != half.ID.String() {
 		t.Fatalf("prepare span %q %v", prep.Name, pa)
 	}
 	if p := parentOf(storedHeaders(t, db, half.ID)); p.SpanID() != prep.SpanContext.SpanID() {
 		t.Fatalf("half message captured span %s, want the prepare span %s", p.SpanID(), prep.SpanContext.SpanID())
 	}
-	if bad.Name != "create" || bad.Status.Code.String() != "Error" || !strings.Contains(bad.Status.Description, "invalid subject") ||
-		attrMap(bad.Attributes)["messaging.batch.message_count"] != "2" {
+	if bad.Name != "enqueue" || bad.Status.Code.String() != "Error" || !strings.Contains(bad.Status.Description, "invalid subject") ||
+		attrMap(bad.Attributes)["messaging.batch.message_count"] != "2" || attrMap(bad.Attributes)["error.type"] != "invalid_message" {
 		t.Fatalf("refused call's span %q status %v %q attrs %v", bad.Name, bad.Status.Code, bad.Status.Description, attrMap(bad.Attributes))
 	}
 }

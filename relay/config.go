@@ -154,8 +154,9 @@ type Config struct {
 	SampleLimit int
 
 	// TracerProvider provides the tracer of the relay's publish spans: one span per message
-	// published ("publish <subject>", kind producer), a child of the trace context the
-	// producer captured in the message's headers (see the README's Traces section). Defaults
+	// published that carries a trace context ("publish <subject>", kind client), a child of
+	// the trace context the producer captured in the message's headers and linked to it; a
+	// message without one gets no span (see the README's Traces section). Defaults
 	// to the global provider (otel.GetTracerProvider), which records nothing until the
 	// application sets one.
 	TracerProvider trace.TracerProvider

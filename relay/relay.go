@@ -176,6 +176,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		floor: newClaimFloor(),
 		trace: newRelayTracer(c),
 	}
+	r.trace.conn = js.Conn()
 	var err error
 	r.pub, err = newPublisher(js, c)
 	if err != nil {

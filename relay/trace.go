@@ -11,37 +11,51 @@ import (
 	"github.com/txoutbox/txoutbox/internal/tracing"
 )
 
-// Publish spans. The relay starts one span per message it hands to NATS, a child of the
-// trace context the producer captured in the message's headers, and ends it when the
-// message's PubAck (or error) is in. Per message rather than one per batch with a link per
-// message: a message's producer, publish and consumer spans then share one trace id, so one
-// trace shows an event's whole life, its republishes included (each a span of its own, with
-// txoutbox.duplicate set when JetStream recognised it). What it costs (README, Traces;
-// BenchmarkPublishSpans): nothing but a check while tracing is off; for a message whose
-// producer's span was not sampled, about what one batch span with a link per message costs
-// (reading its traceparent dominates both); a full span only for sampled messages.
+// Publish spans. The relay starts one span per message it hands to NATS that carries a trace
+// context (the producer's, captured in its headers at enqueue), a child of that context with a
+// link to it, and ends it when the message's PubAck (or error) is in. A message without one
+// (written by the SQL producer functions without TraceHeaders, or before tracing was on) gets
+// no span: it would be the root of a trace of its own, which nothing else joins — cost with
+// nothing to follow, and with the binary's default sampler (parentbased_always_on) every
+// such message would be sampled.
+//
+// Per message rather than one per batch with a link per message: a message's producer,
+// publish and consumer spans then share one trace id, so one trace shows an event's whole
+// life, its republishes included (each a span of its own, with txoutbox.duplicate set when
+// JetStream recognised it). What it costs (README, Traces; BenchmarkPublishSpans): nothing
+// but a check while tracing is off; for a message whose producer's span was not sampled,
+// about what one batch span with a link per message costs (reading its traceparent dominates
+// both); a full span only for sampled messages.
+//
+// Kind client, not producer: in the messaging conventions a send span is a producer span
+// when its context is the message's creation context, injected into the message; the relay
+// publishes the message's headers byte for byte, so the creation context stays the
+// producer's, and the consumer's process span is the publish span's sibling.
 
 // relayTracer is the relay's OpenTelemetry side.
 type relayTracer struct {
-	tp trace.TracerProvider // as configured (nil: the global one)
-	t  trace.Tracer
-	p  propagation.TextMapPropagator
+	tp   trace.TracerProvider // as configured (nil: the global one)
+	t    trace.Tracer
+	p    propagation.TextMapPropagator
+	conn *nats.Conn // for server.address and server.port; nil leaves them out
 }
 
 func newRelayTracer(c *Config) *relayTracer {
 	return &relayTracer{tp: c.TracerProvider, t: tracing.Tracer(c.TracerProvider, "relay"), p: tracing.Propagator(c.Propagator)}
 }
 
-var producerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
-
 // startPublish starts the publish span of row, about to be sent as msg; nil when tracing is
-// off.
+// off or msg carries no trace context.
 func (rt *relayTracer) startPublish(ctx context.Context, row *store.Claimed, msg *nats.Msg) trace.Span {
-	if !tracing.Enabled(rt.tp) {
+	if !tracing.Enabled(rt.tp) || len(msg.Header) == 0 {
 		return nil
 	}
 	ctx = tracing.ExtractContext(ctx, rt.p, msg.Header)
-	_, span := rt.t.Start(ctx, "publish "+row.Subject, producerKind...)
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() || !sc.IsRemote() {
+		return nil // no creation context: no trace to join
+	}
+	_, span := rt.t.Start(ctx, "publish "+row.Subject, trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(tracing.CreationLink(sc)))
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
@@ -52,6 +66,7 @@ func (rt *relayTracer) startPublish(ctx context.Context, row *store.Claimed, msg
 			tracing.BodySize.Int(len(row.Payload)),
 			tracing.Attempt.Int(int(row.Attempts)+1),
 		)
+		span.SetAttributes(tracing.Server(rt.conn.ConnectedUrl())...)
 	}
 	return span
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"net/url"
 	"testing"
 	"time"
 
@@ -112,6 +113,10 @@ func TestOneTraceFromProducerToConsumerAcrossARelayCrash(t *testing.T) {
 		}
 	}
 	want := req.SpanContext()
+	natsURL, err := url.Parse(e.nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(publishes) != 2 {
 		t.Fatalf("%d publish spans, want 2 (the crashed relay's and the republish)", len(publishes))
 	}
@@ -120,10 +125,19 @@ func TestOneTraceFromProducerToConsumerAcrossARelayCrash(t *testing.T) {
 		if s.SpanContext.TraceID() != want.TraceID() || s.Parent.SpanID() != want.SpanID() {
 			t.Errorf("publish span %d: trace %s parent %s, want a child of the request %s/%s", i, s.SpanContext.TraceID(), s.Parent.SpanID(), want.TraceID(), want.SpanID())
 		}
-		if s.Name != "publish orders.created" || s.SpanKind != trace.SpanKindProducer || a["messaging.system"] != "nats" ||
+		// Kind client: the relay does not inject its context into the message, so the send
+		// span is not the creation context. txoutbox.attempt is 1 both times: it counts the
+		// publishes that failed (the row's attempts column), and the crash failed none. Nothing
+		// in the row tells a republish apart (the claim marks no row); JetStream's duplicate
+		// flag does, within the stream's Duplicates window.
+		if s.Name != "publish orders.created" || s.SpanKind != trace.SpanKindClient || a["messaging.system"] != "nats" ||
 			a["messaging.destination.name"] != "orders.created" || a["messaging.message.id"] != id || a["messaging.operation.type"] != "send" ||
+			a["messaging.operation.name"] != "publish" || a["server.address"] != natsURL.Hostname() || a["server.port"] != natsURL.Port() ||
 			a["txoutbox.stream.name"] != "ORDERS" || a["txoutbox.stream.sequence"] != "1" || a["txoutbox.attempt"] != "1" {
 			t.Errorf("publish span %d: %q kind %v attributes %v", i, s.Name, s.SpanKind, a)
+		}
+		if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID() != want.SpanID() || s.Links[0].SpanContext.TraceID() != want.TraceID() {
+			t.Errorf("publish span %d: links %v, want one to the creation context %s", i, s.Links, want.SpanID())
 		}
 		if dup := a["txoutbox.duplicate"]; dup != map[int]string{0: "false", 1: "true"}[i] {
 			t.Errorf("publish span %d: txoutbox.duplicate = %s", i, dup)
@@ -142,5 +156,68 @@ func TestOneTraceFromProducerToConsumerAcrossARelayCrash(t *testing.T) {
 	}
 	if handlerSpan.SpanID() != p.SpanContext.SpanID() {
 		t.Errorf("the handler's ctx carried span %s, want the process span %s", handlerSpan.SpanID(), p.SpanContext.SpanID())
+	}
+}
+
+// A message without a trace context (the SQL producer functions without TraceHeaders, a row
+// enqueued before tracing was on) gets no publish span, whatever the sampler: it would be the
+// root of a trace nothing else joins. A message with one gets its span as before, in the same
+// batch.
+func TestNoPublishSpanWithoutATraceContext(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{
+		{"always_on", sdktrace.AlwaysSample()},
+		{"parentbased_always_on", sdktrace.ParentBased(sdktrace.AlwaysSample())},
+	} {
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(tc.sampler))
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		prop := propagation.TraceContext{}
+		client, err := outbox.NewClient(&outbox.Config{Schema: e.db.Schema, TracerProvider: tp, Propagator: prop})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, req := tp.Tracer("app").Start(ctx, "POST /orders")
+		req.End()
+		var traced, untraced string
+		err = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+			// ctx without a span: nothing to capture, as from the SQL producer functions.
+			ids, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.untraced", Payload: []byte("a")})
+			if err != nil {
+				return err
+			}
+			untraced = ids[0].String()
+			ids, err = client.EnqueueTx(rctx, tx, outbox.Message{Subject: "orders.traced", Payload: []byte("b")})
+			if err == nil {
+				traced = ids[0].String()
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := e.relay(&Config{TracerProvider: tp, Propagator: prop})
+		drain(t, r)
+		r.Close()
+		if got := r.Stats().Published; got != 2 {
+			t.Fatalf("%s: published %d, want 2", tc.name, got)
+		}
+		var spans []string
+		for _, s := range exp.GetSpans() {
+			if s.InstrumentationScope.Name == "github.com/txoutbox/txoutbox/relay" {
+				spans = append(spans, traceAttrs(s.Attributes)["messaging.message.id"])
+				if s.SpanContext.TraceID() != req.SpanContext().TraceID() {
+					t.Errorf("%s: a publish span in trace %s, not the request's", tc.name, s.SpanContext.TraceID())
+				}
+			}
+		}
+		if len(spans) != 1 || spans[0] != traced {
+			t.Errorf("%s: publish spans for messages %v, want one for the traced message %s (not %s)", tc.name, spans, traced, untraced)
+		}
 	}
 }

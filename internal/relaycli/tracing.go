@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -50,68 +51,80 @@ const (
 )
 
 // setupTracing configures OpenTelemetry tracing from the standard OTEL_* environment
-// variables. It is off (a zero tracing, no-op shutdown) unless OTEL_TRACES_EXPORTER names an
-// exporter (otlp or console) or an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, with OTEL_TRACES_EXPORTER unset or otlp), and always off
-// with OTEL_SDK_DISABLED=true. A value it cannot honour is a usage error naming the variable.
+// variables. It is off (a zero tracing, no-op shutdown) unless OTEL_TRACES_EXPORTER names
+// exporters (a comma-separated list of otlp and console: each gets the spans) or an OTLP
+// endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, with
+// OTEL_TRACES_EXPORTER unset), and always off with OTEL_TRACES_EXPORTER=none or
+// OTEL_SDK_DISABLED=true. A value it cannot honour is a usage error naming the variable.
 func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service string) (*tracing, error) {
 	off := &tracing{shutdown: func(context.Context) error { return nil }}
 	get := func(k string) string { return strings.TrimSpace(env.Getenv(k)) }
 	if strings.EqualFold(get(envSDKDisabled), "true") {
 		return off, nil
 	}
-	exporter := strings.ToLower(get(envTracesExporter))
 	endpoint := get(envTracesEndpoint)
 	if endpoint == "" {
 		endpoint = get(envEndpoint)
 	}
-	switch exporter {
-	case "":
+	exporters, err := tracesExporters(get(envTracesExporter))
+	if err != nil {
+		return nil, err
+	}
+	if exporters == nil {
 		if endpoint == "" {
 			return off, nil
 		}
-		exporter = "otlp"
-	case "none":
-		return off, nil
-	case "otlp", "console":
-	default:
-		return nil, usageErr("invalid %s %q: the relay exports traces with otlp or console (or none)", envTracesExporter, exporter)
+		exporters = []string{"otlp"}
+	}
+	if len(exporters) == 0 {
+		return off, nil // none
 	}
 	prop, err := propagators(get(envPropagators))
 	if err != nil {
 		return nil, err
 	}
 
-	var exp sdktrace.SpanExporter
-	protocol := ""
-	switch exporter {
-	case "console":
-		exp, err = stdouttrace.New(stdouttrace.WithWriter(env.Stdout))
-	case "otlp":
-		protocol = strings.ToLower(get(envTracesProtocol))
-		if protocol == "" {
-			protocol = strings.ToLower(get(envProtocol))
-		}
-		if protocol == "" {
-			protocol = defaultOTLPProtocol
-		}
-		switch protocol {
-		case "http/protobuf":
-			// The exporter reads the endpoint, headers, TLS settings, timeout and compression
-			// from the OTEL_EXPORTER_OTLP_* variables itself.
-			exp, err = otlptracehttp.New(ctx)
-		case "grpc":
-			exp, err = otlptracegrpc.New(ctx)
-		default:
-			name := envProtocol
-			if get(envTracesProtocol) != "" {
-				name = envTracesProtocol
-			}
-			return nil, usageErr("invalid %s %q: use http/protobuf or grpc", name, protocol)
+	var exps []sdktrace.SpanExporter
+	stopAll := func() {
+		for _, e := range exps {
+			_ = e.Shutdown(ctx)
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %s exporter: %w", exporter, err)
+	protocol := ""
+	for _, exporter := range exporters {
+		var exp sdktrace.SpanExporter
+		switch exporter {
+		case "console":
+			exp, err = stdouttrace.New(stdouttrace.WithWriter(env.Stdout))
+		case "otlp":
+			protocol = strings.ToLower(get(envTracesProtocol))
+			if protocol == "" {
+				protocol = strings.ToLower(get(envProtocol))
+			}
+			if protocol == "" {
+				protocol = defaultOTLPProtocol
+			}
+			switch protocol {
+			case "http/protobuf":
+				// The exporter reads the endpoint, headers, TLS settings, timeout and
+				// compression from the OTEL_EXPORTER_OTLP_* variables itself.
+				exp, err = otlptracehttp.New(ctx)
+			case "grpc":
+				exp, err = otlptracegrpc.New(ctx)
+			default:
+				stopAll()
+				name := envProtocol
+				if get(envTracesProtocol) != "" {
+					name = envTracesProtocol
+				}
+				return nil, usageErr("invalid %s %q: use http/protobuf or grpc", name, protocol)
+			}
+		}
+		if err != nil {
+			stopAll()
+			return nil, fmt.Errorf("tracing: %s exporter: %w", exporter, err)
+		}
+		exps = append(exps, exp)
 	}
 	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (WithFromEnv, applied last) override the
 	// defaults. No process detector: its command line would carry --database-url.
@@ -122,16 +135,20 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		resource.WithFromEnv(),
 	)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		_ = exp.Shutdown(ctx)
+		stopAll()
 		return nil, usageErr("invalid OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME: %v", err)
 	}
 	// The sampler comes from OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (the SDK reads
 	// them), by default parentbased_always_on: a message whose producer's span was sampled
 	// is traced through the relay.
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	for _, exp := range exps {
+		opts = append(opts, sdktrace.WithBatcher(exp))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetErrorHandler(exportErrors(log))
-	attrs := []any{"exporter", exporter}
-	if exporter == "otlp" {
+	attrs := []any{"exporter", strings.Join(exporters, ",")}
+	if protocol != "" {
 		shown := endpoint
 		if shown == "" {
 			shown = "(the exporter's default)"
@@ -144,6 +161,39 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		defer cancel()
 		return tp.Shutdown(ctx)
 	}}, nil
+}
+
+// tracesExporters parses OTEL_TRACES_EXPORTER, a comma-separated list (the specification's
+// form): otlp and console, each at most once, in the order given; none alone means no
+// exporter (an empty list). Unset, it returns nil. Empty items are skipped; none with another
+// exporter, or an exporter the relay does not have, is a usage error.
+func tracesExporters(v string) ([]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	out := []string{}
+	none := false
+	for _, item := range strings.Split(v, ",") {
+		name := strings.ToLower(strings.TrimSpace(item))
+		switch name {
+		case "":
+		case "none":
+			none = true
+		case "otlp", "console":
+			if !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		default:
+			return nil, usageErr("invalid %s %q: the relay exports traces with otlp and console (a comma-separated list), or none", envTracesExporter, strings.TrimSpace(item))
+		}
+	}
+	if none && len(out) > 0 {
+		return nil, usageErr("invalid %s %q: none turns tracing off and cannot be listed with exporters", envTracesExporter, v)
+	}
+	if len(out) == 0 && !none {
+		return nil, nil // only commas and spaces: as if unset
+	}
+	return out, nil
 }
 
 // propagators parses OTEL_PROPAGATORS: tracecontext, baggage and none, comma-separated;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -160,6 +161,15 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, on: true},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console"}, on: true},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, bad: "OTEL_TRACES_EXPORTER"},
+		// The specification's comma-separated list.
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp,console"}, on: true},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": " Console , console,"}, on: true},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "none,none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": ",", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, on: true},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": ","}},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp,zipkin"}, bad: "zipkin"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp,none"}, bad: "OTEL_TRACES_EXPORTER"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_PROPAGATORS": "b3"}, bad: "OTEL_PROPAGATORS"},
 	} {
@@ -182,7 +192,7 @@ func TestTracingSettings(t *testing.T) {
 		if !tc.on {
 			continue
 		}
-		if tc.vars["OTEL_TRACES_EXPORTER"] != "console" {
+		if !strings.Contains(strings.ToLower(tc.vars["OTEL_TRACES_EXPORTER"]), "console") {
 			// Nothing was traced: the shutdown has nothing to send to the absent collector.
 			if err := tr.shutdown(context.Background()); err != nil {
 				t.Errorf("%v: shutdown: %v", tc.vars, err)
@@ -197,5 +207,34 @@ func TestTracingSettings(t *testing.T) {
 		if err := tr.shutdown(context.Background()); err != nil || !strings.Contains(out.String(), `"Name":"s"`) {
 			t.Errorf("console exporter: %v, wrote %q", err, out.String())
 		}
+	}
+}
+
+// OTEL_TRACES_EXPORTER=otlp,console sends every span to both: the collector and stdout. Not
+// parallel: the OTLP exporter reads its endpoint from the process environment.
+func TestTracesExporterList(t *testing.T) {
+	recv := newOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.srv.URL)
+	vars := map[string]string{"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": recv.srv.URL}
+	var out, logs strings.Builder
+	env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return vars[k] }}
+	tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tr.tp.Tracer("t").Start(context.Background(), "both")
+	span.End()
+	if err := tr.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"Name":"both"`) {
+		t.Errorf("console exporter wrote %q", out.String())
+	}
+	got := recv.received()
+	if len(got) != 1 || got[0].Name != "both" {
+		t.Errorf("the collector got %+v, want the span", got)
+	}
+	if !strings.Contains(logs.String(), `"exporter":"otlp,console"`) || !strings.Contains(logs.String(), `"protocol":"http/protobuf"`) {
+		t.Errorf("tracing on line: %s", logs.String())
 	}
 }

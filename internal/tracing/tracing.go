@@ -9,7 +9,11 @@ package tracing
 
 import (
 	"context"
+	"net/url"
+	"reflect"
+	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -32,22 +36,70 @@ func Tracer(tp trace.TracerProvider, pkg string) trace.Tracer {
 	return tp.Tracer(ScopePrefix+pkg, trace.WithSchemaURL(semconv.SchemaURL))
 }
 
-// defaultProvider is the global tracer provider before the application sets one: a delegate
-// that records nothing until then.
-var defaultProvider = otel.GetTracerProvider()
-
 // Enabled reports whether tp (nil: the global provider) can record spans: false for nil
 // while the application has set no global provider, and for a noop provider. The hot paths
 // (a span per message) check it first, so that tracing off costs them nothing but this check.
+//
+// The global provider is judged by its type, not against a value captured at start: before
+// the application sets one, otel.GetTracerProvider returns OpenTelemetry's delegating
+// placeholder (a *tracerProvider of go.opentelemetry.io/otel/internal/global), which records
+// nothing; once one is set, it returns that one. So a provider set in another package's init,
+// before this package's, counts as set.
+//
+// A placeholder given explicitly (a Config.TracerProvider set to otel.GetTracerProvider()
+// before the application set one) counts as enabled: it starts recording once a provider is
+// set, and only the global lookup can tell that it has not been.
 func Enabled(tp trace.TracerProvider) bool {
-	if tp == nil {
+	global := tp == nil
+	if global {
 		tp = otel.GetTracerProvider()
-		if tp == defaultProvider {
-			return false
-		}
 	}
-	_, isNoop := tp.(noop.TracerProvider)
-	return !isNoop
+	if _, isNoop := tp.(noop.TracerProvider); isNoop {
+		return false
+	}
+	k := kindOf(reflect.TypeOf(tp))
+	return k == kindOther || (k == kindPlaceholder && !global)
+}
+
+// Provider kinds, by type.
+const (
+	kindOther       = iota // a provider that may record (the SDK's, another implementation)
+	kindPlaceholder        // the global placeholder: records nothing until a provider is set
+	kindNoop               // the trace package's own no-op (trace.NewNoopTracerProvider)
+)
+
+const (
+	globalPkg = "go.opentelemetry.io/otel/internal/global"
+	tracePkg  = "go.opentelemetry.io/otel/trace"
+)
+
+// kindVerdict caches kindOf's last answer: a process sees one or two provider types, and the
+// answer for a type never changes.
+type kindVerdict struct {
+	t    reflect.Type
+	kind int
+}
+
+var lastKind atomic.Pointer[kindVerdict]
+
+// kindOf tells the placeholder and the no-op apart from the providers that may record.
+func kindOf(t reflect.Type) int {
+	if v := lastKind.Load(); v != nil && v.t == t {
+		return v.kind
+	}
+	e := t
+	if e.Kind() == reflect.Pointer {
+		e = e.Elem()
+	}
+	k := kindOther
+	switch {
+	case e.PkgPath() == globalPkg && e.Name() == "tracerProvider":
+		k = kindPlaceholder
+	case e.PkgPath() == tracePkg && e.Name() == "noopTracerProvider":
+		k = kindNoop
+	}
+	lastKind.Store(&kindVerdict{t: t, kind: k})
+	return k
 }
 
 // Propagator returns p, or the global propagator when p is nil.
@@ -121,6 +173,40 @@ func ExtractContext(ctx context.Context, p propagation.TextMapPropagator, h map[
 	return p.Extract(ctx, Carrier(h))
 }
 
+// Server returns the server.address and server.port attributes of the NATS server at rawURL
+// (nats.Conn.ConnectedUrl), or nil when there is none (not connected). The last answer is
+// cached: a connection's server changes only when it reconnects elsewhere.
+func Server(rawURL string) []attribute.KeyValue {
+	if rawURL == "" {
+		return nil
+	}
+	if v := lastServer.Load(); v != nil && v.url == rawURL {
+		return v.attrs
+	}
+	var attrs []attribute.KeyValue
+	if u, err := url.Parse(rawURL); err == nil && u.Hostname() != "" {
+		attrs = append(attrs, ServerAddress.String(u.Hostname()))
+		if p, err := strconv.Atoi(u.Port()); err == nil {
+			attrs = append(attrs, ServerPort.Int(p))
+		}
+	}
+	lastServer.Store(&serverAttrs{url: rawURL, attrs: attrs})
+	return attrs
+}
+
+type serverAttrs struct {
+	url   string
+	attrs []attribute.KeyValue
+}
+
+var lastServer atomic.Pointer[serverAttrs]
+
+// CreationLink is the link a send or process span has to the message's creation context
+// (the producer's span it captured), as the messaging conventions ask besides the parent.
+func CreationLink(sc trace.SpanContext) trace.Link {
+	return trace.Link{SpanContext: sc}
+}
+
 // Attributes. messaging.* are OpenTelemetry's messaging semantic conventions; txoutbox.* are
 // this project's.
 var (
@@ -131,19 +217,24 @@ var (
 	OperationSend    = semconv.MessagingOperationTypeSend
 	OperationProcess = semconv.MessagingOperationTypeProcess
 
-	OperationName   = semconv.MessagingOperationNameKey
-	Destination     = semconv.MessagingDestinationNameKey
-	MessageID       = semconv.MessagingMessageIDKey
-	BodySize        = semconv.MessagingMessageBodySizeKey
-	BatchCount      = semconv.MessagingBatchMessageCountKey
-	ConsumerGroup   = semconv.MessagingConsumerGroupNameKey
-	ErrorType       = semconv.ErrorTypeKey
-	StreamName      = attribute.Key("txoutbox.stream.name")
-	StreamSequence  = attribute.Key("txoutbox.stream.sequence")
-	Duplicate       = attribute.Key("txoutbox.duplicate")
-	Attempt         = attribute.Key("txoutbox.attempt")
-	Delivery        = attribute.Key("txoutbox.delivery")
-	Outcome         = attribute.Key("txoutbox.outcome")
+	OperationName  = semconv.MessagingOperationNameKey
+	Destination    = semconv.MessagingDestinationNameKey
+	MessageID      = semconv.MessagingMessageIDKey
+	BodySize       = semconv.MessagingMessageBodySizeKey
+	BatchCount     = semconv.MessagingBatchMessageCountKey
+	ConsumerGroup  = semconv.MessagingConsumerGroupNameKey
+	ErrorType      = semconv.ErrorTypeKey
+	ServerAddress  = semconv.ServerAddressKey
+	ServerPort     = semconv.ServerPortKey
+	StreamName     = attribute.Key("txoutbox.stream.name")
+	StreamSequence = attribute.Key("txoutbox.stream.sequence")
+	Duplicate      = attribute.Key("txoutbox.duplicate")
+	Attempt        = attribute.Key("txoutbox.attempt")
+	Delivery       = attribute.Key("txoutbox.delivery")
+	Outcome        = attribute.Key("txoutbox.outcome")
+	// ErrorText is an error's text where no exception event carries it (an event about one
+	// message of a batch span).
+	ErrorText       = attribute.Key("txoutbox.error.message")
 	Group           = attribute.Key("txoutbox.group")
 	CheckNumber     = attribute.Key("txoutbox.check")
 	OutcomeApplied  = "applied"
@@ -156,15 +247,24 @@ var (
 	OutcomeAccepted = "published"
 )
 
-// Fail marks span as failed with err (its text as the status description, its type as
-// error.type), when err is not nil.
+// Fail marks span as failed with err, when err is not nil: an exception event (its text),
+// status error, and error.type typ, a low-cardinality class of the failure; with typ empty,
+// what the conventions fall back to (semconv.ErrorType: err's ErrorType method, else its
+// concrete type).
 func Fail(span trace.Span, err error, typ string) {
 	if err == nil || !span.IsRecording() {
 		return
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
+	span.SetAttributes(ErrorTypeOf(err, typ))
+}
+
+// ErrorTypeOf is the error.type attribute of err: typ, or with typ empty semconv.ErrorType's
+// fallback (err's ErrorType method, else its concrete type).
+func ErrorTypeOf(err error, typ string) attribute.KeyValue {
 	if typ != "" {
-		span.SetAttributes(ErrorType.String(typ))
+		return ErrorType.String(typ)
 	}
+	return semconv.ErrorType(err)
 }
