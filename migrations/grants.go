@@ -89,8 +89,9 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- move its delivery time; their business key forms find rows by the Txoutbox-Biz-Key header.\n")
 		fmt.Fprintf(&b, "GRANT SELECT (deliver_at, headers), UPDATE (deliver_at) ON %s TO %s;\n", messages, g)
 		b.WriteString("-- The SQL contract (migration 4): EXECUTE on the txoutbox_* functions (txoutbox_enqueue,\n")
-		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback\n")
-		b.WriteString("-- and the helpers they call), when the schema has them. They run with the caller's privileges.\n")
+		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback,\n")
+		b.WriteString("-- since migration 5 txoutbox_cancel, txoutbox_reschedule and their business key forms, and the\n")
+		b.WriteString("-- helpers they call), when the schema has them. They run with the caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
 	case RoleRelay:

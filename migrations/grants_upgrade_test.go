@@ -13,10 +13,11 @@ import (
 )
 
 // A producer role granted at migration 4 (before delayed messages) keeps working after
-// migrations 5, 7 and 8 without a new grant: committing a half message (which now reads
+// migrations 5, 7, 8 and 9 without a new grant: committing a half message (which now reads
 // deliver_at), the new cancel and reschedule functions, and enqueueing (migration 7's
-// txoutbox_partition_keys, migration 8's txoutbox_uuidv7s). Without the grants migration 5 carries over,
-// the commit fails with "permission denied for table txoutbox_messages".
+// txoutbox_partition_keys, migration 8's txoutbox_uuidv7s, migration 9's txoutbox_write with
+// delivery times). Without the grants migration 5 carries over, the commit fails with
+// "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
 	db := testsvc.NewDB(t)
@@ -80,19 +81,26 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	asProducer("prepare and roll back a half message", `SELECT txoutbox_rollback(txoutbox_prepare('orders.x', 'p', producer_group => 'g1'))`)
 	asProducer("enqueue a delayed message and reschedule it", `SELECT txoutbox_reschedule(txoutbox_enqueue('orders.y', 'p', deliver_at => now() + interval '1 hour'), now() + interval '2 hours')`)
 	asProducer("enqueue a delayed message and cancel it", `SELECT txoutbox_cancel(txoutbox_enqueue('orders.z', 'p', deliver_at => now() + interval '1 hour'))`)
+	// Migration 9's txoutbox_write, which takes the delivery times.
+	asProducer("enqueue many delayed messages", `SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], ARRAY['k1', ''], deliver_ats => ARRAY[now() + interval '1 hour', NULL])`)
+	asProducer("prepare a delayed half message and commit it", `SELECT txoutbox_commit(txoutbox_prepare('orders.x', 'p', 'k1', producer_group => 'g1', deliver_at => now() + interval '1 hour'))`)
+	asProducer("enqueue a delayed message with a business key", `SELECT txoutbox_enqueue('orders.z', 'p', biz_key => 'b:1', deliver_at => now() + interval '1 hour')`)
+	asProducer("reschedule by business key", `SELECT txoutbox_reschedule_biz_key('b:1', now() + interval '2 hours')`)
+	asProducer("cancel by business key", `SELECT txoutbox_cancel_biz_key('b:1')`)
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
 }
 
 // The role that owns the earlier migrations' functions keeps enqueueing when another role (an
-// operator, a superuser) applies the later migrations, whose new functions txoutbox_write
-// calls with the caller's privileges: txoutbox_uuidv7s (008) and txoutbox_partition_keys (007,
-// whose own grant passed over txoutbox_write's owner; 008 repairs it). Migrations 1–6 (then 1–7)
-// run as the owner, the rest as the superuser of the test database.
+// operator, a superuser) applies the later migrations, whose new functions the public ones
+// call with the caller's privileges: txoutbox_uuidv7s (008), txoutbox_partition_keys (007,
+// whose own grant passed over txoutbox_write's owner; 008 repairs it) and the txoutbox_write
+// that takes delivery times (009). Migrations 1–8 (then 1–7, then 1–6) run as the owner, the
+// rest as the superuser of the test database.
 func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, keep := range []int{7, 6} {
+	for _, keep := range []int{8, 7, 6} {
 		admin, schema := newSchema(t, "owner"+strconv.Itoa(keep))
 		role := "own_" + strings.TrimPrefix(schema, "owner")
 		if _, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
@@ -132,6 +140,8 @@ func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 		for _, sql := range []string{
 			`SELECT txoutbox_enqueue('orders.x', 'p')`,
 			`SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], ARRAY['k1', ''])`,
+			`SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], deliver_ats => ARRAY[now() + interval '1 hour', NULL])`,
+			`SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', deliver_at => now() + interval '1 hour')`,
 		} {
 			err := pgx.BeginFunc(ctx, asOwner, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+"; "+sql)

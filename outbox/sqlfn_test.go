@@ -121,10 +121,22 @@ func nilIfEmpty(s string) any {
 
 // enqueueSQL calls txoutbox_enqueue with m in tx.
 func enqueueSQL(ctx context.Context, tx pgx.Tx, m outbox.Message) (uuid.UUID, error) {
-	var id any
-	if m.ID != uuid.Nil {
-		id = m.ID.String()
+	return enqueueSQLWith(ctx, tx, m, false)
+}
+
+// sqlID is the id argument for m: NULL when it has none, or the all-zero UUID when zeroID.
+func sqlID(m outbox.Message, zeroID bool) *string {
+	if m.ID == uuid.Nil && !zeroID {
+		return nil
 	}
+	id := m.ID.String()
+	return &id
+}
+
+// enqueueSQLWith is enqueueSQL, passing the all-zero UUID for m's id when it has none and
+// zeroID is set (EnqueueTx's uuid.Nil: draw one).
+func enqueueSQLWith(ctx context.Context, tx pgx.Tx, m outbox.Message, zeroID bool) (uuid.UUID, error) {
+	id := sqlID(m, zeroID)
 	payload := m.Payload
 	if payload == nil {
 		payload = []byte{}
@@ -145,6 +157,12 @@ func deliverAt(m outbox.Message) *time.Time {
 
 // enqueueManySQL calls txoutbox_enqueue_many with msgs (ids included) in tx.
 func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uuid.UUID, error) {
+	return enqueueManySQLWith(ctx, tx, msgs, false)
+}
+
+// enqueueManySQLWith is enqueueManySQL, passing the all-zero UUID for the messages without an
+// id when zeroID is set.
+func enqueueManySQLWith(ctx context.Context, tx pgx.Tx, msgs []outbox.Message, zeroID bool) ([]uuid.UUID, error) {
 	n := len(msgs)
 	subjects, payloads := make([]string, n), make([][]byte, n)
 	keys, bizKeys := make([]*string, n), make([]*string, n)
@@ -166,10 +184,7 @@ func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uu
 			bizKeys[i] = &msgs[i].BizKey
 		}
 		hdrs[i] = headersJSON(m.Headers)
-		if m.ID != uuid.Nil {
-			id := m.ID.String()
-			ids[i] = &id
-		}
+		ids[i] = sqlID(m, zeroID)
 	}
 	var out []uuid.UUID
 	if !delayed {
@@ -187,8 +202,12 @@ type agreementRow struct {
 	// server: the SQL side is refused by PostgreSQL's input (invalid UTF-8, NUL) before the
 	// function runs; the Go side must refuse it with want.
 	server bool
-	// dup: the same message is enqueued first, in the same transaction.
+	// dup: the same message (without its delivery time) is enqueued first, in the same
+	// transaction.
 	dup bool
+	// zeroID: the message has no id; the SQL side passes the all-zero UUID (uuid.Nil) for it,
+	// and both sides must draw one.
+	zeroID bool
 }
 
 // sized returns m with one header "X" whose value makes HeaderBlockSize(m) == block.
@@ -362,8 +381,62 @@ func agreementRows() []agreementRow {
 		{name: "delivery time at the upper bound", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MaxDeliverAt}, want: "ok"},
 		{name: "delivery time after 9999", m: outbox.Message{Subject: "s.v", DeliverAt: outbox.MaxDeliverAt.Add(time.Second)}, want: "TX009"},
 		{name: "bad subject and bad delivery time", m: outbox.Message{Subject: "a..b", DeliverAt: outbox.MaxDeliverAt.Add(time.Second)}, want: "TX001"},
+		// A delivery time is the message's last check, after its size (migration 009).
+		{name: "bad key and bad delivery time", m: outbox.Message{Subject: "s.v", Key: " k", DeliverAt: tooLate}, want: "TX002"},
+		{name: "bad biz key and bad delivery time", m: outbox.Message{Subject: "s.v", BizKey: "b\n", DeliverAt: tooEarly}, want: "TX002"},
+		{name: "bad header and bad delivery time", m: withDue(one("Nats-Rollup", "all"), tooLate), want: "TX003"},
+		{name: "header block too large and bad delivery time", m: withDue(sized(msg("s.v"), outbox.MaxHeaderBytes+1), tooLate), want: "TX004"},
+		{name: "message too large and bad delivery time", m: withDue(payloadFor(msg("s.v"), outbox.DefaultMaxMessageBytes+1), tooEarly), want: "TX005"},
+		{name: "delayed message at the size limit", m: withDue(payloadFor(full, outbox.DefaultMaxMessageBytes), ahead), want: "ok"},
+		{name: "delayed message one over the size limit", m: withDue(payloadFor(full, outbox.DefaultMaxMessageBytes+1), ahead), want: "TX005"},
+		{name: "delayed message with an id already in the outbox", m: outbox.Message{Subject: "s.v", ID: uuid.New(), DeliverAt: ahead}, want: "TX006", dup: true},
+		// A keyed delayed message takes no key lock (it is locked when it falls due).
+		{name: "delayed keyed message", m: outbox.Message{Subject: "s.v", Key: "order-7", DeliverAt: ahead}, want: "ok"},
+		{name: "delayed keyed message, due already", m: outbox.Message{Subject: "s.v", Key: "order-7", DeliverAt: time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)}, want: "ok"},
+		// The all-zero id is no id (uuid.Nil): one is drawn (keyed, so that the partitions compare).
+		{name: "zero id", m: outbox.Message{Subject: "s.v", Key: "z"}, want: "ok", zeroID: true},
+		{name: "zero id, delayed", m: outbox.Message{Subject: "s.v", Key: "z", DeliverAt: ahead}, want: "ok", zeroID: true},
+		{name: "zero id and bad delivery time", m: outbox.Message{Subject: "s.v", Key: "z", DeliverAt: tooLate}, want: "TX009", zeroID: true},
+		{name: "zero id and bad subject", m: outbox.Message{Subject: "s..v", Key: "z"}, want: "TX001", zeroID: true},
 	}
 	return rows
+}
+
+// Delivery times of the agreement rows: one ahead, one before MinDeliverAt, one after
+// MaxDeliverAt.
+var (
+	ahead    = time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC)
+	tooEarly = outbox.MinDeliverAt.Add(-time.Microsecond)
+	tooLate  = outbox.MaxDeliverAt.Add(time.Microsecond)
+)
+
+// withDue returns m with the delivery time at.
+func withDue(m outbox.Message, at time.Time) outbox.Message {
+	m.DeliverAt = at
+	return m
+}
+
+// sqlAgreementRows are agreementRows and the rows only the SQL functions' agreement test
+// runs (their dup enqueues a message the other tables' would refuse).
+func sqlAgreementRows() []agreementRow {
+	return append(agreementRows(),
+		// The delivery time before the id: EnqueueTx refuses the message before its insert
+		// meets the id in the outbox.
+		agreementRow{name: "bad delivery time and an id already in the outbox", m: outbox.Message{Subject: "s.v", ID: uuid.New(), DeliverAt: tooLate}, want: "TX009", dup: true},
+	)
+}
+
+// keyLocks is what the transaction holds of key locks: its advisory locks and its count in
+// the txoutbox.key_locks budget.
+func keyLocks(t *testing.T, ctx context.Context, tx pgx.Tx) string {
+	t.Helper()
+	var n int
+	var budget string
+	if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(nullif(current_setting('txoutbox.key_locks', true), ''), '0')
+FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'`).Scan(&n, &budget); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%d advisory locks, txoutbox.key_locks %s", n, budget)
 }
 
 // storedRow is what a message became in the outbox.
@@ -398,54 +471,74 @@ FROM txoutbox_messages WHERE message_id = $1`, id).
 
 // One table of good and bad messages through EnqueueTx and through txoutbox_enqueue: the
 // same outcome for every row (accepted, or refused with the code of the Go sentinel), and
-// an accepted message stored the same way.
+// an accepted message stored the same way, with the same key locks taken.
 func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testsvc.NewDB(t)
 	c := newClient(t, db, nil)
-	for _, row := range agreementRows() {
+	for _, row := range sqlAgreementRows() {
 		m := row.m
-		if m.ID == uuid.Nil {
+		if m.ID == uuid.Nil && !row.zeroID {
 			m.ID = uuid.Must(uuid.NewV7()) // the same id on both sides, so that rows compare
 		}
-		run := func(enqueue func(tx pgx.Tx) (string, *storedRow)) (string, *storedRow) {
+		// checkID checks the id a side returned: the given one, or one drawn for none.
+		checkID := func(side string, id uuid.UUID) {
+			switch {
+			case row.zeroID:
+				if id == uuid.Nil {
+					t.Errorf("%s: %s returned the zero id, want one drawn", row.name, side)
+				} else {
+					checkDrawnIDs(t, []uuid.UUID{id})
+				}
+			case id != m.ID:
+				t.Errorf("%s: %s returned %s, want the given id %s", row.name, side, id, m.ID)
+			}
+		}
+		var locks [3]string
+		run := func(side int, enqueue func(tx pgx.Tx) (string, *storedRow)) (string, *storedRow) {
 			tx, err := db.Pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
 			if row.dup {
-				if _, err := c.EnqueueTx(ctx, tx, m); err != nil {
+				first := m
+				first.DeliverAt = time.Time{}
+				if _, err := c.EnqueueTx(ctx, tx, first); err != nil {
 					t.Fatalf("%s: first enqueue: %v", row.name, err)
 				}
 			}
-			return enqueue(tx)
+			got, r := enqueue(tx)
+			if r != nil {
+				locks[side] = keyLocks(t, ctx, tx)
+			}
+			return got, r
 		}
-		goGot, goRow := run(func(tx pgx.Tx) (string, *storedRow) {
+		goGot, goRow := run(0, func(tx pgx.Tx) (string, *storedRow) {
 			ids, err := c.EnqueueTx(ctx, tx, m)
 			if err != nil {
 				return goOutcome(err), nil
 			}
+			checkID("EnqueueTx", ids[0])
 			r := readStored(t, ctx, tx, ids[0])
 			return "ok", &r
 		})
-		sqlGot, sqlRow := run(func(tx pgx.Tx) (string, *storedRow) {
-			id, err := enqueueSQL(ctx, tx, m)
+		sqlGot, sqlRow := run(1, func(tx pgx.Tx) (string, *storedRow) {
+			id, err := enqueueSQLWith(ctx, tx, m, row.zeroID)
 			if err != nil {
 				return sqlOutcome(err), nil
 			}
-			if id != m.ID {
-				t.Errorf("%s: txoutbox_enqueue returned %s, want the given id %s", row.name, id, m.ID)
-			}
+			checkID("txoutbox_enqueue", id)
 			r := readStored(t, ctx, tx, id)
 			return "ok", &r
 		})
-		manyGot, manyRow := run(func(tx pgx.Tx) (string, *storedRow) {
-			ids, err := enqueueManySQL(ctx, tx, []outbox.Message{m})
+		manyGot, manyRow := run(2, func(tx pgx.Tx) (string, *storedRow) {
+			ids, err := enqueueManySQLWith(ctx, tx, []outbox.Message{m}, row.zeroID)
 			if err != nil {
 				return sqlOutcome(err), nil
 			}
+			checkID("txoutbox_enqueue_many", ids[0])
 			r := readStored(t, ctx, tx, ids[0])
 			return "ok", &r
 		})
@@ -457,6 +550,10 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 		}
 		if manyRow != nil && sqlRow != nil && (fmt.Sprintf("%+v", *manyRow) != fmt.Sprintf("%+v", *sqlRow) || !bytes.Equal(manyRow.Payload, sqlRow.Payload)) {
 			t.Errorf("%s: txoutbox_enqueue_many stored it differently from txoutbox_enqueue", row.name)
+		}
+		if goRow != nil && (sqlRow != nil && locks[1] != locks[0] || manyRow != nil && locks[2] != locks[0]) {
+			t.Errorf("%s: key locks held after the enqueue: EnqueueTx %s, txoutbox_enqueue %s, txoutbox_enqueue_many %s: they must agree",
+				row.name, locks[0], locks[1], locks[2])
 		}
 		if goGot != row.want {
 			t.Errorf("%s: EnqueueTx: %s, want %s", row.name, goGot, row.want)
@@ -578,7 +675,9 @@ func TestSQLEnqueueManyAgreesWithEnqueueTx(t *testing.T) {
 // content before its id, as EnqueueTx checks them (message by message). Several messages
 // refused at once, each for a different class, name the first with its own error (a header
 // block over the limit before a message whose headers are invalid, so that the size counted
-// is the first's).
+// is the first's). A delivery time is a message's last check, after its size and before its
+// id: a message bad only in its delivery time is named before a later one bad in its content,
+// and after an earlier one (migration 009). Messages are numbered from 1 in every SQL error.
 func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -592,6 +691,11 @@ func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 	bigBlock := sized(outbox.Message{Subject: "a.b"}, outbox.MaxHeaderBytes+1)
 	traced := outbox.Message{Subject: "a.b", Key: "k", Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}
 	atLimit, overLimit := payloadFor(traced, outbox.DefaultMaxMessageBytes), payloadFor(traced, outbox.DefaultMaxMessageBytes+1)
+	delayed := func(m outbox.Message) outbox.Message { return withDue(m, ahead) }
+	badDue := func(id uuid.UUID) outbox.Message {
+		return outbox.Message{Subject: "a.b", Key: "k", ID: id, DeliverAt: tooLate}
+	}
+	badDueEarly := withDue(traced, tooEarly)
 	cases := []struct {
 		name  string
 		msgs  []outbox.Message
@@ -608,6 +712,22 @@ func TestSQLEnqueueManyNamesTheFirstRefused(t *testing.T) {
 		{"a message too large, then invalid headers", []outbox.Message{good(uuid.Nil), overLimit, badHeader}, "TX005", 1},
 		{"a message at the limit, then one over it", []outbox.Message{atLimit, overLimit, bigBlock}, "TX005", 1},
 		{"a header block too large, then a message too large", []outbox.Message{atLimit, bigBlock, overLimit}, "TX004", 1},
+		// Delivery times.
+		{"a bad delivery time", []outbox.Message{delayed(good(uuid.Nil)), good(uuid.Nil), badDue(uuid.Nil)}, "TX009", 2},
+		{"a bad delivery time, then an invalid subject", []outbox.Message{delayed(good(uuid.Nil)), badDue(uuid.Nil), badSubject(uuid.Nil)}, "TX009", 1},
+		{"an invalid subject, then a bad delivery time", []outbox.Message{delayed(good(uuid.Nil)), badSubject(uuid.Nil), badDue(uuid.Nil)}, "TX001", 1},
+		{"a bad delivery time, then an invalid key", []outbox.Message{good(uuid.Nil), badDueEarly, badKey}, "TX009", 1},
+		{"an invalid key, then a bad delivery time", []outbox.Message{good(uuid.Nil), badKey, badDueEarly}, "TX002", 1},
+		{"a bad delivery time, then invalid headers", []outbox.Message{badDueEarly, badHeader}, "TX009", 0},
+		{"invalid headers, then a bad delivery time", []outbox.Message{delayed(good(uuid.Nil)), delayed(badHeader), badDueEarly}, "TX003", 1},
+		{"a bad delivery time, then a header block too large", []outbox.Message{delayed(atLimit), badDueEarly, bigBlock}, "TX009", 1},
+		{"a header block too large, then a bad delivery time", []outbox.Message{delayed(atLimit), delayed(bigBlock), badDueEarly}, "TX004", 1},
+		{"a bad delivery time, then a message too large", []outbox.Message{good(uuid.Nil), badDueEarly, overLimit}, "TX009", 1},
+		{"a message too large, then a bad delivery time", []outbox.Message{good(uuid.Nil), delayed(overLimit), badDueEarly}, "TX005", 1},
+		{"a message too large with a bad delivery time", []outbox.Message{good(uuid.Nil), withDue(overLimit, tooLate)}, "TX005", 1},
+		{"an id twice, the second's delivery time bad", []outbox.Message{good(id), badDue(id)}, "TX009", 1},
+		{"an id twice, then a bad delivery time", []outbox.Message{delayed(good(id)), delayed(good(id)), badDue(uuid.Nil)}, "TX006", 1},
+		{"a bad delivery time, then an id twice", []outbox.Message{good(id), badDue(uuid.Nil), good(id)}, "TX009", 1},
 	}
 	for _, tc := range cases {
 		tx := beginTx(t, db)

@@ -1,0 +1,294 @@
+package outbox_test
+
+// The SQL contract's arguments where they once differed from the Go client (migration 009):
+// a keyed delayed message takes no key lock, the all-zero UUID is no id, arrays of the wrong
+// length or shape are named, and a NULL id or business key is refused.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// A keyed delayed message takes no key lock, in Go or in SQL: it draws its final id under its
+// key's lock when it falls due. An open transaction holding a key's lock does not hold back a
+// delayed message of that key, and delayed messages do not count in the transaction's budget
+// of exact key locks (txoutbox.key_locks): after more delayed keys than the budget, a ready
+// keyed message still locks its key exactly.
+func TestSQLDelayedKeyedMessagesTakeNoKeyLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	const key = "order-9"
+	holder := beginTx(t, db)
+	if _, err := c.EnqueueTx(ctx, holder, outbox.Message{Subject: "k.v", Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	many := keyed("delayed-", outbox.KeyLockBudget+1)
+	for i := range many {
+		many[i].DeliverAt = ahead
+	}
+	one := outbox.Message{Subject: "k.v", Key: key, DeliverAt: ahead}
+	ways := []struct {
+		name    string
+		enqueue func(tx pgx.Tx, msgs []outbox.Message) error
+	}{
+		{"EnqueueTx", func(tx pgx.Tx, msgs []outbox.Message) error { _, err := c.EnqueueTx(ctx, tx, msgs...); return err }},
+		{"txoutbox_enqueue", func(tx pgx.Tx, msgs []outbox.Message) error {
+			for _, m := range msgs {
+				if _, err := enqueueSQL(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"txoutbox_enqueue_many", func(tx pgx.Tx, msgs []outbox.Message) error { _, err := enqueueManySQL(ctx, tx, msgs); return err }},
+		{"txoutbox_prepare", func(tx pgx.Tx, msgs []outbox.Message) error {
+			// A half message is prepared without a key lock, delayed or not (its commit
+			// locks its key, as Go's does).
+			_, err := tx.Exec(ctx, `SELECT txoutbox_prepare('k.v', 'x', $1, fence => true, deliver_at => $2)`, msgs[0].Key, msgs[0].DeliverAt)
+			return err
+		}},
+	}
+	for _, w := range ways {
+		tx := beginTx(t, db)
+		// A wait on the holder's lock would fail the call (55P03) rather than hang.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.enqueue(tx, []outbox.Message{one}); err != nil {
+			t.Fatalf("%s: a delayed message of a key another transaction holds: %v; want it written without waiting", w.name, err)
+		}
+		if got := keyLocks(t, ctx, tx); got != "0 advisory locks, txoutbox.key_locks 0" {
+			t.Errorf("%s: after a keyed delayed message: %s; want none", w.name, got)
+		}
+		if strings.HasPrefix(w.name, "txoutbox_prepare") {
+			_ = tx.Rollback(ctx)
+			continue
+		}
+		if err := w.enqueue(tx, many); err != nil {
+			t.Fatalf("%s: %d keyed delayed messages: %v", w.name, len(many), err)
+		}
+		if err := w.enqueue(tx, []outbox.Message{{Subject: "k.v", Key: "ready-1"}}); err != nil {
+			t.Fatal(err)
+		}
+		// The ready message's exact lock and its bucket's shared lock, the first of the budget.
+		if got := keyLocks(t, ctx, tx); got != "2 advisory locks, txoutbox.key_locks 1" {
+			t.Errorf("%s: after %d keyed delayed messages and one ready: %s; want the ready one's key and bucket only", w.name, len(many), got)
+		}
+		_ = tx.Rollback(ctx)
+	}
+}
+
+// The all-zero UUID as an id is no id, as uuid.Nil is for EnqueueTx and Prepare: a UUIDv7 is
+// drawn for it, in every function that takes ids; two messages of one call with it are not
+// duplicates; a message with it is not refused as a duplicate of a stored one.
+func TestSQLZeroIDIsNoID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	const zero = "00000000-0000-0000-0000-000000000000"
+	tx := beginTx(t, db)
+	// What Go does with uuid.Nil, twice in one call.
+	goIDs, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "a.b", ID: uuid.Nil}, outbox.Message{Subject: "a.b", ID: uuid.Nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDrawnIDs(t, goIDs)
+	var one, delayed, half, fenced uuid.UUID
+	var many []uuid.UUID
+	if err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue('a.b', 'x', id => $1::uuid),
+    txoutbox_enqueue('a.b', 'x', 'k', id => $1::uuid, deliver_at => now() + interval '1 hour'),
+    txoutbox_enqueue_many(ARRAY['a.b', 'a.c', 'a.d'], ARRAY['x', 'y', 'z']::bytea[], ids => ARRAY[$1, NULL, $1]::uuid[]),
+    txoutbox_prepare('a.b', 'x', id => $1::uuid, producer_group => 'g'),
+    txoutbox_prepare('a.b', 'x', id => $1::uuid, fence => true, deliver_at => now() + interval '1 hour')`, zero).
+		Scan(&one, &delayed, &many, &half, &fenced); err != nil {
+		t.Fatalf("the zero id: %v; want ids drawn", err)
+	}
+	checkDrawnIDs(t, many)
+	all := append([]uuid.UUID{one, delayed, half, fenced}, many...)
+	seen := map[uuid.UUID]bool{}
+	for _, id := range all {
+		checkDrawnIDs(t, []uuid.UUID{id})
+		if seen[id] {
+			t.Fatalf("id %s returned twice", id)
+		}
+		seen[id] = true
+	}
+	if n := countIn(t, tx, `message_id = '`+zero+`'`); n != 0 {
+		t.Fatalf("%d rows stored with the zero id", n)
+	}
+	if n := countIn(t, tx, "message_id = ANY('"+uuidArray(all)+"'::uuid[])"); n != len(all) {
+		t.Fatalf("%d rows of the %d ids returned", n, len(all))
+	}
+	// Stored as the ids say: ready, scheduled, prepared.
+	var states string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(state, ',' ORDER BY ord) FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, ord)
+JOIN txoutbox_messages m ON m.message_id = u.id`, all[:4]).Scan(&states); err != nil || states != "ready,scheduled,prepared,prepared" {
+		t.Fatalf("states %q, %v; want ready,scheduled,prepared,prepared", states, err)
+	}
+}
+
+// countIn counts the outbox rows matching where, in tx.
+func countIn(t *testing.T, tx pgx.Tx, where string) int {
+	t.Helper()
+	var n int
+	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM txoutbox_messages WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// uuidArray is ids as a PostgreSQL array literal.
+func uuidArray(ids []uuid.UUID) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = id.String()
+	}
+	return "{" + strings.Join(s, ",") + "}"
+}
+
+// txoutbox_enqueue_many checks its arrays before anything else, also with no subject: TX008
+// names the first argument whose length or shape is wrong, and its length.
+func TestSQLEnqueueManyNamesTheWrongArray(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	cases := []struct {
+		args string // after subjects and payloads
+		subj string
+		pay  string
+		want string // "" for accepted, else what the message starts with after the function's name
+	}{
+		{subj: `'{}'`, pay: `'{x}'`, want: "payloads: invalid argument: payloads has 1 element and subjects has 0 elements"},
+		{subj: `NULL`, pay: `'{x,y}'`, want: "payloads: invalid argument: payloads has 2 elements and subjects has 0 elements"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x}'`, want: "payloads: invalid argument: payloads has 1 element and subjects has 2 elements"},
+		{subj: `'{a.b}'`, pay: `NULL`, want: "payloads: invalid argument: payloads is NULL and subjects has 1 element"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, keys => '{k}'`, want: "keys: invalid argument: keys has 1 element and subjects has 2 elements"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, headers => '{}'`, want: "headers: invalid argument: headers has 0 elements and subjects has 2 elements"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, biz_keys => '{a,b,c}'`, want: "biz_keys: invalid argument: biz_keys has 3 elements and subjects has 2 elements"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, ids => ARRAY[gen_random_uuid()]`, want: "ids: invalid argument: ids has 1 element and subjects has 2 elements"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, deliver_ats => ARRAY[now()]`, want: "deliver_ats: invalid argument: deliver_ats has 1 element and subjects has 2 elements"},
+		{subj: `'{}'`, pay: `'{}'`, args: `, deliver_ats => ARRAY[now()]`, want: "deliver_ats: invalid argument: deliver_ats has 1 element and subjects has 0 elements"},
+		{subj: `'{}'`, pay: `'{}'`, args: `, keys => '{k}'`, want: "keys: invalid argument: keys has 1 element and subjects has 0 elements"},
+		// The first wrong one, in argument order.
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, keys => '{k}', ids => '{}'`, want: "keys: invalid argument: keys has 1 element"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x}'`, args: `, keys => '{k}'`, want: "payloads: invalid argument: payloads has 1 element"},
+		// Shapes.
+		{subj: `'{{a.b},{a.c}}'`, pay: `'{x,y}'`, want: "subjects: invalid argument: subjects is a 2-dimensional array"},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, keys => '{{k},{l}}'`, want: "keys: invalid argument: keys is a 2-dimensional array"},
+		// Accepted: no subject and nothing else, or NULL for the optional arrays.
+		{subj: `'{}'`, pay: `'{}'`},
+		{subj: `NULL`, pay: `NULL`},
+		{subj: `'{}'`, pay: `'{}'`, args: `, keys => '{}', headers => '{}', biz_keys => '{}', ids => '{}', deliver_ats => '{}'`},
+		{subj: `'{a.b,a.c}'`, pay: `'{x,y}'`, args: `, keys => NULL, deliver_ats => ARRAY[NULL, now()]::timestamptz[]`},
+	}
+	for _, tc := range cases {
+		call := fmt.Sprintf(`SELECT txoutbox_enqueue_many(%s, %s%s)`, tc.subj, tc.pay, tc.args)
+		tx := beginTx(t, db)
+		var ids []uuid.UUID
+		err := tx.QueryRow(ctx, call).Scan(&ids)
+		_ = tx.Rollback(ctx)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v; want it accepted", call, err)
+			}
+			continue
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "TX008" || !strings.HasPrefix(pgErr.Message, "txoutbox_enqueue_many: "+tc.want) {
+			t.Errorf("%s: %v; want TX008 %q", call, err, "txoutbox_enqueue_many: "+tc.want)
+		}
+	}
+}
+
+// A NULL id (or business key) is refused with TX008 naming the argument: it matched no
+// message, and the error said "no message has id  (never prepared…)". A business key is
+// validated as CancelBizKeyTx and RescheduleBizKeyTx validate it (TX002, ErrInvalidKey),
+// before the delivery time.
+func TestSQLNullIDsAndBizKeysRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	cases := []struct{ call, want string }{
+		{`SELECT txoutbox_commit(NULL)`, "txoutbox_commit: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_commit_in_tx(NULL)`, "txoutbox_commit_in_tx: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_rollback(NULL)`, "txoutbox_rollback: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_cancel(NULL)`, "txoutbox_cancel: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_reschedule(NULL, now())`, "txoutbox_reschedule: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_reschedule(NULL, NULL)`, "txoutbox_reschedule: id: invalid argument: id is NULL"},
+		{`SELECT txoutbox_cancel_biz_key(NULL)`, "txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL"},
+		{`SELECT txoutbox_reschedule_biz_key(NULL, now())`, "txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL"},
+	}
+	for _, tc := range cases {
+		_, err := db.Pool.Exec(ctx, tc.call)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "TX008" || !strings.HasPrefix(pgErr.Message, tc.want) {
+			t.Errorf("%s: %v; want TX008 %q", tc.call, err, tc.want)
+		}
+	}
+	// Business keys: the Go client's outcome, the key's problem before the delivery time's.
+	at := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, bk := range []string{" k", "k\t", "a\x01b", strings.Repeat("b", outbox.MaxKeyLength+1), "", "no-such-key", strings.Repeat("b", outbox.MaxKeyLength)} {
+		for _, due := range []time.Time{at, tooLate} {
+			_, goErr := c.RescheduleBizKeyTx(ctx, db.Pool, bk, due)
+			_, sqlErr := db.Pool.Exec(ctx, `SELECT txoutbox_reschedule_biz_key($1, $2)`, bk, due)
+			if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != s || g == "ok" {
+				t.Errorf("reschedule business key %.20q to %s: RescheduleBizKeyTx %s (%v), txoutbox_reschedule_biz_key %s (%v): they must agree",
+					bk, due, g, goErr, s, sqlErr)
+			}
+		}
+		_, goErr := c.CancelBizKeyTx(ctx, db.Pool, bk)
+		_, sqlErr := db.Pool.Exec(ctx, `SELECT txoutbox_cancel_biz_key($1)`, bk)
+		if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != s || g == "ok" {
+			t.Errorf("cancel business key %.20q: CancelBizKeyTx %s (%v), txoutbox_cancel_biz_key %s (%v): they must agree", bk, g, goErr, s, sqlErr)
+		}
+	}
+}
+
+// A TX error aborts the caller's transaction, as any PostgreSQL error does; a caller that wants
+// to carry on wraps the call in a savepoint (README, "The SQL contract").
+func TestSQLErrorAbortsTheTransactionButNotASavepoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	tx := beginTx(t, db)
+	if _, err := tx.Exec(ctx, `SELECT txoutbox_enqueue('a..b', 'x')`); sqlOutcome(err) != "TX001" {
+		t.Fatalf("invalid subject: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT txoutbox_enqueue('a.b', 'x')`); sqlOutcome(err) != "25P02" {
+		t.Fatalf("after a TX error, the transaction: %v; want 25P02 (aborted)", err)
+	}
+	_ = tx.Rollback(ctx)
+
+	tx = beginTx(t, db)
+	var kept uuid.UUID
+	if err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue('a.b', 'kept')`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{`SAVEPOINT msg`, `SELECT txoutbox_enqueue('a..b', 'x')`, `ROLLBACK TO SAVEPOINT msg`,
+		`SELECT txoutbox_enqueue('a.c', 'after')`} {
+		if _, err := tx.Exec(ctx, sql); err != nil && sqlOutcome(err) != "TX001" {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE subject IN ('a.b', 'a.c')`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d messages committed, %v; want the one before the savepoint and the one after", n, err)
+	}
+}
