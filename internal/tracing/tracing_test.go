@@ -85,7 +85,7 @@ func TestServer(t *testing.T) {
 	} {
 		got := map[string]string{}
 		for _, kv := range Server(tc.url) {
-			got[string(kv.Key)] = kv.Value.Emit()
+			got[string(kv.Key)] = kv.Value.String()
 		}
 		want := 0
 		for _, v := range []string{tc.addr, tc.port} {
