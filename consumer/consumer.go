@@ -54,6 +54,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
@@ -157,9 +158,16 @@ type testSignals struct {
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
 // begun on db. cfg.Stream and cfg.Durable are required.
+//
+// db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the workers begin
+// transactions on it at once. One connection or transaction (a *pgx.Conn, a *pgxpool.Conn, a
+// pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
 func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
 	if db == nil {
 		return nil, errors.New("consumer: db is nil")
+	}
+	if err := dbhandle.RequirePool("consumer", "db", db); err != nil {
+		return nil, err
 	}
 	if js == nil {
 		return nil, errors.New("consumer: jetstream is nil")
