@@ -144,7 +144,7 @@ func (c *Consumer) runSet(ctx context.Context, items []*item, live []int, result
 	}
 	putBack := func(op string, err error) {
 		for _, i := range live {
-			results[i] = c.unavailable(items[i], op, err)
+			results[i] = c.unavailable(ctx, items[i], op, err)
 		}
 	}
 	tx, err := c.db.Begin(ctx)

@@ -280,6 +280,10 @@ func (d *dispatcher) settle(it *item, r result) {
 	switch r.outcome {
 	case outcomeWaiting:
 		d.park(it, r.delay)
+	case outcomeStopped:
+		// Run is stopping: another instance may take it at once.
+		_ = it.final(it.raw.Nak)
+		d.release(it)
 	case outcomeRetryLocal, outcomeUnavailable:
 		d.mu.Lock()
 		defer d.mu.Unlock()

@@ -1,7 +1,13 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,5 +128,120 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	testsvc.Eventually(t, 10*time.Second, "the rest, well before the ack wait", func() bool { return e.effects() >= 3 })
 	if n := e.effects(); n != 3 || next.Stats().Duplicates != 0 {
 		t.Fatalf("effects %d, duplicates %d; want 3 and 0", n, next.Stats().Duplicates)
+	}
+}
+
+// logBuffer is a slog destination a test reads back.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// logger logs every level to l.
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// A handler the stop timeout cancels is no outage: its message is nak'ed at once (the next
+// instance takes it long before the ack wait), no attempt and no unavailability is counted,
+// and nothing but the stop timeout itself is logged as a warning. In every mode: per message,
+// batch, set-based batch (NewBatch) and database/sql (NewSQL).
+func TestStopTimeoutCancellationIsNoOutage(t *testing.T) {
+	t.Parallel()
+	type mode struct {
+		name  string
+		build func(e *env, cfg *Config, started chan<- struct{}) *Consumer
+	}
+	block := func(ctx context.Context, started chan<- struct{}) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	modes := []mode{
+		{"per message", func(e *env, cfg *Config, started chan<- struct{}) *Consumer {
+			return e.newConsumer(nil, cfg, func(ctx context.Context, _ pgx.Tx, _ Message) error { return block(ctx, started) })
+		}},
+		{"batch", func(e *env, cfg *Config, started chan<- struct{}) *Consumer {
+			cfg.BatchSize = 4
+			return e.newConsumer(nil, cfg, func(ctx context.Context, _ pgx.Tx, _ Message) error { return block(ctx, started) })
+		}},
+		{"NewBatch", func(e *env, cfg *Config, started chan<- struct{}) *Consumer {
+			c, err := NewBatch(e.db.Pool, e.nats.JS, func(ctx context.Context, _ pgx.Tx, _ []Message) error { return block(ctx, started) }, e.config(cfg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+		{"NewSQL", func(e *env, cfg *Config, started chan<- struct{}) *Consumer {
+			return e.newSQLConsumer(e.openSQL("pgx"), cfg, func(ctx context.Context, _ *sql.Tx, _ Message) error { return block(ctx, started) })
+		}},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			var logs logBuffer
+			started := make(chan struct{}, 1)
+			const ackWait = 30 * time.Second
+			c := m.build(e, &Config{Concurrency: 1, AckWait: ackWait, StopTimeout: 50 * time.Millisecond, Logger: logs.logger()}, started)
+			e.publishID("orders.created", newID(), "blocked")
+			stop := e.run(c)
+			testsvc.Receive(t, started, 10*time.Second, "the handler to start")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if s := c.Stats(); s.Unavailable != 0 || s.Retries != 0 || s.DeadLettered != 0 || s.Processed != 0 {
+				t.Errorf("stats %+v; want no unavailability, retry, dead letter or processed message", s)
+			}
+			if c.pgDown.Load() {
+				t.Error("postgres marked down by the cancellation")
+			}
+			out := logs.String()
+			if !strings.Contains(out, "cancelling them") {
+				t.Errorf("the stop timeout was not logged:\n%s", out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "put back") || strings.Contains(line, "context canceled") ||
+					(strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR")) && !strings.Contains(line, "cancelling them") {
+					t.Errorf("logged: %s", line)
+				}
+			}
+			// Nak'ed: the next instance gets it now, not after the ack wait.
+			next := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: ackWait}, recordEffect)
+			e.run(next)
+			testsvc.Eventually(t, ackWait/3, "the message, well before the ack wait", func() bool { return e.effects() == 1 })
+		})
+	}
+}
+
+// Setup's check of the key-order table (ordered mode) returns a cancellation instead of
+// warning that the database does not answer.
+func TestKeyOrderCheckCancelledIsNotLogged(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var logs logBuffer
+	c := e.newConsumer(nil, &Config{Ordered: true, Logger: logs.logger()}, recordEffect)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.checkKeyOrderTable(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("checkKeyOrderTable(cancelled): %v; want context.Canceled", err)
+	}
+	if out := logs.String(); out != "" {
+		t.Errorf("logged:\n%s", out)
+	}
+	if err := c.checkKeyOrderTable(context.Background()); err != nil {
+		t.Errorf("checkKeyOrderTable: %v", err)
 	}
 }
