@@ -154,6 +154,10 @@ type hooks struct {
 type testSignals struct {
 	// workerReturned: a worker stopped taking messages (the graceful stop).
 	workerReturned testsignal.Signal[struct{}]
+	// keptAlive: a keepalive round sent in-progress acks (how many).
+	keptAlive testsignal.Signal[int]
+	// stopWaits: the graceful stop waits for the running handlers.
+	stopWaits testsignal.Signal[struct{}]
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
@@ -415,6 +419,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
+	c.testSignals.stopWaits.Signal(struct{}{})
 	select {
 	case <-done:
 	case <-stopCtx.Done():

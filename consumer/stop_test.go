@@ -25,6 +25,7 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	e := newEnv(t)
 	var runs atomic.Int32
 	started := make(chan struct{}, 1)
+	release := make(chan struct{})
 	const ackWait = 300 * time.Millisecond
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
@@ -32,18 +33,16 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 		case started <- struct{}{}:
 		default:
 		}
-		time.Sleep(3 * ackWait) // slow work: three ack waits
+		<-release // slow work: until the stop has kept it alive for three ack waits
 		return recordEffect(ctx, tx, msg)
 	}
 	cfg := func() *Config { return &Config{AckWait: ackWait, Concurrency: 1, StopTimeout: 10 * time.Second} }
 	first := e.newConsumer(nil, cfg(), h)
+	first.testSignals.keptAlive.Init()
+	first.testSignals.stopWaits.Init()
 	stopFirst := e.run(first)
 	e.publishID("orders.created", newID(), "slow")
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler did not start")
-	}
+	testsvc.Receive(t, started, 10*time.Second, "the handler to start")
 
 	nc, err := testsvc.Connect(e.nats.URL())
 	if err != nil {
@@ -59,7 +58,15 @@ func TestStopKeepsRunningHandlerAlive(t *testing.T) {
 	e.run(second)
 	testsvc.Eventually(t, 10*time.Second, "the second instance to pull", func() bool { return e.consumerInfo(testDurable).NumWaiting > waiting })
 
-	if err := stopFirst(); err != nil { // returns once the handler committed and acked
+	stopped := make(chan error, 1)
+	go func() { stopped <- stopFirst() }() // returns once the handler committed and acked
+	testsvc.Receive(t, first.testSignals.stopWaits.C(), 10*time.Second, "the stop to wait for the handler")
+	for len(first.testSignals.keptAlive.C()) > 0 { // the acks sent before the stop
+		<-first.testSignals.keptAlive.C()
+	}
+	waitKeptAlive(t, first, 3*ackWait)
+	close(release)
+	if err := testsvc.Receive(t, stopped, 30*time.Second, "Run to return"); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	// Once the ack is in, no redelivery can come; one before it is counted by JetStream.
@@ -110,11 +117,7 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 		}
 	}
 	stop := e.run(c)
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler did not start")
-	}
+	testsvc.Receive(t, started, 10*time.Second, "the handler to start")
 	testsvc.Eventually(t, 5*time.Second, "all three delivered", func() bool { return e.consumerInfo(testDurable).NumAckPending == 3 })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
