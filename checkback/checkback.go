@@ -34,6 +34,7 @@ import (
 	"golang.org/x/time/rate"
 
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -86,12 +87,19 @@ type groupLimit struct {
 	sem  chan struct{}
 }
 
-// New returns a CheckBack over db (a *pgxpool.Pool) that asks checkers over nc. cfg may be nil
-// for all defaults. nc may be nil when only fence-mode half messages are used: checker-mode
-// rows are then counted as checks with no responders.
+// New returns a CheckBack over db that asks checkers over nc. cfg may be nil for all
+// defaults. nc may be nil when only fence-mode half messages are used: checker-mode rows are
+// then counted as checks with no responders.
+//
+// db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the jobs and the
+// checks of several producer groups use it at once. One connection or transaction (a
+// *pgx.Conn, a *pgxpool.Conn, a pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
 func New(db txoutbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
 	if db == nil {
 		return nil, errors.New("checkback: db is nil")
+	}
+	if err := dbhandle.RequirePool("checkback", "db", db); err != nil {
+		return nil, err
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {

@@ -109,7 +109,9 @@ type Config struct {
 
 	// Schedules of the three jobs: a robfig/cron spec (five fields, or six with seconds
 	// first), a descriptor such as "@hourly", "@every <duration>" (sub-second durations
-	// allowed), or ScheduleOff ("off"). A run that is still going when the next is due is skipped.
+	// allowed), or ScheduleOff ("off"); white space around it is ignored (WithDefaults trims
+	// it, so Config() shows " off" as "off"). A run that is still going when the next is due
+	// is skipped.
 	// ResolveSchedule resolves stale prepared rows (default "@every 1s"); StaleSchedule
 	// reports ready rows older than StaleReadyAfter and counts prepared and exhausted rows
 	// (default "@every 30s"); PurgeSchedule deletes rows past their retention (default
@@ -162,7 +164,8 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default.
+// WithDefaults returns a copy of c with every unset field set to its default, and the
+// schedules trimmed of surrounding white space.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
@@ -179,9 +182,10 @@ func (c *Config) WithDefaults() *Config {
 	out.GroupConcurrency = cmp.Or(out.GroupConcurrency, DefaultGroupConcurrency)
 	out.GroupRate = cmp.Or(out.GroupRate, DefaultGroupRate)
 	out.SubjectPrefix = cmp.Or(out.SubjectPrefix, DefaultSubjectPrefix)
-	out.ResolveSchedule = cmp.Or(out.ResolveSchedule, DefaultResolveSchedule)
-	out.StaleSchedule = cmp.Or(out.StaleSchedule, DefaultStaleSchedule)
-	out.PurgeSchedule = cmp.Or(out.PurgeSchedule, DefaultPurgeSchedule)
+	// Trimmed after the default: a schedule of white space alone stays invalid.
+	out.ResolveSchedule = strings.TrimSpace(cmp.Or(out.ResolveSchedule, DefaultResolveSchedule))
+	out.StaleSchedule = strings.TrimSpace(cmp.Or(out.StaleSchedule, DefaultStaleSchedule))
+	out.PurgeSchedule = strings.TrimSpace(cmp.Or(out.PurgeSchedule, DefaultPurgeSchedule))
 	out.StaleReadyAfter = cmp.Or(out.StaleReadyAfter, DefaultStaleReadyAfter)
 	out.PublishedRetention = cmp.Or(out.PublishedRetention, DefaultPublishedRetention)
 	out.RolledBackRetention = cmp.Or(out.RolledBackRetention, DefaultRolledBackRetention)
@@ -260,10 +264,10 @@ type every time.Duration
 
 func (e every) Next(t time.Time) time.Time { return t.Add(time.Duration(e)) }
 
-// parseSchedule parses a job schedule: "off" (nil, nil), "@every <duration>" (at least
-// 10ms), or any robfig/cron spec with optional seconds and descriptors.
+// parseSchedule parses a job schedule, as WithDefaults left it (trimmed): "off" (nil, nil),
+// "@every <duration>" (at least 10ms), or any robfig/cron spec with optional seconds and
+// descriptors.
 func parseSchedule(spec string) (cron.Schedule, error) {
-	spec = strings.TrimSpace(spec)
 	if spec == ScheduleOff {
 		return nil, nil
 	}

@@ -79,6 +79,9 @@ var ErrBatchIndex = errors.New("consumer: BatchError names no message of the bat
 //
 // Malformed messages, messages out of deliveries, and, in ordered mode (Config.Ordered),
 // keyed messages are handled one per transaction: handler gets a batch of one.
+//
+// db must be safe for concurrent use, as New's: one connection or transaction is refused with
+// a *txoutbox.ConfigError naming db.
 func NewBatch(db txoutbox.Beginner, js jetstream.JetStream, handler BatchHandler, cfg *Config) (*Consumer, error) {
 	if handler == nil {
 		return nil, errors.New("consumer: handler is nil")
@@ -141,7 +144,7 @@ func (c *Consumer) runSet(ctx context.Context, items []*item, live []int, result
 	}
 	putBack := func(op string, err error) {
 		for _, i := range live {
-			results[i] = c.unavailable(items[i], op, err)
+			results[i] = c.unavailable(ctx, items[i], op, err)
 		}
 	}
 	tx, err := c.db.Begin(ctx)

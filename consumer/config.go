@@ -157,8 +157,9 @@ type Config struct {
 	PullHeartbeat time.Duration
 
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
-	// have their context cancelled and their messages are nak'ed for redelivery;
-	// txoutbox.Forever waits for them however long they run. Defaults to AckWait.
+	// have their context cancelled and their messages are nak'ed for redelivery (no attempt
+	// counted, and neither counted nor logged as an outage: Stats.Unavailable is for real
+	// failures); txoutbox.Forever waits for them however long they run. Defaults to AckWait.
 	StopTimeout time.Duration
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().

@@ -54,6 +54,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
@@ -153,13 +154,24 @@ type hooks struct {
 type testSignals struct {
 	// workerReturned: a worker stopped taking messages (the graceful stop).
 	workerReturned testsignal.Signal[struct{}]
+	// keptAlive: a keepalive round sent in-progress acks (how many).
+	keptAlive testsignal.Signal[int]
+	// stopWaits: the graceful stop waits for the running handlers.
+	stopWaits testsignal.Signal[struct{}]
 }
 
 // New returns a consumer of cfg.Stream that runs handler for each message, in transactions
 // begun on db. cfg.Stream and cfg.Durable are required.
+//
+// db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the workers begin
+// transactions on it at once. One connection or transaction (a *pgx.Conn, a *pgxpool.Conn, a
+// pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
 func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
 	if db == nil {
 		return nil, errors.New("consumer: db is nil")
+	}
+	if err := dbhandle.RequirePool("consumer", "db", db); err != nil {
+		return nil, err
 	}
 	if js == nil {
 		return nil, errors.New("consumer: jetstream is nil")
@@ -292,10 +304,14 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 
 // checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
 // needs, or the consumer's role cannot use it. A database that does not answer is not a
-// configuration error: the handlers wait for it like for any outage.
+// configuration error: the handlers wait for it like for any outage. A cancelled ctx is
+// returned, wrapped, and not logged.
 func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
+		}
 		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
 		return nil
 	}
@@ -305,6 +321,8 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
 	case errors.Is(err, store.ErrKeyOrderPrivileges):
 		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (relay migrate grants --role consumer)", ErrKeyOrderTable, c.cfg.Schema)
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
 	case err != nil:
 		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
 	}
@@ -401,6 +419,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
+	c.testSignals.stopWaits.Signal(struct{}{})
 	select {
 	case <-done:
 	case <-stopCtx.Done():

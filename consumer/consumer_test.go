@@ -352,13 +352,8 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	e.publishID("orders.created", id, "x")
 	runErr := make(chan error, 1)
 	go func() { runErr <- crashing.Run(context.Background()) }() // ends on its own: its connection is gone
-	select {
-	case err := <-runErr:
-		if !errors.Is(err, ErrConsumeStopped) {
-			t.Fatalf("crashed consumer's Run: %v, want ErrConsumeStopped", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the crashed consumer's Run did not return")
+	if err := testsvc.Receive(t, runErr, 20*time.Second, "the crashed consumer's Run to return"); !errors.Is(err, ErrConsumeStopped) {
+		t.Fatalf("crashed consumer's Run: %v, want ErrConsumeStopped", err)
 	}
 	if n := e.effects(); n != 1 {
 		t.Fatalf("effects after the crash: %d, want 1", n)
@@ -612,14 +607,22 @@ func TestLongHandlerKeptAlive(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var runs atomic.Int32
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		runs.Add(1)
-		time.Sleep(1200 * time.Millisecond) // slow work: four ack waits
+		started <- struct{}{}
+		<-release // slow work: until the test has seen it kept alive for three ack waits
 		return recordEffect(ctx, tx, msg)
 	}
 	e.publishID("orders.created", newID(), "slow")
-	c := e.newConsumer(nil, &Config{AckWait: 300 * time.Millisecond, Concurrency: 2}, h)
+	const ackWait = 300 * time.Millisecond
+	c := e.newConsumer(nil, &Config{AckWait: ackWait, Concurrency: 2}, h)
+	c.testSignals.keptAlive.Init()
 	e.run(c)
+	testsvc.Receive(t, started, 10*time.Second, "the handler to start")
+	waitKeptAlive(t, c, 3*ackWait)
+	close(release)
 	e.waitEffects(1)
 	// Once the ack is in, no redelivery can come; one before it would be counted already.
 	testsvc.Eventually(t, 10*time.Second, "the ack to reach JetStream", func() bool { return e.consumerInfo(testDurable).NumAckPending == 0 })
@@ -628,6 +631,17 @@ func TestLongHandlerKeptAlive(t *testing.T) {
 	}
 	if info := e.consumerInfo(testDurable); info.NumRedelivered != 0 || info.NumAckPending != 0 {
 		t.Fatalf("redelivered %d, ack pending %d; want 0 and 0", info.NumRedelivered, info.NumAckPending)
+	}
+}
+
+// waitKeptAlive waits for the in-progress acks c's keepalive sends (testSignals.keptAlive,
+// initialised) until they span at least d: successive acks of a held message are at least
+// InProgressInterval apart, so 1 + ⌈d/InProgressInterval⌉ of them span d.
+func waitKeptAlive(t *testing.T, c *Consumer, d time.Duration) {
+	t.Helper()
+	every := c.cfg.InProgressInterval
+	for range 1 + (d+every-1)/every {
+		testsvc.Receive(t, c.testSignals.keptAlive.C(), 10*time.Second, "an in-progress ack")
 	}
 }
 
@@ -647,14 +661,17 @@ func TestGracefulStop(t *testing.T) {
 		e.publishID("orders.created", newID(), strconv.Itoa(i))
 	}
 	c := e.newConsumer(nil, &Config{Concurrency: 1, AckWait: 30 * time.Second}, h)
+	c.testSignals.stopWaits.Init()
 	stop := e.run(c)
-	<-started
+	testsvc.Receive(t, started, 10*time.Second, "the handler to start")
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
+	// The stop got as far as waiting for the handler, which has not returned: Run has not.
+	testsvc.Receive(t, c.testSignals.stopWaits.C(), 10*time.Second, "the stop to wait for the handler")
 	select {
 	case err := <-stopped:
 		t.Fatalf("Run returned while a handler was running: %v", err)
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
 	close(release)
 	if err := <-stopped; err != nil {

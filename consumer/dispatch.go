@@ -280,6 +280,10 @@ func (d *dispatcher) settle(it *item, r result) {
 	switch r.outcome {
 	case outcomeWaiting:
 		d.park(it, r.delay)
+	case outcomeStopped:
+		// Run is stopping: another instance may take it at once.
+		_ = it.final(it.raw.Nak)
+		d.release(it)
 	case outcomeRetryLocal, outcomeUnavailable:
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -359,31 +363,42 @@ func (d *dispatcher) park(it *item, delay time.Duration) {
 // keepalive sends an in-progress ack for every held message not touched for
 // InProgressInterval, so that JetStream does not redeliver messages that are running, waiting
 // for their key or waiting for an in-place retry. It runs until shutdown, not just until quit:
-// handlers still running during a graceful stop are kept alive until they finish.
+// handlers still running during a graceful stop are kept alive until they finish. Each tick,
+// every InProgressInterval/2, is one keepaliveOnce.
 func (d *dispatcher) keepalive() {
-	every := d.c.cfg.InProgressInterval
-	t := time.NewTicker(max(every/2, time.Millisecond))
+	t := time.NewTicker(max(d.c.cfg.InProgressInterval/2, time.Millisecond))
 	defer t.Stop()
-	var due []*item
 	for {
 		select {
 		case <-d.done:
 			return
 		case now := <-t.C:
-			due = due[:0]
-			d.mu.Lock()
-			for it := range d.held {
-				if now.Sub(it.touched) >= every {
-					it.touched = now
-					due = append(due, it)
-				}
-			}
-			d.mu.Unlock()
-			for _, it := range due {
-				it.inProgress()
-			}
+			d.keepaliveOnce(now)
 		}
 	}
+}
+
+// keepaliveOnce sends an in-progress ack for every held message not touched for
+// InProgressInterval at now (except the settled ones), and reports how many were due. It
+// signals testSignals.keptAlive with that number when there were any.
+func (d *dispatcher) keepaliveOnce(now time.Time) int {
+	every := d.c.cfg.InProgressInterval
+	var due []*item
+	d.mu.Lock()
+	for it := range d.held {
+		if now.Sub(it.touched) >= every {
+			it.touched = now
+			due = append(due, it)
+		}
+	}
+	d.mu.Unlock()
+	for _, it := range due {
+		it.inProgress()
+	}
+	if len(due) > 0 {
+		d.c.testSignals.keptAlive.Signal(len(due))
+	}
+	return len(due)
 }
 
 // quitting reports whether quit was called.

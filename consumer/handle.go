@@ -71,10 +71,11 @@ const (
 	outcomeDeadLettered                    // published to the dead-letter subject and terminated
 	outcomeUnavailable                     // Postgres or NATS failed: put back after delay, no attempt counted
 	outcomeWaiting                         // an earlier message of its key is unsettled: put back after delay, no attempt counted
+	outcomeStopped                         // the stop timeout cancelled its handling: nak'ed at once, no attempt counted, no outage
 )
 
 func (o outcome) String() string {
-	return [...]string{"?", "processed", "duplicate", "retry", "retry-local", "dead-lettered", "unavailable", "waiting"}[o]
+	return [...]string{"?", "processed", "duplicate", "retry", "retry-local", "dead-lettered", "unavailable", "waiting", "stopped"}[o]
 }
 
 // result is what happened to one message.
@@ -105,12 +106,12 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 	guarded := c.guarded(it)
 	if guarded {
 		if err := c.order.complete(ctx, it.msg.StreamSeq); err != nil {
-			return c.unavailable(it, opOrderScan, err)
+			return c.unavailable(ctx, it, opOrderScan, err)
 		}
 	}
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
-		return c.unavailable(it, "begin", err)
+		return c.unavailable(ctx, it, "begin", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if guarded {
@@ -127,13 +128,13 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		inserted, err = c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
 	}
 	if err != nil {
-		return c.unavailable(it, "dedup insert", err)
+		return c.unavailable(ctx, it, "dedup insert", err)
 	}
 	c.pgUp()
 	if !inserted {
 		if guarded {
 			if err := tx.Commit(ctx); err != nil {
-				return c.unavailable(it, "commit", err)
+				return c.unavailable(ctx, it, "commit", err)
 			}
 			c.order.settled(it.orderKey, it.msg.StreamSeq)
 		}
@@ -151,7 +152,7 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		isBroken := broken(ctx, tx) // before the rollback hands the connection back to the pool
 		_ = tx.Rollback(ctx)
 		if isBroken {
-			return c.unavailable(it, "handler", herr)
+			return c.unavailable(ctx, it, "handler", herr)
 		}
 		return c.failed(ctx, it, herr)
 	}
@@ -166,7 +167,7 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 		}
 		// The outcome is unknown (the commit may have happened): never ack. If it did commit,
 		// the redelivery finds the dedup row.
-		return c.unavailable(it, "commit", err)
+		return c.unavailable(ctx, it, "commit", err)
 	}
 	if guarded {
 		c.order.settled(it.orderKey, it.msg.StreamSeq)
@@ -232,7 +233,7 @@ func (c *Consumer) fastBatch(ctx context.Context, items []*item, live []int, res
 	}
 	putBack := func(op string, err error) (bool, int, error) {
 		for _, i := range live {
-			results[i] = c.unavailable(items[i], op, err)
+			results[i] = c.unavailable(ctx, items[i], op, err)
 		}
 		return true, -1, nil
 	}
@@ -285,7 +286,7 @@ func (c *Consumer) savepointBatch(ctx context.Context, items []*item, live []int
 	putBack := func(op string, err error, except int) []result {
 		for _, i := range live {
 			if i != except {
-				results[i] = c.unavailable(items[i], op, err)
+				results[i] = c.unavailable(ctx, items[i], op, err)
 			}
 		}
 		return results
@@ -354,7 +355,7 @@ func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, li
 	putBack := func(op string, err error, except int) []result {
 		for _, i := range live {
 			if i != except {
-				results[i] = c.unavailable(items[i], op, err)
+				results[i] = c.unavailable(ctx, items[i], op, err)
 			}
 		}
 		return results
@@ -511,8 +512,12 @@ func (c *Consumer) failed(ctx context.Context, it *item, herr error) result {
 }
 
 // unavailable puts a message back after a Postgres or NATS failure, without counting an
-// attempt and without acking.
-func (c *Consumer) unavailable(it *item, op string, err error) result {
+// attempt and without acking. A failure that is the cancellation of ctx (the stop timeout
+// cancelled the handlers) is no outage: the message is stopped, neither counted nor logged.
+func (c *Consumer) unavailable(ctx context.Context, it *item, op string, err error) result {
+	if ctx.Err() != nil {
+		return result{outcome: outcomeStopped, err: fmt.Errorf("%s: %w", op, err)}
+	}
 	it.outages++
 	c.countUnavailable(1)
 	down := &c.pgDown
@@ -594,14 +599,14 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		}
 	}
 	if err != nil {
-		return c.unavailable(it, opDeadLetter, err)
+		return c.unavailable(ctx, it, opDeadLetter, err)
 	}
 	if c.guarded(it) {
 		// The dead letter stands in for the message: its key moves past it before the term,
 		// or the key's later messages would wait for it forever. Had this failed, the message
 		// comes back and is dead-lettered again (the dead letter's Nats-Msg-Id stores it once).
 		if err := c.advanceKeyTx(ctx, it); err != nil {
-			return c.unavailable(it, "key order update", err)
+			return c.unavailable(ctx, it, "key order update", err)
 		}
 		c.order.settled(it.orderKey, it.msg.StreamSeq)
 	}
@@ -726,7 +731,7 @@ func (c *Consumer) guarded(it *item) bool {
 func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result, done bool) {
 	applied, err := c.q.LockKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey)
 	if err != nil {
-		return c.unavailable(it, "key order lock", err), true
+		return c.unavailable(ctx, it, "key order lock", err), true
 	}
 	c.pgUp()
 	seq := it.msg.StreamSeq
@@ -737,7 +742,7 @@ func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result
 		// acking it would drop it: it goes to the dead letters.
 		inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
 		if err != nil {
-			return c.unavailable(it, "dedup insert", err), true
+			return c.unavailable(ctx, it, "dedup insert", err), true
 		}
 		_ = tx.Rollback(ctx)
 		c.order.settled(it.orderKey, seq)

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -169,7 +170,9 @@ func (e *env) effectsOf(idem string) int {
 	return e.count(`SELECT count(*) FROM effects WHERE idem = $1`, idem)
 }
 
-// waitEffects waits until the effects table holds n rows, then checks it stays so briefly.
+// waitEffects waits until the effects table holds at least n rows, then fails if it holds
+// more (an effect applied twice by then). It does not wait for a late duplicate: tests that
+// must rule one out wait for the acks (NumAckPending 0) and check the effects again.
 func (e *env) waitEffects(n int) {
 	e.t.Helper()
 	testsvc.Eventually(e.t, 20*time.Second, "effects", func() bool { return e.effects() >= n })
@@ -210,8 +213,7 @@ func (e *env) fetch(c *Consumer, n int) []jetstream.Msg {
 		e.t.Fatal(err)
 	}
 	var out []jetstream.Msg
-	deadline := time.Now().Add(10 * time.Second)
-	for len(out) < n && time.Now().Before(deadline) {
+	testsvc.Eventually(e.t, 10*time.Second, fmt.Sprintf("%d messages fetched", n), func() bool {
 		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			e.t.Fatal(err)
@@ -219,7 +221,8 @@ func (e *env) fetch(c *Consumer, n int) []jetstream.Msg {
 		for m := range b.Messages() {
 			out = append(out, m)
 		}
-	}
+		return len(out) >= n
+	})
 	if len(out) != n {
 		e.t.Fatalf("fetched %d messages, want %d", len(out), n)
 	}

@@ -23,7 +23,7 @@ type Stats struct {
 	Malformed int64
 	// Unavailable counts messages put back because Postgres or NATS failed (begin, dedup
 	// insert, commit, a broken connection, a dead-letter publish); these never count as an
-	// attempt and are never acked.
+	// attempt and are never acked. The handlers the stop timeout cancels are not counted.
 	Unavailable int64
 	// AckFailures counts acks that got no server confirmation after a commit; the message
 	// comes back and is skipped as a duplicate.

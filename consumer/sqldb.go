@@ -86,17 +86,17 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 	// is alive.
 	conn, err := c.sqlDB.Conn(ctx)
 	if err != nil {
-		return c.unavailable(it, "begin", err)
+		return c.unavailable(ctx, it, "begin", err)
 	}
 	defer func() { _ = conn.Close() }()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return c.unavailable(it, "begin", err)
+		return c.unavailable(ctx, it, "begin", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	inserted, err := c.q.InsertDedupSQL(ctx, tx, it.dedupRow(c.cfg.Durable))
 	if err != nil {
-		return c.unavailable(it, "dedup insert", err)
+		return c.unavailable(ctx, it, "dedup insert", err)
 	}
 	c.pgUp()
 	if !inserted {
@@ -114,7 +114,7 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		// A rollback the server answers means the session is alive: the message failed.
 		rerr := tx.Rollback()
 		if ctx.Err() != nil || (rerr != nil && !errors.Is(rerr, sql.ErrTxDone)) {
-			return c.unavailable(it, "handler", herr)
+			return c.unavailable(ctx, it, "handler", herr)
 		}
 		return c.failed(ctx, it, herr)
 	}
@@ -124,7 +124,7 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 	if err := tx.Commit(); err != nil {
 		switch {
 		case ctx.Err() != nil:
-			return c.unavailable(it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err)
 		case errors.Is(err, sql.ErrTxDone):
 			// The handler committed or rolled back tx itself.
 			return c.failed(ctx, it, fmt.Errorf("%w: commit: %w", ErrTxControl, err))
@@ -133,7 +133,7 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 				// A deferred constraint, a serialization failure: the server rolled back.
 				return c.failed(ctx, it, fmt.Errorf("commit: %w", err))
 			}
-			return c.unavailable(it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err)
 		case store.Alive(ctx, conn) == nil:
 			// The driver refused the commit of an aborted transaction (pgx's stdlib
 			// pgx.ErrTxCommitRollback, lib/pq's ErrInFailedTransaction) on a live session.
@@ -141,7 +141,7 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		default:
 			// The outcome is unknown: never ack. If it committed, the redelivery finds the
 			// dedup row.
-			return c.unavailable(it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err)
 		}
 	}
 	c.countProcessed(1)

@@ -47,7 +47,7 @@ func outcomeName(o outcome) string {
 		return tracing.OutcomeRetried
 	case outcomeDeadLettered:
 		return tracing.OutcomeDead
-	case outcomeUnavailable:
+	case outcomeUnavailable, outcomeStopped:
 		return tracing.OutcomePutBack
 	case outcomeWaiting:
 		return tracing.OutcomeWaiting

@@ -165,7 +165,8 @@ func prepareOptions(opts *PrepareOptions) (PrepareOptions, error) {
 	}
 	if !o.Fence || o.Group != "" {
 		if err := ValidateGroup(o.Group); err != nil {
-			return o, fmt.Errorf("outbox: PrepareOptions.Group: %w (a group is required unless Fence is set)", err)
+			return o, &txoutbox.ConfigError{Package: "outbox", Field: "PrepareOptions.Group",
+				Reason: fmt.Sprintf("is invalid: %v (a group is required unless Fence is set)", err), Err: err}
 		}
 	}
 	return o, nil

@@ -206,7 +206,8 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		return cb.Run(ctx)
 	}
 	rep, err := cb.RunOnce(ctx)
-	printReport(env.Stdout, rep, &cfg)
+	eff := cb.Config() // the schedules as the check-back reads them (" off" is off)
+	printReport(env.Stdout, rep, &eff)
 	if err != nil {
 		return err
 	}

@@ -46,3 +46,34 @@ func TestCheckbackOnceFailsWhenItCouldNotCheck(t *testing.T) {
 		t.Fatalf("the row is %s after %d checks, want prepared with none counted", state, checks)
 	}
 }
+
+// `relay checkback --once --check-schedule ' off'` does not resolve (a row due for a check
+// stays prepared, and NATS being down does not fail the run) and prints no resolve line: the
+// schedule is read as the check-back reads it, white space around it ignored.
+func TestCheckbackOnceScheduleOffWithSpaces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testsvc.NewNATS(t)
+	n.Stop()
+	db := testsvc.NewDB(t)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "NATS_URL": n.URL(), "TXOUTBOX_SCHEMA": db.Schema}
+	code, out, errOut := cliEnv(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--check-schedule", " off", "--stale-schedule", "off ")
+	if code != 0 || strings.Contains(out, "resolve:") || strings.Contains(out, "stale:") || !strings.Contains(out, "purge:") {
+		t.Fatalf("resolve and stale off: exit %d, want 0 with the purge line alone:\n%s%s", code, out, errOut)
+	}
+	var state string
+	if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, h.ID).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if state != "prepared" {
+		t.Fatalf("the row is %s, want prepared (the resolve job is off)", state)
+	}
+}

@@ -164,12 +164,12 @@ const maxForeignLogged = 64
 // Server is a producer group's checker, a NATS micro service named txoutbox-check-<group>
 // with one endpoint, "check", on <prefix>.<group>.
 type Server struct {
-	svc    micro.Service
-	sem    chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
+	svc micro.Service
+	sem chan struct{}
+	// done is closed by Stop: the checks in progress see their context cancelled.
+	done chan struct{}
 
-	mu      sync.Mutex // orders wg.Add against Stop's wg.Wait
+	mu      sync.Mutex // orders wg.Add against Stop's wg.Wait; guards stopped and done's close
 	stopped bool
 	wg      sync.WaitGroup
 
@@ -190,18 +190,37 @@ func (s *Server) Service() micro.Service { return s.svc }
 func (s *Server) Stop() error {
 	err := s.svc.Stop()
 	s.mu.Lock()
-	s.stopped = true
+	if !s.stopped {
+		s.stopped = true
+		close(s.done)
+	}
 	s.mu.Unlock()
-	s.cancel()
 	s.wg.Wait()
 	return err
+}
+
+// checkContext returns the context of one check: a child of parent (which carries the
+// check's span) that ends after timeout, or when Stop is called.
+func (s *Server) checkContext(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, timeout)
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Serve registers check as the checker of producer group group: the check-back asks it, over
 // nc, whether the local transactions of the group's stale half messages committed. Requests
 // carry the message id, subject, key and headers (see Request); check's answer is sent
 // back as COMMIT, ROLLBACK or UNKNOWN, and an error as a micro service error (counted by the
-// check-back as an inconclusive check). opts may be nil.
+// check-back as an inconclusive check). opts may be nil. A group that outbox.ValidateGroup
+// refuses is a *txoutbox.ConfigError naming group (matching outbox.ErrInvalidGroup), as
+// invalid opts are ones naming the field. check's ctx ends with the request's timeout, or
+// when Stop is called.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
 func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, error) {
@@ -212,7 +231,7 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 		return nil, errors.New("checker: Serve: check is nil")
 	}
 	if err := outbox.ValidateGroup(group); err != nil {
-		return nil, fmt.Errorf("checker: Serve: %w", err)
+		return nil, &txoutbox.ConfigError{Package: "checker", Field: "group", Reason: "is invalid: " + err.Error(), Err: err}
 	}
 	o := opts.WithDefaults()
 	if err := o.validate(); err != nil {
@@ -224,14 +243,13 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 	}
 	log := o.Logger.With("component", "checker", "group", group, "outbox", o.Outbox)
 	tr := &checkerTracer{t: tracing.Tracer(o.TracerProvider, "checker"), p: tracing.Propagator(o.Propagator), group: group}
-	s := &Server{sem: make(chan struct{}, o.Concurrency), outbox: o.Outbox, foreign: foreign, logged: map[string]bool{}}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s := &Server{sem: make(chan struct{}, o.Concurrency), done: make(chan struct{}), outbox: o.Outbox, foreign: foreign, logged: map[string]bool{}}
 
 	handler := micro.HandlerFunc(func(req micro.Request) {
 		// micro calls handlers one at a time per subscription: answer in goroutines, bounded.
 		select {
 		case s.sem <- struct{}{}:
-		case <-s.ctx.Done():
+		case <-s.done:
 			return
 		}
 		// Requests still buffered while the service drains may arrive after Stop: drop them
@@ -260,12 +278,10 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 		QueueGroup: o.QueueGroup + "." + OutboxToken(o.Outbox),
 	})
 	if err != nil {
-		s.cancel()
 		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
 	if err := svc.AddEndpoint("check", handler, micro.WithEndpointSubject(Subject(o.SubjectPrefix, group))); err != nil {
 		_ = svc.Stop()
-		s.cancel()
 		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
 	s.svc = svc
@@ -273,7 +289,7 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 }
 
 func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *slog.Logger, tr *checkerTracer) {
-	ctx, span := tr.start(s.ctx, req)
+	ctx, span := tr.start(context.Background(), req)
 	defer span.End()
 	var cr Request
 	if err := json.Unmarshal(req.Data(), &cr); err != nil {
@@ -295,7 +311,7 @@ func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *s
 		}
 	}
 	span.SetAttributes(tracing.MessageID.String(cr.MessageID.String()), tracing.CheckNumber.Int(cr.Check))
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := s.checkContext(ctx, timeout)
 	defer cancel()
 	st, err := func() (st outbox.LocalState, err error) {
 		defer func() {

@@ -145,3 +145,74 @@ func containsNewline(s string) bool {
 	}
 	return false
 }
+
+// A bad producer group is refused the same way on both sides: by Serve as a
+// *txoutbox.ConfigError naming group, by Prepare as one naming PrepareOptions.Group; both
+// still match outbox.ErrInvalidGroup. Nothing is stored.
+func TestBadGroupIsAConfigError(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	db := testsvc.NewDB(t)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }
+	for _, group := range []string{"", "pay.x", "pay x", strings.Repeat("g", outbox.MaxGroupLength+1)} {
+		srv, err := checker.Serve(n.Conn, group, check, &checker.Options{Outbox: "db/one"})
+		if err == nil {
+			_ = srv.Stop()
+		}
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Package != "checker" || ce.Field != "group" ||
+			!errors.Is(err, txoutbox.ErrInvalidConfig) || !errors.Is(err, outbox.ErrInvalidGroup) {
+			t.Errorf("Serve(group %q): %v; want a *txoutbox.ConfigError naming group, matching ErrInvalidGroup", group, err)
+		}
+		_, err = client.Prepare(context.Background(), db.Pool, outbox.Message{Subject: "pay.done"}, &outbox.PrepareOptions{Group: group})
+		if !errors.As(err, &ce) || ce.Package != "outbox" || ce.Field != "PrepareOptions.Group" ||
+			!errors.Is(err, txoutbox.ErrInvalidConfig) || !errors.Is(err, outbox.ErrInvalidGroup) {
+			t.Errorf("Prepare(group %q): %v; want a *txoutbox.ConfigError naming PrepareOptions.Group, matching ErrInvalidGroup", group, err)
+		}
+	}
+	var rows int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM txoutbox_messages`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("rows stored: %d (%v), want 0", rows, err)
+	}
+}
+
+// Stop cancels the context of the checks in progress and waits for them; a second Stop is
+// harmless.
+func TestStopCancelsChecksInProgress(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	started := make(chan struct{}, 1)
+	ended := make(chan error, 1)
+	srv, err := checker.Serve(n.Conn, "pay", func(ctx context.Context, _ checker.Request) (outbox.LocalState, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return outbox.StateUnknown, ctx.Err()
+	}, &checker.Options{Outbox: "db/one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		raw, _ := json.Marshal(checker.Request{MessageID: uuid.New(), Subject: "pay.x", Group: "pay", Outbox: "db/one", Check: 1})
+		msg := nats.NewMsg(checker.Subject(checker.DefaultSubjectPrefix, "pay"))
+		msg.Data = raw
+		msg.Header.Set(checker.HeaderTimeout, "1h") // its own timeout is far away: only Stop ends it
+		_, _ = n.Conn.RequestMsg(msg, 30*time.Second)
+	}()
+	testsvc.Receive(t, started, 10*time.Second, "the check to start")
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Stop() }()
+	if err := testsvc.Receive(t, ended, 10*time.Second, "the check's context to end"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the check's context ended with %v, want context.Canceled", err)
+	}
+	if err := testsvc.Receive(t, stopped, 10*time.Second, "Stop to return"); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := srv.Stop(); err != nil {
+		t.Logf("second Stop: %v", err)
+	}
+}
