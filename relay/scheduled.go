@@ -25,6 +25,9 @@ type scheduler struct {
 	full bool
 	// next is when the next scheduled row falls due (zero: none known).
 	next time.Time
+	// rounds counts the promotions run (tests count them: an idle relay promotes once per
+	// PollMin at most, unless a row falls due).
+	rounds int
 }
 
 // scheduledMetrics are the delayed messages' collectors.
@@ -71,6 +74,7 @@ func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.Claim
 		return r.q.Claim(ctx, db, a)
 	}
 	r.sched.last = now
+	r.sched.rounds++
 	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, a)
 	if err != nil {
 		return nil, err
@@ -107,7 +111,7 @@ func (r *Relay) sampleScheduled(ctx context.Context) error {
 		return fmt.Errorf("sample scheduled: %w", err)
 	}
 	r.m.rows.WithLabelValues(store.StateScheduled).Set(float64(s.Count))
-	r.sm.nextDue.Set(s.NextDue.Seconds()) // 0 when there is none
+	r.sm.nextDue.Set(s.NextDueSeconds) // exact (a Duration would saturate at 292 years), negative when overdue, 0 when there is none
 	return nil
 }
 

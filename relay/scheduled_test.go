@@ -481,3 +481,69 @@ func TestPromotionWaitsForALockedEarlierRowOfItsKey(t *testing.T) {
 		t.Fatalf("stream order %q, want first second (due order)", got)
 	}
 }
+
+// A delivery time past the range of a time.Duration (about 292 years ahead) does not wrap
+// around: the relay knows the row is not due, stays idle (no promotion until its poll
+// interval is out, however often it claims), does not shorten its idle wait, and the gauge of
+// the next due time is the (large, positive) number of seconds until it. Up to MaxDeliverAt.
+func TestScheduledFarBeyondDurationRange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	// A poll interval longer than the test: every promotion after the first is one the relay
+	// thought due.
+	r := e.relay(&Config{PollMin: time.Hour, PollMax: time.Hour})
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", Payload: []byte("far"), DeliverAt: time.Now().Add(time.Hour)})
+	for _, due := range []time.Time{time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC), outbox.MaxDeliverAt} {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = $2 WHERE message_id = $1`, ids[0], due); err != nil {
+			t.Fatal(err)
+		}
+		promoteNow(r)
+		for range 20 {
+			if n, err := r.runOnce(ctx); n != 0 || err != nil {
+				t.Fatalf("due %v: runOnce = %d, %v; want nothing to publish", due, n, err)
+			}
+		}
+		if r.sched.rounds != 1 {
+			t.Errorf("due %v: %d promotions in 20 claims, want 1: the relay thinks the row is due (next %v)", due, r.sched.rounds, r.sched.next)
+		}
+		if r.sched.next.Before(time.Now().AddDate(250, 0, 0)) {
+			t.Errorf("due %v: the relay expects the next row at %v", due, r.sched.next)
+		}
+		if w := r.capWait(time.Hour); w != time.Hour {
+			t.Errorf("due %v: idle wait cut to %v, want the poll interval (1h)", due, w)
+		}
+		if err := r.sampleScheduled(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := float64(due.Unix() - time.Now().Unix())
+		if got := testutil.ToFloat64(r.sm.nextDue); got < want-60 || got > want+60 {
+			t.Errorf("due %v: next_scheduled_seconds = %g, want about %g", due, got, want)
+		}
+	}
+	if got := e.published("ORDERS"); len(got) != 0 {
+		t.Fatalf("published %v", got)
+	}
+}
+
+// The next-due gauge goes negative when the earliest scheduled row is overdue (no relay
+// promoted it), as its help and the README say, and is 0 when there is none.
+func TestNextScheduledGaugeNegativeWhenOverdue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	if err := r.sampleScheduled(ctx); err != nil || testutil.ToFloat64(r.sm.nextDue) != 0 {
+		t.Fatalf("gauge without scheduled rows = %v (%v), want 0", testutil.ToFloat64(r.sm.nextDue), err)
+	}
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = now() - interval '1 hour' WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sampleScheduled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(r.sm.nextDue); got > -3590 || got < -3700 {
+		t.Fatalf("next_scheduled_seconds with a row overdue by an hour = %g, want about -3600", got)
+	}
+}

@@ -48,11 +48,13 @@ func scheduledPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Tabl
 	return t, nil
 }
 
-// Until formats how long until t for people: "in 4m30s", or "overdue 2s".
+// Until formats how long until t for people: "in 4m30s", or "overdue 2s". It counts in
+// seconds, not with t.Sub, which saturates at about 292 years (a delivery time may lie up to
+// 9999-12-31).
 func Until(t, now time.Time) string {
-	d := t.Sub(now)
-	if d < 0 {
-		return "overdue " + Age((-d).Seconds(), 1)
+	sec := float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
+	if sec < 0 {
+		return "overdue " + Age(-sec, 1)
 	}
-	return "in " + Age(d.Seconds(), 1)
+	return "in " + Age(sec, 1)
 }

@@ -244,10 +244,13 @@ func (q *Queries) collectIDs(ctx context.Context, db DBTX, sql string, args ...a
 // due.
 type ScheduledSample struct {
 	Count int64
-	// NextDue is how long until the earliest scheduled row is due, on the database's clock
-	// (negative: overdue); HasNext is false when there is none.
-	NextDue time.Duration
-	HasNext bool
+	// NextDueSeconds is how long until the earliest scheduled row is due, in seconds on the
+	// database's clock (negative: overdue), exact however far ahead it lies; NextDue is the
+	// same as a Duration, saturated at the Duration range (about ±292 years). HasNext is
+	// false when there is none.
+	NextDueSeconds float64
+	NextDue        time.Duration
+	HasNext        bool
 }
 
 // SampleScheduled counts scheduled rows up to limit and reads the earliest delivery time.
@@ -256,7 +259,7 @@ func (q *Queries) SampleScheduled(ctx context.Context, db DBTX, limit int) (Sche
 	var secs *float64
 	err := db.QueryRow(ctx, q.sched.sample, int64(limit)).Scan(&s.Count, &secs)
 	if secs != nil {
-		s.NextDue, s.HasNext = seconds(*secs), true
+		s.NextDueSeconds, s.NextDue, s.HasNext = *secs, durationOf(*secs), true
 	}
 	return s, err
 }
