@@ -33,7 +33,9 @@ type scheduler struct {
 // scheduledMetrics are the delayed messages' collectors.
 //
 //	relay_scheduled_promoted_total       counter: scheduled rows this relay made ready
-//	relay_scheduled_lateness_seconds     histogram: delivery time → PubAck of delayed messages
+//	relay_scheduled_lateness_seconds     histogram: due → PubAck of delayed messages (due: the
+//	                                     later of the delivery time and the commit or last
+//	                                     reschedule)
 //	outbox_messages{state="scheduled"}   (sampled, in metrics.rows)
 //	outbox_next_scheduled_seconds        gauge, sampled: seconds until the earliest scheduled
 //	                                     row is due (negative: overdue; 0 when there is none)
@@ -51,7 +53,7 @@ func newScheduledMetrics(reg prometheus.Registerer) (*scheduledMetrics, error) {
 		}),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "txoutbox", Subsystem: "relay", Name: "scheduled_lateness_seconds",
-			Help:    "Time from a delayed message's delivery time to its PubAck.",
+			Help:    "Time from when a delayed message became due to its PubAck: from its delivery time, or from its commit or last reschedule when that came later (a delivery time already past then is no lateness).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 		nextDue: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -115,9 +117,11 @@ func (r *Relay) sampleScheduled(ctx context.Context) error {
 	return nil
 }
 
-// observeLateness records a delayed message's PubAck.
+// observeLateness records a delayed message's PubAck: the time since it became due, the later
+// of its delivery time and its commit (or its last reschedule), so that a delivery time the
+// caller chose in the past is not counted as the relay's lateness (store.Claimed.DueAt).
 func (r *Relay) observeLateness(row *store.Claimed) {
-	if !row.DeliverAt.IsZero() {
-		r.sm.lateness.Observe(time.Since(row.DeliverAt).Seconds())
+	if !row.DueAt.IsZero() {
+		r.sm.lateness.Observe(max(time.Since(row.DueAt).Seconds(), 0))
 	}
 }

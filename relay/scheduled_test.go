@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -545,5 +546,94 @@ func TestNextScheduledGaugeNegativeWhenOverdue(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.sm.nextDue); got > -3590 || got < -3700 {
 		t.Fatalf("next_scheduled_seconds with a row overdue by an hour = %g, want about -3600", got)
+	}
+}
+
+// lateness returns the lateness histogram's count and sum.
+func lateness(t *testing.T, r *Relay) (uint64, float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := r.sm.lateness.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// Lateness counts from when a delayed message became due: the later of its delivery time and
+// the time it could first have been published (its commit, a half message's commit, its last
+// reschedule). A delivery time the caller chose in the past, a half message committed after
+// its time, a reschedule into the past: no lateness of the relay's. A message that was due
+// and committed an hour before a relay promoted it: an hour.
+func TestLatenessFromWhenDue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	backdate := func(sql string, id uuid.UUID) {
+		t.Helper()
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET `+sql+` WHERE message_id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		setup    func() // makes one message due
+		min, max float64
+	}{
+		{"delivery time an hour before the enqueue", func() {
+			e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(-time.Hour)})
+		}, 0, 30},
+		{"half message due an hour before its commit", func() {
+			h, err := e.client.Prepare(ctx, e.db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)}, &outbox.PrepareOptions{Fence: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			backdate(`created_at = created_at - interval '2 hours', deliver_at = now() - interval '1 hour'`, h.ID)
+			if err := e.client.Commit(ctx, e.db.Pool, h.ID); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"rescheduled into the past", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", Key: "k", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				return e.client.RescheduleTx(ctx, tx, ids[0], time.Now().Add(-time.Hour))
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"business key rescheduled into the past", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", BizKey: "order:1:timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				_, err := e.client.RescheduleBizKeyTx(ctx, tx, "order:1:timeout", time.Now().Add(-time.Hour))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"due and committed an hour before promotion", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours', deliver_at = now() - interval '1 hour'`, ids[0])
+		}, 3600, 3700},
+	} {
+		n0, sum0 := lateness(t, r)
+		c.setup()
+		promoteNow(r)
+		drain(t, r)
+		n, sum := lateness(t, r)
+		if n != n0+1 {
+			t.Fatalf("%s: %d lateness observations, want 1", c.name, n-n0)
+		}
+		if got := sum - sum0; got < c.min || got > c.max {
+			t.Errorf("%s: lateness %.1fs, want %v..%vs", c.name, got, c.min, c.max)
+		}
+	}
+	// An undelayed message records none.
+	n0, _ := lateness(t, r)
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	drain(t, r)
+	if n, _ := lateness(t, r); n != n0 {
+		t.Fatalf("an undelayed message recorded lateness")
 	}
 }

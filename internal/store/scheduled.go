@@ -22,6 +22,14 @@ package store
 // wait for it (and then find the row ready: too late), and a cancel not yet committed makes
 // promotion skip the row. A message whose cancel committed was therefore never ready, and the
 // relay publishes ready rows only.
+//
+// Lateness (the relay's histogram) is measured from when a delayed message became due: the
+// latest of its delivery time, its insert (created_at), its half message's commit and its
+// last RescheduleTx. The last two are in settled_at: the commit of a half message sets it, and
+// so does RescheduleTx (the producer role may write the column), so that a time already past
+// when the message was committed or moved counts as no lateness. (The SQL function
+// txoutbox_reschedule of migration 005 leaves settled_at alone: a message it moves into the
+// past counts from its commit.)
 
 import (
 	"context"
@@ -97,8 +105,9 @@ SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
 WHERE `
 	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
 	s.cancelBiz = cancel + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
-	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2 WHERE message_id = $1 AND state = 'scheduled'`
-	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2 WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	// A reschedule records its time in settled_at (see the top of this file).
+	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE message_id = $1 AND state = 'scheduled'`
+	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
 	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
