@@ -25,6 +25,9 @@ type scheduler struct {
 	full bool
 	// next is when the next scheduled row falls due (zero: none known).
 	next time.Time
+	// follow is what the last promotion found more of: the keys with several due rows,
+	// promoted all in the next pass (store.FollowOf).
+	follow store.Follow
 	// rounds counts the promotions run (tests count them: an idle relay promotes once per
 	// PollMin at most, unless a row falls due).
 	rounds int
@@ -77,7 +80,7 @@ func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.Claim
 	}
 	r.sched.last = now
 	r.sched.rounds++
-	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, a)
+	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, r.sched.follow, a)
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +91,7 @@ func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.Claim
 // promoted records what a promotion did.
 func (r *Relay) promoted(now time.Time, p store.Promotion) {
 	r.sched.full = p.More
+	r.sched.follow = store.FollowOf(p)
 	r.sched.next = time.Time{}
 	if p.HasNext {
 		r.sched.next = now.Add(p.Next)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -636,4 +637,86 @@ func TestLatenessFromWhenDue(t *testing.T) {
 	if n, _ := lateness(t, r); n != n0 {
 		t.Fatalf("an undelayed message recorded lateness")
 	}
+}
+
+// A burst of due rows of one key is promoted in a few passes, not one row per pass, and
+// published in the key's due order; the other keys' due rows, due among and after them, go
+// out in the same few passes, each key in due order, after the key's earlier ready rows.
+func TestScheduledBurstOfOneKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(&Config{BatchSize: 1000})
+	const hot, others, perOther = 1500, 5, 10
+	base := time.Now().Add(time.Hour)
+	var msgs []outbox.Message
+	add := func(key string, seq int, due time.Time) {
+		msgs = append(msgs, outbox.Message{Subject: "orders.event", Key: key, Payload: []byte(fmt.Sprintf("%s/%d", key, seq)), DeliverAt: due})
+	}
+	for i := range hot {
+		add("hot", i, base.Add(time.Duration(i)*time.Millisecond))
+	}
+	for k := range others {
+		for i := range perOther { // due among the hot key's rows, and the last ones after all of them
+			add(fmt.Sprintf("k%d", k), i, base.Add(time.Duration(i*200+k)*time.Millisecond))
+		}
+	}
+	// Enqueued in an order unlike the due order: ids say nothing of it.
+	for i := range msgs {
+		j := (i * 7919) % len(msgs)
+		msgs[i], msgs[j] = msgs[j], msgs[i]
+	}
+	// A ready row of k0 enqueued before: it goes out before k0's delayed ones.
+	e.enqueue(outbox.Message{Subject: "orders.event", Key: "k0", Payload: []byte("k0/-1")})
+	for i := 0; i < len(msgs); i += 500 {
+		e.enqueue(msgs[i:min(i+500, len(msgs))]...)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '2 hours' WHERE state = 'scheduled'`); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	passes := 0
+	for {
+		n, err := r.runOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		passes++
+		if n == 0 && e.count("state = 'scheduled'") == 0 {
+			break
+		}
+		if passes > 40 {
+			t.Fatalf("%d passes and %d rows still scheduled: the burst goes out a row per pass", passes, e.count("state = 'scheduled'"))
+		}
+	}
+	// 1,551 rows, 1,000 a claim; 1,500 of one key, about 256 promoted a pass.
+	if passes > 12 {
+		t.Errorf("%d passes (%d promotions) to publish the burst, want at most 12", passes, r.sched.rounds)
+	}
+	got := map[string][]int{}
+	n := 0
+	for _, m := range e.streamMsgs("ORDERS") {
+		var key string
+		var seq int
+		if _, err := fmt.Sscanf(strings.Replace(string(m.Data), "/", " ", 1), "%s %d", &key, &seq); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = append(got[key], seq)
+		n++
+	}
+	if n != hot+others*perOther+1 {
+		t.Fatalf("%d messages in the stream, want %d", n, hot+others*perOther+1)
+	}
+	for key, seqs := range got {
+		for i, s := range seqs {
+			want := i
+			if key == "k0" {
+				want = i - 1 // its ready row first
+			}
+			if s != want {
+				t.Fatalf("key %s: stream order %v, want its due order", key, seqs)
+			}
+		}
+	}
+	t.Logf("%d passes, %d promotions", passes, r.sched.rounds)
 }
