@@ -153,10 +153,16 @@ FROM ` + m + `
 WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
 ORDER BY deliver_at, id
 LIMIT $3`
-	// Exact, for relay status.
-	s.statusBySubject = `SELECT subject, count(*), min(deliver_at), max(deliver_at), count(*) FILTER (WHERE deliver_at <= now())
-FROM ` + m + ` WHERE state = 'scheduled'
-GROUP BY subject ORDER BY subject`
+	// For relay status and the status page: the first $1 scheduled rows in due order (an
+	// index range scan of the scheduled index, bounded however many rows wait), per subject;
+	// with the rows counted (up to $1) and the last delivery time (the index read backwards).
+	s.statusBySubject = `WITH s AS MATERIALIZED (
+  SELECT subject, deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at, id LIMIT $1
+)
+SELECT s.subject, count(*), min(s.deliver_at), max(s.deliver_at), count(*) FILTER (WHERE s.deliver_at <= now()),
+       (SELECT count(*) FROM s),
+       (SELECT deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1)
+FROM s GROUP BY s.subject ORDER BY s.subject`
 	return s
 }
 
@@ -373,7 +379,7 @@ func (q *Queries) ListScheduled(ctx context.Context, db DBTX, subject string, du
 	})
 }
 
-// ScheduledSubject is one subject's scheduled messages.
+// ScheduledSubject is one subject's scheduled messages among those counted.
 type ScheduledSubject struct {
 	Subject  string
 	Count    int64
@@ -384,19 +390,43 @@ type ScheduledSubject struct {
 	Overdue int64
 }
 
-// ScheduledStatuses counts scheduled messages per subject (exact: it reads every scheduled
-// row's index entry).
-func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX) ([]ScheduledSubject, error) {
-	rows, err := db.Query(ctx, q.sched.statusBySubject)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledSubject, error) {
-		var s ScheduledSubject
-		err := r.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue)
-		return s, err
-	})
+// ScheduledStatus is an overview of the scheduled messages, bounded: it reads the first
+// limit of them in due order (the scheduled index), however many there are.
+type ScheduledStatus struct {
+	// Subjects are the subjects of the rows counted. When Capped, there were more rows than
+	// counted: each count is a lower bound (the overdue ones come first in due order, so they
+	// are exact unless limit of them are overdue), LastDue is the last among those counted,
+	// and subjects whose rows all fall due later are missing.
+	Subjects []ScheduledSubject
+	Counted  int64
+	Capped   bool
+	// LastDue is the last delivery time of all scheduled rows (exact).
+	LastDue time.Time
 }
+
+// ScheduledStatuses counts the first limit scheduled messages in due order per subject (see
+// ScheduledStatus).
+func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX, limit int) (ScheduledStatus, error) {
+	var out ScheduledStatus
+	rows, err := db.Query(ctx, q.sched.statusBySubject, int64(limit))
+	if err != nil {
+		return out, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s ScheduledSubject
+		if err := rows.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue, &out.Counted, &out.LastDue); err != nil {
+			return out, err
+		}
+		out.Subjects = append(out.Subjects, s)
+	}
+	out.Capped = out.Counted >= int64(limit)
+	return out, rows.Err()
+}
+
+// ScheduledStatusSQL is ScheduledStatuses' statement ($1: the limit), for tests that look at
+// its plan.
+func (q *Queries) ScheduledStatusSQL() string { return q.sched.statusBySubject }
 
 // PromoteSQL is Promote's statement ($1: the limit), for tests that look at its plan.
 func (q *Queries) PromoteSQL() string { return q.sched.promote }
