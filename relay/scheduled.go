@@ -25,12 +25,20 @@ type scheduler struct {
 	full bool
 	// next is when the next scheduled row falls due (zero: none known).
 	next time.Time
+	// follow is what the last promotion found more of: the keys with several due rows,
+	// promoted all in the next pass (store.FollowOf).
+	follow store.Follow
+	// rounds counts the promotions run (tests count them: an idle relay promotes once per
+	// PollMin at most, unless a row falls due).
+	rounds int
 }
 
 // scheduledMetrics are the delayed messages' collectors.
 //
 //	relay_scheduled_promoted_total       counter: scheduled rows this relay made ready
-//	relay_scheduled_lateness_seconds     histogram: delivery time → PubAck of delayed messages
+//	relay_scheduled_lateness_seconds     histogram: due → PubAck of delayed messages (due: the
+//	                                     later of the delivery time and the commit or last
+//	                                     reschedule)
 //	outbox_messages{state="scheduled"}   (sampled, in metrics.rows)
 //	outbox_next_scheduled_seconds        gauge, sampled: seconds until the earliest scheduled
 //	                                     row is due (negative: overdue; 0 when there is none)
@@ -48,7 +56,7 @@ func newScheduledMetrics(reg prometheus.Registerer) (*scheduledMetrics, error) {
 		}),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "txoutbox", Subsystem: "relay", Name: "scheduled_lateness_seconds",
-			Help:    "Time from a delayed message's delivery time to its PubAck.",
+			Help:    "Time from when a delayed message became due to its PubAck: from its delivery time, or from its commit or last reschedule when that came later (a delivery time already past then is no lateness).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 		nextDue: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -71,7 +79,8 @@ func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.Claim
 		return r.q.Claim(ctx, db, a)
 	}
 	r.sched.last = now
-	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, a)
+	r.sched.rounds++
+	p, rows, err := r.q.PromoteAndClaim(ctx, db, store.PromoteLimit, r.sched.follow, a)
 	if err != nil {
 		return nil, err
 	}
@@ -82,6 +91,7 @@ func (r *Relay) claimPromoting(ctx context.Context, db store.DBTX, a store.Claim
 // promoted records what a promotion did.
 func (r *Relay) promoted(now time.Time, p store.Promotion) {
 	r.sched.full = p.More
+	r.sched.follow = store.FollowOf(p)
 	r.sched.next = time.Time{}
 	if p.HasNext {
 		r.sched.next = now.Add(p.Next)
@@ -107,13 +117,15 @@ func (r *Relay) sampleScheduled(ctx context.Context) error {
 		return fmt.Errorf("sample scheduled: %w", err)
 	}
 	r.m.rows.WithLabelValues(store.StateScheduled).Set(float64(s.Count))
-	r.sm.nextDue.Set(s.NextDue.Seconds()) // 0 when there is none
+	r.sm.nextDue.Set(s.NextDueSeconds) // exact (a Duration would saturate at 292 years), negative when overdue, 0 when there is none
 	return nil
 }
 
-// observeLateness records a delayed message's PubAck.
+// observeLateness records a delayed message's PubAck: the time since it became due, the later
+// of its delivery time and its commit (or its last reschedule), so that a delivery time the
+// caller chose in the past is not counted as the relay's lateness (store.Claimed.DueAt).
 func (r *Relay) observeLateness(row *store.Claimed) {
-	if !row.DeliverAt.IsZero() {
-		r.sm.lateness.Observe(time.Since(row.DeliverAt).Seconds())
+	if !row.DueAt.IsZero() {
+		r.sm.lateness.Observe(max(time.Since(row.DueAt).Seconds(), 0))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -480,4 +482,241 @@ func TestPromotionWaitsForALockedEarlierRowOfItsKey(t *testing.T) {
 	if got != "first second " {
 		t.Fatalf("stream order %q, want first second (due order)", got)
 	}
+}
+
+// A delivery time past the range of a time.Duration (about 292 years ahead) does not wrap
+// around: the relay knows the row is not due, stays idle (no promotion until its poll
+// interval is out, however often it claims), does not shorten its idle wait, and the gauge of
+// the next due time is the (large, positive) number of seconds until it. Up to MaxDeliverAt.
+func TestScheduledFarBeyondDurationRange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	// A poll interval longer than the test: every promotion after the first is one the relay
+	// thought due.
+	r := e.relay(&Config{PollMin: time.Hour, PollMax: time.Hour})
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", Payload: []byte("far"), DeliverAt: time.Now().Add(time.Hour)})
+	for _, due := range []time.Time{time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC), outbox.MaxDeliverAt} {
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = $2 WHERE message_id = $1`, ids[0], due); err != nil {
+			t.Fatal(err)
+		}
+		promoteNow(r)
+		for range 20 {
+			if n, err := r.runOnce(ctx); n != 0 || err != nil {
+				t.Fatalf("due %v: runOnce = %d, %v; want nothing to publish", due, n, err)
+			}
+		}
+		if r.sched.rounds != 1 {
+			t.Errorf("due %v: %d promotions in 20 claims, want 1: the relay thinks the row is due (next %v)", due, r.sched.rounds, r.sched.next)
+		}
+		if r.sched.next.Before(time.Now().AddDate(250, 0, 0)) {
+			t.Errorf("due %v: the relay expects the next row at %v", due, r.sched.next)
+		}
+		if w := r.capWait(time.Hour); w != time.Hour {
+			t.Errorf("due %v: idle wait cut to %v, want the poll interval (1h)", due, w)
+		}
+		if err := r.sampleScheduled(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := float64(due.Unix() - time.Now().Unix())
+		if got := testutil.ToFloat64(r.sm.nextDue); got < want-60 || got > want+60 {
+			t.Errorf("due %v: next_scheduled_seconds = %g, want about %g", due, got, want)
+		}
+	}
+	if got := e.published("ORDERS"); len(got) != 0 {
+		t.Fatalf("published %v", got)
+	}
+}
+
+// The next-due gauge goes negative when the earliest scheduled row is overdue (no relay
+// promoted it), as its help and the README say, and is 0 when there is none.
+func TestNextScheduledGaugeNegativeWhenOverdue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	if err := r.sampleScheduled(ctx); err != nil || testutil.ToFloat64(r.sm.nextDue) != 0 {
+		t.Fatalf("gauge without scheduled rows = %v (%v), want 0", testutil.ToFloat64(r.sm.nextDue), err)
+	}
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = now() - interval '1 hour' WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sampleScheduled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(r.sm.nextDue); got > -3590 || got < -3700 {
+		t.Fatalf("next_scheduled_seconds with a row overdue by an hour = %g, want about -3600", got)
+	}
+}
+
+// lateness returns the lateness histogram's count and sum.
+func lateness(t *testing.T, r *Relay) (uint64, float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := r.sm.lateness.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// Lateness counts from when a delayed message became due: the later of its delivery time and
+// the time it could first have been published (its commit, a half message's commit, its last
+// reschedule). A delivery time the caller chose in the past, a half message committed after
+// its time, a reschedule into the past: no lateness of the relay's. A message that was due
+// and committed an hour before a relay promoted it: an hour.
+func TestLatenessFromWhenDue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(nil)
+	backdate := func(sql string, id uuid.UUID) {
+		t.Helper()
+		if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET `+sql+` WHERE message_id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		setup    func() // makes one message due
+		min, max float64
+	}{
+		{"delivery time an hour before the enqueue", func() {
+			e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(-time.Hour)})
+		}, 0, 30},
+		{"half message due an hour before its commit", func() {
+			h, err := e.client.Prepare(ctx, e.db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)}, &outbox.PrepareOptions{Fence: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			backdate(`created_at = created_at - interval '2 hours', deliver_at = now() - interval '1 hour'`, h.ID)
+			if err := e.client.Commit(ctx, e.db.Pool, h.ID); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"rescheduled into the past", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", Key: "k", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				return e.client.RescheduleTx(ctx, tx, ids[0], time.Now().Add(-time.Hour))
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"business key rescheduled into the past", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", BizKey: "order:1:timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				_, err := e.client.RescheduleBizKeyTx(ctx, tx, "order:1:timeout", time.Now().Add(-time.Hour))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"due and committed an hour before promotion", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours', deliver_at = now() - interval '1 hour'`, ids[0])
+		}, 3600, 3700},
+	} {
+		n0, sum0 := lateness(t, r)
+		c.setup()
+		promoteNow(r)
+		drain(t, r)
+		n, sum := lateness(t, r)
+		if n != n0+1 {
+			t.Fatalf("%s: %d lateness observations, want 1", c.name, n-n0)
+		}
+		if got := sum - sum0; got < c.min || got > c.max {
+			t.Errorf("%s: lateness %.1fs, want %v..%vs", c.name, got, c.min, c.max)
+		}
+	}
+	// An undelayed message records none.
+	n0, _ := lateness(t, r)
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	drain(t, r)
+	if n, _ := lateness(t, r); n != n0 {
+		t.Fatalf("an undelayed message recorded lateness")
+	}
+}
+
+// A burst of due rows of one key is promoted in a few passes, not one row per pass, and
+// published in the key's due order; the other keys' due rows, due among and after them, go
+// out in the same few passes, each key in due order, after the key's earlier ready rows.
+func TestScheduledBurstOfOneKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	r := e.relay(&Config{BatchSize: 1000})
+	const hot, others, perOther = 1500, 5, 10
+	base := time.Now().Add(time.Hour)
+	var msgs []outbox.Message
+	add := func(key string, seq int, due time.Time) {
+		msgs = append(msgs, outbox.Message{Subject: "orders.event", Key: key, Payload: []byte(fmt.Sprintf("%s/%d", key, seq)), DeliverAt: due})
+	}
+	for i := range hot {
+		add("hot", i, base.Add(time.Duration(i)*time.Millisecond))
+	}
+	for k := range others {
+		for i := range perOther { // due among the hot key's rows, and the last ones after all of them
+			add(fmt.Sprintf("k%d", k), i, base.Add(time.Duration(i*200+k)*time.Millisecond))
+		}
+	}
+	// Enqueued in an order unlike the due order: ids say nothing of it.
+	for i := range msgs {
+		j := (i * 7919) % len(msgs)
+		msgs[i], msgs[j] = msgs[j], msgs[i]
+	}
+	// A ready row of k0 enqueued before: it goes out before k0's delayed ones.
+	e.enqueue(outbox.Message{Subject: "orders.event", Key: "k0", Payload: []byte("k0/-1")})
+	for i := 0; i < len(msgs); i += 500 {
+		e.enqueue(msgs[i:min(i+500, len(msgs))]...)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '2 hours' WHERE state = 'scheduled'`); err != nil {
+		t.Fatal(err)
+	}
+	promoteNow(r)
+	passes := 0
+	for {
+		n, err := r.runOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		passes++
+		if n == 0 && e.count("state = 'scheduled'") == 0 {
+			break
+		}
+		if passes > 40 {
+			t.Fatalf("%d passes and %d rows still scheduled: the burst goes out a row per pass", passes, e.count("state = 'scheduled'"))
+		}
+	}
+	// 1,551 rows, 1,000 a claim; 1,500 of one key, about 256 promoted a pass.
+	if passes > 12 {
+		t.Errorf("%d passes (%d promotions) to publish the burst, want at most 12", passes, r.sched.rounds)
+	}
+	got := map[string][]int{}
+	n := 0
+	for _, m := range e.streamMsgs("ORDERS") {
+		var key string
+		var seq int
+		if _, err := fmt.Sscanf(strings.Replace(string(m.Data), "/", " ", 1), "%s %d", &key, &seq); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = append(got[key], seq)
+		n++
+	}
+	if n != hot+others*perOther+1 {
+		t.Fatalf("%d messages in the stream, want %d", n, hot+others*perOther+1)
+	}
+	for key, seqs := range got {
+		for i, s := range seqs {
+			want := i
+			if key == "k0" {
+				want = i - 1 // its ready row first
+			}
+			if s != want {
+				t.Fatalf("key %s: stream order %v, want its due order", key, seqs)
+			}
+		}
+	}
+	t.Logf("%d passes, %d promotions", passes, r.sched.rounds)
 }

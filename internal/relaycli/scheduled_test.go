@@ -3,6 +3,7 @@ package relaycli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,39 @@ func TestScheduledCommands(t *testing.T) {
 		if code, _, _ := cliEnv(t, vars, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
+	}
+}
+
+// relay scheduled list shows how long until a delivery time past the range of a
+// time.Duration (292 years), up to MaxDeliverAt, in days: never a negative "in -9223372036854ms".
+func TestScheduledListFarAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	y2400 := time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := c.EnqueueTx(ctx, db.Pool,
+		outbox.Message{Subject: "orders.far", DeliverAt: y2400},
+		outbox.Message{Subject: "orders.far", DeliverAt: outbox.MaxDeliverAt},
+	); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliEnv(t, vars, "scheduled", "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d: %s", code, errOut)
+	}
+	days := func(at time.Time) int64 { return (at.Unix() - time.Now().Unix()) / 86400 }
+	for _, at := range []time.Time{y2400, outbox.MaxDeliverAt} {
+		// The day count may tick over between the list and here.
+		if d := days(at); !strings.Contains(out, fmt.Sprintf("in %dd", d)) && !strings.Contains(out, fmt.Sprintf("in %dd", d+1)) {
+			t.Errorf("list lacks %q for the row due %v:\n%s", fmt.Sprintf("in %dd", d), at, out)
+		}
+	}
+	if strings.Contains(out, "in -") || strings.Contains(out, "overdue") {
+		t.Fatalf("list shows a far delivery time as past:\n%s", out)
 	}
 }

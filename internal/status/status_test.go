@@ -102,13 +102,35 @@ func TestCollectRelaysAndHolders(t *testing.T) {
 	}
 }
 
+// Until counts in seconds, not with time.Time.Sub, which saturates at 292 years.
+func TestUntilFarAhead(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		at   time.Time
+		want string
+	}{
+		{time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC), "in 136965d00h"},
+		{time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), "in 2912807d23h"},
+		{now.Add(90 * time.Second), "in 1m30s"},
+		{now.Add(-2 * time.Second), "overdue 2.0s"},
+		{time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC), "overdue 20089d00h"},
+	} {
+		if got := Until(c.at, now); got != c.want {
+			t.Errorf("Until(%v) = %q, want %q", c.at, got, c.want)
+		}
+	}
+}
+
 func TestAgeAndRanges(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		sec  float64
 		n    int64
 		want string
-	}{{0.25, 1, "250ms"}, {3.21, 1, "3.2s"}, {125, 1, "2m05s"}, {3*3600 + 60, 1, "3h01m"}, {50 * 3600, 1, "2d02h"}, {10, 0, "-"}} {
+	}{{0.25, 1, "250ms"}, {3.21, 1, "3.2s"}, {125, 1, "2m05s"}, {3*3600 + 60, 1, "3h01m"}, {50 * 3600, 1, "2d02h"}, {10, 0, "-"},
+		// Past the range of a time.Duration (292 years): a delivery time up to 9999-12-31.
+		{400 * 365 * 86400, 1, "146000d00h"}, {-3, 1, "0ms"}} {
 		if got := Age(c.sec, c.n); got != c.want {
 			t.Errorf("Age(%v, %d) = %q, want %q", c.sec, c.n, got, c.want)
 		}

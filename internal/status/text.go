@@ -77,24 +77,37 @@ func WriteText(w io.Writer, s *Snapshot) error {
 	return nil
 }
 
-// Age formats an age in seconds for people; "-" when there is nothing (n == 0).
+// Age formats an age in seconds for people; "-" when there is nothing (n == 0). It works on
+// the seconds, not a time.Duration, whose range (about 292 years) a delivery time up to
+// 9999-12-31 exceeds: such a time is shown in days. A negative age (a clock step) is 0ms.
 func Age(sec float64, n int64) string {
 	if n == 0 {
 		return "-"
 	}
-	d := time.Duration(sec * float64(time.Second))
 	switch {
-	case d < time.Second:
-		return strconv.Itoa(int(d/time.Millisecond)) + "ms"
-	case d < time.Minute:
-		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + "s"
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	case !(sec >= 0): // negative, NaN
+		sec = 0
+	case sec > maxAgeSeconds:
+		sec = maxAgeSeconds
 	}
-	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	if sec < 1 {
+		return strconv.Itoa(int(sec*1000)) + "ms"
+	}
+	if sec < 60 {
+		return strconv.FormatFloat(sec, 'f', 1, 64) + "s"
+	}
+	s := int64(sec)
+	switch {
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	case s < 48*3600:
+		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
+	}
+	return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
 }
+
+// maxAgeSeconds bounds what Age formats (about 317,000 years: past any delivery time).
+const maxAgeSeconds = 1e13
 
 // Ranges formats sorted partitions compactly: 0-3,6.
 func Ranges(ps []int32) string {

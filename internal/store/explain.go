@@ -115,3 +115,8 @@ func int32Array(v []int32) string {
 	}
 	return "'{" + strings.Join(s, ",") + "}'::int4[]"
 }
+
+// ExplainScheduledStatus explains ScheduledStatuses with limit on conn (it only reads).
+func (q *Queries) ExplainScheduledStatus(ctx context.Context, conn *pgx.Conn, limit int, generic bool) ([]byte, error) {
+	return explainPrepared(ctx, conn, q.sched.statusBySubject, strconv.Itoa(limit), generic)
+}

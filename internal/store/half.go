@@ -365,7 +365,7 @@ func (q *Queries) StaleReady(ctx context.Context, db DBTX, olderThan time.Durati
 	if err := db.QueryRow(ctx, q.half.staleReady, ms(olderThan), limit).Scan(&n, &age); err != nil {
 		return 0, 0, err
 	}
-	return n, time.Duration(age * float64(time.Second)), nil
+	return n, seconds(age), nil
 }
 
 // CountHalf counts (each up to limit) prepared and check_exhausted rows.
@@ -422,7 +422,7 @@ func (q *Queries) HalfByGroup(ctx context.Context, db DBTX, limit int) ([]GroupH
 		if err := rows.Scan(&g.Group, &g.Prepared, &g.Exhausted, &oldest, &g.MaxChecks, &g.LastError); err != nil {
 			return nil, err
 		}
-		g.OldestPrepared = time.Duration(oldest * float64(time.Second))
+		g.OldestPrepared = seconds(oldest)
 		out = append(out, g)
 	}
 	return out, rows.Err()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -440,11 +441,30 @@ func (q *Queries) SubjectStatuses(ctx context.Context, db DBTX) ([]SubjectStatus
 	return out, rows.Err()
 }
 
+// seconds is an age in seconds as a Duration: never negative (a clock step makes no age) and
+// saturated at the Duration range (see durationOf).
 func seconds(s float64) time.Duration {
 	if s < 0 {
 		return 0
 	}
-	return time.Duration(s * float64(time.Second))
+	return durationOf(s)
+}
+
+// durationOf is s seconds as a Duration, saturated at the Duration range (about ±292 years):
+// a delivery time may lie up to outbox.MaxDeliverAt (9999-12-31), and converting the seconds
+// to it from now directly would overflow (a float-to-integer conversion out of range is
+// undefined in Go; on amd64 it gives math.MinInt64, a time 292 years in the past). NaN is 0.
+func durationOf(s float64) time.Duration {
+	ns := s * float64(time.Second)
+	switch {
+	case ns != ns: // NaN
+		return 0
+	case ns >= math.MaxInt64: // 2^63 as a float64: out of range
+		return math.MaxInt64
+	case ns <= math.MinInt64:
+		return math.MinInt64
+	}
+	return time.Duration(ns)
 }
 
 // ErrInvalidFilter: a dead-row filter is malformed.

@@ -8,7 +8,10 @@ package store
 // rows, not the number of scheduled ones.
 //
 // Promotion moves each due row to ready with a new id (UPDATE ... SET id = DEFAULT; the rows of
-// one key one statement after another, earliest due first), holding its key's lock as
+// one key one statement after another, earliest due first: a promotion reports the keys with
+// several due rows, and the next one follows its first statement with one statement per
+// further row of those keys, in the same round trip and transaction, so that a burst of one
+// key is promoted in a few passes, not one row per pass), holding its key's lock as
 // EnqueueTx does:
 // for one key, id order stays the order in which rows became ready, and a delayed message
 // takes its place in its key's order when it falls due. The locks are only tried
@@ -22,6 +25,14 @@ package store
 // wait for it (and then find the row ready: too late), and a cancel not yet committed makes
 // promotion skip the row. A message whose cancel committed was therefore never ready, and the
 // relay publishes ready rows only.
+//
+// Lateness (the relay's histogram) is measured from when a delayed message became due: the
+// latest of its delivery time, its insert (created_at), its half message's commit and its
+// last RescheduleTx. The last two are in settled_at: the commit of a half message sets it, and
+// so does RescheduleTx (the producer role may write the column), so that a time already past
+// when the message was committed or moved counts as no lateness. (The SQL function
+// txoutbox_reschedule of migration 005 leaves settled_at alone: a message it moves into the
+// past counts from its commit.)
 
 import (
 	"context"
@@ -43,6 +54,7 @@ const PromoteLimit = KeyLockBudget
 
 type scheduledSQL struct {
 	promote         string
+	promoteNext     string
 	cancel          string
 	cancelBiz       string
 	reschedule      string
@@ -59,13 +71,12 @@ func newScheduledSQL(q *Queries) scheduledSQL {
 	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
 	bizKey := `(headers -> '` + BizKeyHeader + `' ->> 0)`
 	var s scheduledSQL
-	// $1: the most rows to move. Returns how many moved, and the seconds until the next
-	// scheduled row not yet due (NULL when there is none), measured on the database's clock.
 	// $1: the most rows to look at. Returns how many moved, how many were due (more than moved:
-	// call again), and the seconds until the next scheduled row not yet due (NULL when there is
-	// none), measured on the database's clock. Rows of one key get their new ids in separate
-	// statements, earliest due first (DISTINCT ON): the order in which one UPDATE assigns
-	// identity values to several rows is not defined.
+	// call again), the seconds until the next scheduled row not yet due (NULL when there is
+	// none), measured on the database's clock, and the keys with more than one row among those
+	// looked at with the most rows one of them has (see promoteNext). Rows of one key get their
+	// new ids in separate statements, earliest due first (DISTINCT ON): the order in which one
+	// UPDATE assigns identity values to several rows is not defined.
 	s.promote = `WITH due AS MATERIALIZED (
   SELECT id, msg_key, partition_key, deliver_at FROM ` + m + `
   WHERE state = 'scheduled' AND deliver_at <= now()
@@ -89,16 +100,50 @@ func newScheduledSQL(q *Queries) scheduledSQL {
   UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
   FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
   RETURNING 1
+), busy AS (
+  SELECT coalesce(array_agg(h.msg_key ORDER BY h.msg_key), '{}') AS keys, coalesce(max(h.n), 0) AS most
+  FROM (SELECT d.msg_key, count(*) AS n FROM due d WHERE d.msg_key IS NOT NULL
+        GROUP BY d.msg_key HAVING count(*) > 1) h
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
-        WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)`
+        WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1),
+       busy.keys, busy.most
+FROM busy`
+	// The next due row of each of the keys $1, one statement per row of a key, run after
+	// promote in its transaction (PromoteAndClaim): a key with many due rows gets them all
+	// promoted in one pass, in due order, instead of one per pass. Per key: its earliest
+	// scheduled row, if due, not locked (a cancel), and its key lock is had; nothing of the key
+	// otherwise (its later rows never overtake it). Returns how many moved.
+	s.promoteNext = `WITH first AS MATERIALIZED (
+  SELECT f.id, f.partition_key FROM unnest($1::text[]) AS k(msg_key)
+  CROSS JOIN LATERAL (
+    SELECT e.id, e.partition_key, e.deliver_at FROM ` + m + ` e
+    WHERE e.state = 'scheduled' AND e.msg_key = k.msg_key
+    ORDER BY e.deliver_at, e.id
+    LIMIT 1) f
+  WHERE f.deliver_at <= now()
+), rows AS MATERIALIZED (
+  SELECT o.id, o.partition_key FROM ` + m + ` o
+  WHERE o.id IN (SELECT id FROM first) AND o.state = 'scheduled'
+  FOR UPDATE SKIP LOCKED
+), locked AS MATERIALIZED (
+  SELECT r.id FROM rows r
+  WHERE pg_try_advisory_xact_lock_shared(` + bucketClass + `, r.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+    AND pg_try_advisory_xact_lock(` + keyClass + `, r.partition_key)
+), moved AS (
+  UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
+  FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
+  RETURNING 1
+)
+SELECT count(*) FROM moved`
 	cancel := `UPDATE ` + m + ` SET state = 'rolled_back', settled_by = '` + SettledByCancel + `', settled_at = clock_timestamp()
 WHERE `
 	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
 	s.cancelBiz = cancel + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
-	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2 WHERE message_id = $1 AND state = 'scheduled'`
-	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2 WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	// A reschedule records its time in settled_at (see the top of this file).
+	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE message_id = $1 AND state = 'scheduled'`
+	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
 	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
@@ -108,10 +153,16 @@ FROM ` + m + `
 WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
 ORDER BY deliver_at, id
 LIMIT $3`
-	// Exact, for relay status.
-	s.statusBySubject = `SELECT subject, count(*), min(deliver_at), max(deliver_at), count(*) FILTER (WHERE deliver_at <= now())
-FROM ` + m + ` WHERE state = 'scheduled'
-GROUP BY subject ORDER BY subject`
+	// For relay status and the status page: the first $1 scheduled rows in due order (an
+	// index range scan of the scheduled index, bounded however many rows wait), per subject;
+	// with the rows counted (up to $1) and the last delivery time (the index read backwards).
+	s.statusBySubject = `WITH s AS MATERIALIZED (
+  SELECT subject, deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at, id LIMIT $1
+)
+SELECT s.subject, count(*), min(s.deliver_at), max(s.deliver_at), count(*) FILTER (WHERE s.deliver_at <= now()),
+       (SELECT count(*) FROM s),
+       (SELECT deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1)
+FROM s GROUP BY s.subject ORDER BY s.subject`
 	return s
 }
 
@@ -126,41 +177,80 @@ type Promotion struct {
 	// clock, when HasNext.
 	Next    time.Duration
 	HasNext bool
+	// Busy are the keys with more than one due row among those the promotion looked at, and
+	// Rows the most rows one of them had: pass them to the next PromoteAndClaim (Follow), which
+	// then promotes those keys' rows all in due order instead of one per pass.
+	Busy []string
+	Rows int
+}
+
+// Follow is what PromoteAndClaim promotes after its first statement: the next due row of
+// each of Keys, Rounds times over, one statement after another (each key's rows in due order).
+type Follow struct {
+	Keys   []string
+	Rounds int
+}
+
+// FollowOf is the Follow a promotion calls for: its busy keys, as many rounds as the busiest
+// had rows (its first is promoted by the next promotion's first statement), at most
+// PromoteLimit, so that one pass moves at most about twice PromoteLimit rows and locks at
+// most PromoteLimit keys more.
+func FollowOf(p Promotion) Follow {
+	if len(p.Busy) == 0 || p.Rows < 2 {
+		return Follow{}
+	}
+	return Follow{Keys: p.Busy, Rounds: min(p.Rows-1, PromoteLimit)}
 }
 
 // Promote moves scheduled rows that fell due to ready, looking at up to limit of them (see
 // the top of this file). It runs as one statement: pass a pool or a connection outside a
 // transaction, so that the key locks it takes end with it.
 func (q *Queries) Promote(ctx context.Context, db DBTX, limit int) (Promotion, error) {
+	return scanPromotion(db.QueryRow(ctx, q.sched.promote, int32(limit)), limit)
+}
+
+func scanPromotion(row pgx.Row, limit int) (Promotion, error) {
 	var moved, due int64
 	var secs *float64
-	if err := db.QueryRow(ctx, q.sched.promote, int32(limit)).Scan(&moved, &due, &secs); err != nil {
+	var p Promotion
+	var most int64
+	if err := row.Scan(&moved, &due, &secs, &p.Busy, &most); err != nil {
 		return Promotion{}, err
 	}
-	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
+	p.Moved, p.More, p.Rows = int(moved), due > moved || due == int64(limit), int(most)
 	if secs != nil {
 		p.Next, p.HasNext = seconds(*secs), true
 	}
 	return p, nil
 }
 
-// PromoteAndClaim is Promote (looking at up to limit rows) followed by Claim, in one round
-// trip and one implicit transaction: the claim sees the rows just promoted, and the key locks
-// the promotion took end with it.
-func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, a ClaimArgs) (Promotion, []Claimed, error) {
+// PromoteAndClaim is Promote (looking at up to limit rows), then f.Rounds promotions of the
+// next due row of each of f.Keys (the keys with many due rows the last promotion reported:
+// FollowOf), then Claim, in one round trip and one implicit transaction: the claim sees the
+// rows just promoted, the key locks the promotions took end with it, and each promotion sees
+// the rows the one before it moved, so that a key's rows get their new ids in due order.
+func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, f Follow, a ClaimArgs) (Promotion, []Claimed, error) {
 	b := &pgx.Batch{}
 	b.Queue(q.sched.promote, int32(limit))
+	if len(f.Keys) > 0 {
+		for range f.Rounds {
+			b.Queue(q.sched.promoteNext, f.Keys)
+		}
+	}
 	b.Queue(q.claim, a.args()...)
 	br := db.SendBatch(ctx, b)
-	var moved, due int64
-	var secs *float64
-	if err := br.QueryRow().Scan(&moved, &due, &secs); err != nil {
+	p, err := scanPromotion(br.QueryRow(), limit)
+	if err != nil {
 		_ = br.Close()
 		return Promotion{}, nil, err
 	}
-	p := Promotion{Moved: int(moved), More: due > moved || due == int64(limit)}
-	if secs != nil {
-		p.Next, p.HasNext = seconds(*secs), true
+	for range b.Len() - 2 {
+		var moved int64
+		if err := br.QueryRow().Scan(&moved); err != nil {
+			_ = br.Close()
+			return Promotion{}, nil, err
+		}
+		p.Moved += int(moved)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -244,10 +334,13 @@ func (q *Queries) collectIDs(ctx context.Context, db DBTX, sql string, args ...a
 // due.
 type ScheduledSample struct {
 	Count int64
-	// NextDue is how long until the earliest scheduled row is due, on the database's clock
-	// (negative: overdue); HasNext is false when there is none.
-	NextDue time.Duration
-	HasNext bool
+	// NextDueSeconds is how long until the earliest scheduled row is due, in seconds on the
+	// database's clock (negative: overdue), exact however far ahead it lies; NextDue is the
+	// same as a Duration, saturated at the Duration range (about ±292 years). HasNext is
+	// false when there is none.
+	NextDueSeconds float64
+	NextDue        time.Duration
+	HasNext        bool
 }
 
 // SampleScheduled counts scheduled rows up to limit and reads the earliest delivery time.
@@ -256,7 +349,7 @@ func (q *Queries) SampleScheduled(ctx context.Context, db DBTX, limit int) (Sche
 	var secs *float64
 	err := db.QueryRow(ctx, q.sched.sample, int64(limit)).Scan(&s.Count, &secs)
 	if secs != nil {
-		s.NextDue, s.HasNext = seconds(*secs), true
+		s.NextDueSeconds, s.NextDue, s.HasNext = *secs, durationOf(*secs), true
 	}
 	return s, err
 }
@@ -286,7 +379,7 @@ func (q *Queries) ListScheduled(ctx context.Context, db DBTX, subject string, du
 	})
 }
 
-// ScheduledSubject is one subject's scheduled messages.
+// ScheduledSubject is one subject's scheduled messages among those counted.
 type ScheduledSubject struct {
 	Subject  string
 	Count    int64
@@ -297,19 +390,43 @@ type ScheduledSubject struct {
 	Overdue int64
 }
 
-// ScheduledStatuses counts scheduled messages per subject (exact: it reads every scheduled
-// row's index entry).
-func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX) ([]ScheduledSubject, error) {
-	rows, err := db.Query(ctx, q.sched.statusBySubject)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledSubject, error) {
-		var s ScheduledSubject
-		err := r.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue)
-		return s, err
-	})
+// ScheduledStatus is an overview of the scheduled messages, bounded: it reads the first
+// limit of them in due order (the scheduled index), however many there are.
+type ScheduledStatus struct {
+	// Subjects are the subjects of the rows counted. When Capped, there were more rows than
+	// counted: each count is a lower bound (the overdue ones come first in due order, so they
+	// are exact unless limit of them are overdue), LastDue is the last among those counted,
+	// and subjects whose rows all fall due later are missing.
+	Subjects []ScheduledSubject
+	Counted  int64
+	Capped   bool
+	// LastDue is the last delivery time of all scheduled rows (exact).
+	LastDue time.Time
 }
+
+// ScheduledStatuses counts the first limit scheduled messages in due order per subject (see
+// ScheduledStatus).
+func (q *Queries) ScheduledStatuses(ctx context.Context, db DBTX, limit int) (ScheduledStatus, error) {
+	var out ScheduledStatus
+	rows, err := db.Query(ctx, q.sched.statusBySubject, int64(limit))
+	if err != nil {
+		return out, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s ScheduledSubject
+		if err := rows.Scan(&s.Subject, &s.Count, &s.FirstDue, &s.LastDue, &s.Overdue, &out.Counted, &out.LastDue); err != nil {
+			return out, err
+		}
+		out.Subjects = append(out.Subjects, s)
+	}
+	out.Capped = out.Counted >= int64(limit)
+	return out, rows.Err()
+}
+
+// ScheduledStatusSQL is ScheduledStatuses' statement ($1: the limit), for tests that look at
+// its plan.
+func (q *Queries) ScheduledStatusSQL() string { return q.sched.statusBySubject }
 
 // PromoteSQL is Promote's statement ($1: the limit), for tests that look at its plan.
 func (q *Queries) PromoteSQL() string { return q.sched.promote }

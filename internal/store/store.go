@@ -105,7 +105,8 @@ ORDER BY u.ord`
 	// has an earlier row that failed and is waiting for its retry, or is dead. $5 is the
 	// claim floor (ClaimArgs.After): the scan starts above it, and an earlier failed row of
 	// the key at or below it holds the key back even when due (a claim from 0 takes it).
-	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at), o.deliver_at
+	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at),
+       CASE WHEN o.deliver_at IS NOT NULL THEN greatest(o.deliver_at, o.created_at, o.settled_at) END -- Claimed.DueAt
 FROM ` + q.Messages + ` o
 WHERE o.state = 'ready'
   AND o.id > $5::int8
@@ -264,8 +265,12 @@ type Claimed struct {
 	Payload   []byte
 	Attempts  int32
 	ReadyAt   time.Time
-	// DeliverAt is the delivery time of a delayed message (zero for others).
-	DeliverAt time.Time
+	// DueAt is when a delayed message became due (zero for others): the latest of its
+	// delivery time and the times it could not yet have been published, its insert
+	// (created_at), its half message's commit or its last RescheduleTx (settled_at, see
+	// scheduled.go). Its lateness is measured from here: a delivery time already past when the
+	// message was committed or rescheduled is no lateness of the relay's.
+	DueAt time.Time
 }
 
 // ClaimArgs selects what Claim returns.
@@ -326,7 +331,7 @@ func scanClaimed(rows pgx.Rows, limit int) ([]Claimed, error) {
 			c.Key = *key
 		}
 		if due != nil {
-			c.DeliverAt = *due
+			c.DueAt = *due
 		}
 		out = append(out, c)
 	}

@@ -1,0 +1,106 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+)
+
+// planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	Relation     string     `json:"Relation Name"`
+	Index        string     `json:"Index Name"`
+	ActualRows   float64    `json:"Actual Rows"`
+	ActualLoops  float64    `json:"Actual Loops"`
+	RowsFiltered float64    `json:"Rows Removed by Filter"`
+	Plans        []planNode `json:"Plans"`
+}
+
+func (n planNode) walk(f func(planNode)) {
+	f(n)
+	for _, c := range n.Plans {
+		c.walk(f)
+	}
+}
+
+// The scheduled panel reads a bounded number of scheduled rows, through the scheduled index,
+// however many wait (it read every one per refresh: a parallel sequential scan of a million
+// far-future rows every 5 s while the status page was open), and says "at least" when it did
+// not count them all; the overdue rows, the first in due order, and the last delivery time
+// stay exact.
+func TestScheduledPanelBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	q := store.New(db.Schema)
+	const far, overdue, limit = 20000, 3, 500
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at)
+SELECT gen_random_uuid(), 'orders.far' || (g % 2), g, '\x00'::bytea, 'scheduled', now() + interval '1 day' + g * interval '1 second'
+FROM generate_series(1, $1) g
+UNION ALL
+SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - g * interval '1 minute' FROM generate_series(1, $2) g`, far, overdue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `ANALYZE txoutbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	var last time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT max(deliver_at) FROM txoutbox_messages`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, generic := range []bool{false, true} {
+		out, err := q.ExplainScheduledStatus(ctx, conn.Conn(), limit, generic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc []struct{ Plan planNode }
+		if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
+			t.Fatalf("EXPLAIN output: %v: %s", err, out)
+		}
+		read := 0.0
+		doc[0].Plan.walk(func(n planNode) {
+			if n.Relation != "txoutbox_messages" {
+				return
+			}
+			if n.Index != "txoutbox_messages_scheduled_idx" {
+				t.Errorf("generic %v: the status reads the outbox with a %s %s, want the scheduled index\n%s", generic, n.NodeType, n.Index, out)
+			}
+			read += (n.ActualRows + n.RowsFiltered) * max(n.ActualLoops, 1)
+		})
+		if read > limit+1 {
+			t.Errorf("generic %v: the status read %v scheduled rows, want at most its limit %d and the last one", generic, read, limit+1)
+		}
+	}
+
+	tb, err := scheduledTable(ctx, db.Pool, q, limit)
+	if err != nil || tb == nil {
+		t.Fatalf("panel: %v, %v", tb, err)
+	}
+	total := tb.Rows[len(tb.Rows)-1]
+	if total[0] != "TOTAL" || total[1] != "at least 500" || total[2] != "3" || total[5] != last.UTC().Format(time.RFC3339) {
+		t.Errorf("TOTAL row %q; want at least 500 scheduled, 3 overdue, the last due at %s", total, last.UTC().Format(time.RFC3339))
+	}
+	if !strings.Contains(tb.Note, "first 500") {
+		t.Errorf("note %q does not say the counts are capped", tb.Note)
+	}
+	// Below the limit: exact.
+	tb, err = scheduledTable(ctx, db.Pool, q, far+overdue+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := tb.Rows[len(tb.Rows)-1]; total[1] != "20003" || total[2] != "3" || strings.Contains(tb.Note, "first") {
+		t.Errorf("uncapped TOTAL row %q, note %q; want 20003 exact", total, tb.Note)
+	}
+}
