@@ -296,7 +296,8 @@ END
 $fn$;
 
 -- The settle, cancel and reschedule functions refuse a NULL id (TX008), which they reported
--- as a message not found with a blank id.
+-- as a message not found with a blank id. txoutbox_reschedule records its time in settled_at,
+-- as RescheduleTx does.
 CREATE OR REPLACE FUNCTION txoutbox_commit(id uuid) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -389,7 +390,7 @@ BEGIN
             MESSAGE = 'txoutbox_reschedule: id: invalid argument: id is NULL: pass the id of the scheduled message';
     END IF;
     PERFORM txoutbox_check_deliver_at('txoutbox_reschedule', deliver_at);
-    UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule.deliver_at
+    UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule.deliver_at, settled_at = clock_timestamp()
     WHERE m.message_id = txoutbox_reschedule.id AND m.state = 'scheduled';
     IF FOUND THEN
         RETURN;
@@ -399,9 +400,10 @@ BEGIN
 END
 $fn$;
 
--- The business key forms: NULL is refused (TX008), an invalid business key too (TX002, as
--- CancelBizKeyTx and RescheduleBizKeyTx refuse it with ErrInvalidKey), before the delivery
--- time.
+-- The business key forms: NULL is refused (TX008), an empty or invalid business key too
+-- (TX002, as CancelBizKeyTx and RescheduleBizKeyTx refuse it with ErrInvalidKey), before the
+-- delivery time. A reschedule records its time in settled_at, as RescheduleTx does (the
+-- relay's lateness counts from the later of the delivery time and that time).
 CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -413,10 +415,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TX008',
             MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
     END IF;
-    IF NOT txoutbox_key_ok(biz_key) THEN
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
         RAISE EXCEPTION USING ERRCODE = 'TX002',
             MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid key: biz_key '
-                      || CASE WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
                               ELSE txoutbox_text_problem(biz_key, false) END;
     END IF;
     WITH d AS (
@@ -444,15 +447,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TX008',
             MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
     END IF;
-    IF NOT txoutbox_key_ok(biz_key) THEN
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
         RAISE EXCEPTION USING ERRCODE = 'TX002',
             MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid key: biz_key '
-                      || CASE WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
                               ELSE txoutbox_text_problem(biz_key, false) END;
     END IF;
     PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
     WITH u AS (
-        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
         WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key AND m.state = 'scheduled'
         RETURNING m.message_id
     )

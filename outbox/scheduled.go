@@ -132,14 +132,15 @@ func (c *Client) scheduleResult(op string, id uuid.UUID, ok bool, state string, 
 // BizKey is bizKey, and returns their ids. It returns a *ScheduleError wrapping ErrNotScheduled
 // when there is none (all of them fell due already, or there never was one). The rules of
 // CancelTx apply to each message. A business key of delayed work should name the due time (see
-// BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them.
+// BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them. An empty or
+// invalid bizKey is refused with an error wrapping ErrInvalidKey.
 func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string) ([]uuid.UUID, error) {
 	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKey(ctx, tx, bizKey) })
 }
 
 // cancelBizKey checks bizKey and runs cancel (the pgx or the database/sql statement).
 func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
-	if what := checkKey(bizKey); what != "" {
+	if what := checkBizKeyArg(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: cancel: %w: BizKey %s", ErrInvalidKey, what)
 	}
 	ids, err := cancel()
@@ -161,7 +162,7 @@ func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKe
 
 // rescheduleBizKey checks bizKey and at and runs move (the pgx or the database/sql statement).
 func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
-	if what := checkKey(bizKey); what != "" {
+	if what := checkBizKeyArg(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: reschedule: %w: BizKey %s", ErrInvalidKey, what)
 	}
 	if err := checkDeliverAt(at); err != nil {
@@ -175,6 +176,15 @@ func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, err
 		return nil, &ScheduleError{Op: "reschedule", BizKey: bizKey}
 	}
 	return ids, nil
+}
+
+// checkBizKeyArg is checkKey for the business key that names the messages to cancel or
+// reschedule, which must be given: an empty one names no message and is refused.
+func checkBizKeyArg(bizKey string) string {
+	if bizKey == "" {
+		return "is empty: pass the business key of the scheduled messages"
+	}
+	return checkKey(bizKey)
 }
 
 // checkDeliverAt refuses a (non-zero) delivery time outside the bounds.

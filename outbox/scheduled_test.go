@@ -248,4 +248,12 @@ func TestCancelAndRescheduleByBizKey(t *testing.T) {
 	if _, err := c.CancelBizKeyTx(ctx, db.Pool, " bad"); !errors.Is(err, outbox.ErrInvalidKey) {
 		t.Fatalf("cancel with an invalid business key = %v; want ErrInvalidKey", err)
 	}
+	for _, bad := range []string{"", " bad"} { // an empty key names no message
+		if _, err := c.CancelBizKeyTx(ctx, db.Pool, bad); !errors.Is(err, outbox.ErrInvalidKey) {
+			t.Fatalf("cancel with business key %q = %v; want ErrInvalidKey", bad, err)
+		}
+		if _, err := c.RescheduleBizKeyTx(ctx, db.Pool, bad, time.Now()); !errors.Is(err, outbox.ErrInvalidKey) {
+			t.Fatalf("reschedule with business key %q = %v; want ErrInvalidKey", bad, err)
+		}
+	}
 }

@@ -318,7 +318,7 @@ func TestCancelAndRescheduleByBizKeySQL(t *testing.T) {
 			}
 
 			// Refused at the door, nothing changed.
-			for _, bad := range []string{" padded", "tab\tinside", "\xff", strings.Repeat("k", outbox.MaxKeyLength+1)} {
+			for _, bad := range []string{"", " padded", "tab\tinside", "\xff", strings.Repeat("k", outbox.MaxKeyLength+1)} {
 				if _, err := c.CancelBizKeySQLTx(ctx, sdb, bad); !errors.Is(err, outbox.ErrInvalidKey) {
 					t.Fatalf("cancel with business key %q = %v; want ErrInvalidKey", bad, err)
 				}

@@ -613,6 +613,20 @@ func TestLatenessFromWhenDue(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, 0, 30},
+		{"rescheduled into the past by the SQL function", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if _, err := e.db.Pool.Exec(ctx, `SELECT txoutbox_reschedule($1, now() - interval '1 hour')`, ids[0]); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
+		{"business key rescheduled into the past by the SQL function", func() {
+			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", BizKey: "order:2:timeout", DeliverAt: time.Now().Add(time.Hour)})
+			backdate(`created_at = created_at - interval '2 hours'`, ids[0])
+			if _, err := e.db.Pool.Exec(ctx, `SELECT txoutbox_reschedule_biz_key('order:2:timeout', now() - interval '1 hour')`); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 30},
 		{"due and committed an hour before promotion", func() {
 			ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
 			backdate(`created_at = created_at - interval '2 hours', deliver_at = now() - interval '1 hour'`, ids[0])

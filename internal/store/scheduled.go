@@ -30,9 +30,8 @@ package store
 // latest of its delivery time, its insert (created_at), its half message's commit and its
 // last RescheduleTx. The last two are in settled_at: the commit of a half message sets it, and
 // so does RescheduleTx (the producer role may write the column), so that a time already past
-// when the message was committed or moved counts as no lateness. (The SQL function
-// txoutbox_reschedule of migration 005 leaves settled_at alone: a message it moves into the
-// past counts from its commit.)
+// when the message was committed or moved counts as no lateness. The SQL functions
+// txoutbox_reschedule and txoutbox_reschedule_biz_key set it too (since migration 009).
 
 import (
 	"context"
