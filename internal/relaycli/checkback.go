@@ -203,7 +203,11 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		if target != nil {
 			target.attachCheckback(c, schema)
 		}
-		return cb.Run(ctx)
+		// A NATS connection nats.go gives up on for good (credentials refused after a
+		// rotation) ends the daemon with exit status 1, so that its supervisor restarts it.
+		ctx, stopWatching := c.untilNATSLost(ctx)
+		defer stopWatching()
+		return c.withNATSLost(cb.Run(ctx))
 	}
 	rep, err := cb.RunOnce(ctx)
 	printReport(env.Stdout, rep, &cfg)
