@@ -24,8 +24,9 @@ const (
 	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
 	// each key's applied sequence. It cannot touch the outbox.
 	RoleConsumer = "consumer"
-	// RoleAdmin owns the schema and its tables: it migrates (relay migrate up/down), runs
-	// every admin command and grants the other roles.
+	// RoleAdmin owns the schema and every object in it (tables, functions, sequences, views,
+	// types): it migrates (relay migrate up/down), runs every admin command and grants the
+	// other roles.
 	RoleAdmin = "admin"
 )
 
@@ -44,6 +45,34 @@ type GrantOptions struct {
 	// as different roles. Defaults to false.
 	SignalBackend bool
 }
+
+// adminOwnership gives every object of a schema (%[1]s, a literal) to a role (%[2]s, a
+// literal): relations by their kind (tables carry their indexes, identity sequences and row
+// types; sequences owned by a column go with their table), routines, and the types that are
+// not a relation's row type, an array or a range's multirange.
+const adminOwnership = `DO $txoutbox$DECLARE r record;
+BEGIN
+  FOR r IN SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                  WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, n.nspname, c.relname, %[2]s) AS stmt
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+             AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                      AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+         UNION ALL
+         SELECT format('ALTER %%s %%s OWNER TO %%I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
+                  p.oid::regprocedure, %[2]s)
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname = %[1]s
+         UNION ALL
+         SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, %[2]s)
+           FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0
+             AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+  LOOP
+    EXECUTE r.stmt;
+  END LOOP;
+END$txoutbox$;
+`
 
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -115,10 +144,11 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- Ordered consumers lock and advance each key's applied sequence (INSERT ... ON CONFLICT DO UPDATE RETURNING).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE ON %s TO %s;\n", t("txoutbox_consumer_key_order"), g)
 	case RoleAdmin:
-		b.WriteString("-- The admin owns the schema and every table in it: it migrates, and runs every admin command.\n")
+		b.WriteString("-- The admin owns the schema and every object in it (tables with their indexes and identity\n")
+		b.WriteString("-- sequences, functions, and any view, sequence or type): it migrates up and down (a migration\n")
+		b.WriteString("-- replaces or drops functions, which only their owner may), and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)
-		fmt.Fprintf(&b, "DO $txoutbox$DECLARE r record;\nBEGIN\n  FOR r IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace\n           WHERE n.nspname = %s AND c.relkind IN ('r', 'p') LOOP\n    EXECUTE format('ALTER TABLE %%I.%%I OWNER TO %%I', %s, r.relname, %s);\n  END LOOP;\nEND$txoutbox$;\n",
-			lit(schema), lit(schema), lit(grantee))
+		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee))
 	default:
 		return "", fmt.Errorf("%w (got %q)", ErrUnknownRole, role)
 	}

@@ -24,7 +24,8 @@ migration that adds tables.
             adds pg_signal_backend, needed to fence a stale relay only when relays log in as
             different roles
   consumer  its dedup rows (txoutbox_consumer_dedup); nothing of the outbox
-  admin     owns the schema and its tables: migrations and every admin command
+  admin     owns the schema and every object in it (tables, functions, ...): migrations up
+            and down, and every admin command
 
 The grantee is created NOLOGIN if it does not exist: grant it to your login roles
 (GRANT txoutbox_producer TO orders_service), or name a login role with --grantee.

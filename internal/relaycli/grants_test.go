@@ -7,6 +7,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,6 +45,13 @@ type leastPrivilege struct {
 
 func newLeastPrivilege(t *testing.T) *leastPrivilege {
 	t.Helper()
+	return newLeastPrivilegeAt(t, 0)
+}
+
+// newLeastPrivilegeAt is newLeastPrivilege with the schema migrated (as the test database's
+// superuser) to the latest version but down migrations, before the grants.
+func newLeastPrivilegeAt(t *testing.T, down int) *leastPrivilege {
+	t.Helper()
 	ctx := context.Background()
 	base := testsvc.PostgresDSN(t)
 	super, err := pgxpool.New(ctx, base)
@@ -70,6 +78,15 @@ func newLeastPrivilege(t *testing.T) *leastPrivilege {
 		})
 	}
 	db := testsvc.NewDB(t)
+	if down > 0 {
+		m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Down(ctx, db.Pool, down); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, r := range migrations.Roles {
 		code, sql, stderr := cli(t, "migrate", "grants", "--role", r, "--schema", db.Schema, "--grantee", login[r])
 		if code != 0 {
@@ -406,5 +423,79 @@ func TestLeastPrivilegeDelayedMessages(t *testing.T) {
 	}
 	if got := read(forAdmin); got.state != "rolled_back" {
 		t.Errorf("the admin's cancel left message %s %s", forAdmin, got.state)
+	}
+}
+
+// The admin role owns every object of the schema the migrations create, functions included,
+// once `relay migrate grants --role admin` ran on a schema migrated by another role: so the
+// admin applies the next migration (which replaces and drops functions: "must be owner of
+// function" before) and reverts it, then applies it again, and the producer still enqueues.
+func TestAdminRoleMigratesUpAndDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilegeAt(t, 1) // migrated by the superuser up to the version before the latest
+	db, admin := lp.db, lp.login[migrations.RoleAdmin]
+	var others []string
+	rows, err := db.Pool.Query(ctx, `
+		SELECT 'relation ' || c.relname || ' owned by ' || pg_get_userbyid(c.relowner) FROM pg_class c
+		 WHERE c.relnamespace = $1::regnamespace AND pg_get_userbyid(c.relowner) <> $2
+		UNION ALL
+		SELECT 'routine ' || p.oid::regprocedure || ' owned by ' || pg_get_userbyid(p.proowner) FROM pg_proc p
+		 WHERE p.pronamespace = $1::regnamespace AND pg_get_userbyid(p.proowner) <> $2
+		UNION ALL
+		SELECT 'type ' || t.typname || ' owned by ' || pg_get_userbyid(t.typowner) FROM pg_type t
+		 WHERE t.typnamespace = $1::regnamespace AND pg_get_userbyid(t.typowner) <> $2`, db.Schema, admin)
+	if err == nil {
+		others, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Errorf("after the admin grants, objects of the schema not owned by the admin role %s:\n%s", admin, strings.Join(others, "\n"))
+	}
+	m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := strconv.Itoa(m.Latest())
+	asAdmin := func(args ...string) string {
+		t.Helper()
+		code, out, stderr := cli(t, append(args, "--database-url", lp.dsnOf(migrations.RoleAdmin), "--schema", db.Schema)...)
+		if code != 0 {
+			t.Fatalf("relay %s as the admin role: exit %d\n%s%s", strings.Join(args, " "), code, out, stderr)
+		}
+		return out
+	}
+	version := func() int {
+		t.Helper()
+		v, err := m.Version(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	asAdmin("migrate", "up")
+	if v := version(); v != m.Latest() {
+		t.Fatalf("version %d after migrate up as the admin role, want %s", v, latest)
+	}
+	asAdmin("migrate", "down", "--steps", "1")
+	if v := version(); v != m.Latest()-1 {
+		t.Fatalf("version %d after migrate down as the admin role, want %d", v, m.Latest()-1)
+	}
+	asAdmin("migrate", "up")
+	if v := version(); v != m.Latest() {
+		t.Fatalf("version %d after migrate up again as the admin role, want %s", v, latest)
+	}
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Payload: []byte("after the admin's migrations")})
+		return err
+	}); err != nil {
+		t.Errorf("producer EnqueueTx after the admin's migrations: %v", err)
 	}
 }
