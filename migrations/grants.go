@@ -74,6 +74,48 @@ BEGIN
 END$txoutbox$;
 `
 
+// ProducerRowsRole is the NOLOGIN role (one per cluster) the producer grants make every
+// producer grantee a member of: on txoutbox_messages, row-level security gives its members the
+// rows a producer settles, cancels or moves, and every other role every row.
+const ProducerRowsRole = "txoutbox_restricted_producers"
+
+// producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s):
+// %[3]s (named by the literal %[2]s) is created if missing and granted to the grantee %[4]s.
+// Members may read every row (their column grants say which columns), insert rows in the
+// states a producer writes, and update only the rows a producer settles or moves: half
+// messages (prepared, check_exhausted), delayed ones (scheduled), and ready rows of their own
+// transaction (inserted in it: the SQL functions of migrations 5 and 7 turn a message they
+// just enqueued into a delayed one) or settled since it began (txoutbox_commit turns a
+// committed delayed half message scheduled); the result must be prepared, ready, scheduled or
+// rolled_back. Roles that are not members get every row (one permissive policy, whose
+// membership test is evaluated once per statement); the owner and superusers bypass row-level
+// security; relay grantees have a permissive policy of their own (for a login that is both).
+const producerRows = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
+-- messages, delayed messages, and ready rows its own transaction inserted or settled): not
+-- another service's ready, published, dead or rolled back messages. Other roles see every row.
+DO $txoutbox$BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[2]s) THEN
+    CREATE ROLE %[3]s NOLOGIN;
+  END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+  NULL; -- created meanwhile by another session
+END$txoutbox$;
+GRANT %[3]s TO %[4]s;
+ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
+CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
+  WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
+DROP POLICY IF EXISTS txoutbox_producer_select ON %[1]s;
+CREATE POLICY txoutbox_producer_select ON %[1]s FOR SELECT TO %[3]s USING (true);
+DROP POLICY IF EXISTS txoutbox_producer_insert ON %[1]s;
+CREATE POLICY txoutbox_producer_insert ON %[1]s FOR INSERT TO %[3]s
+  WITH CHECK (state IN ('ready', 'prepared', 'scheduled'));
+DROP POLICY IF EXISTS txoutbox_producer_update ON %[1]s;
+CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
+  USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND (created_at = now() OR settled_at >= now())))
+  WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back'));
+`
+
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Grants returns SQL that gives grantee (created NOLOGIN if it does not exist; grant it to
@@ -122,10 +164,14 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- and the helpers they call), when the schema has them. They run with the caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
+		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
+		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
+		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
+			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, g)
 		b.WriteString("-- Membership rows of the partition leases.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")

@@ -18,12 +18,16 @@ run it (psql -f) as the schema's owner or a superuser, after the migrations and 
 migration that adds tables.
 
   producer  insert messages (EnqueueTx, Prepare), settle its half messages (Commit, CommitTx,
-            Rollback); no DELETE, no payloads read back, no dedup rows
+            Rollback), cancel and move delayed ones; no DELETE, no payloads read back, no
+            dedup rows; row-level security on the outbox table (the grantee joins
+            txoutbox_restricted_producers): it changes half messages, delayed messages and
+            its transaction's own ready rows only, never another ready, published or dead one
   relay     claim, publish, settle and purge rows, partition leases and membership, schema
             version check, check-back (resolve, stale, purge of dedup rows); --signal-backend
             adds pg_signal_backend, needed to fence a stale relay only when relays log in as
             different roles
-  consumer  its dedup rows (txoutbox_consumer_dedup); nothing of the outbox
+  consumer  the dedup and key-order rows (of every consumer of the schema: consumers sharing
+            a schema trust each other); nothing of the outbox
   admin     owns the schema and every object in it (tables, functions, ...): migrations up
             and down, and every admin command
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/consumer"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -498,4 +501,233 @@ func TestAdminRoleMigratesUpAndDown(t *testing.T) {
 	}); err != nil {
 		t.Errorf("producer EnqueueTx after the admin's migrations: %v", err)
 	}
+}
+
+// A producer login cannot change the state of another service's messages that a producer has
+// no business with (row-level security of `relay migrate grants --role producer`): the forged
+// UPDATE of ready rows to published, or to rolled_back, and of published, dead or rolled back
+// rows, changes nothing; a settle to a state a producer never writes, and the insert of one,
+// are refused (42501). Meanwhile the producer's own paths still work as that role, the SQL
+// functions included: a delayed message enqueued (scheduled at once), a delayed half message
+// committed (Go and SQL: scheduled), a half message rolled back, a scheduled one cancelled.
+func TestProducerCannotForgeOtherMessagesState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another service's messages, written by another role: ready, published, dead, rolled back.
+	var others []uuid.UUID
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		others, err = client.EnqueueTx(ctx, tx, outbox.Message{Subject: "payments.charged", Payload: []byte("ready")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("published")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("dead")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("rolled back")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = (ARRAY['ready', 'published', 'dead', 'rolled_back'])[array_position($1::uuid[], message_id)]
+		WHERE message_id = ANY($1)`, others); err != nil {
+		t.Fatal(err)
+	}
+	stateOf := func(id uuid.UUID) string {
+		t.Helper()
+		var st string
+		if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for _, sql := range []string{
+		`UPDATE txoutbox_messages SET state = 'published' WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'rolled_back', settled_at = now() WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'scheduled' WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'ready' WHERE state IN ('published', 'dead', 'rolled_back')`,
+		`UPDATE txoutbox_messages SET next_attempt_at = now() + interval '1 year' WHERE true`,
+	} {
+		tag, err := producer.Exec(ctx, sql)
+		if err != nil {
+			t.Errorf("producer %s: %v, want nothing changed", sql, err)
+		} else if tag.RowsAffected() != 0 {
+			t.Errorf("producer %s changed %d rows, want 0", sql, tag.RowsAffected())
+		}
+	}
+	for i, want := range []string{"ready", "published", "dead", "rolled_back"} {
+		if got := stateOf(others[i]); got != want {
+			t.Errorf("another service's %s message is %s after the producer's forged updates", want, got)
+		}
+	}
+
+	// The producer's own half and delayed messages.
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	half, err := client.Prepare(ctx, producer, outbox.Message{Subject: "orders.created", Payload: []byte("half")}, &outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = producer.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published' WHERE message_id = $1`, half.ID)
+	wantDenied(t, "producer settles a half message as published", err)
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state) VALUES (gen_random_uuid(), 'x', 0, '', 'published')`)
+	wantDenied(t, "producer inserts a published row", err)
+	if err := client.Rollback(ctx, producer, half.ID); err != nil {
+		t.Errorf("producer Rollback: %v", err)
+	}
+	delayedHalf, err := client.Prepare(ctx, producer, outbox.Message{Subject: "orders.created", Payload: []byte("delayed half"), DeliverAt: due},
+		&outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Commit(ctx, producer, delayedHalf.ID); err != nil {
+		t.Errorf("producer Commit of a delayed half message: %v", err)
+	}
+	var sqlEnqueued, sqlHalf, sqlCancelled uuid.UUID
+	for what, q := range map[string]struct {
+		sql string
+		id  *uuid.UUID
+	}{
+		"SQL enqueue of a delayed message": {`SELECT txoutbox_enqueue('orders.x', 'p', deliver_at => now() + interval '1 hour')`, &sqlEnqueued},
+		"SQL commit of a delayed half message": {`SELECT id FROM (SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', deliver_at => now() + interval '1 hour') AS id) p,
+			LATERAL (SELECT txoutbox_commit(p.id)) c`, &sqlHalf},
+		"SQL cancel of a delayed message": {`SELECT id FROM (SELECT txoutbox_enqueue('orders.y', 'p', deliver_at => now() + interval '1 hour') AS id) e,
+			LATERAL (SELECT txoutbox_cancel(e.id)) c`, &sqlCancelled},
+	} {
+		if err := producer.QueryRow(ctx, q.sql).Scan(q.id); err != nil {
+			t.Errorf("producer %s: %v", what, err)
+		}
+	}
+	for id, want := range map[uuid.UUID]string{half.ID: "rolled_back", delayedHalf.ID: "scheduled", sqlEnqueued: "scheduled", sqlHalf: "scheduled", sqlCancelled: "rolled_back"} {
+		if id == uuid.Nil {
+			continue
+		}
+		if got := stateOf(id); got != want {
+			t.Errorf("the producer's message %s is %s, want %s", id, got, want)
+		}
+	}
+}
+
+// The row-level security the producer grants enable leaves the relay's hot path as it was:
+// the claim and the settle, as the relay role runs them (custom and generic plans), have the
+// plans they have for the table's owner, who bypasses it: the same nodes, indexes and
+// conditions, no policy filter and no subplan added (the relay's permissive policy folds the
+// policies to true; only the order the planner evaluates a filter's terms in may differ).
+func TestProducerRowSecurityLeavesRelayPlans(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		var msgs []outbox.Message
+		for i := range 50 {
+			msgs = append(msgs, outbox.Message{Subject: "orders.created", Key: "k" + strconv.Itoa(i%5), Payload: []byte("p")})
+		}
+		_, err := client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := db.Pool.Query(ctx, `SELECT id FROM txoutbox_messages ORDER BY id LIMIT 10`)
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		t.Fatal(err)
+	}
+	var enabled bool
+	if err := db.Pool.QueryRow(ctx, `SELECT relrowsecurity FROM pg_class WHERE oid = 'txoutbox_messages'::regclass`).Scan(&enabled); err != nil || !enabled {
+		t.Fatalf("row-level security on txoutbox_messages: %v (%v), want enabled by the producer grants", enabled, err)
+	}
+	q := store.New(db.Schema)
+	shapes := func(pool *pgxpool.Pool) []string {
+		t.Helper()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		var out []string
+		for _, generic := range []bool{false, true} {
+			claim, err := q.ExplainClaim(ctx, conn.Conn(), store.ClaimArgs{Limit: 20, PartitionCount: 8, Partitions: []int32{0, 1, 2, 3, 4, 5, 6, 7}}, generic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			settle, err := q.ExplainSettle(ctx, conn.Conn(), store.SettleArgs{Published: []store.Published{{ID: ids[0]}, {ID: ids[1]}}, MaxAttempts: 5}, generic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, planShape(t, claim), planShape(t, settle))
+		}
+		return out
+	}
+	owner, relay := shapes(db.Pool), shapes(lp.poolOf(migrations.RoleRelay))
+	for i := range owner {
+		if owner[i] != relay[i] {
+			t.Errorf("plan %d as the relay role differs from the owner's:\nowner: %s\nrelay: %s", i, owner[i], relay[i])
+		}
+	}
+}
+
+// conjuncts returns a condition's top-level AND terms, sorted: the same conditions whatever
+// order the planner evaluates them in (it orders them by cost within their security level).
+func conjuncts(cond string) string {
+	inner := strings.TrimSuffix(strings.TrimPrefix(cond, "("), ")")
+	var terms []string
+	depth, start := 0, 0
+	for i := 0; i < len(inner); i++ {
+		switch inner[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		}
+		if depth == 0 && strings.HasPrefix(inner[i:], " AND ") {
+			terms = append(terms, inner[start:i])
+			start = i + len(" AND ")
+		}
+	}
+	if depth != 0 || len(terms) == 0 {
+		return cond // not a conjunction of parenthesised terms
+	}
+	terms = append(terms, inner[start:])
+	slices.Sort(terms)
+	return strings.Join(terms, " AND ")
+}
+
+// planShape is an EXPLAIN (FORMAT JSON) plan without its numbers: each node's type, relation,
+// index, conditions and filters (their terms in a fixed order), depth first.
+func planShape(t *testing.T, plan []byte) string {
+	t.Helper()
+	var doc []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &doc); err != nil || len(doc) == 0 {
+		t.Fatalf("EXPLAIN output: %v: %s", err, plan)
+	}
+	var b strings.Builder
+	var walk func(n map[string]any, depth int)
+	walk = func(n map[string]any, depth int) {
+		fmt.Fprintf(&b, "%s%v", strings.Repeat(" ", depth), n["Node Type"])
+		for _, k := range []string{"Relation Name", "Index Name", "Index Cond", "Recheck Cond", "Filter", "Join Filter", "One-Time Filter", "Subplan Name", "Parent Relationship"} {
+			if v, ok := n[k].(string); ok {
+				fmt.Fprintf(&b, " %s=%s", k, conjuncts(v))
+			}
+		}
+		b.WriteString("\n")
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			if m, ok := k.(map[string]any); ok {
+				walk(m, depth+1)
+			}
+		}
+	}
+	walk(doc[0].Plan, 0)
+	return b.String()
 }
