@@ -145,7 +145,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkNATSURL(natsURL); err != nil {
 		return err
 	}
-	natsOpts, err := auth.options()
+	natsOpts, err := auth.options(natsURL)
 	if err != nil {
 		return err
 	}

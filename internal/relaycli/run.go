@@ -184,7 +184,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
-	natsAuth, err := f.natsAuth.options()
+	natsAuth, err := f.natsAuth.options(f.natsURL)
 	if err != nil {
 		return err
 	}
