@@ -46,6 +46,9 @@ type conns struct {
 	lostOnce    sync.Once
 	natsLost    chan struct{}
 	natsLostErr error
+	// natsAuthErr is the last refusal of the credentials nats.go reported (its sentinel:
+	// the error it closes with may be the server's text, which not every sentinel matches).
+	natsAuthErr atomic.Pointer[error]
 }
 
 // errNATSClosed: nats.go closed the NATS connection for good (it does not reconnect again);
@@ -63,6 +66,10 @@ func (c *conns) lost(nc *nats.Conn, tlsFirst bool) (recorded bool) {
 		err := nc.LastError()
 		if err == nil {
 			err = nats.ErrConnectionClosed
+		}
+		if auth := c.natsAuthErr.Load(); auth != nil && !natsAuthRefusal(err) {
+			// "nats: User Authentication Expired" is not nats.ErrAuthExpired for errors.Is.
+			err = fmt.Errorf("%w (%w)", *auth, err)
 		}
 		c.natsLostErr = fmt.Errorf("%w: %w; exiting so that the supervisor restarts the process", errNATSClosed, natsHint(err, tlsFirst))
 		close(c.natsLost)
@@ -237,6 +244,9 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if natsAuthRefusal(err) {
+				c.natsAuthErr.Store(&err)
+			}
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
@@ -301,7 +311,7 @@ func natsHint(err error, tlsFirst bool) error {
 		// A server with handshake_first waits for the client's TLS handshake, the client for
 		// the server's INFO, until one of them times out: EOF, or a read timeout.
 		return fmt.Errorf("%w (the server did not speak first: if it wants the TLS handshake first (handshake_first), set --nats-tls-first)", err)
-	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+	case natsAuthRefusal(err):
 		return fmt.Errorf("%w (check --nats-creds, --nats-nkey, --nats-user and --nats-password, or --nats-token)", err)
 	case errors.Is(err, nats.ErrTLS), tlsRefusal(err):
 		return fmt.Errorf("%w (the TLS handshake failed or the server closed the connection after it, as it does when it refuses a client certificate: check --nats-tls-ca, --nats-tls-cert and --nats-tls-key)", err)
@@ -315,6 +325,12 @@ func natsHint(err error, tlsFirst bool) error {
 func silentServer(err error) bool {
 	var op *net.OpError
 	return errors.Is(err, io.EOF) || (errors.As(err, &op) && op.Op == "read" && op.Timeout())
+}
+
+// natsAuthRefusal reports whether err is a server's refusal of the credentials.
+func natsAuthRefusal(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 // tlsRefusal reports whether err is a TLS alert from the server or a certificate that does

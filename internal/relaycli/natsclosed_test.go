@@ -163,3 +163,63 @@ func TestNATSHintTLSFirst(t *testing.T) {
 		}
 	}
 }
+
+// The same for a credentials file whose user JWT expires while the relay runs: the server
+// disconnects it ("User Authentication Expired") and refuses it after; the relay exits 1 with
+// the refusal, to be restarted with a new file.
+func TestRelayExitsWhenItsNATSUserJWTExpires(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	op := testsvc.NewOperator(t)
+	srv := startAuthNATS(t, embedded.NATSOptions{Configure: op.Configure})
+	nc, err := nats.Connect(srv.URL(), nats.UserCredentials(op.UserCreds("admin")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *nats.Msg, 4)
+	if _, err := nc.ChanSubscribe("orders.>", got); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	db := testsvc.NewDB(t)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Payload: []byte("before the expiry")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Long enough to start and publish on a loaded machine; the test then waits for the exit.
+	creds := op.UserCredsExpiring("relay", time.Now().Add(15*time.Second))
+	p := startRelay(t, "relay", "run", "--no-checkback", "--database-url", db.DSN, "--schema", db.Schema,
+		"--nats-url", srv.URL(), "--nats-creds", creds, "--log-format", "json")
+	select {
+	case <-got:
+	case <-p.done:
+		t.Fatalf("the relay exited before publishing (did the JWT expire first?):\n%s", p.output())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("nothing published within 30s:\n%s", p.output())
+	}
+	if code := p.waitExit(t, 60*time.Second); code != 1 {
+		t.Fatalf("exit %d after the JWT expired, want 1:\n%s", code, p.output())
+	}
+	out := p.output()
+	for _, want := range []string{"NATS closed the connection for good", "check --nats-creds"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
