@@ -44,6 +44,11 @@ type GrantOptions struct {
 	// (or of a role the caller is a member of) without it: grant it only when relays log in
 	// as different roles. Defaults to false.
 	SignalBackend bool
+	// Consumers, for RoleConsumer, are the consumer (durable) names whose rows of the dedup
+	// and key-order tables the grantee may read and write: row-level security hides the other
+	// consumers' rows from it and refuses writing them. Empty (the default): every consumer's
+	// rows, as consumers sharing a schema trust each other.
+	Consumers []string
 }
 
 // adminOwnership gives every object of a schema (%[1]s, a literal) to a role (%[2]s, a
@@ -116,6 +121,34 @@ CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
   WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back'));
 `
 
+// ConsumerRowsRole is the NOLOGIN role (one per cluster) that consumer grantees restricted to
+// some consumer names (GrantOptions.Consumers) are members of; roles that are not members see
+// every row of the dedup and key-order tables.
+const ConsumerRowsRole = "txoutbox_restricted_consumers"
+
+// consumerRowsRoleSQL creates ConsumerRowsRole (%[2]s, named by the literal %[1]s) if missing
+// and grants it to the grantee %[3]s.
+const consumerRowsRoleSQL = `DO $txoutbox$BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[1]s) THEN
+    CREATE ROLE %[2]s NOLOGIN;
+  END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+  NULL; -- created meanwhile by another session
+END$txoutbox$;
+GRANT %[2]s TO %[3]s;
+`
+
+// consumerRows is the row-level security of a consumer table (%[1]s): non-members of
+// ConsumerRowsRole (the literal %[2]s) keep every row; the policy %[3]s gives the grantee %[4]s
+// the rows of the consumer names %[5]s (a text[] expression).
+const consumerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
+CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
+  WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
+DROP POLICY IF EXISTS %[3]s ON %[1]s;
+CREATE POLICY %[3]s ON %[1]s TO %[4]s USING (consumer = ANY (%[5]s)) WITH CHECK (consumer = ANY (%[5]s));
+`
+
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Grants returns SQL that gives grantee (created NOLOGIN if it does not exist; grant it to
@@ -176,6 +209,8 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
+		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
+			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, g)
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
@@ -189,6 +224,18 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT ON %s TO %s;\n", dedup, g)
 		b.WriteString("-- Ordered consumers lock and advance each key's applied sequence (INSERT ... ON CONFLICT DO UPDATE RETURNING).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE ON %s TO %s;\n", t("txoutbox_consumer_key_order"), g)
+		if len(o.Consumers) > 0 {
+			names := make([]string, len(o.Consumers))
+			for i, n := range o.Consumers {
+				names[i] = lit(n)
+			}
+			fmt.Fprintf(&b, "-- Row-level security: the rows of consumers %s only.\n", strings.Join(names, ", "))
+			fmt.Fprintf(&b, consumerRowsRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
+			for _, table := range []string{dedup, t("txoutbox_consumer_key_order")} {
+				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole), pgx.Identifier{"txoutbox_consumer_" + grantee}.Sanitize(), g,
+					"ARRAY["+strings.Join(names, ", ")+"]::text[]")
+			}
+		}
 	case RoleAdmin:
 		b.WriteString("-- The admin owns the schema and every object in it (tables with their indexes and identity\n")
 		b.WriteString("-- sequences, functions, and any view, sequence or type): it migrates up and down (a migration\n")

@@ -27,7 +27,8 @@ migration that adds tables.
             adds pg_signal_backend, needed to fence a stale relay only when relays log in as
             different roles
   consumer  the dedup and key-order rows (of every consumer of the schema: consumers sharing
-            a schema trust each other); nothing of the outbox
+            a schema trust each other; --consumers billing,... limits the grantee to the rows
+            of those consumer names, with row-level security); nothing of the outbox
   admin     owns the schema and every object in it (tables, functions, ...): migrations up
             and down, and every admin command
 
@@ -36,10 +37,11 @@ The grantee is created NOLOGIN if it does not exist: grant it to your login role
 
 Usage:
   relay migrate grants --role producer|relay|consumer|admin [--schema S] [--grantee NAME] [--out FILE]
+                       [--consumers NAME,...] [--signal-backend]
 `
 
 func grantsCmd(_ context.Context, env *Env, args []string) error {
-	var role, schema, grantee, out string
+	var role, schema, grantee, out, consumers string
 	var signal bool
 	s := newSettings("migrate grants", grantsUsage, env.Stderr, env.Getenv)
 	s.String(&role, "role", "", "", "producer, relay, consumer or admin")
@@ -47,7 +49,8 @@ func grantsCmd(_ context.Context, env *Env, args []string) error {
 	s.String(&grantee, "grantee", "", "", "role to grant to (default txoutbox_<role>)")
 	s.Bool(&signal, "signal-backend", "", false, "relay: also grant pg_signal_backend (fencing relays that log in as different roles)")
 	s.String(&out, "out", "", "", "write the SQL to this file instead of standard output")
-	s.CommandLineOnly("role", "grantee", "signal-backend", "out")
+	s.String(&consumers, "consumers", "", "", "consumer: comma-separated consumer (durable) names whose dedup and key-order rows alone the grantee may use (row-level security; default: every consumer's)")
+	s.CommandLineOnly("role", "grantee", "signal-backend", "out", "consumers")
 	if err := parseSettings(s, env, args); err != nil {
 		return err
 	}
@@ -63,7 +66,16 @@ func grantsCmd(_ context.Context, env *Env, args []string) error {
 	if signal && role != migrations.RoleRelay {
 		return usageErr("--signal-backend is for --role relay")
 	}
-	sql, err := migrations.Grants(role, schema, grantee, &migrations.GrantOptions{SignalBackend: signal})
+	var names []string
+	for _, n := range strings.Split(consumers, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if consumers != "" && (role != migrations.RoleConsumer || len(names) == 0) {
+		return usageErr("--consumers is for --role consumer, with at least one name")
+	}
+	sql, err := migrations.Grants(role, schema, grantee, &migrations.GrantOptions{SignalBackend: signal, Consumers: names})
 	if errors.Is(err, migrations.ErrUnknownRole) {
 		return usageErr("invalid --role %q: want %s", role, strings.Join(migrations.Roles, ", "))
 	}

@@ -296,7 +296,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 // relay migrate grants refuses what it does not know, and writes a file with --out.
 func TestGrantsCommand(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{}, {"--role", "operator"}, {"--role", "producer", "--grantee", "bad name"}, {"--role", "producer", "--signal-backend"}} {
+	for _, args := range [][]string{{}, {"--role", "operator"}, {"--role", "producer", "--grantee", "bad name"}, {"--role", "producer", "--signal-backend"},
+		{"--role", "producer", "--consumers", "billing"}, {"--role", "consumer", "--consumers", " , "}} {
 		if code, _, _ := cli(t, append([]string{"migrate", "grants"}, args...)...); code != 2 {
 			t.Errorf("migrate grants %v: exit %d, want 2", args, code)
 		}
@@ -730,4 +731,98 @@ func planShape(t *testing.T, plan []byte) string {
 	}
 	walk(doc[0].Plan, 0)
 	return b.String()
+}
+
+// `relay migrate grants --role consumer --consumers billing` limits a consumer login to the
+// dedup and key-order rows of consumer billing: another consumer's rows are invisible to it
+// (it cannot learn what shipping processed, nor change its key order) and writing one is
+// refused (42501: it cannot make shipping skip a message), while an ordered consumer named
+// billing runs as that login; the relay role still sees (and purges) every consumer's rows.
+func TestConsumerRestrictedToItsNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db, login := lp.db, lp.login[migrations.RoleConsumer]
+	code, sql, stderr := cli(t, "migrate", "grants", "--role", "consumer", "--consumers", "billing", "--schema", db.Schema, "--grantee", login)
+	if code != 0 {
+		t.Fatalf("grants --role consumer --consumers billing: exit %d: %s", code, stderr)
+	}
+	conn, err := db.AdminPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	conn.Release()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('shipping', 'k1'), ('billing', 'k0');
+		INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ('shipping', 'ORDERS', 'o1', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	cons := lp.poolOf(migrations.RoleConsumer)
+	var seen []string
+	rows, err := cons.Query(ctx, `SELECT consumer || '/' || idempotency_key FROM txoutbox_consumer_dedup ORDER BY 1`)
+	if err == nil {
+		seen, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || !slices.Equal(seen, []string{"billing/k0"}) {
+		t.Errorf("the billing consumer's login reads dedup rows %v (%v), want only billing/k0", seen, err)
+	}
+	_, err = cons.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('shipping', 'k2')`)
+	wantDenied(t, "consumer billing inserts a dedup row of shipping", err)
+	_, err = cons.Exec(ctx, `INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ('shipping', 'ORDERS', 'o2', 1)`)
+	wantDenied(t, "consumer billing inserts a key-order row of shipping", err)
+	if tag, err := cons.Exec(ctx, `UPDATE txoutbox_consumer_key_order SET applied_seq = 100 WHERE consumer = 'shipping'`); err != nil || tag.RowsAffected() != 0 {
+		t.Errorf("consumer billing updates shipping's key order: %v, %v rows; want 0 rows", err, tag.RowsAffected())
+	}
+
+	// An ordered consumer named billing runs as that login.
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (message_id text PRIMARY KEY); GRANT INSERT ON ledger TO `+login); err != nil {
+		t.Fatal(err)
+	}
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	n.Stream(t, "DEAD_LETTERS", consumer.DefaultDeadLetterPrefix+">")
+	for i := range 3 {
+		msg := nats.NewMsg("orders.created")
+		msg.Header.Set("Nats-Msg-Id", "m"+strconv.Itoa(i))
+		msg.Header.Set("Txoutbox-Key", "o1")
+		msg.Data = []byte("p")
+		if _, err := n.JS.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := consumer.New(cons, n.JS, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id) VALUES ($1)`, msg.Headers.Get("Nats-Msg-Id"))
+		return err
+	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: db.Schema, Ordered: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	testsvc.Eventually(t, 30*time.Second, "consumer billing to apply the 3 messages", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the consumer stopped: %v", err)
+		default:
+		}
+		return c.Stats().Processed >= 3
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("consumer billing as the restricted login: %v", err)
+	}
+	_, err = cons.Exec(ctx, `UPDATE txoutbox_consumer_key_order SET consumer = 'shipping' WHERE consumer = 'billing'`)
+	wantDenied(t, "consumer billing moves its key-order rows to shipping", err)
+	var shippingSeq int64
+	if err := db.Pool.QueryRow(ctx, `SELECT applied_seq FROM txoutbox_consumer_key_order WHERE consumer = 'shipping'`).Scan(&shippingSeq); err != nil || shippingSeq != 7 {
+		t.Errorf("shipping's key order is %d (%v), want 7 untouched", shippingSeq, err)
+	}
+	var all int
+	if err := lp.poolOf(migrations.RoleRelay).QueryRow(ctx, `SELECT count(*) FROM txoutbox_consumer_dedup`).Scan(&all); err != nil || all != 5 {
+		t.Errorf("the relay role sees %d dedup rows (%v), want all 5", all, err)
+	}
 }
