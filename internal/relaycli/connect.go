@@ -91,7 +91,7 @@ func (c *conns) NATSLost() (<-chan struct{}, func() error) {
 }
 
 // untilNATSLost returns ctx, cancelled too when nats.go closes the connection for good; the
-// command then returns natsErr's error (wrapping errNATSClosed) rather than a clean stop.
+// command then returns withNATSLost's error (wrapping errNATSClosed) rather than a clean stop.
 func (c *conns) untilNATSLost(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	lost, _ := c.NATSLost()
@@ -256,8 +256,9 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
 		}),
-		// nats.go gives up reconnecting for good only when a server refuses the credentials
-		// twice in a row (a rotated password, an expired or revoked user JWT): the command
+		// nats.go gives up reconnecting for good when a server refuses the credentials twice
+		// in a row (a rotated password, an expired or revoked user JWT), or sends an error it
+		// does not know (otherwise it reconnects for ever: MaxReconnects is -1): the command
 		// that waits on NATSLost then ends, so that its supervisor restarts it, instead of
 		// standing still and healthy.
 		nats.ClosedHandler(func(nc *nats.Conn) {
