@@ -24,8 +24,9 @@ const (
 	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
 	// each key's applied sequence. It cannot touch the outbox.
 	RoleConsumer = "consumer"
-	// RoleAdmin owns the schema and its tables: it migrates (relay migrate up/down), runs
-	// every admin command and grants the other roles.
+	// RoleAdmin owns the schema and every object in it (tables, functions, sequences, views,
+	// types): it migrates (relay migrate up/down), runs every admin command and grants the
+	// other roles.
 	RoleAdmin = "admin"
 )
 
@@ -43,7 +44,110 @@ type GrantOptions struct {
 	// (or of a role the caller is a member of) without it: grant it only when relays log in
 	// as different roles. Defaults to false.
 	SignalBackend bool
+	// Consumers, for RoleConsumer, are the consumer (durable) names whose rows of the dedup
+	// and key-order tables the grantee may read and write: row-level security hides the other
+	// consumers' rows from it and refuses writing them. Empty (the default): every consumer's
+	// rows, as consumers sharing a schema trust each other.
+	Consumers []string
 }
+
+// adminOwnership gives every object of a schema (%[1]s, a literal) to a role (%[2]s, a
+// literal): relations by their kind (tables carry their indexes, identity sequences and row
+// types; sequences owned by a column go with their table), routines, and the types that are
+// not a relation's row type, an array or a range's multirange.
+const adminOwnership = `DO $txoutbox$DECLARE r record;
+BEGIN
+  FOR r IN SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                  WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, n.nspname, c.relname, %[2]s) AS stmt
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+             AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                      AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+         UNION ALL
+         SELECT format('ALTER %%s %%s OWNER TO %%I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
+                  p.oid::regprocedure, %[2]s)
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname = %[1]s
+         UNION ALL
+         SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, %[2]s)
+           FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0
+             AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+  LOOP
+    EXECUTE r.stmt;
+  END LOOP;
+END$txoutbox$;
+`
+
+// ProducerRowsRole is the NOLOGIN role (one per cluster) the producer grants make every
+// producer grantee a member of: on txoutbox_messages, row-level security gives its members the
+// rows a producer settles, cancels or moves, and every other role every row.
+const ProducerRowsRole = "txoutbox_restricted_producers"
+
+// producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s):
+// %[3]s (named by the literal %[2]s) is created if missing and granted to the grantee %[4]s.
+// Members may read every row (their column grants say which columns), insert rows in the
+// states a producer writes, and update only the rows a producer settles or moves: half
+// messages (prepared, check_exhausted), delayed ones (scheduled), and ready rows of their own
+// transaction (inserted in it: the SQL functions of migrations 5 and 7 turn a message they
+// just enqueued into a delayed one) or settled since it began (txoutbox_commit turns a
+// committed delayed half message scheduled); the result must be prepared, ready, scheduled or
+// rolled_back. Roles that are not members get every row (one permissive policy, whose
+// membership test is evaluated once per statement); the owner and superusers bypass row-level
+// security; relay grantees have a permissive policy of their own (for a login that is both).
+const producerRows = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
+-- messages, delayed messages, and ready rows its own transaction inserted or settled): not
+-- another service's ready, published, dead or rolled back messages. Other roles see every row.
+DO $txoutbox$BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[2]s) THEN
+    CREATE ROLE %[3]s NOLOGIN;
+  END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+  NULL; -- created meanwhile by another session
+END$txoutbox$;
+GRANT %[3]s TO %[4]s;
+ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
+CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
+  WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
+DROP POLICY IF EXISTS txoutbox_producer_select ON %[1]s;
+CREATE POLICY txoutbox_producer_select ON %[1]s FOR SELECT TO %[3]s USING (true);
+DROP POLICY IF EXISTS txoutbox_producer_insert ON %[1]s;
+CREATE POLICY txoutbox_producer_insert ON %[1]s FOR INSERT TO %[3]s
+  WITH CHECK (state IN ('ready', 'prepared', 'scheduled'));
+DROP POLICY IF EXISTS txoutbox_producer_update ON %[1]s;
+CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
+  USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND (created_at = now() OR settled_at >= now())))
+  WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back'));
+`
+
+// ConsumerRowsRole is the NOLOGIN role (one per cluster) that consumer grantees restricted to
+// some consumer names (GrantOptions.Consumers) are members of; roles that are not members see
+// every row of the dedup and key-order tables.
+const ConsumerRowsRole = "txoutbox_restricted_consumers"
+
+// consumerRowsRoleSQL creates ConsumerRowsRole (%[2]s, named by the literal %[1]s) if missing
+// and grants it to the grantee %[3]s.
+const consumerRowsRoleSQL = `DO $txoutbox$BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[1]s) THEN
+    CREATE ROLE %[2]s NOLOGIN;
+  END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+  NULL; -- created meanwhile by another session
+END$txoutbox$;
+GRANT %[2]s TO %[3]s;
+`
+
+// consumerRows is the row-level security of a consumer table (%[1]s): non-members of
+// ConsumerRowsRole (the literal %[2]s) keep every row; the policy %[3]s gives the grantee %[4]s
+// the rows of the consumer names %[5]s (a text[] expression).
+const consumerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
+CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
+  WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
+DROP POLICY IF EXISTS %[3]s ON %[1]s;
+CREATE POLICY %[3]s ON %[1]s TO %[4]s USING (consumer = ANY (%[5]s)) WITH CHECK (consumer = ANY (%[5]s));
+`
 
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -94,14 +198,20 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- helpers they call), when the schema has them. They run with the caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
+		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
+		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
+		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
+			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, g)
 		b.WriteString("-- Membership rows of the partition leases.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
+		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
+			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, g)
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
@@ -115,11 +225,24 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT ON %s TO %s;\n", dedup, g)
 		b.WriteString("-- Ordered consumers lock and advance each key's applied sequence (INSERT ... ON CONFLICT DO UPDATE RETURNING).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE ON %s TO %s;\n", t("txoutbox_consumer_key_order"), g)
+		if len(o.Consumers) > 0 {
+			names := make([]string, len(o.Consumers))
+			for i, n := range o.Consumers {
+				names[i] = lit(n)
+			}
+			fmt.Fprintf(&b, "-- Row-level security: the rows of consumers %s only.\n", strings.Join(names, ", "))
+			fmt.Fprintf(&b, consumerRowsRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
+			for _, table := range []string{dedup, t("txoutbox_consumer_key_order")} {
+				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole), pgx.Identifier{"txoutbox_consumer_" + grantee}.Sanitize(), g,
+					"ARRAY["+strings.Join(names, ", ")+"]::text[]")
+			}
+		}
 	case RoleAdmin:
-		b.WriteString("-- The admin owns the schema and every table in it: it migrates, and runs every admin command.\n")
+		b.WriteString("-- The admin owns the schema and every object in it (tables with their indexes and identity\n")
+		b.WriteString("-- sequences, functions, and any view, sequence or type): it migrates up and down (a migration\n")
+		b.WriteString("-- replaces or drops functions, which only their owner may), and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)
-		fmt.Fprintf(&b, "DO $txoutbox$DECLARE r record;\nBEGIN\n  FOR r IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace\n           WHERE n.nspname = %s AND c.relkind IN ('r', 'p') LOOP\n    EXECUTE format('ALTER TABLE %%I.%%I OWNER TO %%I', %s, r.relname, %s);\n  END LOOP;\nEND$txoutbox$;\n",
-			lit(schema), lit(schema), lit(grantee))
+		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee))
 	default:
 		return "", fmt.Errorf("%w (got %q)", ErrUnknownRole, role)
 	}

@@ -145,7 +145,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if err := checkNATSURL(natsURL); err != nil {
 		return err
 	}
-	natsOpts, err := auth.options()
+	natsOpts, err := auth.options(natsURL)
 	if err != nil {
 		return err
 	}
@@ -203,7 +203,11 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 		if target != nil {
 			target.attachCheckback(c, schema)
 		}
-		return cb.Run(ctx)
+		// A NATS connection nats.go gives up on for good (credentials refused after a
+		// rotation) ends the daemon with exit status 1, so that its supervisor restarts it.
+		ctx, stopWatching := c.untilNATSLost(ctx)
+		defer stopWatching()
+		return c.withNATSLost(cb.Run(ctx))
 	}
 	rep, err := cb.RunOnce(ctx)
 	eff := cb.Config() // the schedules as the check-back reads them (" off" is off)

@@ -6,11 +6,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,9 +37,84 @@ type conns struct {
 	// the background); nil when it answered.
 	NATSDown error
 	cleanup  []func()
+
+	// closing is set by Close before it closes NC: a close nats.go reports after it is ours.
+	closing atomic.Bool
+	// natsLost is closed, and natsLostErr set, when nats.go closes NC for good by itself (it
+	// then never reconnects: after the server refused the credentials twice in a row, for
+	// example after a password rotation or with an expired or revoked user JWT).
+	lostOnce    sync.Once
+	natsLost    chan struct{}
+	natsLostErr error
+	// natsAuthErr is the last refusal of the credentials nats.go reported (its sentinel:
+	// the error it closes with may be the server's text, which not every sentinel matches).
+	natsAuthErr atomic.Pointer[error]
+}
+
+// errNATSClosed: nats.go closed the NATS connection for good (it does not reconnect again);
+// a daemon ends with it (exit status 1) so that its supervisor restarts it.
+var errNATSClosed = errors.New("NATS closed the connection for good and will not reconnect")
+
+// lost records that nats.go closed NC by itself, with the last error it saw, and reports
+// whether it did (not after Close, only once).
+func (c *conns) lost(nc *nats.Conn, tlsFirst bool) (recorded bool) {
+	if c.closing.Load() {
+		return false
+	}
+	c.lostOnce.Do(func() {
+		recorded = true
+		err := nc.LastError()
+		if err == nil {
+			err = nats.ErrConnectionClosed
+		}
+		if auth := c.natsAuthErr.Load(); auth != nil && !natsAuthRefusal(err) {
+			// "nats: User Authentication Expired" is not nats.ErrAuthExpired for errors.Is.
+			err = fmt.Errorf("%w (%w)", *auth, err)
+		}
+		c.natsLostErr = fmt.Errorf("%w: %w; exiting so that the supervisor restarts the process", errNATSClosed, natsHint(err, tlsFirst))
+		close(c.natsLost)
+	})
+	return recorded
+}
+
+// NATSLost returns a channel closed when nats.go closed the connection for good by itself
+// (see errNATSClosed), and the error saying why once it is.
+func (c *conns) NATSLost() (<-chan struct{}, func() error) {
+	return c.natsLost, func() error {
+		select {
+		case <-c.natsLost:
+			return c.natsLostErr
+		default:
+			return nil
+		}
+	}
+}
+
+// untilNATSLost returns ctx, cancelled too when nats.go closes the connection for good; the
+// command then returns withNATSLost's error (wrapping errNATSClosed) rather than a clean stop.
+func (c *conns) untilNATSLost(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	lost, _ := c.NATSLost()
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// withNATSLost returns err joined with why the NATS connection was lost, if it was.
+func (c *conns) withNATSLost(err error) error {
+	if _, why := c.NATSLost(); why() != nil {
+		return errors.Join(why(), err)
+	}
+	return err
 }
 
 func (c *conns) Close() {
+	c.closing.Store(true)
 	if c.NC != nil {
 		// Everything that used the connection has returned: close it before an embedded
 		// server goes away under it.
@@ -75,7 +153,7 @@ type connectOptions struct {
 }
 
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
-	c := &conns{DSN: o.DSN, NATSURL: o.NATSURL}
+	c := &conns{DSN: o.DSN, NATSURL: o.NATSURL, natsLost: make(chan struct{})}
 	fail := func(err error) (*conns, error) { c.Close(); return nil, err }
 	if c.DSN == "" {
 		if !o.Embedded {
@@ -146,6 +224,13 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}
 	}
 	log := o.Log
+	tlsFirst := false
+	probe := nats.GetDefaultOptions()
+	for _, opt := range o.NATSAuth {
+		if opt(&probe) == nil && probe.TLSHandshakeFirst {
+			tlsFirst = true
+		}
+	}
 	opts := []nats.Option{
 		nats.Name(o.AppName),
 		nats.MaxReconnects(-1),
@@ -159,6 +244,9 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if natsAuthRefusal(err) {
+				c.natsAuthErr.Store(&err)
+			}
 			subject := ""
 			if sub != nil {
 				subject = sub.Subject
@@ -167,6 +255,16 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
+		// nats.go gives up reconnecting for good when a server refuses the credentials twice
+		// in a row (a rotated password, an expired or revoked user JWT), or sends an error it
+		// does not know (otherwise it reconnects for ever: MaxReconnects is -1): the command
+		// that waits on NATSLost then ends, so that its supervisor restarts it, instead of
+		// standing still and healthy.
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if c.lost(nc, tlsFirst) {
+				log.Error("NATS closed the connection for good", "err", c.natsLostErr)
+			}
 		}),
 	}
 	opts = append(opts, o.NATSAuth...)
@@ -179,7 +277,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				ue.URL = redact.DSN(ue.URL)
 			}
-			err = natsHint(err)
+			err = natsHint(err, tlsFirst)
 		}
 		return nc, err
 	}
@@ -206,15 +304,34 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	return c, nil
 }
 
-// natsHint adds to a refusal by NATS the settings that may fix it.
-func natsHint(err error) error {
+// natsHint adds to a refusal by NATS the settings that may fix it. tlsFirst says whether the
+// connection starts with the TLS handshake (--nats-tls-first).
+func natsHint(err error, tlsFirst bool) error {
 	switch {
-	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+	case !tlsFirst && silentServer(err):
+		// A server with handshake_first waits for the client's TLS handshake, the client for
+		// the server's INFO, until one of them times out: EOF, or a read timeout.
+		return fmt.Errorf("%w (the server did not speak first: if it wants the TLS handshake first (handshake_first), set --nats-tls-first)", err)
+	case natsAuthRefusal(err):
 		return fmt.Errorf("%w (check --nats-creds, --nats-nkey, --nats-user and --nats-password, or --nats-token)", err)
 	case errors.Is(err, nats.ErrTLS), tlsRefusal(err):
 		return fmt.Errorf("%w (the TLS handshake failed or the server closed the connection after it, as it does when it refuses a client certificate: check --nats-tls-ca, --nats-tls-cert and --nats-tls-key)", err)
 	}
 	return err
+}
+
+// silentServer reports whether err is what a client that waits for the server's INFO gets
+// from a server that waits for the client's TLS handshake: EOF (the server's TLS timeout
+// closed the connection) or a read timeout (the client's came first).
+func silentServer(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, io.EOF) || (errors.As(err, &op) && op.Op == "read" && op.Timeout())
+}
+
+// natsAuthRefusal reports whether err is a server's refusal of the credentials.
+func natsAuthRefusal(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 // tlsRefusal reports whether err is a TLS alert from the server or a certificate that does

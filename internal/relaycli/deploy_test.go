@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,8 +78,16 @@ type (
 		SecurityContext               struct {
 			RunAsNonRoot *bool `yaml:"runAsNonRoot"`
 			RunAsUser    *int  `yaml:"runAsUser"`
+			FSGroup      *int  `yaml:"fsGroup"`
 		} `yaml:"securityContext"`
 		Containers []k8sContainer `yaml:"containers"`
+		Volumes    []struct {
+			Name   string `yaml:"name"`
+			Secret *struct {
+				SecretName  string `yaml:"secretName"`
+				DefaultMode *int   `yaml:"defaultMode"`
+			} `yaml:"secret"`
+		} `yaml:"volumes"`
 	}
 	k8sContainer struct {
 		Name  string   `yaml:"name"`
@@ -100,6 +110,11 @@ type (
 			Name          string `yaml:"name"`
 			ContainerPort int    `yaml:"containerPort"`
 		} `yaml:"ports"`
+		VolumeMounts []struct {
+			Name      string `yaml:"name"`
+			MountPath string `yaml:"mountPath"`
+			ReadOnly  bool   `yaml:"readOnly"`
+		} `yaml:"volumeMounts"`
 		LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
 		ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
 		Resources      struct {
@@ -159,23 +174,40 @@ func decodeManifests(t *testing.T, dir string) (map[string][]k8sObject, []string
 // The Kubernetes manifests decode, and say what the relay needs: probes on the relay's
 // /healthz and /readyz on the port its --metrics-addr listens on, a grace period longer than
 // the relay's drain, resources, a non-root user (the image's), the migration Job, the URLs
-// from the Secret, and only environment variables the relay reads.
+// from the Secret (the relays' as the relay role, the Job's as the admin role, which
+// migrates), the NATS credentials files from a Secret volume the relay's group can read, and
+// only environment variables the relay reads.
 func TestKubernetesManifests(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(deployDir, "kubernetes")
 	objs, files := decodeManifests(t, dir)
 	runEnv, migrateEnv := envNames(t, "run"), envNames(t, "migrate")
 
-	for _, kind := range []string{"Secret", "Job", "Deployment", "Kustomization"} {
+	for _, kind := range []string{"Job", "Deployment", "Kustomization"} {
 		if len(objs[kind]) != 1 {
 			t.Fatalf("%d %s objects, want 1", len(objs[kind]), kind)
 		}
 	}
-	secret := objs["Secret"][0]
-	for _, k := range []string{"database-url", "nats-url"} {
-		if secret.StringData[k] == "" {
-			t.Errorf("the Secret has no %s", k)
+	secrets := map[string]map[string]string{}
+	for _, o := range objs["Secret"] {
+		secrets[o.Metadata.Name] = o.StringData
+	}
+	secret := secrets["txoutbox-relay"]
+	for _, k := range []string{"database-url", "admin-database-url", "nats-url"} {
+		if secret[k] == "" {
+			t.Errorf("the Secret txoutbox-relay has no %s", k)
 		}
+	}
+	// Two logins: the relays' is not the one that migrates.
+	userOf := func(key string) string {
+		u, err := url.Parse(secret[key])
+		if err != nil || u.User == nil {
+			t.Fatalf("%s %q: no user (%v)", key, secret[key], err)
+		}
+		return u.User.Username()
+	}
+	if userOf("database-url") == userOf("admin-database-url") {
+		t.Errorf("database-url and admin-database-url log in as the same role %s: the relays need the relay role, the migration the admin role", userOf("database-url"))
 	}
 	kust := objs["Kustomization"][0]
 	for _, f := range files {
@@ -185,8 +217,8 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 
 	// checkEnv: every variable is one the command reads; secrets come from the Secret.
-	checkEnv := func(what string, c k8sContainer, known map[string]bool) map[string]string {
-		vals := map[string]string{}
+	checkEnv := func(what string, c k8sContainer, known map[string]bool) (map[string]string, map[string]string) {
+		vals, keys := map[string]string{}, map[string]string{}
 		for _, e := range c.Env {
 			if !known[e.Name] {
 				t.Errorf("%s sets %s, which the relay does not read", what, e.Name)
@@ -194,16 +226,17 @@ func TestKubernetesManifests(t *testing.T) {
 			vals[e.Name] = e.Value
 			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
 				ref := e.ValueFrom.SecretKeyRef
-				if ref.Name != secret.Metadata.Name || secret.StringData[ref.Key] == "" {
-					t.Errorf("%s: %s refers to secret %s key %s, which the Secret does not have", what, e.Name, ref.Name, ref.Key)
+				if secrets[ref.Name][ref.Key] == "" {
+					t.Errorf("%s: %s refers to secret %s key %s, which no Secret has", what, e.Name, ref.Name, ref.Key)
 				}
 				vals[e.Name] = "(secret)"
+				keys[e.Name] = ref.Key
 			}
 		}
 		if vals["DATABASE_URL"] != "(secret)" {
 			t.Errorf("%s: DATABASE_URL does not come from the Secret", what)
 		}
-		return vals
+		return vals, keys
 	}
 	checkSecurity := func(what string, pod k8sPod, c k8sContainer) {
 		sc := pod.SecurityContext
@@ -228,7 +261,9 @@ func TestKubernetesManifests(t *testing.T) {
 	if !slices.Equal(jc.Args, []string{"migrate", "up"}) {
 		t.Errorf("the Job runs relay %v, want relay migrate up", jc.Args)
 	}
-	checkEnv("the Job", jc, migrateEnv)
+	if _, keys := checkEnv("the Job", jc, migrateEnv); keys["DATABASE_URL"] != "admin-database-url" {
+		t.Errorf("the Job's DATABASE_URL is the Secret's %q, want admin-database-url (relay migrate up needs the admin role)", keys["DATABASE_URL"])
+	}
 	checkSecurity("the Job", job.Spec.Template.Spec, jc)
 
 	dep := objs["Deployment"][0]
@@ -245,9 +280,46 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("the selector's %s=%s is not a label of the pods", k, v)
 		}
 	}
-	vals := checkEnv("the Deployment", c, runEnv)
+	vals, keys := checkEnv("the Deployment", c, runEnv)
 	if vals["NATS_URL"] != "(secret)" {
 		t.Error("NATS_URL does not come from the Secret")
+	}
+	if keys["DATABASE_URL"] != "database-url" {
+		t.Errorf("the relays' DATABASE_URL is the Secret's %q, want database-url (the relay role)", keys["DATABASE_URL"])
+	}
+	// NATS credentials files: every variable naming a file under a mounted volume names a key
+	// of the volume's Secret; the mount is read-only and the relay's group reads the files.
+	mounted := map[string]string{} // mount path -> secret name
+	for _, m := range c.VolumeMounts {
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			if v.Secret == nil || secrets[v.Secret.SecretName] == nil {
+				t.Fatalf("volume %s is not one of the Secrets %v", v.Name, slices.Collect(maps.Keys(secrets)))
+			}
+			if !m.ReadOnly {
+				t.Errorf("volume %s is mounted read-write", v.Name)
+			}
+			if fg := pod.SecurityContext.FSGroup; fg == nil || *fg != 65532 || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o040 == 0 || *v.Secret.DefaultMode&0o007 != 0 {
+				t.Errorf("volume %s: fsGroup %s, defaultMode %v: want the relay's group (65532) to read the files, and nobody else", v.Name, fmtPtr(fg), v.Secret.DefaultMode)
+			}
+			mounted[strings.TrimSuffix(m.MountPath, "/")+"/"] = v.Secret.SecretName
+		}
+	}
+	fromVolumes := 0
+	for name, val := range vals {
+		for dir, sec := range mounted {
+			if key, ok := strings.CutPrefix(val, dir); ok {
+				fromVolumes++
+				if secrets[sec][key] == "" {
+					t.Errorf("%s=%s: the Secret %s mounted at %s has no key %s", name, val, sec, dir, key)
+				}
+			}
+		}
+	}
+	if !strings.HasPrefix(vals["TXOUTBOX_NATS_CREDS"], "/") || fromVolumes < 2 {
+		t.Errorf("TXOUTBOX_NATS_CREDS=%q and %d files from mounted Secrets: want the credentials file and the CA bundle from a Secret volume", vals["TXOUTBOX_NATS_CREDS"], fromVolumes)
 	}
 	if err := checkMetricsAddr(vals["TXOUTBOX_METRICS_ADDR"]); err != nil || vals["TXOUTBOX_METRICS_ADDR"] == "" {
 		t.Fatalf("TXOUTBOX_METRICS_ADDR %q: %v (the probes need it)", vals["TXOUTBOX_METRICS_ADDR"], err)
@@ -366,11 +438,33 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil || stop <= drainBound {
 		t.Errorf("TimeoutStopSec=%v, want more than the relay's drain (%s)", kv["TimeoutStopSec"], drainBound)
 	}
+	loaded := map[string]string{} // credential name -> the file it is loaded from
+	for _, l := range kv["LoadCredential"] {
+		name, path, ok := strings.Cut(l, ":")
+		if !ok || !strings.HasPrefix(path, "/etc/txoutbox/") {
+			t.Errorf("LoadCredential=%s: want NAME:/etc/txoutbox/FILE", l)
+		}
+		loaded[name] = path
+	}
+	env := map[string]string{}
 	for _, e := range kv["Environment"] {
-		name, _, _ := strings.Cut(e, "=")
+		name, val, _ := strings.Cut(e, "=")
 		if !runEnv[name] {
 			t.Errorf("Environment=%s: the relay does not read %s", e, name)
 		}
+		env[name] = val
+		// %d is the credentials directory ($CREDENTIALS_DIRECTORY), what DynamicUser can read.
+		if cred, ok := strings.CutPrefix(val, "%d/"); ok && loaded[cred] == "" {
+			t.Errorf("Environment=%s: no LoadCredential=%s:…", e, cred)
+		}
+	}
+	for _, name := range []string{"TXOUTBOX_NATS_CREDS", "TXOUTBOX_NATS_TLS_CA"} {
+		if !strings.HasPrefix(env[name], "%d/") {
+			t.Errorf("Environment=%s=%s: want a file of the credentials directory (%%d/…, LoadCredential=)", name, env[name])
+		}
+	}
+	if !strings.Contains(string(unit), "admin role") {
+		t.Error("the unit does not say that relay migrate up runs as the admin role")
 	}
 	envFile, err := os.ReadFile(filepath.Join(dir, "relay.env"))
 	if err != nil {

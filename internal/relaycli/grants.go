@@ -18,23 +18,30 @@ run it (psql -f) as the schema's owner or a superuser, after the migrations and 
 migration that adds tables.
 
   producer  insert messages (EnqueueTx, Prepare), settle its half messages (Commit, CommitTx,
-            Rollback); no DELETE, no payloads read back, no dedup rows
+            Rollback), cancel and move delayed ones; no DELETE, no payloads read back, no
+            dedup rows; row-level security on the outbox table (the grantee joins
+            txoutbox_restricted_producers): it changes half messages, delayed messages and
+            its transaction's own ready rows only, never another ready, published or dead one
   relay     claim, publish, settle and purge rows, partition leases and membership, schema
             version check, check-back (resolve, stale, purge of dedup rows); --signal-backend
             adds pg_signal_backend, needed to fence a stale relay only when relays log in as
             different roles
-  consumer  its dedup rows (txoutbox_consumer_dedup); nothing of the outbox
-  admin     owns the schema and its tables: migrations and every admin command
+  consumer  the dedup and key-order rows (of every consumer of the schema: consumers sharing
+            a schema trust each other; --consumers billing,... limits the grantee to the rows
+            of those consumer names, with row-level security); nothing of the outbox
+  admin     owns the schema and every object in it (tables, functions, ...): migrations up
+            and down, and every admin command
 
 The grantee is created NOLOGIN if it does not exist: grant it to your login roles
 (GRANT txoutbox_producer TO orders_service), or name a login role with --grantee.
 
 Usage:
   relay migrate grants --role producer|relay|consumer|admin [--schema S] [--grantee NAME] [--out FILE]
+                       [--consumers NAME,...] [--signal-backend]
 `
 
 func grantsCmd(_ context.Context, env *Env, args []string) error {
-	var role, schema, grantee, out string
+	var role, schema, grantee, out, consumers string
 	var signal bool
 	s := newSettings("migrate grants", grantsUsage, env.Stderr, env.Getenv)
 	s.String(&role, "role", "", "", "producer, relay, consumer or admin")
@@ -42,7 +49,8 @@ func grantsCmd(_ context.Context, env *Env, args []string) error {
 	s.String(&grantee, "grantee", "", "", "role to grant to (default txoutbox_<role>)")
 	s.Bool(&signal, "signal-backend", "", false, "relay: also grant pg_signal_backend (fencing relays that log in as different roles)")
 	s.String(&out, "out", "", "", "write the SQL to this file instead of standard output")
-	s.CommandLineOnly("role", "grantee", "signal-backend", "out")
+	s.String(&consumers, "consumers", "", "", "consumer: comma-separated consumer (durable) names whose dedup and key-order rows alone the grantee may use (row-level security; default: every consumer's)")
+	s.CommandLineOnly("role", "grantee", "signal-backend", "out", "consumers")
 	if err := parseSettings(s, env, args); err != nil {
 		return err
 	}
@@ -58,7 +66,16 @@ func grantsCmd(_ context.Context, env *Env, args []string) error {
 	if signal && role != migrations.RoleRelay {
 		return usageErr("--signal-backend is for --role relay")
 	}
-	sql, err := migrations.Grants(role, schema, grantee, &migrations.GrantOptions{SignalBackend: signal})
+	var names []string
+	for _, n := range strings.Split(consumers, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if consumers != "" && (role != migrations.RoleConsumer || len(names) == 0) {
+		return usageErr("--consumers is for --role consumer, with at least one name")
+	}
+	sql, err := migrations.Grants(role, schema, grantee, &migrations.GrantOptions{SignalBackend: signal, Consumers: names})
 	if errors.Is(err, migrations.ErrUnknownRole) {
 		return usageErr("invalid --role %q: want %s", role, strings.Join(migrations.Roles, ", "))
 	}

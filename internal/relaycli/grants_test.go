@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/consumer"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -43,6 +47,13 @@ type leastPrivilege struct {
 }
 
 func newLeastPrivilege(t *testing.T) *leastPrivilege {
+	t.Helper()
+	return newLeastPrivilegeAt(t, 0)
+}
+
+// newLeastPrivilegeAt is newLeastPrivilege with the schema migrated (as the test database's
+// superuser) to the latest version but down migrations, before the grants.
+func newLeastPrivilegeAt(t *testing.T, down int) *leastPrivilege {
 	t.Helper()
 	ctx := context.Background()
 	base := testsvc.PostgresDSN(t)
@@ -70,6 +81,15 @@ func newLeastPrivilege(t *testing.T) *leastPrivilege {
 		})
 	}
 	db := testsvc.NewDB(t)
+	if down > 0 {
+		m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Down(ctx, db.Pool, down); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, r := range migrations.Roles {
 		code, sql, stderr := cli(t, "migrate", "grants", "--role", r, "--schema", db.Schema, "--grantee", login[r])
 		if code != 0 {
@@ -276,7 +296,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 // relay migrate grants refuses what it does not know, and writes a file with --out.
 func TestGrantsCommand(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{}, {"--role", "operator"}, {"--role", "producer", "--grantee", "bad name"}, {"--role", "producer", "--signal-backend"}} {
+	for _, args := range [][]string{{}, {"--role", "operator"}, {"--role", "producer", "--grantee", "bad name"}, {"--role", "producer", "--signal-backend"},
+		{"--role", "producer", "--consumers", "billing"}, {"--role", "consumer", "--consumers", " , "}} {
 		if code, _, _ := cli(t, append([]string{"migrate", "grants"}, args...)...); code != 2 {
 			t.Errorf("migrate grants %v: exit %d, want 2", args, code)
 		}
@@ -406,5 +427,402 @@ func TestLeastPrivilegeDelayedMessages(t *testing.T) {
 	}
 	if got := read(forAdmin); got.state != "rolled_back" {
 		t.Errorf("the admin's cancel left message %s %s", forAdmin, got.state)
+	}
+}
+
+// The admin role owns every object of the schema the migrations create, functions included,
+// once `relay migrate grants --role admin` ran on a schema migrated by another role: so the
+// admin applies the next migration (which replaces and drops functions: "must be owner of
+// function" before) and reverts it, then applies it again, and the producer still enqueues.
+func TestAdminRoleMigratesUpAndDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilegeAt(t, 1) // migrated by the superuser up to the version before the latest
+	db, admin := lp.db, lp.login[migrations.RoleAdmin]
+	var others []string
+	rows, err := db.Pool.Query(ctx, `
+		SELECT 'relation ' || c.relname || ' owned by ' || pg_get_userbyid(c.relowner) FROM pg_class c
+		 WHERE c.relnamespace = $1::regnamespace AND pg_get_userbyid(c.relowner) <> $2
+		UNION ALL
+		SELECT 'routine ' || p.oid::regprocedure || ' owned by ' || pg_get_userbyid(p.proowner) FROM pg_proc p
+		 WHERE p.pronamespace = $1::regnamespace AND pg_get_userbyid(p.proowner) <> $2
+		UNION ALL
+		SELECT 'type ' || t.typname || ' owned by ' || pg_get_userbyid(t.typowner) FROM pg_type t
+		 WHERE t.typnamespace = $1::regnamespace AND pg_get_userbyid(t.typowner) <> $2`, db.Schema, admin)
+	if err == nil {
+		others, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Errorf("after the admin grants, objects of the schema not owned by the admin role %s:\n%s", admin, strings.Join(others, "\n"))
+	}
+	m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := strconv.Itoa(m.Latest())
+	asAdmin := func(args ...string) string {
+		t.Helper()
+		code, out, stderr := cli(t, append(args, "--database-url", lp.dsnOf(migrations.RoleAdmin), "--schema", db.Schema)...)
+		if code != 0 {
+			t.Fatalf("relay %s as the admin role: exit %d\n%s%s", strings.Join(args, " "), code, out, stderr)
+		}
+		return out
+	}
+	version := func() int {
+		t.Helper()
+		v, err := m.Version(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	asAdmin("migrate", "up")
+	if v := version(); v != m.Latest() {
+		t.Fatalf("version %d after migrate up as the admin role, want %s", v, latest)
+	}
+	asAdmin("migrate", "down", "--steps", "1")
+	if v := version(); v != m.Latest()-1 {
+		t.Fatalf("version %d after migrate down as the admin role, want %d", v, m.Latest()-1)
+	}
+	asAdmin("migrate", "up")
+	if v := version(); v != m.Latest() {
+		t.Fatalf("version %d after migrate up again as the admin role, want %s", v, latest)
+	}
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Payload: []byte("after the admin's migrations")})
+		return err
+	}); err != nil {
+		t.Errorf("producer EnqueueTx after the admin's migrations: %v", err)
+	}
+}
+
+// A producer login cannot change the state of another service's messages that a producer has
+// no business with (row-level security of `relay migrate grants --role producer`): the forged
+// UPDATE of ready rows to published, or to rolled_back, and of published, dead or rolled back
+// rows, changes nothing; a settle to a state a producer never writes, and the insert of one,
+// are refused (42501). Meanwhile the producer's own paths still work as that role, the SQL
+// functions included: a delayed message enqueued (scheduled at once), a delayed half message
+// committed (Go and SQL: scheduled), a half message rolled back, a scheduled one cancelled.
+func TestProducerCannotForgeOtherMessagesState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another service's messages, written by another role: ready, published, dead, rolled back.
+	var others []uuid.UUID
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		others, err = client.EnqueueTx(ctx, tx, outbox.Message{Subject: "payments.charged", Payload: []byte("ready")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("published")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("dead")},
+			outbox.Message{Subject: "payments.charged", Payload: []byte("rolled back")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = (ARRAY['ready', 'published', 'dead', 'rolled_back'])[array_position($1::uuid[], message_id)]
+		WHERE message_id = ANY($1)`, others); err != nil {
+		t.Fatal(err)
+	}
+	stateOf := func(id uuid.UUID) string {
+		t.Helper()
+		var st string
+		if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for _, sql := range []string{
+		`UPDATE txoutbox_messages SET state = 'published' WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'rolled_back', settled_at = now() WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'scheduled' WHERE state = 'ready'`,
+		`UPDATE txoutbox_messages SET state = 'ready' WHERE state IN ('published', 'dead', 'rolled_back')`,
+		`UPDATE txoutbox_messages SET next_attempt_at = now() + interval '1 year' WHERE true`,
+	} {
+		tag, err := producer.Exec(ctx, sql)
+		if err != nil {
+			t.Errorf("producer %s: %v, want nothing changed", sql, err)
+		} else if tag.RowsAffected() != 0 {
+			t.Errorf("producer %s changed %d rows, want 0", sql, tag.RowsAffected())
+		}
+	}
+	for i, want := range []string{"ready", "published", "dead", "rolled_back"} {
+		if got := stateOf(others[i]); got != want {
+			t.Errorf("another service's %s message is %s after the producer's forged updates", want, got)
+		}
+	}
+
+	// The producer's own half and delayed messages.
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	half, err := client.Prepare(ctx, producer, outbox.Message{Subject: "orders.created", Payload: []byte("half")}, &outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = producer.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published' WHERE message_id = $1`, half.ID)
+	wantDenied(t, "producer settles a half message as published", err)
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state) VALUES (gen_random_uuid(), 'x', 0, '', 'published')`)
+	wantDenied(t, "producer inserts a published row", err)
+	if err := client.Rollback(ctx, producer, half.ID); err != nil {
+		t.Errorf("producer Rollback: %v", err)
+	}
+	delayedHalf, err := client.Prepare(ctx, producer, outbox.Message{Subject: "orders.created", Payload: []byte("delayed half"), DeliverAt: due},
+		&outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Commit(ctx, producer, delayedHalf.ID); err != nil {
+		t.Errorf("producer Commit of a delayed half message: %v", err)
+	}
+	var sqlEnqueued, sqlHalf, sqlCancelled uuid.UUID
+	for what, q := range map[string]struct {
+		sql string
+		id  *uuid.UUID
+	}{
+		"SQL enqueue of a delayed message": {`SELECT txoutbox_enqueue('orders.x', 'p', deliver_at => now() + interval '1 hour')`, &sqlEnqueued},
+		"SQL commit of a delayed half message": {`SELECT id FROM (SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', deliver_at => now() + interval '1 hour') AS id) p,
+			LATERAL (SELECT txoutbox_commit(p.id)) c`, &sqlHalf},
+		"SQL cancel of a delayed message": {`SELECT id FROM (SELECT txoutbox_enqueue('orders.y', 'p', deliver_at => now() + interval '1 hour') AS id) e,
+			LATERAL (SELECT txoutbox_cancel(e.id)) c`, &sqlCancelled},
+	} {
+		if err := producer.QueryRow(ctx, q.sql).Scan(q.id); err != nil {
+			t.Errorf("producer %s: %v", what, err)
+		}
+	}
+	for id, want := range map[uuid.UUID]string{half.ID: "rolled_back", delayedHalf.ID: "scheduled", sqlEnqueued: "scheduled", sqlHalf: "scheduled", sqlCancelled: "rolled_back"} {
+		if id == uuid.Nil {
+			continue
+		}
+		if got := stateOf(id); got != want {
+			t.Errorf("the producer's message %s is %s, want %s", id, got, want)
+		}
+	}
+}
+
+// The row-level security the producer grants enable leaves the relay's hot path as it was:
+// the claim and the settle, as the relay role runs them (custom and generic plans), have the
+// plans they have for the table's owner, who bypasses it: the same nodes, indexes and
+// conditions, no policy filter and no subplan added (the relay's permissive policy folds the
+// policies to true; only the order the planner evaluates a filter's terms in may differ).
+func TestProducerRowSecurityLeavesRelayPlans(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		var msgs []outbox.Message
+		for i := range 50 {
+			msgs = append(msgs, outbox.Message{Subject: "orders.created", Key: "k" + strconv.Itoa(i%5), Payload: []byte("p")})
+		}
+		_, err := client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := db.Pool.Query(ctx, `SELECT id FROM txoutbox_messages ORDER BY id LIMIT 10`)
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		t.Fatal(err)
+	}
+	var enabled bool
+	if err := db.Pool.QueryRow(ctx, `SELECT relrowsecurity FROM pg_class WHERE oid = 'txoutbox_messages'::regclass`).Scan(&enabled); err != nil || !enabled {
+		t.Fatalf("row-level security on txoutbox_messages: %v (%v), want enabled by the producer grants", enabled, err)
+	}
+	q := store.New(db.Schema)
+	shapes := func(pool *pgxpool.Pool) []string {
+		t.Helper()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		var out []string
+		for _, generic := range []bool{false, true} {
+			claim, err := q.ExplainClaim(ctx, conn.Conn(), store.ClaimArgs{Limit: 20, PartitionCount: 8, Partitions: []int32{0, 1, 2, 3, 4, 5, 6, 7}}, generic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			settle, err := q.ExplainSettle(ctx, conn.Conn(), store.SettleArgs{Published: []store.Published{{ID: ids[0]}, {ID: ids[1]}}, MaxAttempts: 5}, generic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, planShape(t, claim), planShape(t, settle))
+		}
+		return out
+	}
+	owner, relay := shapes(db.Pool), shapes(lp.poolOf(migrations.RoleRelay))
+	for i := range owner {
+		if owner[i] != relay[i] {
+			t.Errorf("plan %d as the relay role differs from the owner's:\nowner: %s\nrelay: %s", i, owner[i], relay[i])
+		}
+	}
+}
+
+// conjuncts returns a condition's top-level AND terms, sorted: the same conditions whatever
+// order the planner evaluates them in (it orders them by cost within their security level).
+func conjuncts(cond string) string {
+	inner := strings.TrimSuffix(strings.TrimPrefix(cond, "("), ")")
+	var terms []string
+	depth, start := 0, 0
+	for i := 0; i < len(inner); i++ {
+		switch inner[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		}
+		if depth == 0 && strings.HasPrefix(inner[i:], " AND ") {
+			terms = append(terms, inner[start:i])
+			start = i + len(" AND ")
+		}
+	}
+	if depth != 0 || len(terms) == 0 {
+		return cond // not a conjunction of parenthesised terms
+	}
+	terms = append(terms, inner[start:])
+	slices.Sort(terms)
+	return strings.Join(terms, " AND ")
+}
+
+// planShape is an EXPLAIN (FORMAT JSON) plan without its numbers: each node's type, relation,
+// index, conditions and filters (their terms in a fixed order), depth first.
+func planShape(t *testing.T, plan []byte) string {
+	t.Helper()
+	var doc []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &doc); err != nil || len(doc) == 0 {
+		t.Fatalf("EXPLAIN output: %v: %s", err, plan)
+	}
+	var b strings.Builder
+	var walk func(n map[string]any, depth int)
+	walk = func(n map[string]any, depth int) {
+		fmt.Fprintf(&b, "%s%v", strings.Repeat(" ", depth), n["Node Type"])
+		for _, k := range []string{"Relation Name", "Index Name", "Index Cond", "Recheck Cond", "Filter", "Join Filter", "One-Time Filter", "Subplan Name", "Parent Relationship"} {
+			if v, ok := n[k].(string); ok {
+				fmt.Fprintf(&b, " %s=%s", k, conjuncts(v))
+			}
+		}
+		b.WriteString("\n")
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			if m, ok := k.(map[string]any); ok {
+				walk(m, depth+1)
+			}
+		}
+	}
+	walk(doc[0].Plan, 0)
+	return b.String()
+}
+
+// `relay migrate grants --role consumer --consumers billing` limits a consumer login to the
+// dedup and key-order rows of consumer billing: another consumer's rows are invisible to it
+// (it cannot learn what shipping processed, nor change its key order) and writing one is
+// refused (42501: it cannot make shipping skip a message), while an ordered consumer named
+// billing runs as that login; the relay role still sees (and purges) every consumer's rows.
+func TestConsumerRestrictedToItsNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db, login := lp.db, lp.login[migrations.RoleConsumer]
+	code, sql, stderr := cli(t, "migrate", "grants", "--role", "consumer", "--consumers", "billing", "--schema", db.Schema, "--grantee", login)
+	if code != 0 {
+		t.Fatalf("grants --role consumer --consumers billing: exit %d: %s", code, stderr)
+	}
+	conn, err := db.AdminPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	conn.Release()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('shipping', 'k1'), ('billing', 'k0');
+		INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ('shipping', 'ORDERS', 'o1', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	cons := lp.poolOf(migrations.RoleConsumer)
+	var seen []string
+	rows, err := cons.Query(ctx, `SELECT consumer || '/' || idempotency_key FROM txoutbox_consumer_dedup ORDER BY 1`)
+	if err == nil {
+		seen, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || !slices.Equal(seen, []string{"billing/k0"}) {
+		t.Errorf("the billing consumer's login reads dedup rows %v (%v), want only billing/k0", seen, err)
+	}
+	_, err = cons.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('shipping', 'k2')`)
+	wantDenied(t, "consumer billing inserts a dedup row of shipping", err)
+	_, err = cons.Exec(ctx, `INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ('shipping', 'ORDERS', 'o2', 1)`)
+	wantDenied(t, "consumer billing inserts a key-order row of shipping", err)
+	if tag, err := cons.Exec(ctx, `UPDATE txoutbox_consumer_key_order SET applied_seq = 100 WHERE consumer = 'shipping'`); err != nil || tag.RowsAffected() != 0 {
+		t.Errorf("consumer billing updates shipping's key order: %v, %v rows; want 0 rows", err, tag.RowsAffected())
+	}
+
+	// An ordered consumer named billing runs as that login.
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (message_id text PRIMARY KEY); GRANT INSERT ON ledger TO `+login); err != nil {
+		t.Fatal(err)
+	}
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	n.Stream(t, "DEAD_LETTERS", consumer.DefaultDeadLetterPrefix+">")
+	for i := range 3 {
+		msg := nats.NewMsg("orders.created")
+		msg.Header.Set("Nats-Msg-Id", "m"+strconv.Itoa(i))
+		msg.Header.Set("Txoutbox-Key", "o1")
+		msg.Data = []byte("p")
+		if _, err := n.JS.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := consumer.New(cons, n.JS, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id) VALUES ($1)`, msg.Headers.Get("Nats-Msg-Id"))
+		return err
+	}, &consumer.Config{Stream: "ORDERS", Durable: "billing", Schema: db.Schema, Ordered: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	testsvc.Eventually(t, 30*time.Second, "consumer billing to apply the 3 messages", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the consumer stopped: %v", err)
+		default:
+		}
+		return c.Stats().Processed >= 3
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("consumer billing as the restricted login: %v", err)
+	}
+	_, err = cons.Exec(ctx, `UPDATE txoutbox_consumer_key_order SET consumer = 'shipping' WHERE consumer = 'billing'`)
+	wantDenied(t, "consumer billing moves its key-order rows to shipping", err)
+	var shippingSeq int64
+	if err := db.Pool.QueryRow(ctx, `SELECT applied_seq FROM txoutbox_consumer_key_order WHERE consumer = 'shipping'`).Scan(&shippingSeq); err != nil || shippingSeq != 7 {
+		t.Errorf("shipping's key order is %d (%v), want 7 untouched", shippingSeq, err)
+	}
+	var all int
+	if err := lp.poolOf(migrations.RoleRelay).QueryRow(ctx, `SELECT count(*) FROM txoutbox_consumer_dedup`).Scan(&all); err != nil || all != 5 {
+		t.Errorf("the relay role sees %d dedup rows (%v), want all 5", all, err)
 	}
 }

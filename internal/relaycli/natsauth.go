@@ -1,8 +1,11 @@
 package relaycli
 
 import (
+	"net/url"
 	"os"
+	"strings"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 )
 
@@ -33,9 +36,10 @@ func defineNATSAuthFlags(s *settings, a *natsAuth) {
 }
 
 // options returns the nats.go options the settings ask for, after checking that they are
-// consistent and that every file they name loads: a mistake is a usage error (exit status 2)
-// naming the setting, before anything connects.
-func (a *natsAuth) options() ([]nats.Option, error) {
+// consistent (one authentication method at most, counting credentials in natsURL, the
+// --nats-url value) and that every file they name loads and parses: a mistake is a usage error
+// (exit status 2) naming the setting, before anything connects.
+func (a *natsAuth) options(natsURL string) ([]nats.Option, error) {
 	if a == nil {
 		return nil, nil
 	}
@@ -49,6 +53,9 @@ func (a *natsAuth) options() ([]nats.Option, error) {
 	if methods > 1 {
 		return nil, usageErr("NATS authentication: set one of --nats-creds, --nats-nkey, --nats-user/--nats-password and --nats-token")
 	}
+	if methods == 1 && urlHasCredentials(natsURL) {
+		return nil, usageErr("NATS authentication: --nats-url carries credentials (user:password@ or token@) and one of --nats-creds, --nats-nkey, --nats-user/--nats-password and --nats-token is set: set one")
+	}
 	readable := func(flag, path string) error {
 		f, err := os.Open(path)
 		if err != nil {
@@ -61,7 +68,24 @@ func (a *natsAuth) options() ([]nats.Option, error) {
 		if err := readable("nats-creds", a.creds); err != nil {
 			return nil, err
 		}
-		opts = append(opts, nats.UserCredentials(a.creds))
+		o := nats.UserCredentials(a.creds)
+		// nats.go reads the file at each connection: parse it now, the user JWT and the seed
+		// (signing a nonce), so that a file that is not a credentials file is refused here.
+		probe := nats.GetDefaultOptions()
+		if err := o(&probe); err != nil {
+			return nil, usageErr("invalid --nats-creds: %v", err)
+		}
+		token, err := probe.UserJWT()
+		if err == nil {
+			_, err = jwt.DecodeUserClaims(token)
+		}
+		if err != nil {
+			return nil, usageErr("invalid --nats-creds %s: no user JWT: %v", a.creds, err)
+		}
+		if _, err := probe.SignatureCB([]byte("txoutbox")); err != nil {
+			return nil, usageErr("invalid --nats-creds %s: %v", a.creds, err)
+		}
+		opts = append(opts, o)
 	case a.nkey != "":
 		o, err := nats.NkeyOptionFromSeed(a.nkey)
 		if err != nil {
@@ -97,4 +121,23 @@ func (a *natsAuth) options() ([]nats.Option, error) {
 		}
 	}
 	return opts, nil
+}
+
+// urlHasCredentials reports whether a server of a NATS URL list carries a user, a password or
+// a token (nats://user:password@host, nats://token@host). A URL that does not parse is
+// checkNATSURL's to refuse.
+func urlHasCredentials(natsURL string) bool {
+	for _, u := range strings.Split(natsURL, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			continue
+		}
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u
+		}
+		if p, err := url.Parse(u); err == nil && p.User != nil {
+			return true
+		}
+	}
+	return false
 }

@@ -239,6 +239,21 @@ func TestNATSAuthSettingsAreChecked(t *testing.T) {
 	t.Parallel()
 	certs := testsvc.NewCerts(t, "relay")
 	notASeed := writeFile(t, "not-a-seed", "hello")
+	// Credentials files that exist but are not credentials files: nats.go would read them only
+	// at connect. One that is not one at all, a user JWT without its seed, a seed with a JWT
+	// that does not decode.
+	good, err := os.ReadFile(testsvc.NewOperator(t).UserCreds("relay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwtPart, seedPart, ok := strings.Cut(string(good), "************************* IMPORTANT *************************")
+	if !ok {
+		t.Fatalf("credentials file without its usual layout:\n%s", good)
+	}
+	garbageCreds := writeFile(t, "garbage.creds", "hello\n")
+	jwtOnly := writeFile(t, "jwt-only.creds", jwtPart)
+	_, seedBlock, _ := strings.Cut(seedPart, "-----BEGIN USER NKEY SEED-----")
+	badJWT := writeFile(t, "bad-jwt.creds", "-----BEGIN NATS USER JWT-----\nnot.a.jwt\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----"+seedBlock)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -248,7 +263,15 @@ func TestNATSAuthSettingsAreChecked(t *testing.T) {
 		{[]string{"--nats-tls-ca", filepath.Join(certs.Dir, "missing.pem")}, "missing.pem"},
 		{[]string{"--nats-nkey", notASeed}, "invalid --nats-nkey"},
 		{[]string{"--nats-creds", filepath.Join(certs.Dir, "missing.creds")}, "invalid --nats-creds"},
+		{[]string{"--nats-creds", garbageCreds}, "invalid --nats-creds"},
+		{[]string{"--nats-creds", jwtOnly}, "invalid --nats-creds"},
+		{[]string{"--nats-creds", badJWT}, "invalid --nats-creds"},
 		{[]string{"--nats-token", "t", "--nats-user", "u"}, "set one of"},
+		// Credentials in the URL are a method too.
+		{[]string{"--nats-url", "nats://u:Url-Pw-1@127.0.0.1:4222", "--nats-token", "t"}, "--nats-url carries credentials"},
+		{[]string{"--nats-url", "nats://Url-Token-1@127.0.0.1:4222", "--nats-user", "u", "--nats-password", "p"}, "--nats-url carries credentials"},
+		{[]string{"--nats-url", "nats://127.0.0.1:4222,nats://u:Url-Pw-1@127.0.0.1:4223", "--nats-creds", garbageCreds}, "--nats-url carries credentials"},
+		{[]string{"--nats-url", "nats://u:Url-Pw-1@127.0.0.1:4222", "--nats-nkey", notASeed}, "--nats-url carries credentials"},
 		{[]string{"--nats-password", "p"}, "--nats-password needs --nats-user"},
 	} {
 		for _, cmd := range []string{"run", "checkback"} {
@@ -256,6 +279,9 @@ func TestNATSAuthSettingsAreChecked(t *testing.T) {
 			code, _, stderr := cliEnv(t, nil, args...)
 			if code != 2 || !strings.Contains(stderr, c.want) {
 				t.Errorf("%v: exit %d, %q; want 2 and %q", args, code, stderr, c.want)
+			}
+			if strings.Contains(stderr, "Url-Pw-1") || strings.Contains(stderr, "Url-Token-1") {
+				t.Errorf("%v: a secret of the URL is in the message: %q", args, stderr)
 			}
 		}
 	}

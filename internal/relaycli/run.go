@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"log/slog"
+
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/redact"
@@ -181,7 +184,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 	}
-	natsAuth, err := f.natsAuth.options()
+	natsAuth, err := f.natsAuth.options(f.natsURL)
 	if err != nil {
 		return err
 	}
@@ -212,6 +215,16 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer c.Close()
+	// A NATS connection nats.go gives up on for good (credentials refused after a rotation)
+	// stops the relay like a signal, and is what it reports: exit status 1.
+	ctx, stopWatching := c.untilNATSLost(ctx)
+	defer stopWatching()
+	err = runRelay(ctx, c, &f, cfg, reg, target, log)
+	return c.withNATSLost(err)
+}
+
+// runRelay runs the relay (and the check-back unless --no-checkback) on c until ctx ends.
+func runRelay(ctx context.Context, c *conns, f *runFlags, cfg relay.Config, reg *prometheus.Registry, target *opsTarget, log *slog.Logger) error {
 	if err := checkSchema(ctx, c.Pool, f.schema); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
@@ -70,6 +71,18 @@ func (o *Operator) Configure(so *server.Options) {
 // UserCreds makes a user of the application account and writes its credentials file (its
 // JWT and NKey seed) in a temporary directory; it returns the file's path.
 func (o *Operator) UserCreds(name string) string {
+	o.tb.Helper()
+	return o.userCreds(name, time.Time{})
+}
+
+// UserCredsExpiring is UserCreds for a user whose JWT expires at expires (whole seconds): the
+// server then disconnects the user's connections and refuses it.
+func (o *Operator) UserCredsExpiring(name string, expires time.Time) string {
+	o.tb.Helper()
+	return o.userCreds(name, expires)
+}
+
+func (o *Operator) userCreds(name string, expires time.Time) string {
 	tb := o.tb
 	tb.Helper()
 	kp, err := nkeys.CreateUser()
@@ -81,6 +94,9 @@ func (o *Operator) UserCreds(name string) string {
 	uc := jwt.NewUserClaims(pub)
 	uc.Name = name
 	uc.IssuerAccount = ""
+	if !expires.IsZero() {
+		uc.Expires = expires.Unix()
+	}
 	tok, err := uc.Encode(o.account)
 	if err != nil {
 		tb.Fatal(err)
