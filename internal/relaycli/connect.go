@@ -277,7 +277,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				ue.URL = redact.DSN(ue.URL)
 			}
-			err = natsHint(err, tlsFirst)
+			err = natsHint(natsRefusedCause(c.NATSURL, err), tlsFirst)
 		}
 		return nc, err
 	}
@@ -302,6 +302,33 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	}
 	c.NC = nc
 	return c, nil
+}
+
+// natsRefusedCause adds to nats.go's ErrNoServers the network error behind it: nats.go
+// reports a refused connection as "no servers available for connection" and drops the cause.
+// One TCP dial to each server of urls (a comma-separated list; ws:// and wss:// servers are
+// left out) tells what it was: the first failure is added, wrapped. Other errors come back as
+// they are.
+func natsRefusedCause(urls string, err error) error {
+	if !errors.Is(err, nats.ErrNoServers) {
+		return err
+	}
+	for _, u := range strings.Split(urls, ",") {
+		p, perr := url.Parse(strings.TrimSpace(u))
+		if perr != nil || p.Hostname() == "" || p.Scheme == "ws" || p.Scheme == "wss" {
+			continue
+		}
+		port := p.Port()
+		if port == "" {
+			port = "4222"
+		}
+		conn, derr := net.DialTimeout("tcp", net.JoinHostPort(p.Hostname(), port), 2*time.Second)
+		if derr != nil {
+			return fmt.Errorf("%w: %w", err, derr)
+		}
+		_ = conn.Close()
+	}
+	return err
 }
 
 // natsHint adds to a refusal by NATS the settings that may fix it. tlsFirst says whether the
