@@ -15,6 +15,10 @@
 --   * The all-zero UUID as an id is no id (outbox.Message.ID's uuid.Nil): one is drawn.
 --   * txoutbox_enqueue_many checks its arrays' lengths before returning for no subjects, and
 --     TX008 names the first argument whose length (or shape) is wrong, with its length.
+--   * The message size limit can be set: txoutbox.max_message_bytes (a setting of the database,
+--     the role or the session, as outbox.Config.MaxMessageBytes is of the Go client; 1048576
+--     when unset), read by txoutbox_max_message_bytes. It was fixed at 1 MiB, so a Go client
+--     configured for more and a SQL producer disagreed on the same outbox.
 --   * A NULL id (txoutbox_commit, _commit_in_tx, _rollback, _cancel, _reschedule) or business
 --     key (txoutbox_cancel_biz_key, _reschedule_biz_key) is refused with TX008 naming the
 --     argument, and a business key is validated as CancelBizKeyTx validates it (TX002), before
@@ -26,6 +30,149 @@
 CREATE FUNCTION txoutbox_deliver_at_ok(d timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
 SELECT d IS NULL OR (d >= '1970-01-01 00:00:00+00'::timestamptz AND d <= '9999-12-31 23:59:59+00'::timestamptz)
+$fn$;
+
+-- The largest message (payload plus the header block NATS stores) the SQL producer functions
+-- accept: the setting txoutbox.max_message_bytes (ALTER DATABASE ... SET, ALTER ROLE ... SET,
+-- or SET for a session: set it to the Go clients' outbox.Config.MaxMessageBytes and below the
+-- stream's max_msg_size and the server's max_payload), 1048576 (outbox.DefaultMaxMessageBytes)
+-- when unset. A value that is not a whole number from 1024 to 33553374
+-- (outbox.MaxMessageBytesLimit) is refused with SQLSTATE 22023 naming the setting.
+CREATE FUNCTION txoutbox_max_message_bytes() RETURNS int
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $fn$
+DECLARE
+    v text := btrim(current_setting('txoutbox.max_message_bytes', true));
+BEGIN
+    IF v IS NULL OR v = '' THEN
+        RETURN 1048576;
+    END IF;
+    IF v !~ '^[0-9]{1,9}$' OR v::int < 1024 OR v::int > 33553374 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('txoutbox.max_message_bytes: invalid setting %L: want a whole number of bytes from 1024 to 33553374 (outbox.MaxMessageBytesLimit), or unset for 1048576', v);
+    END IF;
+    RETURN v::int;
+END
+$fn$;
+
+-- txoutbox_check_message as in 004, with the size limit txoutbox_max_message_bytes() instead
+-- of 1048576.
+CREATE OR REPLACE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
+    hsize int)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    what text;
+    name text;
+    vals jsonb;
+    v jsonb;
+    j int;
+    block int;
+    total bigint;
+BEGIN
+    -- Subject: outbox.ValidateSubject.
+    IF subject IS NULL OR subject = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: subject is empty';
+    END IF;
+    IF octet_length(subject) > 1024 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subject is %s bytes, the limit is 1024', ctx, octet_length(subject));
+    END IF;
+    IF subject ~ '[\u0001-\u0020\u007f-\u009f]' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: white space or a control character (C0, DEL, C1)';
+    END IF;
+    IF subject ~ '(^|\.)(\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: a token is empty';
+    END IF;
+    IF subject ~ '(^|\.)[*>](\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: a token is a wildcard (* or >); publish subjects must be literal';
+    END IF;
+    IF split_part(subject, '.', 1) IN ('$JS', '$JSC', '$SYS', '$NRG') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server',
+                             ctx, split_part(subject, '.', 1));
+    END IF;
+    -- Key and business key: outbox.ValidateKey.
+    IF key IS NOT NULL THEN
+        what := CASE WHEN octet_length(key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(key))
+                     ELSE txoutbox_text_problem(key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'key: invalid key: key ' || what;
+        END IF;
+    END IF;
+    IF biz_key IS NOT NULL THEN
+        what := CASE WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                     ELSE txoutbox_text_problem(biz_key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'biz_key: invalid key: biz_key ' || what;
+        END IF;
+    END IF;
+    -- Headers: a JSON object of name: [values], names valid (txoutbox_header_name_ok), each
+    -- with at least one value, values valid (txoutbox_header_value_ok). Names in byte order,
+    -- values in array order: the first problem found is the one reported.
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX003',
+            MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
+    END IF;
+    IF hsize < 0 THEN
+        FOR name, vals IN SELECT e.key, e.value FROM jsonb_each(headers) e ORDER BY e.key COLLATE "C" LOOP
+            IF name !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: name %s is not a valid header name (letters, digits and !#$%%&''*+-.^_`|~ only)', ctx, to_jsonb(name));
+            END IF;
+            what := CASE
+                WHEN lower(name COLLATE "C") = 'nats-msg-id' THEN 'Nats-Msg-Id is set by the relay to the message id; pass the id argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-key' THEN 'Txoutbox-Key is set by the relay; pass the key argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-biz-key' THEN 'Txoutbox-Biz-Key is set from the biz_key argument; pass that instead'
+                WHEN lower(name COLLATE "C") LIKE 'nats-%' THEN 'Nats-* headers are reserved for NATS (the server acts on them at publish); use a name of your own'
+                WHEN lower(name COLLATE "C") LIKE 'txoutbox-%' THEN 'Txoutbox-* headers are reserved for txoutbox; use a name of your own'
+                WHEN lower(name COLLATE "C") IN ('status', 'description') THEN 'Status and Description are NATS status headers; use another name'
+            END;
+            IF what IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s is reserved: %s', ctx, to_jsonb(name), what);
+            END IF;
+            IF jsonb_typeof(vals) <> 'array' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s: want an array of string values, got a JSON %s', ctx, to_jsonb(name), jsonb_typeof(vals));
+            END IF;
+            IF jsonb_array_length(vals) = 0 THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s has no value and would not arrive; give it one ("" if need be) or leave it out', ctx, to_jsonb(name));
+            END IF;
+            j := 0;
+            FOR v IN SELECT jsonb_array_elements(vals) LOOP
+                j := j + 1;
+                IF jsonb_typeof(v) <> 'string' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s is a JSON %s, want a string', ctx, j, to_jsonb(name), jsonb_typeof(v));
+                END IF;
+                what := txoutbox_text_problem(v #>> '{}', true);
+                IF what IS NOT NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s %s', ctx, j, to_jsonb(name), what);
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- Not reached: txoutbox_header_name_ok and txoutbox_header_value_ok refuse nothing
+        -- the loop above accepts.
+        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';
+    END IF;
+    -- Sizes as NATS counts them: the block at most outbox.MaxHeaderBytes (61439), the whole
+    -- message at most txoutbox_max_message_bytes().
+    block := txoutbox_header_block(coalesce(hsize, 0), key, biz_key);
+    IF block > 61439 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX004',
+            MESSAGE = format('%sheaders: header block too large: the header block NATS stores (the headers, the relay''s Nats-Msg-Id, Txoutbox-Key and Txoutbox-Biz-Key, and framing) is %s bytes, the limit is 61439 bytes (nats-server stores at most 65535 whatever the payload, and a consumer''s dead letter of the message adds up to 4096)', ctx, block);
+    END IF;
+    total := coalesce(octet_length(payload), 0)::bigint + block;
+    IF total > txoutbox_max_message_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX005',
+            MESSAGE = format('%spayload: message too large: payload %s bytes + headers = %s bytes, over the limit of %s bytes (NATS counts headers, including the relay''s; the setting txoutbox.max_message_bytes)',
+                             ctx, coalesce(octet_length(payload), 0), total, txoutbox_max_message_bytes());
+    END IF;
+END
 $fn$;
 
 -- Checks and writes messages, as txoutbox_write of migration 008 does, with their delivery
@@ -54,6 +201,7 @@ DECLARE
     done uuid[];
     ctx text;
     drawn uuid[];
+    max_bytes int := txoutbox_max_message_bytes();
 BEGIN
     -- The all-zero UUID is no id, as uuid.Nil is for EnqueueTx: one is drawn for it.
     ids := array_replace(ids, '00000000-0000-0000-0000-000000000000'::uuid, NULL);
@@ -74,7 +222,7 @@ BEGIN
     FROM (SELECT m.ord, m.k, m.d, m.hsize,
                  txoutbox_subject_ok(m.subject) AND txoutbox_key_ok(m.k) AND txoutbox_key_ok(m.bk) AND m.hsize >= 0
                  AND txoutbox_header_block(m.hsize, m.k, m.bk) <= 61439
-                 AND coalesce(octet_length(m.payload), 0) + txoutbox_header_block(m.hsize, m.k, m.bk) <= 1048576
+                 AND coalesce(octet_length(m.payload), 0) + txoutbox_header_block(m.hsize, m.k, m.bk) <= max_bytes
                  AND txoutbox_deliver_at_ok(m.d) AS ok
           FROM (SELECT t.*,
                        -- The size of the headers' lines, -1 when they are invalid: from their
@@ -180,13 +328,13 @@ SELECT txoutbox_write(fn, numbered, subjects, payloads, keys, headers, biz_keys,
                       producer_group, check_mode, check_immunity)
 $fn$;
 
--- EXECUTE on the new functions (the txoutbox_write that takes delivery times and the predicate
--- it calls with the caller's privileges), not to PUBLIC (004), goes to whoever may execute the
+-- EXECUTE on the new functions (the txoutbox_write that takes delivery times, and the predicate
+-- and the size limit it calls with the caller's privileges), not to PUBLIC (004), goes to whoever may execute the
 -- txoutbox_write they extend: its grantees (the producer roles granted before this migration)
 -- and its owner (the owner of the earlier migrations' functions, when another role runs this
 -- one), so that they keep enqueueing.
 REVOKE EXECUTE ON FUNCTION txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[], text, text, interval),
-    txoutbox_deliver_at_ok(timestamptz) FROM PUBLIC;
+    txoutbox_deliver_at_ok(timestamptz), txoutbox_max_message_bytes() FROM PUBLIC;
 DO $do$
 DECLARE
     r record;
@@ -197,7 +345,8 @@ BEGIN
              CROSS JOIN pg_proc f
              WHERE o.oid = 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], text, text, interval)'::regprocedure
                AND f.oid IN ('txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[], text, text, interval)'::regprocedure,
-                             'txoutbox_deliver_at_ok(timestamptz)'::regprocedure)
+                             'txoutbox_deliver_at_ok(timestamptz)'::regprocedure,
+                             'txoutbox_max_message_bytes()'::regprocedure)
                AND g.grantee <> f.proowner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn,
                        CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);

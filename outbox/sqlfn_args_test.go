@@ -292,3 +292,71 @@ func TestSQLErrorAbortsTheTransactionButNotASavepoint(t *testing.T) {
 		t.Fatalf("%d messages committed, %v; want the one before the savepoint and the one after", n, err)
 	}
 }
+
+// The SQL functions' size limit is the setting txoutbox.max_message_bytes, as EnqueueTx's is
+// Config.MaxMessageBytes: with both set alike, both accept a message at the limit and refuse
+// one a byte over (TX005, ErrMessageTooLarge), above and below the default, one message and
+// a batch; the error names the limit. A setting out of range is refused naming it (22023).
+func TestSQLMaxMessageBytesSetting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}}
+	for _, limit := range []int{4096, 2 << 20, outbox.MaxMessageBytesLimit} {
+		c := newClient(t, db, &outbox.Config{MaxMessageBytes: limit})
+		for _, tc := range []struct {
+			m    outbox.Message
+			want string
+		}{
+			{payloadFor(full, limit), "ok"},
+			{payloadFor(full, limit+1), "TX005"},
+		} {
+			run := func(name string, call func(tx pgx.Tx) error) string {
+				tx, err := db.Pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = tx.Rollback(ctx) }()
+				if name != "EnqueueTx" {
+					if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL txoutbox.max_message_bytes = %d", limit)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				err = call(tx)
+				var pgErr *pgconn.PgError
+				if tc.want == "TX005" && errors.As(err, &pgErr) && !strings.Contains(pgErr.Message, fmt.Sprintf("over the limit of %d bytes", limit)) {
+					t.Errorf("limit %d: %s: %q does not name the limit", limit, name, pgErr.Message)
+				}
+				if name == "EnqueueTx" {
+					return goOutcome(err)
+				}
+				return sqlOutcome(err)
+			}
+			g := run("EnqueueTx", func(tx pgx.Tx) error { _, err := c.EnqueueTx(ctx, tx, tc.m); return err })
+			one := run("txoutbox_enqueue", func(tx pgx.Tx) error { _, err := enqueueSQL(ctx, tx, tc.m); return err })
+			many := run("txoutbox_enqueue_many", func(tx pgx.Tx) error {
+				_, err := enqueueManySQL(ctx, tx, []outbox.Message{{Subject: "s.v"}, tc.m})
+				return err
+			})
+			if g != tc.want || one != tc.want || many != tc.want {
+				t.Errorf("limit %d, message of %d bytes: EnqueueTx %s, txoutbox_enqueue %s, txoutbox_enqueue_many %s; want %s for all",
+					limit, len(tc.m.Payload)+outbox.HeaderBlockSize(&tc.m), g, one, many, tc.want)
+			}
+		}
+	}
+	for _, bad := range []string{"abc", "1023", "33553375", "99999999999", "-5", "1 MiB"} {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT set_config('txoutbox.max_message_bytes', $1, true)", bad); err != nil {
+			t.Fatal(err)
+		}
+		_, err = enqueueSQL(ctx, tx, outbox.Message{Subject: "s.v"})
+		_ = tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, "txoutbox.max_message_bytes") {
+			t.Errorf("txoutbox.max_message_bytes = %q: %v; want 22023 naming the setting", bad, err)
+		}
+	}
+}
