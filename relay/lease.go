@@ -760,5 +760,9 @@ func (l *leaser) close() {
 }
 
 // Close releases the relay's partitions and its lease connection. Run does this when it
-// returns; call it for a relay that is not running any more (or never ran).
-func (r *Relay) Close() { r.lease.close() }
+// returns; call it for a relay that is not running any more (or never ran). Close also stops
+// watching the NATS connection's errors for permission violations (see ErrPublishDenied).
+func (r *Relay) Close() {
+	r.lease.close()
+	r.unwatch()
+}

@@ -76,6 +76,9 @@ type Relay struct {
 	unusable      unusableStreams
 	known         knownStreams
 	outages       streamOutages
+	strikes       leaderStrikes
+	denied        deniedSubjects
+	unwatch       func() // stops watching the connection's permission violations (see denied.go)
 	hooks         hooks
 	stats         counters
 	// lastWork is when a claim last returned rows (unix ns; 0: never): the membership watch
@@ -152,6 +155,11 @@ func (c *counters) snapshot() Stats {
 }
 
 // New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
+//
+// New chains an error handler onto js's connection, in front of the connection's own (which
+// is still called): the server reports a publish the relay's NATS user may not make only
+// there (see ErrPublishDenied). Set the connection's error handler before New; Close puts it
+// back once no relay uses the connection.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("relay: pool is nil")
@@ -191,6 +199,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
+	r.unwatch = watchPermissions(js.Conn(), &r.denied)
 	return r, nil
 }
 
