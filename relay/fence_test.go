@@ -450,3 +450,66 @@ func heldFrom(held map[string]int64, key string, id int64) bool {
 	from, ok := held[key]
 	return ok && from == id
 }
+
+// The lease is checked again immediately before each hand-off to the NATS client, after the
+// stream checks (knownOutage and knownUnusable may ask JetStream for up to 500 ms, or
+// min(PublishTimeout, 2s)): a lease that ends while they ask — here it ends right after the
+// first check, the stream in an outage whose info the relay then asks — sends nothing. Before,
+// the row checked before the questions was sent.
+func TestLeaseCheckedAgainBeforeTheHandOff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.relay(&Config{Partitions: 2, LeaseInterval: time.Second})
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("1")},
+		outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("2")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("unkeyed")})
+	for _, end := range []struct {
+		name string
+		do   func(l *leaser)
+	}{
+		{"a partition released", func(l *leaser) { l.lostLocked() }},
+		{"the lease expired", func(l *leaser) { l.validUntil = time.Now().Add(-time.Millisecond); l.publishSnapLocked() }},
+	} {
+		_, gen, rows, err := r.claim(ctx, nil)
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("claim = %d rows, %v", len(rows), err)
+		}
+		// ORDERS in an outage last checked long ago: the row's stream check asks its info.
+		r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "test")
+		r.outages.mu.Lock()
+		r.outages.m["ORDERS"].checked = time.Now().Add(-time.Minute)
+		r.outages.mu.Unlock()
+		calls := 0
+		r.hooks.afterLeaseCheck = func() {
+			calls++
+			if calls == 1 {
+				r.lease.mu.Lock()
+				end.do(r.lease)
+				r.lease.mu.Unlock()
+			}
+		}
+		res := r.publish(ctx, rows, nil, gen)
+		r.hooks.afterLeaseCheck = nil
+		if calls != 1 {
+			t.Fatalf("%s: %d rows passed the first lease check, want 1", end.name, calls)
+		}
+		if res.withheld != 3 || len(res.published) != 0 || len(res.failed) != 0 || res.brokerErr != nil || !heldFrom(res.heldKeys, "a", rows[0].ID) {
+			t.Fatalf("%s: withheld %d, published %d, failed %d, broker error %v, held keys %v; want all 3 withheld, key a held",
+				end.name, res.withheld, len(res.published), len(res.failed), res.brokerErr, res.heldKeys)
+		}
+		if got := len(e.streamMsgs("ORDERS")); got != 0 {
+			t.Fatalf("%s: stream holds %d messages, want none", end.name, got)
+		}
+		r.outages.mu.Lock()
+		probing := r.outages.m["ORDERS"] != nil && r.outages.m["ORDERS"].probing
+		r.outages.mu.Unlock()
+		if !probing {
+			t.Fatalf("%s: the stream check did not ask the stream's info", end.name)
+		}
+	}
+	drain(t, r)
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
+	}
+}

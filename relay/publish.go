@@ -315,8 +315,9 @@ var errLeaseEnded = errors.New("relay: partition lease ended")
 
 // publishWave publishes the rows at idxs, at most MaxInFlight unacknowledged at a time, and
 // returns each one's outcome. Each row is handed to the NATS client only after the lease
-// check (leaser.valid), made after any wait for a PubAck slot; once it fails, the rest of the
-// wave is not sent (errLeaseEnded). A publish the server reports as a permission violation
+// check (leaser.valid), made after any wait for a PubAck slot and again after the stream
+// checks, immediately before PublishMsgAsync; once it fails, the rest of the wave is not sent
+// (errLeaseEnded). A publish the server reports as a permission violation
 // fails as soon as the report arrives (ErrPublishDenied), not after PublishTimeout.
 func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int, gen uint64) []outcome {
 	start := time.Now() // a permission violation reported after it may be about this wave
@@ -377,6 +378,9 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = errLeaseEnded
 			continue
 		}
+		if h := r.hooks.afterLeaseCheck; h != nil {
+			h()
+		}
 		if err := r.knownOutage(ctx, rows[i].Subject); err != nil {
 			outs[j].err = err // not sent: its stream has no leader (see explainFailures)
 			continue
@@ -388,6 +392,13 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		msg, err := buildMsg(&rows[i])
 		if err != nil {
 			outs[j].err = err
+			continue
+		}
+		// Again, immediately before the hand-off: the stream checks above may have asked
+		// JetStream (up to outageAsk, or probeTimeout). A local check, no I/O.
+		if !r.lease.valid(gen) {
+			ended = true
+			outs[j].err = errLeaseEnded
 			continue
 		}
 		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)

@@ -115,6 +115,9 @@ type hooks struct {
 	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
 	// lease checks of its rows: blocking in it is a pause of the relay there.
 	beforeWave func(n int)
+	// afterLeaseCheck runs after a row's first lease check, before the stream checks (which
+	// may ask JetStream) and the hand-off: a pause, or a lease lost, there.
+	afterLeaseCheck func()
 	// afterWave runs when the outcomes of a publish wave are in, before they are explained;
 	// it may rewrite them (an outage met in the middle of a wave).
 	afterWave func(n int, outs []outcome)
