@@ -20,7 +20,8 @@ import (
 // errors (watchPermissions chains a handler onto the connection's own) and fails the
 // publishes on a denied subject as soon as the server says so, as a message-level failure
 // (ErrPublishDenied): an attempt counted, a last_error naming the subject, retried with
-// backoff, dead after MaxAttempts, until the user is allowed to publish there.
+// backoff, dead after MaxAttempts, until the user is allowed to publish there. For
+// deniedRecheck after a violation, the subject's rows fail the same way without being sent.
 
 // ErrPublishDenied: the NATS server refused a publish because the relay's NATS user may not
 // publish to the subject (or with the relay's reply subject). The error also matches
@@ -50,6 +51,13 @@ type deniedAt struct {
 
 // maxDeniedSubjects bounds the subjects remembered; past it, the oldest is forgotten.
 const maxDeniedSubjects = 1024
+
+// deniedRecheck is how long a subject the server denied is believed denied: its rows fail
+// without being sent meanwhile (each denied publish would keep one of nats.go's pending
+// PubAck slots until PublishTimeout, and enough of them would stall every publish). After it,
+// the next row of the subject is sent again, and fails again at once while the permission is
+// missing.
+const deniedRecheck = time.Second
 
 // observe records err if it is a publish permission violation.
 func (d *deniedSubjects) observe(err error) {
@@ -114,6 +122,15 @@ func (d *deniedSubjects) check(subj string, since time.Time) error {
 			ErrPublishDenied, nats.ErrPermissionViolation, e.text, subj)
 	}
 	return nil
+}
+
+// recent returns the ErrPublishDenied error of subj if the server denied it within
+// deniedRecheck (then its row is not sent), nil otherwise.
+func (d *deniedSubjects) recent(subj string) error {
+	if d.n.Load() == 0 {
+		return nil
+	}
+	return d.check(subj, time.Now().Add(-deniedRecheck))
 }
 
 // permissionWatch is the error handler chained onto one connection for the relays using it.

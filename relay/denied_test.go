@@ -183,7 +183,8 @@ const deniedRows = "subject = 'acc.denied'"
 // error handler only, the publish waiting out its timeout) fails the publish as soon as it
 // arrives, with ErrPublishDenied; the rows get an attempt and a last_error naming the
 // subject, go through backoff and become dead after MaxAttempts; their keys' later rows wait;
-// the other rows of the same stream are published; no stream outage is reported. Before, the
+// the other rows of the same stream are published; no stream outage is reported; for
+// deniedRecheck after a violation the subject's rows fail unsent. Before, the
 // publishes timed out and the stream, whose info answers, was taken as in an outage for ever
 // ("its leader just changed?"): no attempt, no last_error, the rows never dead.
 func TestDeniedSubjectFailsItsRows(t *testing.T) {
@@ -191,7 +192,7 @@ func TestDeniedSubjectFailsItsRows(t *testing.T) {
 	e := newDeniedEnv(t)
 	e.enqueue()
 	// A publish timeout far longer than the test: a denied publish must fail before it.
-	r := e.relay(&Config{PublishTimeout: time.Minute, MaxAttempts: 2, BackoffBase: time.Hour, BackoffMax: time.Hour}, e.url())
+	r := e.relay(&Config{PublishTimeout: time.Minute, MaxAttempts: 3, BackoffBase: time.Hour, BackoffMax: time.Hour}, e.url())
 	var mu sync.Mutex
 	var outcomes []error
 	r.hooks.afterWave = func(_ int, outs []outcome) {
@@ -247,11 +248,25 @@ func TestDeniedSubjectFailsItsRows(t *testing.T) {
 		t.Fatal("the connection's own error handler saw no violation: the relay's watch replaced it")
 	}
 
-	// The retry fails the same way, and makes them dead (MaxAttempts 2).
+	// A retry while the subject was denied within deniedRecheck fails the same way, unsent.
+	e.datedDenied(r, time.Now())
 	e.retryNow()
 	drain(t, r)
-	if n := e.count(deniedRows + " AND state = 'dead' AND attempts = 2 AND last_error LIKE '%acc.denied%'"); n != 3 {
+	if n := e.count(deniedRows + " AND state = 'ready' AND attempts = 2 AND last_error LIKE '%may not publish to subject \"acc.denied\"%'"); n != 3 {
+		t.Fatalf("denied rows failed twice = %d, want 3", n)
+	}
+	if n := r.denied.n.Load(); n != 3 {
+		t.Fatalf("violations = %d after a retry within deniedRecheck, want 3 (nothing sent)", n)
+	}
+	// Past deniedRecheck the rows are sent again, denied again, and dead (MaxAttempts 3).
+	e.datedDenied(r, time.Now().Add(-deniedRecheck-time.Second))
+	e.retryNow()
+	drain(t, r)
+	if n := e.count(deniedRows + " AND state = 'dead' AND attempts = 3 AND last_error LIKE '%acc.denied%'"); n != 3 {
 		t.Fatalf("dead denied rows = %d, want 3", n)
+	}
+	if n := r.denied.n.Load(); n != 6 {
+		t.Fatalf("violations = %d after a retry past deniedRecheck, want 6 (sent again)", n)
 	}
 	if n := e.log.count(slog.LevelWarn, "stream unavailable"); n != 0 {
 		e.log.dump(t)
@@ -274,6 +289,16 @@ func TestDeniedSubjectFailsItsRows(t *testing.T) {
 	})
 	if n := r.denied.n.Load(); n != 6 {
 		t.Fatalf("violations the closed relay observed = %d, want the 6 of its publishes", n)
+	}
+}
+
+// datedDenied dates every violation r has seen at at.
+func (e *deniedEnv) datedDenied(r *Relay, at time.Time) {
+	r.denied.mu.Lock()
+	defer r.denied.mu.Unlock()
+	for s, d := range r.denied.m {
+		d.at = at
+		r.denied.m[s] = d
 	}
 }
 

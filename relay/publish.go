@@ -389,6 +389,10 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = err // not sent: its stream cannot take it (see explainFailures)
 			continue
 		}
+		if err := r.denied.recent(rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: the server just denied its subject (see denied.go)
+			continue
+		}
 		msg, err := buildMsg(&rows[i])
 		if err != nil {
 			outs[j].err = err
