@@ -513,3 +513,143 @@ func TestLeaseCheckedAgainBeforeTheHandOff(t *testing.T) {
 		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
 	}
 }
+
+// A relay that froze right after a heartbeat keeps a free partition for itself for one and a
+// half of its lease intervals after that heartbeat — not after another relay first read it,
+// which may be up to one of that relay's rounds later (here b was held up for about a second
+// of c's lease rounds before it read a's last heartbeat). The bound is checked against the
+// lease rounds: b takes the kept partition in its first round that starts after a's last
+// round ended plus 1.5 of a's intervals (plus the length of b's round that first read the
+// heartbeat, the estimate's slack), and in none that ends before a's last round started plus
+// 1.5 intervals. Before, b kept it until 1.5 intervals after its own first read: about six of
+// its rounds more here.
+func TestKeptPartitionTakenOneAndAHalfIntervalsAfterTheLastHeartbeat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const parts = 8
+	const aLease, lease = time.Second, 200 * time.Millisecond
+	type rd struct {
+		start, end time.Time
+		held       int
+	}
+	wait := func(ch <-chan struct{}) {
+		select {
+		case <-ch:
+		case <-t.Context().Done():
+		}
+	}
+	cfg := func(id string, l time.Duration) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: l}
+	}
+	// a freezes in the first lease round that ends once armed, right after its heartbeat.
+	var freezeA atomic.Bool
+	var aOnce sync.Once
+	aFrozen, releaseA := make(chan [2]time.Time, 1), make(chan struct{})
+	defer close(releaseA)
+	a := e.startWith(cfg("a", aLease), func(r *Relay) {
+		r.hooks.afterRound = func(start time.Time, _ LeaseStatus) {
+			if !freezeA.Load() {
+				return
+			}
+			block := false
+			aOnce.Do(func() { block = true; aFrozen <- [2]time.Time{start, time.Now()} })
+			if block {
+				wait(releaseA)
+			}
+		}
+	})
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
+	// b is held up in a round once armed; its rounds are recorded once released.
+	var blockB, recordB atomic.Bool
+	var bOnce sync.Once
+	bBlocked, releaseB := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-releaseB:
+		default:
+			close(releaseB)
+		}
+	}()
+	bRounds := make(chan rd, 1024)
+	b := e.startWith(cfg("b", lease), func(r *Relay) {
+		r.hooks.afterRound = func(start time.Time, st LeaseStatus) {
+			if recordB.Load() {
+				select {
+				case bRounds <- rd{start, time.Now(), len(st.Held)}:
+				default:
+				}
+			}
+			if blockB.Load() {
+				bOnce.Do(func() { close(bBlocked); wait(releaseB) })
+			}
+		}
+	})
+	testsvc.Eventually(t, 20*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
+	// c counts the time in its lease rounds, then freezes (so that, its session killed, it
+	// does not come back).
+	cRounds := make(chan struct{}, 1024)
+	var freezeC atomic.Bool
+	var cOnce sync.Once
+	cFrozen, releaseC := make(chan struct{}), make(chan struct{})
+	defer close(releaseC)
+	c := e.startWith(cfg("c", lease), func(r *Relay) {
+		r.hooks.afterRound = func(time.Time, LeaseStatus) {
+			if freezeC.Load() {
+				cOnce.Do(func() { close(cFrozen); wait(releaseC) })
+				return
+			}
+			select {
+			case cRounds <- struct{}{}:
+			default:
+			}
+		}
+	})
+	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
+
+	blockB.Store(true)
+	testsvc.Receive(t, bBlocked, 10*time.Second, "b to be held up in a round")
+	freezeA.Store(true)
+	aLast := testsvc.Receive(t, aFrozen, 10*time.Second, "a to freeze right after a heartbeat")
+	// About a second passes, in c's lease rounds, before b reads a's last heartbeat.
+	for len(cRounds) > 0 {
+		<-cRounds
+	}
+	for i := range 6 {
+		testsvc.Receive(t, cRounds, 10*time.Second, fmt.Sprintf("c's lease round %d", i+1))
+	}
+	freezeC.Store(true)
+	testsvc.Receive(t, cFrozen, 10*time.Second, "c to freeze")
+	e.killLeaseSession(c)
+	recordB.Store(true)
+	close(releaseB)
+
+	var seen []rd
+	for {
+		r := testsvc.Receive(t, bRounds, 20*time.Second, "b to take the partition kept for a")
+		seen = append(seen, r)
+		if r.held == 5 {
+			break
+		}
+		if r.held > 5 || len(seen) > 500 {
+			var helds []int
+			for _, r := range seen {
+				helds = append(helds, r.held)
+			}
+			t.Fatalf("b's rounds since it was let go held %v partitions; want 5 by then", helds)
+		}
+	}
+	first, took := seen[0], seen[len(seen)-1]
+	latest := aLast[1].Add(first.end.Sub(first.start)).Add(aLease * 3 / 2)
+	earliest := aLast[0].Add(aLease * 3 / 2)
+	for _, r := range seen[:len(seen)-1] {
+		if !r.start.Before(latest) {
+			t.Fatalf("b's round %s after a's last heartbeat ended left the kept partition unheld (held %d); it must be taken by %s (%d rounds recorded)",
+				r.start.Sub(aLast[1]).Round(time.Millisecond), r.held, latest.Sub(aLast[1]).Round(time.Millisecond), len(seen))
+		}
+	}
+	if took.end.Before(earliest) {
+		t.Fatalf("b took the kept partition %s after a's last round started, before a stalled (1.5 of its intervals)", took.end.Sub(aLast[0]))
+	}
+	t.Logf("kept partition taken %s after a's last heartbeat round ended (b first read it %s after; %d rounds of b)",
+		took.start.Sub(aLast[1]).Round(time.Millisecond), first.start.Sub(aLast[1]).Round(time.Millisecond), len(seen))
+}
