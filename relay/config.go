@@ -223,8 +223,19 @@ func (c *Config) WithDefaults() *Config {
 // republishes: a lease also expires on its holder's monotonic clock, 10 lease intervals
 // after its last successful lease round, and a relay checks that expiry immediately before it
 // hands each message to the NATS client, so a relay that wakes after being fenced sends
-// nothing more. A relay or a database that is down longer than the window republishes outside
-// it; the idempotent consumer's dedup row absorbs those.
+// nothing more.
+//
+// Outages are not bounded, and the window cannot cover them: a republish after one may come
+// later than the window, and the stream then stores the message a second time (a new stream
+// sequence). The idempotent consumer's dedup row (by Nats-Msg-Id) absorbs those copies. They
+// come from
+//
+//   - a relay or a database that is down longer than the window (its unsettled rows are
+//     republished when it is back);
+//   - a NATS or stream outage longer than the window: a message the stream stored whose PubAck
+//     was lost (the stream's leader died with it in flight, the connection dropped) stays
+//     ready, no attempt counted — its stream is in an outage, or the broker is down — and is
+//     republished when the stream answers again, however long that took.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
 	d := c.BackoffMax
 	if c.HandoverAfter >= 0 {

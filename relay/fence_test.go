@@ -450,3 +450,206 @@ func heldFrom(held map[string]int64, key string, id int64) bool {
 	from, ok := held[key]
 	return ok && from == id
 }
+
+// The lease is checked again immediately before each hand-off to the NATS client, after the
+// stream checks (knownOutage and knownUnusable may ask JetStream for up to 500 ms, or
+// min(PublishTimeout, 2s)): a lease that ends while they ask — here it ends right after the
+// first check, the stream in an outage whose info the relay then asks — sends nothing. Before,
+// the row checked before the questions was sent.
+func TestLeaseCheckedAgainBeforeTheHandOff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.relay(&Config{Partitions: 2, LeaseInterval: time.Second})
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("1")},
+		outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("2")},
+		outbox.Message{Subject: "orders.created", Payload: []byte("unkeyed")})
+	for _, end := range []struct {
+		name string
+		do   func(l *leaser)
+	}{
+		{"a partition released", func(l *leaser) { l.lostLocked() }},
+		{"the lease expired", func(l *leaser) { l.validUntil = time.Now().Add(-time.Millisecond); l.publishSnapLocked() }},
+	} {
+		_, gen, rows, err := r.claim(ctx, nil)
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("claim = %d rows, %v", len(rows), err)
+		}
+		// ORDERS in an outage last checked long ago: the row's stream check asks its info.
+		r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "test")
+		r.outages.mu.Lock()
+		r.outages.m["ORDERS"].checked = time.Now().Add(-time.Minute)
+		r.outages.mu.Unlock()
+		calls := 0
+		r.hooks.afterLeaseCheck = func() {
+			calls++
+			if calls == 1 {
+				r.lease.mu.Lock()
+				end.do(r.lease)
+				r.lease.mu.Unlock()
+			}
+		}
+		res := r.publish(ctx, rows, nil, gen)
+		r.hooks.afterLeaseCheck = nil
+		if calls != 1 {
+			t.Fatalf("%s: %d rows passed the first lease check, want 1", end.name, calls)
+		}
+		if res.withheld != 3 || len(res.published) != 0 || len(res.failed) != 0 || res.brokerErr != nil || !heldFrom(res.heldKeys, "a", rows[0].ID) {
+			t.Fatalf("%s: withheld %d, published %d, failed %d, broker error %v, held keys %v; want all 3 withheld, key a held",
+				end.name, res.withheld, len(res.published), len(res.failed), res.brokerErr, res.heldKeys)
+		}
+		if got := len(e.streamMsgs("ORDERS")); got != 0 {
+			t.Fatalf("%s: stream holds %d messages, want none", end.name, got)
+		}
+		r.outages.mu.Lock()
+		probing := r.outages.m["ORDERS"] != nil && r.outages.m["ORDERS"].probing
+		r.outages.mu.Unlock()
+		if !probing {
+			t.Fatalf("%s: the stream check did not ask the stream's info", end.name)
+		}
+	}
+	drain(t, r)
+	if got := len(e.streamMsgs("ORDERS")); got != 3 {
+		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
+	}
+}
+
+// A relay that froze right after a heartbeat keeps a free partition for itself for one and a
+// half of its lease intervals after that heartbeat — not after another relay first read it,
+// which may be up to one of that relay's rounds later (here b was held up for about a second
+// of c's lease rounds before it read a's last heartbeat). The bound is checked against the
+// lease rounds: b takes the kept partition in its first round that starts after a's last
+// round ended plus 1.5 of a's intervals (plus the length of b's round that first read the
+// heartbeat, the estimate's slack), and in none that ends before a's last round started plus
+// 1.5 intervals. Before, b kept it until 1.5 intervals after its own first read: about six of
+// its rounds more here.
+func TestKeptPartitionTakenOneAndAHalfIntervalsAfterTheLastHeartbeat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const parts = 8
+	const aLease, lease = time.Second, 200 * time.Millisecond
+	type rd struct {
+		start, end time.Time
+		held       int
+	}
+	wait := func(ch <-chan struct{}) {
+		select {
+		case <-ch:
+		case <-t.Context().Done():
+		}
+	}
+	cfg := func(id string, l time.Duration) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: l}
+	}
+	// a freezes in the first lease round that ends once armed, right after its heartbeat.
+	var freezeA atomic.Bool
+	var aOnce sync.Once
+	aFrozen, releaseA := make(chan [2]time.Time, 1), make(chan struct{})
+	defer close(releaseA)
+	a := e.startWith(cfg("a", aLease), func(r *Relay) {
+		r.hooks.afterRound = func(start time.Time, _ LeaseStatus) {
+			if !freezeA.Load() {
+				return
+			}
+			block := false
+			aOnce.Do(func() { block = true; aFrozen <- [2]time.Time{start, time.Now()} })
+			if block {
+				wait(releaseA)
+			}
+		}
+	})
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
+	// b is held up in a round once armed; its rounds are recorded once released.
+	var blockB, recordB atomic.Bool
+	var bOnce sync.Once
+	bBlocked, releaseB := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-releaseB:
+		default:
+			close(releaseB)
+		}
+	}()
+	bRounds := make(chan rd, 1024)
+	b := e.startWith(cfg("b", lease), func(r *Relay) {
+		r.hooks.afterRound = func(start time.Time, st LeaseStatus) {
+			if recordB.Load() {
+				select {
+				case bRounds <- rd{start, time.Now(), len(st.Held)}:
+				default:
+				}
+			}
+			if blockB.Load() {
+				bOnce.Do(func() { close(bBlocked); wait(releaseB) })
+			}
+		}
+	})
+	testsvc.Eventually(t, 20*time.Second, "a and b to hold 4 each", func() bool { return slices.Equal(shares(a, b), []int{4, 4}) })
+	// c counts the time in its lease rounds, then freezes (so that, its session killed, it
+	// does not come back).
+	cRounds := make(chan struct{}, 1024)
+	var freezeC atomic.Bool
+	var cOnce sync.Once
+	cFrozen, releaseC := make(chan struct{}), make(chan struct{})
+	defer close(releaseC)
+	c := e.startWith(cfg("c", lease), func(r *Relay) {
+		r.hooks.afterRound = func(time.Time, LeaseStatus) {
+			if freezeC.Load() {
+				cOnce.Do(func() { close(cFrozen); wait(releaseC) })
+				return
+			}
+			select {
+			case cRounds <- struct{}{}:
+			default:
+			}
+		}
+	})
+	testsvc.Eventually(t, 20*time.Second, "shares 3/3/2", func() bool { return slices.Equal(shares(a, b, c), []int{3, 3, 2}) })
+
+	blockB.Store(true)
+	testsvc.Receive(t, bBlocked, 10*time.Second, "b to be held up in a round")
+	freezeA.Store(true)
+	aLast := testsvc.Receive(t, aFrozen, 10*time.Second, "a to freeze right after a heartbeat")
+	// About a second passes, in c's lease rounds, before b reads a's last heartbeat.
+	for len(cRounds) > 0 {
+		<-cRounds
+	}
+	for i := range 6 {
+		testsvc.Receive(t, cRounds, 10*time.Second, fmt.Sprintf("c's lease round %d", i+1))
+	}
+	freezeC.Store(true)
+	testsvc.Receive(t, cFrozen, 10*time.Second, "c to freeze")
+	e.killLeaseSession(c)
+	recordB.Store(true)
+	close(releaseB)
+
+	var seen []rd
+	for {
+		r := testsvc.Receive(t, bRounds, 20*time.Second, "b to take the partition kept for a")
+		seen = append(seen, r)
+		if r.held == 5 {
+			break
+		}
+		if r.held > 5 || len(seen) > 500 {
+			var helds []int
+			for _, r := range seen {
+				helds = append(helds, r.held)
+			}
+			t.Fatalf("b's rounds since it was let go held %v partitions; want 5 by then", helds)
+		}
+	}
+	first, took := seen[0], seen[len(seen)-1]
+	latest := aLast[1].Add(first.end.Sub(first.start)).Add(aLease * 3 / 2)
+	earliest := aLast[0].Add(aLease * 3 / 2)
+	for _, r := range seen[:len(seen)-1] {
+		if !r.start.Before(latest) {
+			t.Fatalf("b's round %s after a's last heartbeat ended left the kept partition unheld (held %d); it must be taken by %s (%d rounds recorded)",
+				r.start.Sub(aLast[1]).Round(time.Millisecond), r.held, latest.Sub(aLast[1]).Round(time.Millisecond), len(seen))
+		}
+	}
+	if took.end.Before(earliest) {
+		t.Fatalf("b took the kept partition %s after a's last round started, before a stalled (1.5 of its intervals)", took.end.Sub(aLast[0]))
+	}
+	t.Logf("kept partition taken %s after a's last heartbeat round ended (b first read it %s after; %d rounds of b)",
+		took.start.Sub(aLast[1]).Round(time.Millisecond), first.start.Sub(aLast[1]).Round(time.Millisecond), len(seen))
+}

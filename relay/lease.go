@@ -39,7 +39,9 @@ import (
 // holder wrote it, so after the start of the holder's last round: by the time it fences, the
 // holder's lease has expired on any clock that runs within 10% of its own, however long the
 // holder was paused. The fence statement checks that the heartbeat is still the one watched,
-// so a holder that renewed meanwhile is left alone. Neither side reads a wall clock.
+// so a holder that renewed meanwhile is left alone. Neither side reads a wall clock (the
+// stall estimate below subtracts two of the database's timestamps, and decides only whether
+// free partitions are kept for a member, never a fence).
 //
 // Relays share the partitions fairly. Each relay keeps a row in txoutbox_relays (migration 002),
 // refreshed every lease round on the lease connection, which records that session's backend pid.
@@ -56,7 +58,9 @@ import (
 // responsive member is waiting for are taken at once by whoever sees them, beyond its share if
 // need be (a frozen member still counted alive keeps a share nobody else would take); a member
 // below its share whose heartbeat has not moved for stalledFactor of its lease intervals
-// waits for nothing either (it froze only just now, it is not silent yet). The shares even out
+// waits for nothing either (it froze only just now, it is not silent yet; counted from when
+// it wrote that heartbeat, estimated from the database's timestamps of its heartbeat and of
+// this relay's own). The shares even out
 // again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
 // lease generation, so its old holder sends nothing more of it; the rows it already sent may
@@ -99,6 +103,11 @@ const (
 	// heartbeat has not moved for one and a half intervals froze only just now, or is stuck
 	// in one publish longer than that: free partitions are not kept for it, nothing is
 	// released for it, and once its heartbeat moves it waits as before and is given its share.
+	// The one and a half intervals count from when the member wrote its heartbeat, as this
+	// relay estimates it (seenBeat.written), not from when this relay first read it (up to
+	// one of its own rounds later, a lease interval when it holds its share): so partitions
+	// are kept for a member that froze just now for one and a half of its intervals after its
+	// last heartbeat, not two and a half.
 	stalledFactor = 1.5
 	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
 	// connection of its own, off the claim path) this many times per lease interval, at most
@@ -231,6 +240,15 @@ type leaseSnap struct {
 type seenBeat struct {
 	beat time.Time
 	at   time.Time
+	// written estimates, on this relay's monotonic clock, when the member wrote beat: from
+	// the database timestamps of beat and of this relay's own heartbeat of the round that
+	// first read it (one clock, the database's), never earlier than the start of this relay's
+	// previous round that read the member's previous heartbeat (beat was not visible then),
+	// never later than at. It only tells when the member stalls (see stalledFactor), which
+	// keeps nothing safe: the fence and the silence are measured from at.
+	written time.Time
+	// read is the start of the last round that read beat.
+	read time.Time
 	// fencedAt is when this relay ended the member's session for this heartbeat (zero if it
 	// has not): the backend may outlive pg_terminate_backend's return for a moment, and the
 	// fence is not sent (nor logged) again for it until another fence interval has passed.
@@ -374,7 +392,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	l.validUntil = start.Add(leaseTTLFactor * cfg.LeaseInterval)
 	l.publishSnapLocked()
 	l.nextRound = now.Add(cfg.LeaseInterval)
-	l.watchLocked(view.Members, now)
+	l.watchLocked(view.Members, start, now)
 	if l.fenceStaleLocked(ctx, view, now) {
 		// The fenced sessions are gone with their locks: look again, so that their
 		// partitions are taken in this round.
@@ -465,7 +483,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			continue
 		}
 		if s, ok := l.seen[m.Instance]; ok {
-			at := s.at.Add(time.Duration(stalledFactor * float64(memberInterval(m, cfg.LeaseInterval))))
+			at := s.written.Add(time.Duration(stalledFactor * float64(memberInterval(m, cfg.LeaseInterval))))
 			if !now.Before(at) {
 				stalled++
 				continue
@@ -551,14 +569,38 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	return nil
 }
 
-// watchLocked records when this relay first read each member's current heartbeat.
-func (l *leaser) watchLocked(members []store.RelayMember, now time.Time) {
+// watchLocked records when this relay first read each member's current heartbeat, and
+// estimates when the member wrote it (seenBeat.written), in a round that started at start and
+// got its answer at now.
+func (l *leaser) watchLocked(members []store.RelayMember, start, now time.Time) {
 	present := make(map[uuid.UUID]bool, len(members))
+	var own time.Time // this relay's heartbeat of this round, on the database's clock
+	for _, m := range members {
+		if m.Instance == l.reg.Instance {
+			own = m.HeartbeatAt
+		}
+	}
 	for _, m := range members {
 		present[m.Instance] = true
-		if s, ok := l.seen[m.Instance]; !ok || !s.beat.Equal(m.HeartbeatAt) {
-			l.seen[m.Instance] = seenBeat{beat: m.HeartbeatAt, at: now}
+		s, ok := l.seen[m.Instance]
+		if ok && s.beat.Equal(m.HeartbeatAt) {
+			s.read = start
+			l.seen[m.Instance] = s
+			continue
 		}
+		written := now
+		if ok && !own.IsZero() {
+			// Our own heartbeat was written between start and now: the member's was written
+			// at the latest now + (its timestamp - ours), and after the start of our round
+			// that read its previous one.
+			if est := now.Add(m.HeartbeatAt.Sub(own)); est.Before(written) {
+				written = est
+			}
+			if written.Before(s.read) {
+				written = s.read
+			}
+		}
+		l.seen[m.Instance] = seenBeat{beat: m.HeartbeatAt, at: now, written: written, read: start}
 	}
 	for id := range l.seen {
 		if !present[id] {
@@ -760,5 +802,9 @@ func (l *leaser) close() {
 }
 
 // Close releases the relay's partitions and its lease connection. Run does this when it
-// returns; call it for a relay that is not running any more (or never ran).
-func (r *Relay) Close() { r.lease.close() }
+// returns; call it for a relay that is not running any more (or never ran). Close also stops
+// watching the NATS connection's errors for permission violations (see ErrPublishDenied).
+func (r *Relay) Close() {
+	r.lease.close()
+	r.unwatch()
+}

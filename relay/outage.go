@@ -24,8 +24,10 @@ import (
 // explainFailures for how the relay tells it from "no stream captures this subject".
 
 // ErrStreamUnavailable: a stream capturing rows' subjects has no leader (an election is under
-// way) or does not acknowledge while JetStream itself answers. Its rows are left as they are,
-// no attempt counted, and published once it acknowledges again; the other streams' rows go on.
+// way), or its leader just changed (its publishes time out while its info answers with a
+// leader: at most leaderGraceWaves publish waves in a row for one leader), while JetStream
+// itself answers. Its rows are left as they are, no attempt counted, and published once it
+// acknowledges again; the other streams' rows go on.
 var ErrStreamUnavailable = errors.New("relay: stream unavailable")
 
 // streamOutageError is the outcome of a row whose stream is unavailable: its publish met the
@@ -423,6 +425,107 @@ func (r *Relay) streamInfo(ctx context.Context, name string) (*jetstream.StreamI
 	info := s.CachedInfo()
 	r.known.learn(&info.Config)
 	return info, nil
+}
+
+// leaderGraceWaves bounds the "its leader just changed" allowance: the publish waves in a row,
+// for one leader named in the stream's info, whose publishes on the stream time out (or get no
+// responders) while that info answers, taken as an outage of the stream. A leader that just
+// took over may miss the publishes sent to its predecessor or before it subscribed, once or
+// twice; one that keeps answering the stream's info while the stream's publishes keep timing
+// out is no election: the relay's user may not publish there (the server said nothing the
+// relay saw; see ErrPublishDenied), or something else drops them. Past it, the publish fails
+// as the subject's own failure (an attempt, a last_error naming stream and subject, backoff,
+// dead after MaxAttempts).
+const leaderGraceWaves = 3
+
+// leaderStrikes counts, per stream, the waves whose publishes timed out while the stream's
+// info answered with the same leader (see leaderGraceWaves). The count starts again when the
+// info names another leader or none (an election seen), and ends when a subject that struck
+// gets a PubAck (the failures were the leader change's). A single server's stream (no
+// cluster info) has the leader "".
+type leaderStrikes struct {
+	n  atomic.Int32 // len(m), read without the lock for every acknowledged wave
+	mu sync.Mutex
+	m  map[string]*leaderStrike // by stream name
+}
+
+type leaderStrike struct {
+	leader   string
+	waves    int
+	subjects map[string]struct{} // the subjects whose publishes struck (at most maxStruck)
+}
+
+const maxStruck = 64
+
+// strike records a wave whose publishes on subj, of stream name, failed while its info named
+// leader, and returns the waves in a row for that leader (this one included).
+func (s *leaderStrikes) strike(name, leader, subj string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]*leaderStrike{}
+	}
+	e := s.m[name]
+	if e == nil || e.leader != leader {
+		e = &leaderStrike{leader: leader, subjects: map[string]struct{}{}}
+		s.m[name] = e
+		s.n.Store(int32(len(s.m)))
+	}
+	e.waves++
+	s.struck(e, subj)
+	return e.waves
+}
+
+// also records one more subject that struck in the current wave of stream name.
+func (s *leaderStrikes) also(name, subj string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[name]; e != nil {
+		s.struck(e, subj)
+	}
+}
+
+func (s *leaderStrikes) struck(e *leaderStrike, subj string) {
+	if len(e.subjects) < maxStruck {
+		e.subjects[subj] = struct{}{}
+	}
+}
+
+// reset forgets the count of stream name: it was seen without a leader.
+func (s *leaderStrikes) reset(name string) {
+	if s.n.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, name)
+	s.n.Store(int32(len(s.m)))
+}
+
+// acked forgets the count of every stream one of whose subjects that struck was acknowledged.
+func (s *leaderStrikes) acked(subjects []string) {
+	if s.n.Load() == 0 || len(subjects) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, e := range s.m {
+		for _, subj := range subjects {
+			if _, ok := e.subjects[subj]; ok {
+				delete(s.m, name)
+				break
+			}
+		}
+	}
+	s.n.Store(int32(len(s.m)))
+}
+
+// leaderOf returns the leader a stream's info names ("" for a single server's stream).
+func leaderOf(info *jetstream.StreamInfo) string {
+	if info.Cluster == nil {
+		return ""
+	}
+	return info.Cluster.Leader
 }
 
 // hasLeader reports whether a stream's info names a leader (a stream of a single server has

@@ -34,7 +34,16 @@ import (
 //     leader (the leader just changed) → an outage of that stream (ErrStreamUnavailable):
 //     nothing counted, its rows left as they are, its keys held, the other streams' rows
 //     going on. The stream is remembered (streamOutages): its rows are not sent until its info
-//     answers with a leader again.
+//     answers with a leader again;
+//   - but "the leader just changed" is allowed leaderGraceWaves waves in a row for one leader
+//     named (see leaderStrikes): past that, publishes that time out (or get no responders)
+//     while the same leader answers are the subject's own failure, with a last_error naming
+//     stream and subject. A leader that keeps answering while the stream's publishes keep
+//     failing is no election (a single server's stream never has one).
+//
+// A publish the server refused because the relay's NATS user may not publish to its subject
+// never gets here: the server's permission violation fails it at once (ErrPublishDenied, a
+// message-level failure; see denied.go).
 //
 // A subject's own failure is a message-level failure: it counts an attempt and the row waits
 // for its retry with backoff. Counting is deliberate. The attempt is what holds back the later
@@ -42,8 +51,8 @@ import (
 // for its retry; the batch's heldKeys do the same for the next pipelined batch), the backoff
 // is what keeps the row from holding up every batch, and the error stored says what
 // happened; after MaxAttempts the row is dead, kept and requeueable. A stream that exists and
-// can take publishes never makes its rows fail this way: however long it has no leader, its
-// rows wait. Messages published to a stream without a PubAck may have been stored; the
+// can take publishes never makes its rows fail this way: however long it has no leader (its
+// info does not answer, or names none), its rows wait. Messages published to a stream without a PubAck may have been stored; the
 // republish of the same id within the duplicate window is dropped by JetStream, and the
 // consumer's dedup row absorbs one outside it.
 
@@ -62,6 +71,10 @@ type streamProbe struct {
 	lookupErr error // the look-up by subject failed: JetStream's API did not answer
 	infoErr   error // the stream's info failed
 	skipped   bool  // no time was left to ask
+	// struck: this wave's failures while the info answers with a leader were counted (see
+	// leaderStrikes); waves is the count for that leader, this wave included.
+	struck bool
+	waves  int
 }
 
 // explainFailures rewrites the outcome of each ambiguous publish of a wave (isAmbiguous): a
@@ -180,12 +193,52 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		}
 	}
 	reason := outageReason(err, p.info, p.infoErr)
+	switch {
+	case p.infoErr != nil || !hasLeader(p.info):
+		r.strikes.reset(p.name) // an election seen: the next leader has its own allowance
+	case isAckTimeout(err) || isNoResponders(err):
+		// The stream answers with a leader: the leader just changed, at most leaderGraceWaves
+		// waves in a row for one leader; past that, the subject's own failure.
+		if !p.struck {
+			p.struck = true
+			p.waves = r.strikes.strike(p.name, leaderOf(p.info), subj)
+		} else {
+			r.strikes.also(p.name, subj)
+		}
+		if p.waves > leaderGraceWaves {
+			return r.notAnElection(subj, p, err)
+		}
+		reason = fmt.Sprintf("%s (wave %d of the %d allowed for leader %s)", reason, p.waves, leaderGraceWaves, leaderText(p.info))
+	}
 	subjects := r.known.subjects(p.name)
 	if p.info != nil {
 		subjects = p.info.Config.Subjects
 	}
 	r.outages.begin(r, p.name, subjects, subj, reason)
 	return &streamOutageError{stream: p.name, subject: subj, reason: reason, sent: true}
+}
+
+// notAnElection is the outcome of a publish on subj that failed with err (no PubAck, or no
+// responders) while the info of its stream p named the same leader for more than
+// leaderGraceWaves waves in a row: the subject's own failure, naming stream and subject.
+func (r *Relay) notAnElection(subj string, p *streamProbe, err error) error {
+	what := fmt.Sprintf(" within %s", r.cfg.PublishTimeout)
+	if isNoResponders(err) {
+		what = fmt.Sprintf(": no responders (%v)", err)
+	}
+	// errNoPubAck is wrapped, never the publish's own error: a timeout would read as a
+	// broker outage, and "no responders" as no stream capturing the subject (describe).
+	return fmt.Errorf("%w%s on subject %q, captured by stream %q, while the stream's info answers with leader %s "+
+		"(%d publish waves in a row): not a leader election; the relay's NATS user may not be allowed to publish to the subject, "+
+		"or something between the relay and the stream drops its publishes", errNoPubAck, what, subj, p.name, leaderText(p.info), p.waves)
+}
+
+// leaderText names the leader a stream's info gives, for messages.
+func leaderText(info *jetstream.StreamInfo) string {
+	if l := leaderOf(info); l != "" {
+		return fmt.Sprintf("%q", l)
+	}
+	return "(a single server's stream)"
 }
 
 // capturesSubject reports whether a stream with cfg captures the literal subject subj.

@@ -91,9 +91,10 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		}
 		r.explainFailures(ctx, rows, wave, outs)
 		var next []int
-		// With an outage on (explainFailures may have begun one): the subjects of the wave's
-		// acknowledged publishes, and the streams of its publishes that met an outage.
-		anyOutage := r.outages.n.Load() > 0
+		// With an outage on (explainFailures may have begun one), or failures counted against
+		// a stream's leader (leaderStrikes): the subjects of the wave's acknowledged
+		// publishes, and the streams of its publishes that met an outage.
+		anyOutage := r.outages.n.Load() > 0 || r.strikes.n.Load() > 0
 		var acked []string
 		down := map[string]bool{}
 		for j, i := range wave {
@@ -163,6 +164,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 		// nothing about the order in time). Rows not sent for an outage already known do not
 		// count: the stream may have answered with a leader since.
 		r.outages.succeededExcept(r, acked, down)
+		r.strikes.acked(acked)
 		if res.brokerErr != nil || res.withheld > 0 {
 			// The broker is gone, or the lease ended: send nothing more; the rows stay ready.
 			break
@@ -313,9 +315,12 @@ var errLeaseEnded = errors.New("relay: partition lease ended")
 
 // publishWave publishes the rows at idxs, at most MaxInFlight unacknowledged at a time, and
 // returns each one's outcome. Each row is handed to the NATS client only after the lease
-// check (leaser.valid), made after any wait for a PubAck slot; once it fails, the rest of the
-// wave is not sent (errLeaseEnded).
+// check (leaser.valid), made after any wait for a PubAck slot and again after the stream
+// checks, immediately before PublishMsgAsync; once it fails, the rest of the wave is not sent
+// (errLeaseEnded). A publish the server reports as a permission violation
+// fails as soon as the report arrives (ErrPublishDenied), not after PublishTimeout.
 func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []int, gen uint64) []outcome {
+	start := time.Now() // a permission violation reported after it may be about this wave
 	outs := make([]outcome, len(idxs))
 	futs := make([]jetstream.PubAckFuture, len(idxs))
 	spans := make([]trace.Span, len(idxs)) // publish spans (see trace.go)
@@ -335,14 +340,27 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		}
 		t := time.NewTimer(r.cfg.PublishTimeout + time.Second)
 		defer t.Stop()
-		select {
-		case ack := <-f.Ok():
-			outs[j].ack = ack
-		case err := <-f.Err():
-			outs[j].err = err
-		case <-t.C:
-			// The library's own timeout should have fired; never wait forever.
-			outs[j].err = errAckWaitExpired
+	wait:
+		for {
+			// A publish the server denied never gets a PubAck: fail it once the server says so.
+			denied := r.denied.changed()
+			if err := r.denied.check(rows[idxs[j]].Subject, start); err != nil {
+				outs[j].err = err
+				break
+			}
+			select {
+			case ack := <-f.Ok():
+				outs[j].ack = ack
+				break wait
+			case err := <-f.Err():
+				outs[j].err = err
+				break wait
+			case <-t.C:
+				// The library's own timeout should have fired; never wait forever.
+				outs[j].err = errAckWaitExpired
+				break wait
+			case <-denied:
+			}
 		}
 		endPublish(spans[j], outs[j])
 	}
@@ -360,6 +378,9 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = errLeaseEnded
 			continue
 		}
+		if h := r.hooks.afterLeaseCheck; h != nil {
+			h()
+		}
 		if err := r.knownOutage(ctx, rows[i].Subject); err != nil {
 			outs[j].err = err // not sent: its stream has no leader (see explainFailures)
 			continue
@@ -368,9 +389,20 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			outs[j].err = err // not sent: its stream cannot take it (see explainFailures)
 			continue
 		}
+		if err := r.denied.recent(rows[i].Subject); err != nil {
+			outs[j].err = err // not sent: the server just denied its subject (see denied.go)
+			continue
+		}
 		msg, err := buildMsg(&rows[i])
 		if err != nil {
 			outs[j].err = err
+			continue
+		}
+		// Again, immediately before the hand-off: the stream checks above may have asked
+		// JetStream (up to outageAsk, or probeTimeout). A local check, no I/O.
+		if !r.lease.valid(gen) {
+			ended = true
+			outs[j].err = errLeaseEnded
 			continue
 		}
 		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)
@@ -388,6 +420,16 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	}
 	for _, j := range queue {
 		await(j)
+	}
+	if r.denied.n.Load() > 0 {
+		// A timeout whose violation came in before it was awaited.
+		for j, i := range idxs {
+			if isAckTimeout(outs[j].err) {
+				if err := r.denied.check(rows[i].Subject, start); err != nil {
+					outs[j].err = err
+				}
+			}
+		}
 	}
 	return outs
 }

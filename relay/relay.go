@@ -79,6 +79,9 @@ type Relay struct {
 	unusable      unusableStreams
 	known         knownStreams
 	outages       streamOutages
+	strikes       leaderStrikes
+	denied        deniedSubjects
+	unwatch       func() // stops watching the connection's permission violations (see denied.go)
 	hooks         hooks
 	stats         counters
 	// lastWork is when a claim last returned rows (unix ns; 0: never): the membership watch
@@ -115,6 +118,9 @@ type hooks struct {
 	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
 	// lease checks of its rows: blocking in it is a pause of the relay there.
 	beforeWave func(n int)
+	// afterLeaseCheck runs after a row's first lease check, before the stream checks (which
+	// may ask JetStream) and the hand-off: a pause, or a lease lost, there.
+	afterLeaseCheck func()
 	// afterWave runs when the outcomes of a publish wave are in, before they are explained;
 	// it may rewrite them (an outage met in the middle of a wave).
 	afterWave func(n int, outs []outcome)
@@ -155,6 +161,11 @@ func (c *counters) snapshot() Stats {
 }
 
 // New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
+//
+// New chains an error handler onto js's connection, in front of the connection's own (which
+// is still called): the server reports a publish the relay's NATS user may not make only
+// there (see ErrPublishDenied). Set the connection's error handler before New; Close puts it
+// back once no relay uses the connection.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("relay: pool is nil")
@@ -195,6 +206,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
+	r.unwatch = watchPermissions(js.Conn(), &r.denied)
 	return r, nil
 }
 
