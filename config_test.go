@@ -30,10 +30,12 @@ func TestEveryPackageReportsOneConfigError(t *testing.T) {
 		{"consumer", "Config.Schema", consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", Schema: long})},
 		{"checkback", "Config.Schema", checkback.ValidateConfig(&checkback.Config{Schema: long})},
 		{"outbox", "Config.Schema", outboxErr},
+		{"outbox", "Config.Schema", outbox.ValidateConfig(&outbox.Config{Schema: long})},
 		{"migrations", "Config.Schema", migErr},
+		{"migrations", "Config.Schema", migrations.ValidateConfig(&migrations.Config{Schema: long})},
 		{"outbox", "Config.MaxMessageBytes", func() error { _, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: 10}); return err }()},
-		{"checker", "Options.SubjectPrefix", checker.ValidateOptions(&checker.Options{Outbox: "o", SubjectPrefix: "a..b"})},
-		{"checker", "Options.Outbox", checker.ValidateOptions(nil)},
+		{"checker", "Config.SubjectPrefix", checker.ValidateConfig(&checker.Config{Outbox: "o", SubjectPrefix: "a..b"})},
+		{"checker", "Config.Outbox", checker.ValidateConfig(nil)},
 	} {
 		var ce *txoutbox.ConfigError
 		if !errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.field {
@@ -139,21 +141,21 @@ func TestOffAndForeverAreMinusOneEverywhere(t *testing.T) {
 	// the field, and zero is the default.
 	for _, c := range []struct {
 		field string
-		set   func(*checker.Options, int)
-		get   func(*checker.Options) int
+		set   func(*checker.Config, int)
+		get   func(*checker.Config) int
 	}{
-		{"Concurrency", func(o *checker.Options, v int) { o.Concurrency = v }, func(o *checker.Options) int { return o.Concurrency }},
-		{"Timeout", func(o *checker.Options, v int) { o.Timeout = time.Duration(v) }, func(o *checker.Options) int { return int(o.Timeout) }},
+		{"Concurrency", func(o *checker.Config, v int) { o.Concurrency = v }, func(o *checker.Config) int { return o.Concurrency }},
+		{"Timeout", func(o *checker.Config, v int) { o.Timeout = time.Duration(v) }, func(o *checker.Config) int { return int(o.Timeout) }},
 	} {
 		for _, v := range []int{-1, -2} {
-			o := &checker.Options{Outbox: "o"}
+			o := &checker.Config{Outbox: "o"}
 			c.set(o, v)
 			var ce *txoutbox.ConfigError
-			if err := checker.ValidateOptions(o); !errors.As(err, &ce) || ce.Field != "Options."+c.field {
+			if err := checker.ValidateConfig(o); !errors.As(err, &ce) || ce.Field != "Config."+c.field {
 				t.Errorf("checker %s = %d: got %v, want a ConfigError naming it", c.field, v, err)
 			}
 		}
-		if got := c.get((&checker.Options{}).WithDefaults()); got <= 0 {
+		if got := c.get((&checker.Config{}).WithDefaults()); got <= 0 {
 			t.Errorf("checker %s = 0 did not take a default (got %d)", c.field, got)
 		}
 	}
@@ -162,5 +164,37 @@ func TestOffAndForeverAreMinusOneEverywhere(t *testing.T) {
 	}
 	if (&checkback.Config{}).WithDefaults().PublishedRetention != txoutbox.Forever {
 		t.Error("checkback PublishedRetention does not default to Forever")
+	}
+}
+
+// Every component exposes its effective Config the same way: WithDefaults, ValidateConfig and
+// a Config accessor on what New returns.
+func TestEveryComponentReturnsItsEffectiveConfig(t *testing.T) {
+	t.Parallel()
+	c, err := outbox.NewClient(&outbox.Config{Schema: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Config(); got.Schema != "s1" || got.MaxMessageBytes != outbox.DefaultMaxMessageBytes {
+		t.Errorf("outbox Client.Config() = %+v", got)
+	}
+	m, err := migrations.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Config(); got.Schema != txoutbox.DefaultSchema {
+		t.Errorf("migrations Migrator.Config().Schema = %q, want %q", got.Schema, txoutbox.DefaultSchema)
+	}
+	for name, err := range map[string]error{
+		"outbox":     outbox.ValidateConfig(nil),
+		"migrations": migrations.ValidateConfig(nil),
+		"relay":      relay.ValidateConfig(nil),
+		"checkback":  checkback.ValidateConfig(nil),
+		"checker":    checker.ValidateConfig(&checker.Config{Outbox: "o"}),
+		"consumer":   consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d"}),
+	} {
+		if err != nil {
+			t.Errorf("%s: the defaults are invalid: %v", name, err)
+		}
 	}
 }

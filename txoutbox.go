@@ -27,8 +27,8 @@
 //
 // # Configuration
 //
-// Every component is built from a Config struct (the checker's is checker.Options). In every
-// Config:
+// Every component is built from a Config struct, with a WithDefaults method and a
+// ValidateConfig function beside it. In every Config:
 //   - a zero value means the default, which the field's documentation states ("Defaults to
 //     100.") and an exported Default constant holds; Config.WithDefaults returns a copy with
 //     the defaults applied;

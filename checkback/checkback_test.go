@@ -203,7 +203,7 @@ func (e *env) serve(group string, answer func(checker.Request) (outbox.LocalStat
 		ans := ck.answer
 		ck.mu.Unlock()
 		return ans(req)
-	}, &checker.Options{Logger: testLogger(), Outbox: e.outbox()})
+	}, &checker.Config{Logger: testLogger(), Outbox: e.outbox()})
 	if err != nil {
 		e.t.Fatal(err)
 	}

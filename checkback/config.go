@@ -96,7 +96,7 @@ type Config struct {
 	GroupRate        float64
 
 	// Outbox identifies this outbox in every check request; a checker (checker.Serve) answers only
-	// the requests of the outbox it is given as checker.Options.Outbox, so that two services
+	// the requests of the outbox it is given as checker.Config.Outbox, so that two services
 	// using the same producer group name on one NATS never settle each other's messages.
 	// Set it to an explicit name (the same on both sides) to decouple it from the database.
 	// Defaults to checker.OutboxIdentity of the pool and Schema:

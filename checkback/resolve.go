@@ -378,7 +378,7 @@ func (c *CheckBack) outbox(ctx context.Context) (string, error) {
 		if id, err = checker.OutboxIdentity(ctx, c.db, c.cfg.Schema); err != nil {
 			return "", err
 		}
-		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (checker.Options.Outbox)", "outbox", id)
+		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (checker.Config.Outbox)", "outbox", id)
 	}
 	c.outboxID = id
 	return id, nil

@@ -131,6 +131,10 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *txoutbox.ConfigError values naming the field. NewClient returns the same errors.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
+
 // Client writes messages into the outbox. It is safe for concurrent use.
 type Client struct {
 	cfg   *Config
