@@ -71,7 +71,7 @@ type Config struct {
 	// the handlers of the other messages run twice. If the server refuses the batch's commit
 	// (a deferred constraint, a serialization failure), every handler of the batch runs again,
 	// each message in its own transaction. Handlers must therefore keep all their side effects
-	// inside the transaction, and Stats.HandlerCalls, Stats.HandlerNanos and the handler
+	// inside the transaction, and Stats.HandlerCalls, Stats.HandlerTime and the handler
 	// latency metric count these reruns.
 	//
 	// Keep it at or below 64: every savepoint that writes takes a subtransaction id, and a

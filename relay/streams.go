@@ -71,8 +71,8 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 	return "", ""
 }
 
-// CheckStreams refuses a nats-server older than MinServerVersion (a *ServerVersionError,
-// ErrServerTooOld), then verifies that one stream captures the whole of each of Config.Subjects (a
+// CheckStreams refuses a nats-server older than MinServerVersion (a *txoutbox.ServerVersionError,
+// txoutbox.ErrServerTooOld), then verifies that one stream captures the whole of each of Config.Subjects (a
 // stream that captures only part of a wildcard subject is not enough: the rest would fail
 // message by message), that every stream the subject's messages may land in can take
 // publishes (ErrStreamUnusable: no_ack, sealed, a mirror, a counter stream) and keeps
