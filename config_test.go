@@ -198,3 +198,53 @@ func TestEveryComponentReturnsItsEffectiveConfig(t *testing.T) {
 		}
 	}
 }
+
+// One stream and consumer name rule: relay.Config.CreateStream and consumer.Config.Stream and
+// Durable accept and refuse the same names, JetStream's (at most 255 bytes, no '.', '*', '>',
+// white space or path separators), each refusal naming its field.
+func TestOneStreamNameRule(t *testing.T) {
+	t.Parallel()
+	type check struct {
+		field    string
+		validate func(name string) error
+	}
+	checks := []check{
+		{"Config.CreateStream", func(n string) error { return relay.ValidateConfig(&relay.Config{CreateStream: n}) }},
+		{"Config.Stream", func(n string) error {
+			return consumer.ValidateConfig(&consumer.Config{Stream: n, Durable: "d"})
+		}},
+		{"Config.Durable", func(n string) error {
+			return consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: n})
+		}},
+	}
+	for _, c := range checks {
+		for _, ok := range []string{"ORDERS", "orders-v2_eu", strings.Repeat("s", 255)} {
+			if err := c.validate(ok); err != nil {
+				t.Errorf("%s %q refused: %v", c.field, ok, err)
+			}
+		}
+		for _, bad := range []string{strings.Repeat("s", 256), "a.b", "a*", "a>", "a b", "a/b", `a\b`} {
+			var ce *txoutbox.ConfigError
+			if err := c.validate(bad); !errors.As(err, &ce) || ce.Field != c.field {
+				t.Errorf("%s %.20q: got %v, want a ConfigError naming it", c.field, bad, err)
+			}
+		}
+	}
+}
+
+// Where two packages share a default, one is defined as the other: they cannot drift.
+func TestSharedDefaultsAgree(t *testing.T) {
+	t.Parallel()
+	if checkback.DefaultRequestTimeout != checker.DefaultTimeout {
+		t.Errorf("checkback.DefaultRequestTimeout %s, checker.DefaultTimeout %s", checkback.DefaultRequestTimeout, checker.DefaultTimeout)
+	}
+	if checkback.DefaultSubjectPrefix != checker.DefaultSubjectPrefix {
+		t.Errorf("checkback.DefaultSubjectPrefix %q, checker.DefaultSubjectPrefix %q", checkback.DefaultSubjectPrefix, checker.DefaultSubjectPrefix)
+	}
+	if relay.DefaultDoorbellSubject != outbox.DefaultDoorbellSubject {
+		t.Errorf("relay.DefaultDoorbellSubject %q, outbox.DefaultDoorbellSubject %q", relay.DefaultDoorbellSubject, outbox.DefaultDoorbellSubject)
+	}
+	if migrations.DownAll != txoutbox.Forever {
+		t.Errorf("migrations.DownAll %d, want txoutbox.Forever", migrations.DownAll)
+	}
+}

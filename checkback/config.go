@@ -23,8 +23,10 @@ const (
 	// prepared.
 	DefaultTransactionTimeout = 6 * time.Second
 	// DefaultMaxChecks is RocketMQ's: after 15 inconclusive checks a row is check_exhausted.
-	DefaultMaxChecks      = 15
-	DefaultRequestTimeout = 3 * time.Second
+	DefaultMaxChecks = 15
+	// DefaultRequestTimeout is checker.DefaultTimeout, the one value the check-back and the
+	// checkers share (a checker bounds a request that does not say its timeout by it).
+	DefaultRequestTimeout = checker.DefaultTimeout
 	DefaultBackoffBase    = 5 * time.Second
 	DefaultBackoffMax     = time.Minute
 	DefaultBackoffJitter  = 0.2
@@ -33,7 +35,9 @@ const (
 	// sends to one producer group: at most 4 in flight and 20 per second.
 	DefaultGroupConcurrency = 4
 	DefaultGroupRate        = 20.0
-	DefaultSubjectPrefix    = checker.DefaultSubjectPrefix
+	// DefaultSubjectPrefix is checker.DefaultSubjectPrefix, the one value the check-back and
+	// the checkers share; it has this name too so that every Config default is in its package.
+	DefaultSubjectPrefix = checker.DefaultSubjectPrefix
 
 	DefaultResolveSchedule = "@every 1s"
 	DefaultStaleSchedule   = "@every 30s"

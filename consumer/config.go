@@ -6,8 +6,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -218,10 +218,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "consumer", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
-	if err := validateName(c.Stream); err != nil {
+	if err := natsname.ValidateName(c.Stream); err != nil {
 		return bad("Stream", "%v", err)
 	}
-	if err := validateName(c.Durable); err != nil {
+	if err := natsname.ValidateName(c.Durable); err != nil {
 		return bad("Durable", "%v", err)
 	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
@@ -236,7 +236,7 @@ func (c *Config) validate() error {
 		return bad("DeadLetterSubject", "is invalid: %v", err)
 	}
 	for _, f := range c.FilterSubjects {
-		if subjectMatches(f, c.DeadLetterSubject) {
+		if natsname.Covers(f, c.DeadLetterSubject) {
 			return bad("DeadLetterSubject", "%q is matched by FilterSubjects %q: dead letters would come back to this consumer", c.DeadLetterSubject, f)
 		}
 	}
@@ -278,30 +278,4 @@ func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 // backoff is the redelivery delay after the attempt-th failed attempt (1-based).
 func (c *Config) backoff(attempt int) time.Duration {
 	return backoff.Exponential(max(attempt, 1), c.BackoffBase, c.BackoffMax, c.BackoffJitter)
-}
-
-// validateName checks a stream or consumer name as JetStream does.
-func validateName(s string) error {
-	if s == "" {
-		return fmt.Errorf("is required")
-	}
-	if strings.ContainsAny(s, ".*> \t\r\n/\\") {
-		return fmt.Errorf("%q must not contain '.', '*', '>', whitespace or path separators", s)
-	}
-	return nil
-}
-
-// subjectMatches reports whether subject (no wildcards) matches pattern.
-func subjectMatches(pattern, subject string) bool {
-	p := strings.Split(pattern, ".")
-	s := strings.Split(subject, ".")
-	for i, tok := range p {
-		if tok == ">" {
-			return len(s) > i
-		}
-		if i >= len(s) || (tok != "*" && tok != s[i]) {
-			return false
-		}
-	}
-	return len(p) == len(s)
 }

@@ -671,8 +671,9 @@ func (m *Migrator) notManagedElsewhere(ctx context.Context, db txoutbox.Beginner
 		ErrManagedElsewhere, m.schema, len(app), src, len(m.migrations))
 }
 
-// DownAll can be passed to Down to revert every applied migration.
-const DownAll = -1
+// DownAll, given to Down as steps, reverts every applied migration: it is txoutbox.Forever
+// (-1), the convention's "no bound", under the name Down's callers read best.
+const DownAll = txoutbox.Forever
 
 // Status lists every known migration and whether the database has it.
 func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, error) {

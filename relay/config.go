@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,9 +31,11 @@ const (
 	DefaultLeaseInterval    = 2 * time.Second
 	DefaultHandoverAfter    = 10 * time.Second
 	DefaultStreamDuplicates = 2 * time.Minute
-	DefaultDoorbellSubject  = outbox.DefaultDoorbellSubject
-	DefaultSampleInterval   = 10 * time.Second
-	DefaultSampleLimit      = 100_000
+	// DefaultDoorbellSubject is outbox.DefaultDoorbellSubject, the one value producers and
+	// relays share; it has this name too so that every Config default is in its package.
+	DefaultDoorbellSubject = outbox.DefaultDoorbellSubject
+	DefaultSampleInterval  = 10 * time.Second
+	DefaultSampleLimit     = 100_000
 )
 
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
@@ -286,8 +288,8 @@ func (c *Config) validate() error {
 		}
 	}
 	if c.CreateStream != "" {
-		if len(c.CreateStream) > 255 || strings.ContainsAny(c.CreateStream, " \t\r\n.*>/\\") {
-			return bad("CreateStream", "%q is not a valid stream name (at most 255 bytes; no whitespace, '.', '*', '>', '/' or '\\')", c.CreateStream)
+		if err := natsname.ValidateName(c.CreateStream); err != nil {
+			return bad("CreateStream", "is not a valid stream name: %v", err)
 		}
 	}
 	return nil

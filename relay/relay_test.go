@@ -711,24 +711,6 @@ func TestCheckStreams(t *testing.T) {
 	}
 }
 
-func TestCovers(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		filter, subj string
-		want         bool
-	}{
-		{"orders.>", "orders.>", true}, {"orders.>", "orders.eu.*", true}, {"orders.>", "orders.a", true},
-		{"orders.>", "orders", false}, {">", "a.b.>", true}, {"orders.*", "orders.a", true},
-		{"orders.*", "orders.*", true}, {"orders.*", "orders.>", false}, {"orders.*", "orders.a.b", false},
-		{"orders.a", "orders.*", false}, {"orders.a", "orders.a", true}, {"orders.a", "orders.b", false},
-		{"orders.*.x", "orders.eu.x", true}, {"orders.*.x", "orders.eu.*", false}, {"a.b", "a", false},
-	} {
-		if got := covers(tc.filter, tc.subj); got != tc.want {
-			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.subj, got, tc.want)
-		}
-	}
-}
-
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	for field, cfg := range map[string]*Config{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"maps"
 	"slices"
 	"strings"
@@ -172,26 +173,9 @@ func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstre
 	return streams, covering, nil
 }
 
-// covers reports whether every subject that subj matches is also matched by filter.
-func covers(filter, subj string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subj, ".")
-	for i, ft := range f {
-		if ft == ">" {
-			return i < len(s)
-		}
-		if i >= len(s) {
-			return false
-		}
-		switch st := s[i]; {
-		case st == ">":
-			return false
-		case ft == "*":
-		case ft != st:
-			return false
-		}
-	}
-	return len(f) == len(s)
-}
+// covers reports whether every subject that subj matches is also matched by filter (see
+// natsname.Covers, which the consumer shares).
+func covers(filter, subj string) bool { return natsname.Covers(filter, subj) }
 
 func (r *Relay) createStream(ctx context.Context, subj string) error {
 	dup := max(r.cfg.StreamDuplicates, r.cfg.RequiredDuplicateWindow())

@@ -51,13 +51,14 @@ type Func func(ctx context.Context, req Request) (outbox.LocalState, error)
 
 // Defaults for Config.
 const (
-	// DefaultSubjectPrefix is the check-back's default checkback.Config.SubjectPrefix.
+	// DefaultSubjectPrefix is also the check-back's default Config.SubjectPrefix
+	// (checkback.DefaultSubjectPrefix is defined as it).
 	DefaultSubjectPrefix = "txoutbox.check"
 	// DefaultQueueGroup is the NATS micro default queue group.
 	DefaultQueueGroup  = micro.DefaultQueueGroup
 	DefaultConcurrency = 16
-	// DefaultTimeout is the check-back's default request timeout
-	// (checkback.DefaultRequestTimeout).
+	// DefaultTimeout is also the check-back's default request timeout
+	// (checkback.DefaultRequestTimeout is defined as it).
 	DefaultTimeout = 3 * time.Second
 	// ServiceVersion is the version the checker micro services announce.
 	ServiceVersion = "1.0.0"
