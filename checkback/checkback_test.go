@@ -473,6 +473,9 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 			t.Fatalf("%s: %s after %d checks, next in %s (%s)", h.Group, st, n, due, lastErr)
 		}
 		t.Logf("%s: %s", h.Group, lastErr)
+		if h.Group == "garbage" && lastErr != `malformed: malformed reply: "MAYBE" is not COMMIT, ROLLBACK or UNKNOWN` {
+			t.Errorf("last_error of the garbage reply: %q", lastErr)
+		}
 	}
 	for k, v := range want {
 		if got := counter(t, reg, "txoutbox_checkback_checks_total", k); got != float64(v) {

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"maps"
 	"math"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -353,7 +353,7 @@ func (c *CheckBack) askChecker(ctx context.Context, r store.HalfRow) (outcome, d
 	}
 	st, err := outbox.ParseLocalState(string(resp.Data))
 	if err != nil {
-		return OutcomeMalformed, "malformed reply: " + strings.TrimPrefix(err.Error(), "outbox: ")
+		return OutcomeMalformed, fmt.Sprintf("malformed reply: %q is not COMMIT, ROLLBACK or UNKNOWN", safetext.Text(string(resp.Data), 64))
 	}
 	switch st {
 	case outbox.StateCommit:
