@@ -75,7 +75,8 @@ type Config struct {
 	// MaxChecks is how many inconclusive checks (UNKNOWN, an error reply, a timeout, no
 	// responders, a malformed reply) make a row check_exhausted: a terminal state that is
 	// counted, logged and listed, and that `relay prepared resume|commit|rollback` leaves.
-	// Defaults to 15.
+	// It has no off or forever value (-1 is refused): a half message nobody can answer for
+	// must end somewhere an operator sees it. Defaults to 15.
 	MaxChecks int
 
 	// RequestTimeout bounds one check request to a producer group's checker. Defaults to 3s.
@@ -95,7 +96,9 @@ type Config struct {
 
 	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
 	// producer group: at most GroupConcurrency in flight and GroupRate per second, so that
-	// many stale rows never become a request storm. Defaults to 4 and 20.
+	// many stale rows never become a request storm. GroupRate txoutbox.Forever: no rate
+	// limit (GroupConcurrency still bounds the requests); GroupConcurrency has no off or
+	// forever value (-1 is refused). Defaults to 4 and 20.
 	GroupConcurrency int
 	GroupRate        float64
 
@@ -233,8 +236,8 @@ func (c *Config) validate() error {
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
 		return bad("GroupConcurrency", "must be at least 1, got %d", c.GroupConcurrency)
-	case c.GroupRate <= 0:
-		return bad("GroupRate", "must be positive, got %g", c.GroupRate)
+	case c.GroupRate <= 0 && c.GroupRate != txoutbox.Forever:
+		return bad("GroupRate", "must be positive, or txoutbox.Forever (-1), got %g", c.GroupRate)
 	case c.StaleReadyAfter <= 0:
 		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
 	case c.PublishedRetention <= 0 && c.PublishedRetention != txoutbox.Forever:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"maps"
@@ -116,7 +117,10 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 func (c *CheckBack) lease() time.Duration {
 	waves := math.Ceil(float64(c.cfg.BatchSize) / float64(c.cfg.GroupConcurrency))
 	byConc := time.Duration(waves) * c.cfg.RequestTimeout
-	byRate := time.Duration(float64(c.cfg.BatchSize) / c.cfg.GroupRate * float64(time.Second))
+	var byRate time.Duration // no rate limit (txoutbox.Forever): concurrency alone bounds it
+	if c.cfg.GroupRate > 0 {
+		byRate = time.Duration(float64(c.cfg.BatchSize) / c.cfg.GroupRate * float64(time.Second))
+	}
 	return max(byConc, byRate) + 2*c.cfg.RequestTimeout
 }
 
@@ -125,8 +129,12 @@ func (c *CheckBack) limiter(group string) *groupLimit {
 	defer c.limMu.Unlock()
 	l := c.limiters[group]
 	if l == nil {
+		limit := rate.Limit(c.cfg.GroupRate)
+		if c.cfg.GroupRate == txoutbox.Forever {
+			limit = rate.Inf
+		}
 		l = &groupLimit{
-			rate: rate.NewLimiter(rate.Limit(c.cfg.GroupRate), c.cfg.GroupConcurrency),
+			rate: rate.NewLimiter(limit, c.cfg.GroupConcurrency),
 			sem:  make(chan struct{}, c.cfg.GroupConcurrency),
 		}
 		c.limiters[group] = l

@@ -28,6 +28,8 @@ const (
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxAckPending = 1000
 	DefaultPullHeartbeat = 2500 * time.Millisecond
+	// DefaultBatchWait is no wait: a batch takes the messages that have already arrived.
+	DefaultBatchWait time.Duration = 0
 	// DefaultDeadLetterPrefix followed by the durable name is the default dead-letter subject.
 	DefaultDeadLetterPrefix = "txoutbox.dead."
 )
@@ -82,8 +84,8 @@ type Config struct {
 	// message), or DefaultBatchHandlerSize (100) with NewBatch. At most 1000.
 	BatchSize int
 
-	// BatchWait is how long a batch waits for more messages once it has one. Defaults to 0:
-	// a batch takes what has already arrived and does not wait.
+	// BatchWait is how long a batch waits for more messages once it has one. Defaults to
+	// DefaultBatchWait, 0: a batch takes what has already arrived and does not wait.
 	BatchWait time.Duration
 
 	// Ordered, when set, applies the messages of one ordering key (the Txoutbox-Key header)
@@ -106,7 +108,9 @@ type Config struct {
 	// subject. The count is JetStream's delivery count (plus in-place retries in ordered mode),
 	// so a delivery that timed out (a crashed or stuck consumer) counts too. The JetStream
 	// consumer itself is created with unlimited deliveries, so the server never drops a message
-	// silently: the consumer dead-letters it. Defaults to 10.
+	// silently: the consumer dead-letters it. It has no off or forever value (-1 is refused):
+	// a message that always fails would come back for ever (and, in ordered mode, hold its
+	// key back). Defaults to 10.
 	MaxDeliveries int
 
 	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
@@ -132,11 +136,13 @@ type Config struct {
 	// key, or waiting to be retried in place) is kept alive with an in-progress ack, so that
 	// long handlers are not redelivered to another instance. The keepalive checks every
 	// InProgressInterval/2, so two in-progress acks can be up to 1.5·InProgressInterval apart:
-	// it must be at most AckWait/2. Defaults to AckWait/3.
+	// it must be at most AckWait/2. Defaults to AckWait/3 (derived, so no constant holds it).
 	InProgressInterval time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acked, across all instances of
-	// the durable. Defaults to 1000.
+	// the durable. It has no off or forever value (-1, JetStream's "unlimited", is refused):
+	// it is what bounds the messages an instance holds, parked keys' messages included in
+	// ordered mode. Defaults to 1000.
 	MaxAckPending int
 
 	// PullMaxMessages is how many messages the JetStream client buffers ahead of the workers.
@@ -145,7 +151,8 @@ type Config struct {
 	// in-progress ack: their AckWait runs from their delivery. Keep it small enough that the
 	// workers get through PullMaxMessages messages well within AckWait, or JetStream
 	// redelivers them (a duplicate, caught by its dedup row, and a delivery that counts
-	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16.
+	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16 (derived, so no
+	// constant holds it).
 	PullMaxMessages int
 
 	// PullHeartbeat is how often JetStream confirms that the consumer's open pull request is
@@ -159,7 +166,8 @@ type Config struct {
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
 	// have their context cancelled and their messages are nak'ed for redelivery (no attempt
 	// counted, and neither counted nor logged as an outage: Stats.Unavailable is for real
-	// failures); txoutbox.Forever waits for them however long they run. Defaults to AckWait.
+	// failures); txoutbox.Forever waits for them however long they run. Defaults to AckWait
+	// (derived, so no constant holds it).
 	StopTimeout time.Duration
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
@@ -202,6 +210,7 @@ func (c *Config) WithDefaults() *Config {
 	if out.Durable != "" {
 		out.DeadLetterSubject = cmp.Or(out.DeadLetterSubject, DefaultDeadLetterPrefix+out.Durable)
 	}
+	out.BatchWait = cmp.Or(out.BatchWait, DefaultBatchWait)
 	out.AckWait = cmp.Or(out.AckWait, DefaultAckWait)
 	out.InProgressInterval = cmp.Or(out.InProgressInterval, out.AckWait/3)
 	out.MaxAckPending = cmp.Or(out.MaxAckPending, DefaultMaxAckPending)

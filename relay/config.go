@@ -36,11 +36,14 @@ const (
 	DefaultDoorbellSubject = outbox.DefaultDoorbellSubject
 	DefaultSampleInterval  = 10 * time.Second
 	DefaultSampleLimit     = 100_000
+	// DefaultRetention is none: published rows are deleted as they are published.
+	DefaultRetention time.Duration = 0
 )
 
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
 type Config struct {
-	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid.
+	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid
+	// (derived, so no constant holds it).
 	ID string
 
 	// Schema is the Postgres schema holding the outbox table. Defaults to
@@ -73,14 +76,17 @@ type Config struct {
 	BackoffJitter float64
 
 	// MaxAttempts is how many failed publishes make a row dead. Broker outages (timeouts,
-	// lost connections) do not count: only errors about the message itself do. Defaults to 20.
+	// lost connections) do not count: only errors about the message itself do. It has no off
+	// or forever value (-1 is refused): a message the broker keeps refusing would hold its
+	// key's later messages back for ever. Defaults to 20.
 	MaxAttempts int
 
 	// Retention, when positive, keeps published rows (state published, with published_at and
 	// the stream sequence) for the check-back's purge job to delete after Retention (set
 	// checkback.Config.PublishedRetention to the same value; relay run does);
-	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to none:
-	// rows are deleted as they are published, which keeps the table small.
+	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to
+	// DefaultRetention, none: rows are deleted as they are published, which keeps the table
+	// small.
 	Retention time.Duration
 
 	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
@@ -193,6 +199,7 @@ func (c *Config) WithDefaults() *Config {
 	out.Partitions = cmp.Or(out.Partitions, DefaultPartitions)
 	out.LeaseInterval = cmp.Or(out.LeaseInterval, DefaultLeaseInterval)
 	out.HandoverAfter = cmp.Or(out.HandoverAfter, DefaultHandoverAfter)
+	out.Retention = cmp.Or(out.Retention, DefaultRetention)
 	out.DoorbellSubject = cmp.Or(out.DoorbellSubject, DefaultDoorbellSubject)
 	out.StreamDuplicates = cmp.Or(out.StreamDuplicates, DefaultStreamDuplicates)
 	out.SampleInterval = cmp.Or(out.SampleInterval, DefaultSampleInterval)
