@@ -27,13 +27,24 @@
 //
 // # Configuration
 //
-// Every component is built from a Config struct (the checker's is checker.Options). In every
-// Config:
+// Every component is built from a Config struct, with a WithDefaults method and a
+// ValidateConfig function beside it. In every Config:
 //   - a zero value means the default, which the field's documentation states ("Defaults to
-//     100.") and an exported Default constant holds; Config.WithDefaults returns a copy with
-//     the defaults applied;
-//   - Off (-1) turns a feature off and Forever (-1) means "never expires", for the fields whose
-//     documentation says so; any other negative value is invalid;
+//     100."); Config.WithDefaults returns a copy with the defaults applied. An exported
+//     Default… constant of the field's package holds each default, except the defaults derived
+//     from other values, whose computation the field's documentation gives instead:
+//     relay.Config.ID (hostname:pid), consumer.Config.DeadLetterSubject
+//     (DefaultDeadLetterPrefix + Durable), InProgressInterval (AckWait/3), PullMaxMessages
+//     (from Concurrency and BatchSize) and StopTimeout (AckWait), checkback.Config.Outbox (the
+//     database's identity), and the Logger, TracerProvider and Propagator fields (slog.Default
+//     and OpenTelemetry's globals);
+//   - Off (-1) turns a feature off and Forever (-1) lifts a limit, only for the fields whose
+//     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off) and
+//     Retention (forever), checkback.Config.TransactionTimeout (off), GroupRate and the three
+//     retentions (forever), consumer.Config.StopTimeout (forever). Every other field refuses
+//     -1 with the rest of the negative values: no count takes it (relay.Config.MaxAttempts,
+//     consumer.Config.MaxDeliveries and MaxAckPending, checkback.Config.MaxChecks, the batch
+//     sizes and concurrencies have no off or forever value);
 //   - an invalid value is reported, before anything runs, as a *ConfigError naming the field,
 //     which matches ErrInvalidConfig with errors.Is.
 package txoutbox
@@ -51,8 +62,9 @@ import (
 const DefaultSchema = "public"
 
 // Off and Forever are the values that turn a Config field off or make it unbounded, for the
-// fields whose documentation says so: a count, a factor or a duration set to -1. They are
-// untyped, so they fit int, float64 and time.Duration fields alike.
+// fields whose documentation says so (see the package documentation for the list): a factor,
+// a rate or a duration set to -1. They are untyped, so they fit int, float64 and
+// time.Duration values alike (migrations.DownAll is Forever as a number of steps).
 const (
 	Off     = -1
 	Forever = -1

@@ -153,7 +153,7 @@ func (c *CheckBack) jobs(rep *Report, wait bool) []job {
 
 // RunOnce runs each job whose schedule is not "off" once, in order (resolve, stale, purge), and
 // reports what they did. It returns the first error, after running every job. A nats-server
-// older than MinServerVersion is refused (a *ServerVersionError) before any job runs.
+// older than MinServerVersion is refused (a *txoutbox.ServerVersionError, txoutbox.ErrServerTooOld) before any job runs.
 func (c *CheckBack) RunOnce(ctx context.Context) (*Report, error) {
 	rep := &Report{}
 	if err := c.checkServerVersion(); err != nil {
@@ -208,7 +208,7 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 
 // Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in
 // progress to end (they see the cancellation) and returns nil. It refuses at start a
-// nats-server older than MinServerVersion (a *ServerVersionError, ErrServerTooOld), and
+// nats-server older than MinServerVersion (a *txoutbox.ServerVersionError, txoutbox.ErrServerTooOld), and
 // returns txoutbox.ErrRunning while another Run of this check-back has not returned.
 func (c *CheckBack) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {

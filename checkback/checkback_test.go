@@ -6,6 +6,7 @@ import (
 	"errors"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
+	"golang.org/x/time/rate"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -203,7 +204,7 @@ func (e *env) serve(group string, answer func(checker.Request) (outbox.LocalStat
 		ans := ck.answer
 		ck.mu.Unlock()
 		return ans(req)
-	}, &checker.Options{Logger: testLogger(), Outbox: e.outbox()})
+	}, &checker.Config{Logger: testLogger(), Outbox: e.outbox()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -473,6 +474,9 @@ func TestInconclusiveAnswersCountAsChecks(t *testing.T) {
 			t.Fatalf("%s: %s after %d checks, next in %s (%s)", h.Group, st, n, due, lastErr)
 		}
 		t.Logf("%s: %s", h.Group, lastErr)
+		if h.Group == "garbage" && lastErr != `malformed: malformed reply: "MAYBE" is not COMMIT, ROLLBACK or UNKNOWN` {
+			t.Errorf("last_error of the garbage reply: %q", lastErr)
+		}
 	}
 	for k, v := range want {
 		if got := counter(t, reg, "txoutbox_checkback_checks_total", k); got != float64(v) {
@@ -523,6 +527,34 @@ func TestChecksPerGroupAreBounded(t *testing.T) {
 		t.Fatalf("30 checks took %s: faster than the rate allows (%s)", took, min)
 	}
 	t.Logf("30 checks, concurrency 2, rate 40/s: %s, peak in flight %d", took, peak.Load())
+}
+
+// GroupRate txoutbox.Forever lifts the rate limit (GroupConcurrency still bounds the checks
+// in flight): the group's limiter has no rate, the claim lease stays finite and positive, and
+// a pass settles every stale row of the group.
+func TestGroupRateForeverHasNoRateLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := fastConfig()
+	cfg.GroupConcurrency, cfg.GroupRate, cfg.BatchSize = 2, txoutbox.Forever, 20
+	cb := e.checkback(cfg)
+	if got := cb.Config().GroupRate; got != txoutbox.Forever {
+		t.Fatalf("GroupRate after WithDefaults: %v, want txoutbox.Forever", got)
+	}
+	if l := cb.limiter("orders"); l.rate.Limit() != rate.Inf || cap(l.sem) != 2 {
+		t.Fatalf("limiter: rate %v, concurrency %d; want no rate limit and 2", l.rate.Limit(), cap(l.sem))
+	}
+	if d := cb.lease(); d <= 0 || d > time.Minute {
+		t.Fatalf("claim lease %s with no rate limit", d)
+	}
+	e.serve("orders", answer(outbox.StateRollback))
+	for i := 0; i < 20; i++ {
+		e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	}
+	e.backdate(cfg.TransactionTimeout)
+	if res := mustResolve(t, cb); res.RolledBack != 20 {
+		t.Fatalf("resolve with no rate limit: %+v, want 20 rolled back", res)
+	}
 }
 
 func TestImmunityDelaysTheFirstCheck(t *testing.T) {
@@ -855,7 +887,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"MaxChecks":       {MaxChecks: -1},
 		"BackoffMax":      {BackoffBase: time.Minute, BackoffMax: time.Second},
 		"BackoffJitter":   {BackoffJitter: 1.5},
-		"GroupRate":       {GroupRate: -1},
+		"GroupRate":       {GroupRate: -2},
 		"SubjectPrefix":   {SubjectPrefix: "txoutbox.*"},
 		"ResolveSchedule": {ResolveSchedule: "every second"},
 		"PurgeSchedule":   {PurgeSchedule: "@every 1ms"},

@@ -23,8 +23,10 @@ const (
 	// prepared.
 	DefaultTransactionTimeout = 6 * time.Second
 	// DefaultMaxChecks is RocketMQ's: after 15 inconclusive checks a row is check_exhausted.
-	DefaultMaxChecks      = 15
-	DefaultRequestTimeout = 3 * time.Second
+	DefaultMaxChecks = 15
+	// DefaultRequestTimeout is checker.DefaultTimeout, the one value the check-back and the
+	// checkers share (a checker bounds a request that does not say its timeout by it).
+	DefaultRequestTimeout = checker.DefaultTimeout
 	DefaultBackoffBase    = 5 * time.Second
 	DefaultBackoffMax     = time.Minute
 	DefaultBackoffJitter  = 0.2
@@ -33,7 +35,9 @@ const (
 	// sends to one producer group: at most 4 in flight and 20 per second.
 	DefaultGroupConcurrency = 4
 	DefaultGroupRate        = 20.0
-	DefaultSubjectPrefix    = checker.DefaultSubjectPrefix
+	// DefaultSubjectPrefix is checker.DefaultSubjectPrefix, the one value the check-back and
+	// the checkers share; it has this name too so that every Config default is in its package.
+	DefaultSubjectPrefix = checker.DefaultSubjectPrefix
 
 	DefaultResolveSchedule = "@every 1s"
 	DefaultStaleSchedule   = "@every 30s"
@@ -71,7 +75,8 @@ type Config struct {
 	// MaxChecks is how many inconclusive checks (UNKNOWN, an error reply, a timeout, no
 	// responders, a malformed reply) make a row check_exhausted: a terminal state that is
 	// counted, logged and listed, and that `relay prepared resume|commit|rollback` leaves.
-	// Defaults to 15.
+	// It has no off or forever value (-1 is refused): a half message nobody can answer for
+	// must end somewhere an operator sees it. Defaults to 15.
 	MaxChecks int
 
 	// RequestTimeout bounds one check request to a producer group's checker. Defaults to 3s.
@@ -91,12 +96,14 @@ type Config struct {
 
 	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
 	// producer group: at most GroupConcurrency in flight and GroupRate per second, so that
-	// many stale rows never become a request storm. Defaults to 4 and 20.
+	// many stale rows never become a request storm. GroupRate txoutbox.Forever: no rate
+	// limit (GroupConcurrency still bounds the requests); GroupConcurrency has no off or
+	// forever value (-1 is refused). Defaults to 4 and 20.
 	GroupConcurrency int
 	GroupRate        float64
 
 	// Outbox identifies this outbox in every check request; a checker (checker.Serve) answers only
-	// the requests of the outbox it is given as checker.Options.Outbox, so that two services
+	// the requests of the outbox it is given as checker.Config.Outbox, so that two services
 	// using the same producer group name on one NATS never settle each other's messages.
 	// Set it to an explicit name (the same on both sides) to decouple it from the database.
 	// Defaults to checker.OutboxIdentity of the pool and Schema:
@@ -229,8 +236,8 @@ func (c *Config) validate() error {
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
 		return bad("GroupConcurrency", "must be at least 1, got %d", c.GroupConcurrency)
-	case c.GroupRate <= 0:
-		return bad("GroupRate", "must be positive, got %g", c.GroupRate)
+	case c.GroupRate <= 0 && c.GroupRate != txoutbox.Forever:
+		return bad("GroupRate", "must be positive, or txoutbox.Forever (-1), got %g", c.GroupRate)
 	case c.StaleReadyAfter <= 0:
 		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
 	case c.PublishedRetention <= 0 && c.PublishedRetention != txoutbox.Forever:

@@ -73,7 +73,7 @@ func TestCheckersNeverAnswerForAnotherOutbox(t *testing.T) {
 				return outbox.StateCommit, nil
 			}
 			return outbox.StateRollback, nil
-		}, &checker.Options{Outbox: id, Registerer: s.reg, Logger: slog.New(slog.NewTextHandler(s.logs, nil))})
+		}, &checker.Config{Outbox: id, Registerer: s.reg, Logger: slog.New(slog.NewTextHandler(s.logs, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}

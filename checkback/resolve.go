@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"maps"
 	"math"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -116,7 +117,10 @@ func (c *CheckBack) fenceOnce(ctx context.Context) (int, error) {
 func (c *CheckBack) lease() time.Duration {
 	waves := math.Ceil(float64(c.cfg.BatchSize) / float64(c.cfg.GroupConcurrency))
 	byConc := time.Duration(waves) * c.cfg.RequestTimeout
-	byRate := time.Duration(float64(c.cfg.BatchSize) / c.cfg.GroupRate * float64(time.Second))
+	var byRate time.Duration // no rate limit (txoutbox.Forever): concurrency alone bounds it
+	if c.cfg.GroupRate > 0 {
+		byRate = time.Duration(float64(c.cfg.BatchSize) / c.cfg.GroupRate * float64(time.Second))
+	}
 	return max(byConc, byRate) + 2*c.cfg.RequestTimeout
 }
 
@@ -125,8 +129,12 @@ func (c *CheckBack) limiter(group string) *groupLimit {
 	defer c.limMu.Unlock()
 	l := c.limiters[group]
 	if l == nil {
+		limit := rate.Limit(c.cfg.GroupRate)
+		if c.cfg.GroupRate == txoutbox.Forever {
+			limit = rate.Inf
+		}
 		l = &groupLimit{
-			rate: rate.NewLimiter(rate.Limit(c.cfg.GroupRate), c.cfg.GroupConcurrency),
+			rate: rate.NewLimiter(limit, c.cfg.GroupConcurrency),
 			sem:  make(chan struct{}, c.cfg.GroupConcurrency),
 		}
 		c.limiters[group] = l
@@ -353,7 +361,7 @@ func (c *CheckBack) askChecker(ctx context.Context, r store.HalfRow) (outcome, d
 	}
 	st, err := outbox.ParseLocalState(string(resp.Data))
 	if err != nil {
-		return OutcomeMalformed, "malformed reply: " + strings.TrimPrefix(err.Error(), "outbox: ")
+		return OutcomeMalformed, fmt.Sprintf("malformed reply: %q is not COMMIT, ROLLBACK or UNKNOWN", safetext.Text(string(resp.Data), 64))
 	}
 	switch st {
 	case outbox.StateCommit:
@@ -378,7 +386,7 @@ func (c *CheckBack) outbox(ctx context.Context) (string, error) {
 		if id, err = checker.OutboxIdentity(ctx, c.db, c.cfg.Schema); err != nil {
 			return "", err
 		}
-		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (checker.Options.Outbox)", "outbox", id)
+		c.log.Info("check-back asks checkers as outbox "+id+": checkers must serve it (checker.Config.Outbox)", "outbox", id)
 	}
 	c.outboxID = id
 	return id, nil

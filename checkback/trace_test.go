@@ -55,7 +55,7 @@ func TestCheckSpans(t *testing.T) {
 			return outbox.StateUnknown, err
 		}
 		return outbox.StateCommit, nil
-	}, &checker.Options{Logger: testLogger(), Outbox: e.outbox(), TracerProvider: tp, Propagator: prop})
+	}, &checker.Config{Logger: testLogger(), Outbox: e.outbox(), TracerProvider: tp, Propagator: prop})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,8 +166,8 @@ func TestBatchHandlerDuplicatesRemoved(t *testing.T) {
 	if n := e.effects(); n != 3 {
 		t.Errorf("effects: %d, want 3", n)
 	}
-	if st := c.Stats(); st.Processed != 3 || st.Duplicates != 2 || st.HandlerCalls != 1 {
-		t.Errorf("stats %+v, want 3 processed, 2 duplicates, 1 handler call", st)
+	if st := c.Stats(); st.Processed != 3 || st.Duplicates != 2 || st.HandlerCalls != 1 || st.HandlerTime <= 0 {
+		t.Errorf("stats %+v, want 3 processed, 2 duplicates, 1 handler call and its time", st)
 	}
 	if info := e.consumerInfo(testDurable); info.NumAckPending != 0 || info.NumPending != 0 {
 		t.Errorf("consumer not drained: %d ack pending, %d pending", info.NumAckPending, info.NumPending)

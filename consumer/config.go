@@ -6,8 +6,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +28,8 @@ const (
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxAckPending = 1000
 	DefaultPullHeartbeat = 2500 * time.Millisecond
+	// DefaultBatchWait is no wait: a batch takes the messages that have already arrived.
+	DefaultBatchWait time.Duration = 0
 	// DefaultDeadLetterPrefix followed by the durable name is the default dead-letter subject.
 	DefaultDeadLetterPrefix = "txoutbox.dead."
 )
@@ -71,7 +73,7 @@ type Config struct {
 	// the handlers of the other messages run twice. If the server refuses the batch's commit
 	// (a deferred constraint, a serialization failure), every handler of the batch runs again,
 	// each message in its own transaction. Handlers must therefore keep all their side effects
-	// inside the transaction, and Stats.HandlerCalls, Stats.HandlerNanos and the handler
+	// inside the transaction, and Stats.HandlerCalls, Stats.HandlerTime and the handler
 	// latency metric count these reruns.
 	//
 	// Keep it at or below 64: every savepoint that writes takes a subtransaction id, and a
@@ -82,8 +84,8 @@ type Config struct {
 	// message), or DefaultBatchHandlerSize (100) with NewBatch. At most 1000.
 	BatchSize int
 
-	// BatchWait is how long a batch waits for more messages once it has one. Defaults to 0:
-	// a batch takes what has already arrived and does not wait.
+	// BatchWait is how long a batch waits for more messages once it has one. Defaults to
+	// DefaultBatchWait, 0: a batch takes what has already arrived and does not wait.
 	BatchWait time.Duration
 
 	// Ordered, when set, applies the messages of one ordering key (the Txoutbox-Key header)
@@ -106,7 +108,9 @@ type Config struct {
 	// subject. The count is JetStream's delivery count (plus in-place retries in ordered mode),
 	// so a delivery that timed out (a crashed or stuck consumer) counts too. The JetStream
 	// consumer itself is created with unlimited deliveries, so the server never drops a message
-	// silently: the consumer dead-letters it. Defaults to 10.
+	// silently: the consumer dead-letters it. It has no off or forever value (-1 is refused):
+	// a message that always fails would come back for ever (and, in ordered mode, hold its
+	// key back). Defaults to 10.
 	MaxDeliveries int
 
 	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
@@ -132,11 +136,13 @@ type Config struct {
 	// key, or waiting to be retried in place) is kept alive with an in-progress ack, so that
 	// long handlers are not redelivered to another instance. The keepalive checks every
 	// InProgressInterval/2, so two in-progress acks can be up to 1.5·InProgressInterval apart:
-	// it must be at most AckWait/2. Defaults to AckWait/3.
+	// it must be at most AckWait/2. Defaults to AckWait/3 (derived, so no constant holds it).
 	InProgressInterval time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acked, across all instances of
-	// the durable. Defaults to 1000.
+	// the durable. It has no off or forever value (-1, JetStream's "unlimited", is refused):
+	// it is what bounds the messages an instance holds, parked keys' messages included in
+	// ordered mode. Defaults to 1000.
 	MaxAckPending int
 
 	// PullMaxMessages is how many messages the JetStream client buffers ahead of the workers.
@@ -145,7 +151,8 @@ type Config struct {
 	// in-progress ack: their AckWait runs from their delivery. Keep it small enough that the
 	// workers get through PullMaxMessages messages well within AckWait, or JetStream
 	// redelivers them (a duplicate, caught by its dedup row, and a delivery that counts
-	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16.
+	// towards MaxDeliveries). Defaults to 2·Concurrency·BatchSize, at least 16 (derived, so no
+	// constant holds it).
 	PullMaxMessages int
 
 	// PullHeartbeat is how often JetStream confirms that the consumer's open pull request is
@@ -159,7 +166,8 @@ type Config struct {
 	// StopTimeout bounds the graceful stop: handlers still running that long after the stop
 	// have their context cancelled and their messages are nak'ed for redelivery (no attempt
 	// counted, and neither counted nor logged as an outage: Stats.Unavailable is for real
-	// failures); txoutbox.Forever waits for them however long they run. Defaults to AckWait.
+	// failures); txoutbox.Forever waits for them however long they run. Defaults to AckWait
+	// (derived, so no constant holds it).
 	StopTimeout time.Duration
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
@@ -202,6 +210,7 @@ func (c *Config) WithDefaults() *Config {
 	if out.Durable != "" {
 		out.DeadLetterSubject = cmp.Or(out.DeadLetterSubject, DefaultDeadLetterPrefix+out.Durable)
 	}
+	out.BatchWait = cmp.Or(out.BatchWait, DefaultBatchWait)
 	out.AckWait = cmp.Or(out.AckWait, DefaultAckWait)
 	out.InProgressInterval = cmp.Or(out.InProgressInterval, out.AckWait/3)
 	out.MaxAckPending = cmp.Or(out.MaxAckPending, DefaultMaxAckPending)
@@ -218,10 +227,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "consumer", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
-	if err := validateName(c.Stream); err != nil {
+	if err := natsname.ValidateName(c.Stream); err != nil {
 		return bad("Stream", "%v", err)
 	}
-	if err := validateName(c.Durable); err != nil {
+	if err := natsname.ValidateName(c.Durable); err != nil {
 		return bad("Durable", "%v", err)
 	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
@@ -236,7 +245,7 @@ func (c *Config) validate() error {
 		return bad("DeadLetterSubject", "is invalid: %v", err)
 	}
 	for _, f := range c.FilterSubjects {
-		if subjectMatches(f, c.DeadLetterSubject) {
+		if natsname.Covers(f, c.DeadLetterSubject) {
 			return bad("DeadLetterSubject", "%q is matched by FilterSubjects %q: dead letters would come back to this consumer", c.DeadLetterSubject, f)
 		}
 	}
@@ -278,30 +287,4 @@ func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 // backoff is the redelivery delay after the attempt-th failed attempt (1-based).
 func (c *Config) backoff(attempt int) time.Duration {
 	return backoff.Exponential(max(attempt, 1), c.BackoffBase, c.BackoffMax, c.BackoffJitter)
-}
-
-// validateName checks a stream or consumer name as JetStream does.
-func validateName(s string) error {
-	if s == "" {
-		return fmt.Errorf("is required")
-	}
-	if strings.ContainsAny(s, ".*> \t\r\n/\\") {
-		return fmt.Errorf("%q must not contain '.', '*', '>', whitespace or path separators", s)
-	}
-	return nil
-}
-
-// subjectMatches reports whether subject (no wildcards) matches pattern.
-func subjectMatches(pattern, subject string) bool {
-	p := strings.Split(pattern, ".")
-	s := strings.Split(subject, ".")
-	for i, tok := range p {
-		if tok == ">" {
-			return len(s) > i
-		}
-		if i >= len(s) || (tok != "*" && tok != s[i]) {
-			return false
-		}
-	}
-	return len(p) == len(s)
 }

@@ -78,22 +78,3 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("no jitter: %s, want 4s", d)
 	}
 }
-
-func TestSubjectMatches(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		pattern, subject string
-		want             bool
-	}{
-		{"orders.>", "orders.dead", true},
-		{"orders.>", "orders", false},
-		{"orders.*", "orders.a.b", false},
-		{"orders.*.b", "orders.a.b", true},
-		{"txoutbox.dead.x", "txoutbox.dead.x", true},
-		{"txoutbox.dead.x", "txoutbox.dead.y", false},
-	} {
-		if got := subjectMatches(tc.pattern, tc.subject); got != tc.want {
-			t.Errorf("subjectMatches(%q, %q) = %v", tc.pattern, tc.subject, got)
-		}
-	}
-}

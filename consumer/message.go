@@ -49,12 +49,10 @@ type Message struct {
 
 // ErrMalformed is wrapped by the errors of messages that cannot be decoded: no idempotency key
 // (neither Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous one (several different values), an
-// empty Nats-Msg-Id, Txoutbox-Key or Txoutbox-Biz-Key, one PostgreSQL cannot store, or no
-// JetStream metadata. Such messages go to the dead-letter subject at once.
+// empty Nats-Msg-Id, Txoutbox-Key or Txoutbox-Biz-Key, one PostgreSQL cannot store (longer
+// than outbox.MaxKeyLength, the producers' bound, or not valid text), or no JetStream
+// metadata. Such messages go to the dead-letter subject at once.
 var ErrMalformed = errors.New("consumer: malformed message")
-
-// MaxIdempotencyKeyLength bounds the idempotency key (it is stored in a btree index).
-const MaxIdempotencyKeyLength = outbox.MaxKeyLength
 
 // decode builds the handler's view of raw, or reports why it is malformed.
 func decode(raw jetstream.Msg) (Message, error) {
@@ -93,8 +91,8 @@ func decodeHeaders(m *Message) error {
 	// Both end up in text columns of the dedup row: a value PostgreSQL refuses would make the
 	// insert fail on every delivery, forever, instead of dead-lettering the message.
 	for _, v := range []struct{ what, s string }{{"idempotency key", m.IdempotencyKey}, {outbox.HeaderMsgID, m.ID}} {
-		if len(v.s) > MaxIdempotencyKeyLength {
-			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), MaxIdempotencyKeyLength)
+		if len(v.s) > outbox.MaxKeyLength {
+			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), outbox.MaxKeyLength)
 		}
 		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
 			return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, v.what)

@@ -28,11 +28,11 @@ type Stats struct {
 	// AckFailures counts acks that got no server confirmation after a commit; the message
 	// comes back and is skipped as a duplicate.
 	AckFailures int64
-	// HandlerCalls and HandlerNanos sum the handler's runs and their duration; in batch mode
-	// they include the reruns (see Config.BatchSize and NewBatch). With NewBatch, a call is
-	// one run of the BatchHandler, however many messages it got.
+	// HandlerCalls and HandlerTime sum the handler's runs and the time they took; in batch
+	// mode they include the reruns (see Config.BatchSize and NewBatch). With NewBatch, a call
+	// is one run of the BatchHandler, however many messages it got.
 	HandlerCalls int64
-	HandlerNanos int64
+	HandlerTime  time.Duration
 }
 
 // counters are the running totals behind Stats.
@@ -45,7 +45,7 @@ type counters struct {
 	Unavailable  atomic.Int64
 	AckFailures  atomic.Int64
 	HandlerCalls atomic.Int64
-	HandlerNanos atomic.Int64
+	HandlerNanos atomic.Int64 // nanoseconds, as Stats.HandlerTime
 }
 
 func (c *counters) snapshot() Stats {
@@ -58,7 +58,7 @@ func (c *counters) snapshot() Stats {
 		Unavailable:  c.Unavailable.Load(),
 		AckFailures:  c.AckFailures.Load(),
 		HandlerCalls: c.HandlerCalls.Load(),
-		HandlerNanos: c.HandlerNanos.Load(),
+		HandlerTime:  time.Duration(c.HandlerNanos.Load()),
 	}
 }
 

@@ -85,8 +85,13 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *txoutbox.ConfigError values naming the field. New returns the same errors.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
+
 // Migrator applies and reverts the embedded migrations.
 type Migrator struct {
+	cfg        *Config
 	schema     string
 	migrations []Migration
 }
@@ -101,8 +106,11 @@ func New(cfg *Config) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{schema: c.Schema, migrations: ms}, nil
+	return &Migrator{cfg: c, schema: c.Schema, migrations: ms}, nil
 }
+
+// Config returns the migrator's effective configuration.
+func (m *Migrator) Config() Config { return *m.cfg }
 
 // ValidateSchemaName reports whether name can be used as a schema name. Names are always
 // quoted when used, so any non-empty name of at most 63 bytes without NUL is accepted.
@@ -663,8 +671,9 @@ func (m *Migrator) notManagedElsewhere(ctx context.Context, db txoutbox.Beginner
 		ErrManagedElsewhere, m.schema, len(app), src, len(m.migrations))
 }
 
-// DownAll can be passed to Down to revert every applied migration.
-const DownAll = -1
+// DownAll, given to Down as steps, reverts every applied migration: it is txoutbox.Forever
+// (-1), the convention's "no bound", under the name Down's callers read best.
+const DownAll = txoutbox.Forever
 
 // Status lists every known migration and whether the database has it.
 func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, error) {

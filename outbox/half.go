@@ -251,7 +251,10 @@ func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID)
 
 // CommitTx commits a half message inside the producer's business transaction tx, so that the
 // message is published if and only if tx commits. It holds the message's row lock until tx
-// ends: the check-back's fence waits for (skips) it.
+// ends: the check-back's fence waits for (skips) it. tx must be a transaction: a pgx.Tx, or a
+// *pgx.Conn or *pgxpool.Conn inside a BEGIN of its own; it takes a txoutbox.DBTX, as the
+// other …Tx methods do, because it only runs statements in tx (on a pool, each statement would
+// commit on its own and the message would be published whatever the business change).
 //
 // If the message is no longer prepared — typically the check-back fenced it because tx ran
 // past the transaction timeout — CommitTx returns a *SettleError wrapping ErrRolledBack (or
@@ -262,7 +265,7 @@ func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID)
 // message twice. Under REPEATABLE READ or SERIALIZABLE, a fence that committed after tx took
 // its snapshot surfaces as the server's serialization failure (SQLSTATE 40001) instead of
 // ErrRolledBack: tx fails all the same. Call Client.Ring after tx commits.
-func (c *Client) CommitTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+func (c *Client) CommitTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
 	err := c.commit(ctx, tx, id)
 	if err == nil {
 		c.half.committed.Inc() // tx may still roll back: the counter cannot know

@@ -217,6 +217,73 @@ func TestCommitTxLosingToRollbackFailsTheTransaction(t *testing.T) {
 	}
 }
 
+// CommitTx takes a txoutbox.DBTX, as the other …Tx methods do: a connection inside a BEGIN of
+// its own works as a pgx.Tx does, both when the commit wins (the message is ready once the
+// transaction commits) and when it loses (the transaction fails and the business row is gone).
+func TestCommitTxTakesAConnectionInATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var dbtx txoutbox.DBTX = conn // *pgxpool.Conn: a DBTX, not a pgx.Tx
+
+	h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Fence: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dbtx.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dbtx.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CommitTx(ctx, dbtx, h.ID); err != nil {
+		t.Fatalf("CommitTx on a connection in a transaction: %v", err)
+	}
+	if st := readHalf(t, db, h.ID).state; st != "prepared" {
+		t.Fatalf("state %s before the transaction commits, want prepared (seen from outside)", st)
+	}
+	if tag, err := dbtx.Exec(ctx, `COMMIT`); err != nil || tag.String() != "COMMIT" {
+		t.Fatalf("COMMIT: %v %v", tag, err)
+	}
+	if st := readHalf(t, db, h.ID).state; st != "ready" {
+		t.Fatalf("state %s after the transaction committed, want ready", st)
+	}
+
+	h2, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Fence: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rollback(ctx, db.Pool, h2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dbtx.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dbtx.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CommitTx(ctx, dbtx, h2.ID); !errors.Is(err, outbox.ErrRolledBack) {
+		t.Fatalf("CommitTx of a rolled back message: %v, want ErrRolledBack", err)
+	}
+	// The server ends a failed transaction's COMMIT as a ROLLBACK.
+	if tag, err := dbtx.Exec(ctx, `COMMIT`); err != nil || tag.String() != "ROLLBACK" {
+		t.Fatalf("COMMIT after a failed CommitTx: %v %v, want ROLLBACK", tag, err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = 2`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("business row of the rolled back message: %d rows (%v), want none", n, err)
+	}
+}
+
 // A half message committed while another transaction holds its key waits for it, then takes
 // an id after it: for one key, id order is commit order.
 func TestCommitWaitsForItsKeyAndDrawsALaterID(t *testing.T) {

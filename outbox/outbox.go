@@ -49,7 +49,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -130,6 +129,10 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
+// *txoutbox.ConfigError values naming the field. NewClient returns the same errors.
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 
 // Client writes messages into the outbox. It is safe for concurrent use.
 type Client struct {
@@ -314,8 +317,8 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	fail := func(sentinel error, detail string) (store.NewRow, error) {
 		return store.NewRow{}, &MessageError{Index: i, ID: m.ID, Subject: m.Subject, Err: sentinel, Detail: detail}
 	}
-	if err := ValidateSubject(m.Subject); err != nil {
-		return fail(ErrInvalidSubject, strings.TrimPrefix(err.Error(), ErrInvalidSubject.Error()+": "))
+	if detail := subjectProblem(m.Subject); detail != "" {
+		return fail(ErrInvalidSubject, detail)
 	}
 	if what := checkKey(m.Key); what != "" {
 		return fail(ErrInvalidKey, "Key "+what)
@@ -338,8 +341,8 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	}
 	var deliverAt *time.Time
 	if !m.DeliverAt.IsZero() {
-		if err := checkDeliverAt(m.DeliverAt); err != nil {
-			return fail(ErrInvalidDeliverAt, "DeliverAt "+strings.TrimPrefix(err.Error(), ErrInvalidDeliverAt.Error()+": "))
+		if detail := deliverAtProblem(m.DeliverAt); detail != "" {
+			return fail(ErrInvalidDeliverAt, "DeliverAt "+detail)
 		}
 		at := m.DeliverAt
 		deliverAt = &at

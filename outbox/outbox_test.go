@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -224,13 +225,18 @@ func TestEnqueueTxSizeLimitExact(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	_, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: 10})
-	if err == nil || !strings.Contains(err.Error(), "MaxMessageBytes") {
-		t.Fatalf("err = %v, want one naming MaxMessageBytes", err)
-	}
-	_, err = outbox.NewClient(&outbox.Config{Schema: strings.Repeat("s", 64)})
-	if err == nil || !strings.Contains(err.Error(), "Schema") {
-		t.Fatalf("err = %v, want one naming Schema", err)
+	for field, cfg := range map[string]*outbox.Config{
+		"Config.MaxMessageBytes": {MaxMessageBytes: 10},
+		"Config.Schema":          {Schema: strings.Repeat("s", 64)},
+	} {
+		_, err := outbox.NewClient(cfg)
+		var ce *txoutbox.ConfigError
+		if !errors.As(err, &ce) || ce.Package != "outbox" || ce.Field != field || !errors.Is(err, txoutbox.ErrInvalidConfig) {
+			t.Errorf("NewClient: err = %v, want a *txoutbox.ConfigError naming %s", err, field)
+		}
+		if verr := outbox.ValidateConfig(cfg); !errors.As(verr, &ce) || ce.Field != field {
+			t.Errorf("ValidateConfig: err = %v, want a *txoutbox.ConfigError naming %s", verr, field)
+		}
 	}
 }
 

@@ -189,9 +189,18 @@ func checkBizKeyArg(bizKey string) string {
 
 // checkDeliverAt refuses a (non-zero) delivery time outside the bounds.
 func checkDeliverAt(at time.Time) error {
-	if at.Before(MinDeliverAt) || at.After(MaxDeliverAt) {
-		return fmt.Errorf("%w: %s is outside %s..%s", ErrInvalidDeliverAt, at.Format(time.RFC3339Nano),
-			MinDeliverAt.Format(time.RFC3339), MaxDeliverAt.Format(time.RFC3339))
+	if detail := deliverAtProblem(at); detail != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidDeliverAt, detail)
 	}
 	return nil
+}
+
+// deliverAtProblem says what checkDeliverAt refuses in at, or "" when at is valid: the detail
+// of the error, for callers that report it in an error of their own (a *MessageError).
+func deliverAtProblem(at time.Time) string {
+	if at.Before(MinDeliverAt) || at.After(MaxDeliverAt) {
+		return fmt.Sprintf("%s is outside %s..%s", at.Format(time.RFC3339Nano),
+			MinDeliverAt.Format(time.RFC3339), MaxDeliverAt.Format(time.RFC3339))
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,9 @@ func TestDeliverAtOutOfRangeRefused(t *testing.T) {
 		var me *outbox.MessageError
 		if !errors.Is(err, outbox.ErrInvalidDeliverAt) || !errors.As(err, &me) || me.Index != 1 {
 			t.Fatalf("DeliverAt %v: err = %v; want a *MessageError for message 1 wrapping ErrInvalidDeliverAt", at, err)
+		}
+		if !strings.HasPrefix(me.Detail, "DeliverAt ") || !strings.Contains(me.Detail, " is outside ") || strings.Contains(me.Detail, outbox.ErrInvalidDeliverAt.Error()) {
+			t.Fatalf("DeliverAt %v: detail %q, want the field and the range, without the sentinel's text", at, me.Detail)
 		}
 		if _, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: at}, &outbox.PrepareOptions{Fence: true}); !errors.Is(err, outbox.ErrInvalidDeliverAt) {
 			t.Fatalf("Prepare with DeliverAt %v: err = %v; want ErrInvalidDeliverAt", at, err)

@@ -128,24 +128,33 @@ var reservedSubjectTokens = [...]string{"$JS", "$JSC", "$SYS", "$NRG"}
 // that is not reserved for NATS: $JS (the JetStream API), $JSC, $SYS (the system account) or
 // $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token.
 func ValidateSubject(s string) error {
+	if detail := subjectProblem(s); detail != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidSubject, detail)
+	}
+	return nil
+}
+
+// subjectProblem says what ValidateSubject refuses in s, or "" when s is valid: the detail
+// of the error, for callers that report it in an error of their own (a *MessageError).
+func subjectProblem(s string) string {
 	if s == "" {
-		return fmt.Errorf("%w: subject is empty", ErrInvalidSubject)
+		return "subject is empty"
 	}
 	if len(s) > MaxSubjectLength {
-		return fmt.Errorf("%w: subject is %d bytes, the limit is %d", ErrInvalidSubject, len(s), MaxSubjectLength)
+		return fmt.Sprintf("subject is %d bytes, the limit is %d", len(s), MaxSubjectLength)
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c <= ' ' || c == 0x7f {
-			return fmt.Errorf("%w: whitespace or control character at byte %d", ErrInvalidSubject, i)
+			return fmt.Sprintf("whitespace or control character at byte %d", i)
 		}
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("%w: subject is not valid UTF-8", ErrInvalidSubject)
+		return "subject is not valid UTF-8"
 	}
 	for i, r := range s {
 		if unicode.IsControl(r) { // C1: C0 and DEL are refused above
-			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidSubject, r, i)
+			return fmt.Sprintf("control character %U at byte %d", r, i)
 		}
 	}
 	first := ""
@@ -155,9 +164,9 @@ func ValidateSubject(s string) error {
 		}
 		switch tok := s[start:i]; tok {
 		case "":
-			return fmt.Errorf("%w: token %d is empty", ErrInvalidSubject, n)
+			return fmt.Sprintf("token %d is empty", n)
 		case "*", ">":
-			return fmt.Errorf("%w: token %d is the wildcard %q; publish subjects must be literal", ErrInvalidSubject, n, tok)
+			return fmt.Sprintf("token %d is the wildcard %q; publish subjects must be literal", n, tok)
 		default:
 			if n == 1 {
 				first = tok
@@ -167,10 +176,10 @@ func ValidateSubject(s string) error {
 	}
 	for _, r := range reservedSubjectTokens {
 		if first == r {
-			return fmt.Errorf("%w: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server", ErrInvalidSubject, r)
+			return fmt.Sprintf("subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server", r)
 		}
 	}
-	return nil
+	return ""
 }
 
 // ValidateSubjectFilter reports whether s is a valid NATS subject filter: like ValidateSubject,

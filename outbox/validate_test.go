@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -104,6 +105,10 @@ func checkRefused(t *testing.T, err error, index int, want error, says string) {
 	}
 	if me.Index != index || !errors.Is(me.Err, want) || !strings.Contains(err.Error(), fmt.Sprintf("message %d ", index)) {
 		t.Fatalf("error %q: index %d, want %d", err, me.Index, index)
+	}
+	// The detail is the validator's own, not an error text cut down: the sentinel is said once.
+	if strings.Count(err.Error(), want.Error()) != 1 || me.Detail == "" {
+		t.Fatalf("error %q: detail %q, want the sentinel %q said once and a detail", err, me.Detail, want)
 	}
 	for _, s := range strings.Split(says, "|") {
 		if !strings.Contains(me.Detail, s) && !strings.Contains(err.Error(), s) {
@@ -369,8 +374,9 @@ func TestConfigMaxMessageBytesLimit(t *testing.T) {
 	if _, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: outbox.MaxMessageBytesLimit}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: outbox.MaxMessageBytesLimit + 1}); err == nil || !strings.Contains(err.Error(), "MaxMessageBytes") {
-		t.Fatalf("err = %v, want one naming MaxMessageBytes", err)
+	var ce *txoutbox.ConfigError
+	if _, err := outbox.NewClient(&outbox.Config{MaxMessageBytes: outbox.MaxMessageBytesLimit + 1}); !errors.As(err, &ce) || ce.Field != "Config.MaxMessageBytes" {
+		t.Fatalf("err = %v, want a *txoutbox.ConfigError naming Config.MaxMessageBytes", err)
 	}
 }
 

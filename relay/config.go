@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,14 +31,19 @@ const (
 	DefaultLeaseInterval    = 2 * time.Second
 	DefaultHandoverAfter    = 10 * time.Second
 	DefaultStreamDuplicates = 2 * time.Minute
-	DefaultDoorbellSubject  = outbox.DefaultDoorbellSubject
-	DefaultSampleInterval   = 10 * time.Second
-	DefaultSampleLimit      = 100_000
+	// DefaultDoorbellSubject is outbox.DefaultDoorbellSubject, the one value producers and
+	// relays share; it has this name too so that every Config default is in its package.
+	DefaultDoorbellSubject = outbox.DefaultDoorbellSubject
+	DefaultSampleInterval  = 10 * time.Second
+	DefaultSampleLimit     = 100_000
+	// DefaultRetention is none: published rows are deleted as they are published.
+	DefaultRetention time.Duration = 0
 )
 
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
 type Config struct {
-	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid.
+	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid
+	// (derived, so no constant holds it).
 	ID string
 
 	// Schema is the Postgres schema holding the outbox table. Defaults to
@@ -71,14 +76,17 @@ type Config struct {
 	BackoffJitter float64
 
 	// MaxAttempts is how many failed publishes make a row dead. Broker outages (timeouts,
-	// lost connections) do not count: only errors about the message itself do. Defaults to 20.
+	// lost connections) do not count: only errors about the message itself do. It has no off
+	// or forever value (-1 is refused): a message the broker keeps refusing would hold its
+	// key's later messages back for ever. Defaults to 20.
 	MaxAttempts int
 
 	// Retention, when positive, keeps published rows (state published, with published_at and
 	// the stream sequence) for the check-back's purge job to delete after Retention (set
 	// checkback.Config.PublishedRetention to the same value; relay run does);
-	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to none:
-	// rows are deleted as they are published, which keeps the table small.
+	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to
+	// DefaultRetention, none: rows are deleted as they are published, which keeps the table
+	// small.
 	Retention time.Duration
 
 	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
@@ -191,6 +199,7 @@ func (c *Config) WithDefaults() *Config {
 	out.Partitions = cmp.Or(out.Partitions, DefaultPartitions)
 	out.LeaseInterval = cmp.Or(out.LeaseInterval, DefaultLeaseInterval)
 	out.HandoverAfter = cmp.Or(out.HandoverAfter, DefaultHandoverAfter)
+	out.Retention = cmp.Or(out.Retention, DefaultRetention)
 	out.DoorbellSubject = cmp.Or(out.DoorbellSubject, DefaultDoorbellSubject)
 	out.StreamDuplicates = cmp.Or(out.StreamDuplicates, DefaultStreamDuplicates)
 	out.SampleInterval = cmp.Or(out.SampleInterval, DefaultSampleInterval)
@@ -297,8 +306,8 @@ func (c *Config) validate() error {
 		}
 	}
 	if c.CreateStream != "" {
-		if len(c.CreateStream) > 255 || strings.ContainsAny(c.CreateStream, " \t\r\n.*>/\\") {
-			return bad("CreateStream", "%q is not a valid stream name (at most 255 bytes; no whitespace, '.', '*', '>', '/' or '\\')", c.CreateStream)
+		if err := natsname.ValidateName(c.CreateStream); err != nil {
+			return bad("CreateStream", "is not a valid stream name: %v", err)
 		}
 	}
 	return nil

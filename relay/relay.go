@@ -224,8 +224,10 @@ func (r *Relay) Wake() {
 	}
 }
 
-// Run checks the streams (see Config.Subjects; while JetStream or a stream cannot answer, as
-// during a leader election, it waits and checks again), then publishes until ctx is cancelled. On
+// Run checks the streams (see Config.Subjects and CheckStreams: a nats-server older than
+// MinServerVersion is a *txoutbox.ServerVersionError, txoutbox.ErrServerTooOld; while
+// JetStream or a stream cannot answer, as during a leader election, it waits and checks
+// again), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
 // start when a live relay of the same outbox has another partition count, and
@@ -265,10 +267,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.lease.close()
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
-		"batch_size", r.cfg.BatchSize, "retention", r.cfg.Retention.String())
+		"batch_size", r.cfg.BatchSize, "retention", retentionText(r.cfg.Retention))
 	err := r.pipeline(ctx)
 	r.log.Info("relay stopped")
 	return err
+}
+
+// retentionText is Config.Retention as the logs show it: "none" (rows deleted as they are
+// published), "forever" (txoutbox.Forever) or the duration.
+func retentionText(d time.Duration) string {
+	switch {
+	case d == txoutbox.Forever:
+		return "forever"
+	case d == 0:
+		return "none"
+	}
+	return d.String()
 }
 
 // inflight is a claimed batch whose publishes are under way.

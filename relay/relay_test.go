@@ -186,6 +186,27 @@ func TestRetentionKeepsPublishedRows(t *testing.T) {
 	}
 }
 
+// The start line names the retention in words: "forever" for txoutbox.Forever (not "-1ns"),
+// "none" for the default.
+func TestStartLineNamesTheRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []struct {
+		retention time.Duration
+		want      string
+	}{{txoutbox.Forever, "retention=forever "}, {0, "retention=none "}, {time.Hour, "retention=1h0m0s "}} {
+		logs := newEventLog()
+		r := e.start(&Config{Retention: c.retention, Logger: slog.New(logs)})
+		testsvc.Eventually(t, 10*time.Second, "the start line", func() bool { return logs.count(slog.LevelInfo, "relay started") == 1 })
+		if got := logs.attrsOf("relay started"); !strings.Contains(got, c.want) {
+			t.Errorf("Retention %d: start line %q, want %q", c.retention, got, c.want)
+		}
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestCrashBetweenPublishAndSettle(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -687,24 +708,6 @@ func TestCheckStreams(t *testing.T) {
 	}
 	if c := s.CachedInfo().Config; c.Duplicates < created.cfg.RequiredDuplicateWindow() || c.Subjects[0] != "invoices.>" {
 		t.Fatalf("created stream config = %+v", c)
-	}
-}
-
-func TestCovers(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		filter, subj string
-		want         bool
-	}{
-		{"orders.>", "orders.>", true}, {"orders.>", "orders.eu.*", true}, {"orders.>", "orders.a", true},
-		{"orders.>", "orders", false}, {">", "a.b.>", true}, {"orders.*", "orders.a", true},
-		{"orders.*", "orders.*", true}, {"orders.*", "orders.>", false}, {"orders.*", "orders.a.b", false},
-		{"orders.a", "orders.*", false}, {"orders.a", "orders.a", true}, {"orders.a", "orders.b", false},
-		{"orders.*.x", "orders.eu.x", true}, {"orders.*.x", "orders.eu.*", false}, {"a.b", "a", false},
-	} {
-		if got := covers(tc.filter, tc.subj); got != tc.want {
-			t.Errorf("covers(%q, %q) = %v, want %v", tc.filter, tc.subj, got, tc.want)
-		}
 	}
 }
 

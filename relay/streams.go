@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"maps"
 	"slices"
 	"strings"
@@ -71,8 +72,8 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 	return "", ""
 }
 
-// CheckStreams refuses a nats-server older than MinServerVersion (a *ServerVersionError,
-// ErrServerTooOld), then verifies that one stream captures the whole of each of Config.Subjects (a
+// CheckStreams refuses a nats-server older than MinServerVersion (a *txoutbox.ServerVersionError,
+// txoutbox.ErrServerTooOld), then verifies that one stream captures the whole of each of Config.Subjects (a
 // stream that captures only part of a wildcard subject is not enough: the rest would fail
 // message by message), that every stream the subject's messages may land in can take
 // publishes (ErrStreamUnusable: no_ack, sealed, a mirror, a counter stream) and keeps
@@ -172,26 +173,9 @@ func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstre
 	return streams, covering, nil
 }
 
-// covers reports whether every subject that subj matches is also matched by filter.
-func covers(filter, subj string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subj, ".")
-	for i, ft := range f {
-		if ft == ">" {
-			return i < len(s)
-		}
-		if i >= len(s) {
-			return false
-		}
-		switch st := s[i]; {
-		case st == ">":
-			return false
-		case ft == "*":
-		case ft != st:
-			return false
-		}
-	}
-	return len(f) == len(s)
-}
+// covers reports whether every subject that subj matches is also matched by filter (see
+// natsname.Covers, which the consumer shares).
+func covers(filter, subj string) bool { return natsname.Covers(filter, subj) }
 
 func (r *Relay) createStream(ctx context.Context, subj string) error {
 	dup := max(r.cfg.StreamDuplicates, r.cfg.RequiredDuplicateWindow())

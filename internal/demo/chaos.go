@@ -232,7 +232,7 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := checker.Serve(c.nc, paymentsGroup, c.chk.check, &checker.Options{Outbox: outboxID})
+	srv, err := checker.Serve(c.nc, paymentsGroup, c.chk.check, &checker.Config{Outbox: outboxID})
 	if err != nil {
 		return nil, err
 	}

@@ -298,7 +298,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := checker.Serve(r.nc, paymentsGroup, r.chk.check, &checker.Options{Logger: r.log, Outbox: outboxID})
+	srv, err := checker.Serve(r.nc, paymentsGroup, r.chk.check, &checker.Config{Logger: r.log, Outbox: outboxID})
 	if err != nil {
 		return nil, fmt.Errorf("serve the payments checker: %w", err)
 	}

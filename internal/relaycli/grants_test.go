@@ -210,7 +210,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	// Relay: the check-back resolves (as relay checkback --once does), then relay run publishes.
 	srv, err := checker.Serve(n.Conn, "payments", func(context.Context, checker.Request) (outbox.LocalState, error) {
 		return outbox.StateCommit, nil
-	}, &checker.Options{Outbox: outboxID})
+	}, &checker.Config{Outbox: outboxID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,11 +35,11 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ErrNoOutbox is returned by Serve (and ValidateOptions) when Options.Outbox is empty: a
+// ErrNoOutbox is returned by Serve (and ValidateConfig) when Config.Outbox is empty: a
 // checker must know which outbox it answers for, or it could settle the half messages of
 // another service that uses the same producer group name. It is a *txoutbox.ConfigError
-// naming Options.Outbox, so it also matches txoutbox.ErrInvalidConfig.
-var ErrNoOutbox error = &txoutbox.ConfigError{Package: "checker", Field: "Options.Outbox",
+// naming Config.Outbox, so it also matches txoutbox.ErrInvalidConfig.
+var ErrNoOutbox error = &txoutbox.ConfigError{Package: "checker", Field: "Config.Outbox",
 	Reason: "is required: the outbox this checker answers for " +
 		"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)"}
 
@@ -49,25 +49,26 @@ var ErrNoOutbox error = &txoutbox.ConfigError{Package: "checker", Field: "Option
 // number of checks. ctx ends when the check-back stops waiting for the answer.
 type Func func(ctx context.Context, req Request) (outbox.LocalState, error)
 
-// Defaults for Options.
+// Defaults for Config.
 const (
-	// DefaultSubjectPrefix is the check-back's default checkback.Config.SubjectPrefix.
+	// DefaultSubjectPrefix is also the check-back's default Config.SubjectPrefix
+	// (checkback.DefaultSubjectPrefix is defined as it).
 	DefaultSubjectPrefix = "txoutbox.check"
 	// DefaultQueueGroup is the NATS micro default queue group.
 	DefaultQueueGroup  = micro.DefaultQueueGroup
 	DefaultConcurrency = 16
-	// DefaultTimeout is the check-back's default request timeout
-	// (checkback.DefaultRequestTimeout).
+	// DefaultTimeout is also the check-back's default request timeout
+	// (checkback.DefaultRequestTimeout is defined as it).
 	DefaultTimeout = 3 * time.Second
 	// ServiceVersion is the version the checker micro services announce.
 	ServiceVersion = "1.0.0"
 )
 
-// Options configure Serve. nil means all defaults, but Outbox is required. They follow the
-// txoutbox Config convention: a zero field means its default (Options.WithDefaults applies
-// them), no field takes txoutbox.Off or txoutbox.Forever, and an invalid value (a negative
-// Concurrency or Timeout among them) is a *txoutbox.ConfigError naming the field.
-type Options struct {
+// Config configures Serve. nil means all defaults, but Outbox is required. It follows the
+// txoutbox Config convention: a zero field means its default (Config.WithDefaults applies
+// them), no field takes txoutbox.Off or txoutbox.Forever (-1 is refused), and an invalid value
+// (a negative Concurrency or Timeout among them) is a *txoutbox.ConfigError naming the field.
+type Config struct {
 	// SubjectPrefix must match the check-back's Config.SubjectPrefix. Defaults to
 	// "txoutbox.check".
 	SubjectPrefix string
@@ -112,11 +113,11 @@ type Options struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns a copy of o with every unset field set to its default. o may be nil.
-func (o *Options) WithDefaults() *Options {
-	out := Options{}
-	if o != nil {
-		out = *o
+// WithDefaults returns a copy of c with every unset field set to its default. c may be nil.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
 	}
 	out.SubjectPrefix = cmp.Or(out.SubjectPrefix, DefaultSubjectPrefix)
 	out.QueueGroup = cmp.Or(out.QueueGroup, DefaultQueueGroup)
@@ -128,35 +129,35 @@ func (o *Options) WithDefaults() *Options {
 	return &out
 }
 
-func (o *Options) validate() error {
+func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &txoutbox.ConfigError{Package: "checker", Field: "Options." + field, Reason: fmt.Sprintf(format, args...)}
+		return &txoutbox.ConfigError{Package: "checker", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
-	if o.Outbox == "" {
+	if c.Outbox == "" {
 		return ErrNoOutbox
 	}
 	wrap := func(field string, err error) error {
-		return &txoutbox.ConfigError{Package: "checker", Field: "Options." + field, Reason: "is invalid: " + err.Error(), Err: err}
+		return &txoutbox.ConfigError{Package: "checker", Field: "Config." + field, Reason: "is invalid: " + err.Error(), Err: err}
 	}
-	if err := outbox.ValidateSubject(o.SubjectPrefix); err != nil {
+	if err := outbox.ValidateSubject(c.SubjectPrefix); err != nil {
 		return wrap("SubjectPrefix", err)
 	}
 	// micro takes a queue group of subject characters (wildcards included).
-	if err := outbox.ValidateSubjectFilter(o.QueueGroup); err != nil {
+	if err := outbox.ValidateSubjectFilter(c.QueueGroup); err != nil {
 		return wrap("QueueGroup", err)
 	}
 	switch {
-	case o.Concurrency < 1:
-		return bad("Concurrency", "must be at least 1, got %d", o.Concurrency)
-	case o.Timeout <= 0:
-		return bad("Timeout", "must be positive, got %s", o.Timeout)
+	case c.Concurrency < 1:
+		return bad("Concurrency", "must be at least 1, got %d", c.Concurrency)
+	case c.Timeout <= 0:
+		return bad("Timeout", "must be positive, got %s", c.Timeout)
 	}
 	return nil
 }
 
-// ValidateOptions reports whether opts, with defaults applied, are valid; errors are
+// ValidateConfig reports whether cfg, with defaults applied, is valid; errors are
 // *txoutbox.ConfigError values naming the field (ErrNoOutbox when Outbox is empty).
-func ValidateOptions(opts *Options) error { return opts.WithDefaults().validate() }
+func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 
 // maxForeignLogged bounds the foreign outboxes one Server remembers having logged.
 const maxForeignLogged = 64
@@ -217,13 +218,13 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // nc, whether the local transactions of the group's stale half messages committed. Requests
 // carry the message id, subject, key and headers (see Request); check's answer is sent
 // back as COMMIT, ROLLBACK or UNKNOWN, and an error as a micro service error (counted by the
-// check-back as an inconclusive check). opts may be nil. A group that outbox.ValidateGroup
+// check-back as an inconclusive check). cfg may be nil. A group that outbox.ValidateGroup
 // refuses is a *txoutbox.ConfigError naming group (matching outbox.ErrInvalidGroup), as
-// invalid opts are ones naming the field. check's ctx ends with the request's timeout, or
+// an invalid cfg is one naming the field. check's ctx ends with the request's timeout, or
 // when Stop is called.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
-func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, error) {
+func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error) {
 	if nc == nil {
 		return nil, errors.New("checker: Serve: nc is nil")
 	}
@@ -233,17 +234,17 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 	if err := outbox.ValidateGroup(group); err != nil {
 		return nil, &txoutbox.ConfigError{Package: "checker", Field: "group", Reason: "is invalid: " + err.Error(), Err: err}
 	}
-	o := opts.WithDefaults()
-	if err := o.validate(); err != nil {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	foreign, err := foreignCounter(o.Registerer, group)
+	foreign, err := foreignCounter(c.Registerer, group)
 	if err != nil {
 		return nil, err
 	}
-	log := o.Logger.With("component", "checker", "group", group, "outbox", o.Outbox)
-	tr := &checkerTracer{t: tracing.Tracer(o.TracerProvider, "checker"), p: tracing.Propagator(o.Propagator), group: group}
-	s := &Server{sem: make(chan struct{}, o.Concurrency), done: make(chan struct{}), outbox: o.Outbox, foreign: foreign, logged: map[string]bool{}}
+	log := c.Logger.With("component", "checker", "group", group, "outbox", c.Outbox)
+	tr := &checkerTracer{t: tracing.Tracer(c.TracerProvider, "checker"), p: tracing.Propagator(c.Propagator), group: group}
+	s := &Server{sem: make(chan struct{}, c.Concurrency), done: make(chan struct{}), outbox: c.Outbox, foreign: foreign, logged: map[string]bool{}}
 
 	handler := micro.HandlerFunc(func(req micro.Request) {
 		// micro calls handlers one at a time per subscription: answer in goroutines, bounded.
@@ -265,22 +266,22 @@ func Serve(nc *nats.Conn, group string, check Func, opts *Options) (*Server, err
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.sem }()
-			s.answer(req, check, o.Timeout, log, tr)
+			s.answer(req, check, c.Timeout, log, tr)
 		}()
 	})
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        "txoutbox-check-" + group,
 		Version:     ServiceVersion,
 		Description: "txoutbox check-back: did the local transaction of a half message of group " + group + " commit?",
-		Metadata:    map[string]string{"group": group, "outbox": o.Outbox},
+		Metadata:    map[string]string{"group": group, "outbox": c.Outbox},
 		// Checkers of another outbox that serve the same subject are in another queue group:
 		// they get their own copy of each request (and ignore it) instead of taking ours.
-		QueueGroup: o.QueueGroup + "." + OutboxToken(o.Outbox),
+		QueueGroup: c.QueueGroup + "." + OutboxToken(c.Outbox),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
-	if err := svc.AddEndpoint("check", handler, micro.WithEndpointSubject(Subject(o.SubjectPrefix, group))); err != nil {
+	if err := svc.AddEndpoint("check", handler, micro.WithEndpointSubject(Subject(c.SubjectPrefix, group))); err != nil {
 		_ = svc.Stop()
 		return nil, fmt.Errorf("checker: Serve: %w", err)
 	}
@@ -380,7 +381,7 @@ func OutboxToken(outbox string) string {
 // OutboxIdentity returns the default identity of the outbox in schema of the database db is
 // connected to: "<system identifier>/<database>/<schema>", the system identifier being
 // pg_control_system()'s (unique per cluster, shared by its physical replicas). Producers pass
-// it to Serve as Options.Outbox; the check-back computes the same from its own pool when
+// it to Serve as Config.Outbox; the check-back computes the same from its own pool when
 // Config.Outbox is empty. Any role may call it.
 func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (string, error) {
 	if schema == "" {

@@ -37,7 +37,7 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 			panic("boom")
 		}
 		return answers[req.MessageID], nil
-	}, &checker.Options{Outbox: "db/one"})
+	}, &checker.Config{Outbox: "db/one"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,32 +82,32 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 	}
 }
 
-// Options follow the txoutbox Config convention: zero takes the documented default, a negative
+// Config follows the txoutbox Config convention: zero takes the documented default, a negative
 // Concurrency or Timeout is refused by Serve as a *txoutbox.ConfigError naming the field
 // (it used to become the default silently), and a missing Outbox is ErrNoOutbox, also a
 // ConfigError.
-func TestOptionsFollowTheConfigConvention(t *testing.T) {
+func TestConfigFollowsTheConvention(t *testing.T) {
 	t.Parallel()
-	d := (*checker.Options)(nil).WithDefaults()
+	d := (*checker.Config)(nil).WithDefaults()
 	if d.SubjectPrefix != checker.DefaultSubjectPrefix || d.QueueGroup != checker.DefaultQueueGroup ||
 		d.Concurrency != checker.DefaultConcurrency || d.Timeout != checker.DefaultTimeout || d.Logger == nil {
 		t.Fatalf("WithDefaults: %+v", d)
 	}
-	if err := checker.ValidateOptions(&checker.Options{Outbox: "db/one"}); err != nil {
+	if err := checker.ValidateConfig(&checker.Config{Outbox: "db/one"}); err != nil {
 		t.Fatalf("defaults with an outbox: %v", err)
 	}
 	var ce *txoutbox.ConfigError
-	if err := checker.ValidateOptions(&checker.Options{}); !errors.Is(err, checker.ErrNoOutbox) ||
-		!errors.Is(err, txoutbox.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Options.Outbox" {
+	if err := checker.ValidateConfig(&checker.Config{}); !errors.Is(err, checker.ErrNoOutbox) ||
+		!errors.Is(err, txoutbox.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Config.Outbox" {
 		t.Fatalf("no outbox: %v", err)
 	}
 	n := testsvc.NewNATS(t)
 	check := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }
-	for field, o := range map[string]*checker.Options{
-		"Options.Concurrency":   {Outbox: "db/one", Concurrency: -1},
-		"Options.Timeout":       {Outbox: "db/one", Timeout: -time.Second},
-		"Options.SubjectPrefix": {Outbox: "db/one", SubjectPrefix: "a b"},
-		"Options.QueueGroup":    {Outbox: "db/one", QueueGroup: "q q"},
+	for field, o := range map[string]*checker.Config{
+		"Config.Concurrency":   {Outbox: "db/one", Concurrency: -1},
+		"Config.Timeout":       {Outbox: "db/one", Timeout: -time.Second},
+		"Config.SubjectPrefix": {Outbox: "db/one", SubjectPrefix: "a b"},
+		"Config.QueueGroup":    {Outbox: "db/one", QueueGroup: "q q"},
 	} {
 		srv, err := checker.Serve(n.Conn, "pay", check, o)
 		if err == nil {
@@ -117,7 +117,7 @@ func TestOptionsFollowTheConfigConvention(t *testing.T) {
 			t.Errorf("%s: Serve returned %v, want a *txoutbox.ConfigError naming it", field, err)
 		}
 		// The subject rules' own sentinel stays visible through the ConfigError.
-		if strings.HasPrefix(field, "Options.S") && !errors.Is(err, outbox.ErrInvalidSubject) {
+		if strings.HasPrefix(field, "Config.S") && !errors.Is(err, outbox.ErrInvalidSubject) {
 			t.Errorf("%s: Serve returned %v, want it to wrap outbox.ErrInvalidSubject", field, err)
 		}
 	}
@@ -159,7 +159,7 @@ func TestBadGroupIsAConfigError(t *testing.T) {
 	}
 	check := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }
 	for _, group := range []string{"", "pay.x", "pay x", strings.Repeat("g", outbox.MaxGroupLength+1)} {
-		srv, err := checker.Serve(n.Conn, group, check, &checker.Options{Outbox: "db/one"})
+		srv, err := checker.Serve(n.Conn, group, check, &checker.Config{Outbox: "db/one"})
 		if err == nil {
 			_ = srv.Stop()
 		}
@@ -192,7 +192,7 @@ func TestStopCancelsChecksInProgress(t *testing.T) {
 		<-ctx.Done()
 		ended <- ctx.Err()
 		return outbox.StateUnknown, ctx.Err()
-	}, &checker.Options{Outbox: "db/one"})
+	}, &checker.Config{Outbox: "db/one"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func ExampleServe() {
 			return outbox.StateCommit, nil
 		}
 		return outbox.StateUnknown, nil // not charged yet, or lost: ask again later
-	}, &checker.Options{Outbox: outboxID})
+	}, &checker.Config{Outbox: outboxID})
 	if err != nil {
 		fmt.Println(err)
 		return
