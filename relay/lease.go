@@ -169,7 +169,7 @@ func (e *PartitionMismatchError) Error() string {
 		parts = append(parts, fmt.Sprintf("%s has %d", id, n))
 	}
 	sort.Strings(parts)
-	return fmt.Sprintf("%v: this relay has --partitions %d but %s; every relay of one outbox must use the same count (stop them all to change it)",
+	return fmt.Sprintf("%v: this relay has Config.Partitions (relay run --partitions) %d but %s; every relay of one outbox must use the same count (stop them all to change it)",
 		ErrPartitionMismatch, e.Partitions, strings.Join(parts, ", "))
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
@@ -244,7 +245,7 @@ func leaderText(info *jetstream.StreamInfo) string {
 // capturesSubject reports whether a stream with cfg captures the literal subject subj.
 func capturesSubject(cfg *jetstream.StreamConfig, subj string) bool {
 	for _, f := range cfg.Subjects {
-		if covers(f, subj) {
+		if natsname.Covers(f, subj) {
 			return true
 		}
 	}

@@ -165,17 +165,13 @@ func (r *Relay) streamsFor(ctx context.Context, subj string) (map[string]jetstre
 		r.known.learn(&cfg)
 		streams[n] = cfg
 		for _, f := range cfg.Subjects {
-			if covers(f, subj) {
+			if natsname.Covers(f, subj) {
 				covering = n
 			}
 		}
 	}
 	return streams, covering, nil
 }
-
-// covers reports whether every subject that subj matches is also matched by filter (see
-// natsname.Covers, which the consumer shares).
-func covers(filter, subj string) bool { return natsname.Covers(filter, subj) }
 
 func (r *Relay) createStream(ctx context.Context, subj string) error {
 	dup := max(r.cfg.StreamDuplicates, r.cfg.RequiredDuplicateWindow())

@@ -53,7 +53,7 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Float(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "random spread of the delay between checks, a fraction in [0, 1) (0: none)")
 	s.Int(&c.BatchSize, "check-batch-size", "", checkback.DefaultBatchSize, "half messages one resolve pass takes at most (per mode)")
 	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
-	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most")
+	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most (-1: no rate limit; --check-group-concurrency still bounds them)")
 	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
 	s.String(&c.Outbox, "check-outbox", "", "", "name of this outbox in check requests; checkers answer only their own outbox's (default <database system identifier>/<database>/<schema>, see checker.OutboxIdentity)")
 	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
@@ -84,8 +84,8 @@ func checkCheckbackFlags(c *checkback.Config) error {
 			return usageErr("invalid --%s: must be positive", name)
 		}
 	}
-	if c.GroupRate <= 0 {
-		return usageErr("invalid --check-group-rate: must be positive")
+	if c.GroupRate <= 0 && c.GroupRate != float64(txoutbox.Forever) {
+		return usageErr("invalid --check-group-rate: must be positive, or -1 for no rate limit")
 	}
 	// Command-line values are literal: 0 means none (txoutbox.Off) where checkback.Config
 	// would read it as "the default".

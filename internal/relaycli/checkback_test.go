@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -128,5 +129,19 @@ func TestHelpListsCheckbackSettings(t *testing.T) {
 	code, _, errOut := cliEnv(t, nil, "run", "--check-max", "0", "--database-url", "postgres://x")
 	if code != 2 || !strings.Contains(errOut, "--check-max") {
 		t.Errorf("relay run --check-max 0: exit %d: %s", code, errOut)
+	}
+}
+
+// --check-group-rate takes -1 for no rate limit (checkback.Config.GroupRate = txoutbox.Forever)
+// and refuses 0 and other negative rates.
+func TestCheckGroupRateFlag(t *testing.T) {
+	t.Parallel()
+	for rate, ok := range map[float64]bool{-1: true, 0.5: true, 0: false, -2: false} {
+		c := (&checkback.Config{}).WithDefaults()
+		c.GroupRate = rate
+		err := checkCheckbackFlags(c)
+		if (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "--check-group-rate")) {
+			t.Errorf("--check-group-rate %v: %v, want accepted %v (a refusal naming the flag)", rate, err, ok)
+		}
 	}
 }
