@@ -188,7 +188,7 @@ func TestPartitionCountMismatchRefused(t *testing.T) {
 			t.Fatalf("mismatch names %s with %d", id, n)
 		}
 	}
-	if !strings.Contains(err.Error(), "--partitions 4") {
+	if !strings.Contains(err.Error(), "Config.Partitions (relay run --partitions) 4") {
 		t.Fatalf("error %q does not say what to fix", err)
 	}
 	// b never took anything and left the membership table; a keeps going.
