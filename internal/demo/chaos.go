@@ -186,9 +186,12 @@ type chaos struct {
 	leaderless                                        []time.Duration
 	pubAcks, dupAcks, deliveries, redeliveries        atomic.Int64
 
+	published chan struct{} // a message was published to the stream's subjects (seen on the wire)
+
 	freezes, shortFreezes, longFreezes, fences, otherFences, withheld atomic.Int64
 	longestFreeze                                                     atomic.Int64 // nanoseconds
 	frozenIDs                                                         sync.Map     // relay ids ever frozen
+	frozenNow                                                         sync.Map     // relay ids frozen now
 
 	statsMu   sync.Mutex
 	statsDone [6]int64
@@ -282,6 +285,20 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	}
 	_ = obs.SetPendingLimits(-1, -1)
 	defer func() { _ = obs.Unsubscribe() }()
+	// Publishes to the stream, so that some freezes hit a relay in the middle of a batch.
+	c.published = make(chan struct{}, 1)
+	for _, subj := range streamSubjects {
+		sub, err := obsNC.Subscribe(subj, func(*nats.Msg) {
+			select {
+			case c.published <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 
 	// The checker of the payments group lives with the producers.
 	outboxID, err := checker.OutboxIdentity(ctx, c.pool, chaosSchema)
@@ -721,7 +738,11 @@ func (c *chaos) inject(ctx context.Context) {
 		case x < 8:
 			c.restartNATS(ctx, time.Duration(200+rnd.IntN(1300))*time.Millisecond)
 		case x < 9:
-			retry(ctx, func() bool { n := c.terminate(ctx, chaosRelayApp+"%"); c.relayTerminated.Add(n); return n > 0 })
+			retry(ctx, func() bool {
+				n := c.terminate(ctx, chaosRelayApp+"%", c.frozenLeaseApps()...)
+				c.relayTerminated.Add(n)
+				return n > 0
+			})
 		case x < 10:
 			retry(ctx, func() bool { n := c.terminate(ctx, chaosConsumerApp); c.consumerTerminated.Add(n); return n > 0 })
 		case x < 11:
@@ -731,6 +752,7 @@ func (c *chaos) inject(ctx context.Context) {
 			if i >= len(first) && rnd.IntN(2) == 0 {
 				d = chaosLeaseInterval + time.Duration(rnd.Int64N(int64(chaosFenceDelay-chaosLeaseInterval-250*time.Millisecond)))
 			}
+			c.nextPublish(ctx, rnd)
 			retry(ctx, func() bool { return c.freeze(ctx, randomRelay(), d) })
 		default:
 			// A long freeze, past the fence delay: the other relays end the frozen one's lease
@@ -741,8 +763,30 @@ func (c *chaos) inject(ctx context.Context) {
 			if i < len(first) {
 				d = chaosDuplicateWindow + time.Duration(500+rnd.IntN(1500))*time.Millisecond
 			}
+			c.nextPublish(ctx, rnd)
 			retry(ctx, func() bool { return c.freeze(ctx, randomRelay(), d) })
 		}
+	}
+}
+
+// nextPublish waits, half of the times, for the next message a relay publishes to the stream
+// (up to a second), so that the freeze that follows may catch a relay in the middle of a
+// batch: between its publishes and their settle, or with later messages of a key waiting
+// for a PubAck.
+func (c *chaos) nextPublish(ctx context.Context, rnd *rand.Rand) {
+	if rnd.IntN(2) == 0 {
+		return
+	}
+	select {
+	case <-c.published: // an old one
+	default:
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-c.published:
 	}
 }
 
@@ -755,12 +799,15 @@ func (c *chaos) freeze(ctx context.Context, p *proc, d time.Duration) bool {
 	}
 	frozenAt := time.Now()
 	c.freezes.Add(1)
-	c.frozenIDs.Store(relayID(relayIndex(p), n), true)
+	id := relayID(relayIndex(p), n)
+	c.frozenIDs.Store(id, true)
+	c.frozenNow.Store(id, true)
 	fmt.Fprintf(p.log, "[%s %d] chaos: SIGSTOP for %s\n", p.name, n, d.Round(time.Millisecond))
 	c.restarting.Add(1)
 	go func() {
 		defer c.restarting.Done()
 		sleepCtx(ctx, d)
+		c.frozenNow.Delete(id)
 		thaw()
 		frozen := time.Since(frozenAt)
 		fmt.Fprintf(p.log, "[%s %d] chaos: SIGCONT after %s\n", p.name, n, frozen.Round(time.Millisecond))
@@ -905,13 +952,27 @@ func (c *chaos) stepDown(ctx context.Context) bool {
 	return true
 }
 
-// terminate terminates the chaos database's backends whose application_name is like app.
-func (c *chaos) terminate(ctx context.Context, app string) int64 {
+// frozenLeaseApps returns the application names of the lease sessions of the relays frozen
+// now (relay run names them "txoutbox-relay <relay id>"): the backend terminations spare
+// them, so that it is the other relays that end a frozen relay's lease session (the fence).
+func (c *chaos) frozenLeaseApps() []string {
+	var apps []string
+	c.frozenNow.Range(func(id, _ any) bool {
+		apps = append(apps, chaosRelayApp+" "+id.(string))
+		return true
+	})
+	return apps
+}
+
+// terminate terminates the chaos database's backends whose application_name is like app,
+// except those named in spare.
+func (c *chaos) terminate(ctx context.Context, app string, spare ...string) int64 {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var n int64
 	err := c.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name LIKE $1 AND pid <> pg_backend_pid()`, app).Scan(&n)
+		WHERE datname = current_database() AND application_name LIKE $1 AND application_name <> ALL ($2::text[])
+		  AND pid <> pg_backend_pid()`, app, append([]string{}, spare...)).Scan(&n)
 	if err != nil && ctx.Err() == nil {
 		c.say("terminate backends %q: %v", app, err)
 	}
