@@ -71,14 +71,26 @@ CREATE TABLE demo_charges (
     status     text    NOT NULL CHECK (status IN ('charged', 'declined', 'refunded'))
 );
 -- The consumer's ledger: one row per applied effect, no unique constraint (see above).
+-- msg_key and key_pos record the order of application per ordering key: key_pos is n for
+-- the n-th effect of its key to commit (see demo_key_applied).
 CREATE TABLE demo_effects (
     kind       text   NOT NULL,
     ref        bigint NOT NULL,
     message_id text,
     stream_seq bigint,
+    msg_key    text,
+    key_pos    bigint,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX demo_effects_ref_idx ON demo_effects (kind, ref);
+-- How many effects of each ordering key were applied. The consumer's transaction bumps the
+-- key's row and stores the new count as the effect's key_pos: the row lock serialises the
+-- transactions of one key, so key_pos is the key's commit order of effects, whatever order
+-- the consumer chose (it enforces nothing).
+CREATE TABLE demo_key_applied (
+    msg_key text PRIMARY KEY,
+    applied bigint NOT NULL
+);
 `
 
 // Subjects, stream names and the producer group of the demo.
@@ -157,8 +169,7 @@ func (inv *inventory) handle(ctx context.Context, tx pgx.Tx, msg consumer.Messag
 			return errPoison
 		}
 		b.Queue(`UPDATE demo_inventory SET stock = stock - $2 WHERE sku = $1`, o.SKU, o.Qty)
-		b.Queue(`INSERT INTO demo_effects (kind, ref, message_id, stream_seq) VALUES ('order', $1, $2, $3)`,
-			o.OrderID, msg.ID, int64(msg.StreamSeq))
+		queueEffect(b, "order", o.OrderID, msg)
 	case strings.HasPrefix(msg.Subject, "payments."):
 		var p paymentEvent
 		if err := json.Unmarshal(msg.Data, &p); err != nil {
@@ -166,12 +177,28 @@ func (inv *inventory) handle(ctx context.Context, tx pgx.Tx, msg consumer.Messag
 		}
 		b.Queue(`INSERT INTO demo_points (customer, balance) VALUES ($1, $2)
 			ON CONFLICT (customer) DO UPDATE SET balance = demo_points.balance + EXCLUDED.balance`, p.Customer, points(p.Amount))
-		b.Queue(`INSERT INTO demo_effects (kind, ref, message_id, stream_seq) VALUES ('payment', $1, $2, $3)`,
-			p.PaymentID, msg.ID, int64(msg.StreamSeq))
+		queueEffect(b, "payment", p.PaymentID, msg)
 	default:
 		return consumer.Permanent(fmt.Errorf("unexpected subject %q", msg.Subject))
 	}
 	return tx.SendBatch(ctx, b).Close()
+}
+
+// queueEffect queues the ledger row of an effect; for a keyed message it also bumps the key's
+// count of applied effects and records the new count as the row's key_pos.
+func queueEffect(b *pgx.Batch, kind string, ref int64, msg consumer.Message) {
+	if msg.Key == "" {
+		b.Queue(`INSERT INTO demo_effects (kind, ref, message_id, stream_seq) VALUES ($1, $2, $3, $4)`,
+			kind, ref, msg.ID, int64(msg.StreamSeq))
+		return
+	}
+	b.Queue(`WITH k AS (
+			INSERT INTO demo_key_applied (msg_key, applied) VALUES ($5, 1)
+			ON CONFLICT (msg_key) DO UPDATE SET applied = demo_key_applied.applied + 1
+			RETURNING applied)
+		INSERT INTO demo_effects (kind, ref, message_id, stream_seq, msg_key, key_pos)
+		SELECT $1, $2, $3, $4, $5, k.applied FROM k`,
+		kind, ref, msg.ID, int64(msg.StreamSeq), msg.Key)
 }
 
 // producer runs the orders and payments producers.

@@ -27,6 +27,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // DefaultChaosMessages is the full size of the chaos proof.
@@ -44,6 +45,29 @@ const (
 	chaosAckWait       = 2 * time.Second
 	chaosGiveUp        = 10 * time.Second // the checker's patience with a payment it has never seen
 	chaosRollback      = 0.05
+	// The relays' timings (relay run flags). The lease interval is short so that a relay
+	// frozen for a few seconds is fenced and its partitions taken while it is frozen.
+	chaosRelays         = 3
+	chaosPublishTimeout = 2 * time.Second
+	chaosBackoffMax     = 2 * time.Second
+	chaosLeaseInterval  = 250 * time.Millisecond
+	chaosHandoverAfter  = relay.DefaultHandoverAfter
+	// chaosFenceDelay is how long a relay's heartbeat stays unchanged before another relay
+	// ends its lease session and takes its partitions: 11 lease intervals (see relay's lease.go).
+	chaosFenceDelay = 11 * chaosLeaseInterval
+)
+
+// chaosDuplicateWindow is the streams' duplicate window: the shortest the relays' own start
+// check accepts for their settings, so that a stale send (a frozen relay that wakes and sends
+// what it claimed before it was fenced, say) is stored again, after later messages of its key,
+// and fails the per-key order check instead of being absorbed by a generous window.
+var chaosDuplicateWindow = (&relay.Config{PublishTimeout: chaosPublishTimeout, BackoffMax: chaosBackoffMax,
+	HandoverAfter: chaosHandoverAfter, LeaseInterval: chaosLeaseInterval}).RequiredDuplicateWindow()
+
+// Relay log messages the run counts (relay/lease.go, relay/publish.go).
+const (
+	logFenced   = "ended the lease session of a relay that stopped heartbeating"
+	logWithheld = "partition lease ended before it could publish its whole batch"
 )
 
 // ErrChaosFaultMissing is returned by RunChaos, with the result, when a kind of fault it must
@@ -74,6 +98,10 @@ type ChaosConfig struct {
 	Seed uint64
 	// Keep keeps the chaos database.
 	Keep bool
+	// Relays is how many relay processes share the outbox's partitions (scale-out: each holds
+	// partition leases, and takes the partitions of one that dies or freezes). Defaults to 3;
+	// at least 2.
+	Relays int
 	// Cluster runs NATS as a three-node JetStream cluster on loopback with R3 streams, and
 	// the relay and the consumers connect with every node's URL; the NATS fault is then a
 	// SIGKILL-like kill of the stream leader's node (restarted with its store 0.5–4 s later)
@@ -91,10 +119,23 @@ type ChaosResult struct {
 	// included) and charged payments.
 	Messages int64
 
+	// Relay counts are summed over the relay processes.
+	Relays                                                                int
 	RelayStarts, RelayKills, RelayFaultKills, RelayOtherExits             int64
 	ConsumerStarts, ConsumerKills, ConsumerFaultKills, ConsumerOtherExits int64
 	NATSRestarts                                                          int64
 	RelayBackendsTerminated, ConsumerBackendsTerminated                   int64
+
+	// Relay freezes (SIGSTOP, then SIGCONT some time later): how many, how many lasted less
+	// than the lease interval, how many longer than the fence delay (another relay may end
+	// the frozen one's lease session and take its partitions), and the longest. Fences counts
+	// the lease sessions of relays that had been frozen that another relay ended (takeovers
+	// of a frozen relay's partitions), OtherFences those of relays never frozen, and
+	// WithheldBatches the batches a relay stopped sending because its lease had ended.
+	RelayFreezes, ShortFreezes, LongFreezes    int64
+	LongestFreeze                              time.Duration
+	Fences, OtherFences, WithheldBatches       int64
+	LeaseInterval, FenceDelay, DuplicateWindow time.Duration
 
 	// With Cluster: kills of the node leading the stream (its routes cut first, so nothing is
 	// handed over), successful leader step-downs, and how long the stream had no leader after
@@ -129,7 +170,7 @@ type chaos struct {
 	pool     *pgxpool.Pool // producers, checker, terminations, checks
 	nc       *nats.Conn
 	js       jetstream.JetStream
-	relay    *proc
+	relays   []*proc
 	consumer *proc
 	prod     *producer
 	chk      *payChecker
@@ -145,18 +186,28 @@ type chaos struct {
 	leaderless                                        []time.Duration
 	pubAcks, dupAcks, deliveries, redeliveries        atomic.Int64
 
+	published chan struct{} // a message was published to the stream's subjects (seen on the wire)
+
+	freezes, shortFreezes, longFreezes, fences, otherFences, withheld atomic.Int64
+	longestFreeze                                                     atomic.Int64 // nanoseconds
+	frozenIDs                                                         sync.Map     // relay ids ever frozen
+	frozenNow                                                         sync.Map     // relay ids frozen now
+
 	statsMu   sync.Mutex
 	statsDone [6]int64
 	statsCur  [6]int64
 }
 
 // RunChaos runs the chaos proof: it sends at least cfg.Messages messages from producers in
-// this process through the outbox, a relay process (the real relay binary) and JetStream to a
-// consumer process, while it SIGKILLs both processes at random moments, arms their fault
-// points (the relay kills itself between publish and settle, the consumer between commit and
-// ack), restarts the NATS server (with cfg.Cluster: kills the stream leader's node or makes the
+// this process through the outbox, cfg.Relays relay processes (the real relay binary, sharing
+// the partitions) and JetStream to an ordered consumer process, while it SIGKILLs the
+// processes at random moments, freezes relays with SIGSTOP (some past the fence delay, so
+// that the others take their partitions while they are frozen), arms their fault points (a
+// relay kills itself between publish and settle, the consumer between commit and ack),
+// restarts the NATS server (with cfg.Cluster: kills the stream leader's node or makes the
 // leader step down) and terminates their PostgreSQL backends. When everything is delivered it
-// stops them and checks the invariants from the database and the streams.
+// stops them and checks the invariants from the database and the streams, the per-key order
+// of the applied effects included.
 func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
 	if cfg.Messages <= 0 {
 		cfg.Messages = DefaultChaosMessages
@@ -172,6 +223,12 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
 	}
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
+	}
+	if cfg.Relays <= 0 {
+		cfg.Relays = chaosRelays
+	}
+	if cfg.Relays < 2 {
+		return nil, fmt.Errorf("chaos: Relays is %d, want at least 2: a frozen relay's partitions must be taken over by another", cfg.Relays)
 	}
 	if cfg.ConsumerExe == "" {
 		return nil, fmt.Errorf("chaos: ConsumerExe is required")
@@ -204,6 +261,8 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 		return nil, err
 	}
 	c.say("txoutbox chaos proof: %d messages, producers spread over %s, seed %d; logs in %s", c.cfg.Messages, c.cfg.ProduceFor, c.cfg.Seed, c.workDir)
+	c.say("%d relay processes (lease interval %s: a relay frozen past %s is fenced), ordered consumer, stream duplicate window %s (the shortest the relays accept)",
+		c.cfg.Relays, chaosLeaseInterval, chaosFenceDelay, chaosDuplicateWindow)
 	if c.cfg.Cluster {
 		c.say("on a three-node JetStream cluster, R3 streams")
 	}
@@ -226,6 +285,20 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	}
 	_ = obs.SetPendingLimits(-1, -1)
 	defer func() { _ = obs.Unsubscribe() }()
+	// Publishes to the stream, so that some freezes hit a relay in the middle of a batch.
+	c.published = make(chan struct{}, 1)
+	for _, subj := range streamSubjects {
+		sub, err := obsNC.Subscribe(subj, func(*nats.Msg) {
+			select {
+			case c.published <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 
 	// The checker of the payments group lives with the producers.
 	outboxID, err := checker.OutboxIdentity(ctx, c.pool, chaosSchema)
@@ -238,27 +311,33 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	}
 	defer func() { _ = srv.Stop() }()
 
-	relayLog, err := c.logFile("relay.log")
-	if err != nil {
-		return nil, err
+	for i := 1; i <= c.cfg.Relays; i++ {
+		name := "relay-" + strconv.Itoa(i)
+		relayLog, err := c.logFile(name + ".log")
+		if err != nil {
+			return nil, err
+		}
+		c.relays = append(c.relays, &proc{name: name, command: c.relayCmd(i), log: relayLog, onErrLine: c.relayLine})
 	}
 	consumerLog, err := c.logFile("consumer.log")
 	if err != nil {
 		return nil, err
 	}
-	c.relay = &proc{name: "relay", command: c.relayCmd, log: relayLog}
 	c.consumer = &proc{name: "consumer", command: c.consumerCmd, log: consumerLog, onLine: c.consumerLine, onExit: c.consumerExit}
+	all := append(slices.Clone(c.relays), c.consumer)
 	var procs sync.WaitGroup
 	procCtx, stopProcs := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		stopProcs()
-		c.relay.kill()
-		c.consumer.kill()
+		for _, p := range all {
+			p.kill()
+		}
 		procs.Wait()
 	}()
-	procs.Add(2)
-	go func() { defer procs.Done(); c.relay.run(procCtx) }()
-	go func() { defer procs.Done(); c.consumer.run(procCtx) }()
+	for _, p := range all {
+		procs.Add(1)
+		go func() { defer procs.Done(); p.run(procCtx) }()
+	}
 
 	// Producers, and the faults while they work.
 	ordersTarget := c.cfg.Messages - c.cfg.Messages/10
@@ -321,9 +400,9 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	}
 	stopInjecting()
 	<-injected
-	c.say("everything delivered after %.0fs; stopping the relay and the consumer", time.Since(started).Seconds())
+	c.say("everything delivered after %.0fs; stopping the relays and the consumer", time.Since(started).Seconds())
 	var stopping sync.WaitGroup
-	for _, p := range []*proc{c.relay, c.consumer} {
+	for _, p := range all {
 		stopping.Add(1)
 		go func() { defer stopping.Done(); p.stop(30 * time.Second) }()
 	}
@@ -337,11 +416,18 @@ func (c *chaos) run(ctx context.Context) (*ChaosResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := verifyAppliedOrder(vctx, c.pool, t); err != nil {
+		return nil, err
+	}
 	res := c.result(t)
 	c.report(res)
 	if c.cfg.Cluster && (res.LeaderKills == 0 || res.StepDowns == 0) {
 		return res, fmt.Errorf("%w: the stream leader's node was killed %d times and the leader stepped down %d times; want both",
 			ErrChaosFaultMissing, res.LeaderKills, res.StepDowns)
+	}
+	if res.ShortFreezes == 0 || res.LongFreezes == 0 || res.Fences == 0 {
+		return res, fmt.Errorf("%w: relays frozen %d times shorter than the lease interval and %d times past the fence delay, "+
+			"and a frozen relay's partitions taken %d times; want each", ErrChaosFaultMissing, res.ShortFreezes, res.LongFreezes, res.Fences)
 	}
 	return res, nil
 }
@@ -416,7 +502,7 @@ func (c *chaos) setup(ctx context.Context) error {
 		if err := c.createClusterStreams(ctx); err != nil {
 			return err
 		}
-	} else if err := createStreams(ctx, c.js); err != nil {
+	} else if err := createStreamsReplicas(ctx, c.js, 1, chaosDuplicateWindow); err != nil {
 		return err
 	}
 	client, err := outbox.NewClient(&outbox.Config{Schema: chaosSchema}) // no doorbell: the relay polls
@@ -477,9 +563,10 @@ func childEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// The first incarnation of each child is armed with probability 1, so that every run kills
-// the relay between a publish and its settle, and the consumer between a commit and its ack,
-// at least once; later ones with the chaos probabilities.
+// The first incarnation of the consumer and of the first relay is armed with probability 1,
+// so that every run kills a relay between a publish and its settle, and the consumer between
+// a commit and its ack, at least once; later ones (and the other relays) with the chaos
+// probabilities.
 func armed(n int, point, spec string) string {
 	if n == 1 {
 		return point + "=1"
@@ -487,20 +574,63 @@ func armed(n int, point, spec string) string {
 	return spec
 }
 
-func (c *chaos) relayCmd(n int) *exec.Cmd {
+// relayID names the n-th incarnation of the i-th relay process.
+func relayID(i, n int) string { return "chaos-relay-" + strconv.Itoa(i) + "-" + strconv.Itoa(n) }
+
+// relayCmd returns the command of the i-th relay process (from 1).
+func (c *chaos) relayCmd(i int) func(n int) *exec.Cmd {
+	return func(n int) *exec.Cmd {
+		spec := chaosRelayFault
+		if i == 1 {
+			spec = armed(n, fault.RelayBeforeSettle, chaosRelayFault)
+		}
+		return c.relayCmdSpec(relayID(i, n), spec)
+	}
+}
+
+func (c *chaos) relayCmdSpec(id, faults string) *exec.Cmd {
 	cmd := exec.Command(c.relayBin, "run",
 		"--database-url", c.dsn, "--nats-url", c.natsURL, "--schema", chaosSchema,
-		"--relay-id", "chaos-relay-"+strconv.Itoa(n), "--subjects", strings.Join(streamSubjects, ","),
-		"--poll-max", "100ms", "--publish-timeout", "2s", "--backoff-base", "200ms", "--backoff-max", "2s",
-		"--lease-interval", "250ms", "--retention", "1h", "--no-doorbell",
+		"--relay-id", id, "--subjects", strings.Join(streamSubjects, ","),
+		"--poll-max", "100ms", "--publish-timeout", chaosPublishTimeout.String(), "--backoff-base", "200ms",
+		"--backoff-max", chaosBackoffMax.String(), "--lease-interval", chaosLeaseInterval.String(),
+		"--handover-after", chaosHandoverAfter.String(), "--retention", "1h", "--no-doorbell",
 		"--check-transaction-timeout", "1s", "--check-backoff-base", "500ms", "--check-backoff-max", "2s",
 		// A check-back killed mid-pass leaves the rows it claimed leased for about
 		// ceil(batch/concurrency)·request timeout + 2·request timeout: keep that short.
 		"--check-request-timeout", "1s", "--check-batch-size", "20", "--check-max", "1000", "--check-schedule", "@every 250ms",
 		"--stale-schedule", "off", "--purge-schedule", "off",
-		"--fault", armed(n, fault.RelayBeforeSettle, chaosRelayFault))
+		"--fault", faults)
 	cmd.Env = childEnv()
 	return cmd
+}
+
+// relayLine counts, from a relay's log, the fences (another relay ended the lease session of
+// one that stopped heartbeating: of a frozen relay, a takeover while it is frozen) and the
+// batches a relay stopped sending because its lease had ended.
+func (c *chaos) relayLine(_ int, line string) {
+	switch {
+	case strings.Contains(line, logFenced):
+		id := logAttr(line, "relay_id")
+		if _, frozen := c.frozenIDs.Load(id); frozen {
+			c.fences.Add(1)
+		} else {
+			c.otherFences.Add(1)
+		}
+	case strings.Contains(line, logWithheld):
+		c.withheld.Add(1)
+	}
+}
+
+// logAttr returns the value of the last key=value in a slog text line (a relay's log lines
+// start with its own relay_id; the fence line names the fenced relay's after it).
+func logAttr(line, key string) string {
+	i := strings.LastIndex(line, " "+key+"=")
+	if i < 0 {
+		return ""
+	}
+	v, _, _ := strings.Cut(line[i+len(key)+2:], " ")
+	return strings.Trim(v, `"`)
 }
 
 func (c *chaos) consumerCmd(n int) *exec.Cmd {
@@ -577,22 +707,25 @@ func (c *chaos) inject(ctx context.Context) {
 	defer c.restarting.Wait()
 	rnd := rand.New(rand.NewPCG(c.cfg.Seed, 3)) // a stream of its own per goroutine
 	// Each kind of fault once, in random order, then at random: every run has them all.
-	first := []int{0, 3, 6, 8, 9}
+	first := []int{0, 3, 6, 8, 9, 10, 11}
 	if c.cfg.Cluster {
-		first = []int{0, 3, 6, 7, 8, 9} // 6: kill the stream leader's node, 7: leader step-down
+		first = []int{0, 3, 6, 7, 8, 9, 10, 11} // 6: kill the stream leader's node, 7: leader step-down
 	}
 	rnd.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
+	randomRelay := func() *proc { return c.relays[rnd.IntN(len(c.relays))] }
 	for i := 0; ; i++ {
 		if !sleepCtx(ctx, time.Duration(500+rnd.IntN(1500))*time.Millisecond) {
 			return
 		}
-		x := rnd.IntN(10)
+		x := rnd.IntN(12)
 		if i < len(first) {
 			x = first[i]
 		}
 		switch {
 		case x < 3:
-			retry(ctx, c.relay.kill)
+			// A frozen relay is left to wake: killing it would take away the case the
+			// freeze is there for (a relay that wakes after its partitions were taken).
+			retry(ctx, func() bool { r := randomRelay(); return !r.isFrozen() && r.kill() })
 		case x < 6:
 			retry(ctx, c.consumer.kill)
 		case x < 8 && c.cfg.Cluster:
@@ -605,11 +738,99 @@ func (c *chaos) inject(ctx context.Context) {
 		case x < 8:
 			c.restartNATS(ctx, time.Duration(200+rnd.IntN(1300))*time.Millisecond)
 		case x < 9:
-			retry(ctx, func() bool { n := c.terminate(ctx, chaosRelayApp+"%"); c.relayTerminated.Add(n); return n > 0 })
-		default:
+			retry(ctx, func() bool {
+				n := c.terminate(ctx, chaosRelayApp+"%", c.frozenLeaseApps()...)
+				c.relayTerminated.Add(n)
+				return n > 0
+			})
+		case x < 10:
 			retry(ctx, func() bool { n := c.terminate(ctx, chaosConsumerApp); c.consumerTerminated.Add(n); return n > 0 })
+		case x < 11:
+			// A short freeze: under the lease interval (the first one always), or up to a
+			// little under the fence delay; the relay keeps its partitions.
+			d := time.Duration(50+rnd.IntN(150)) * time.Millisecond
+			if i >= len(first) && rnd.IntN(2) == 0 {
+				d = chaosLeaseInterval + time.Duration(rnd.Int64N(int64(chaosFenceDelay-chaosLeaseInterval-250*time.Millisecond)))
+			}
+			c.nextPublish(ctx, rnd)
+			retry(ctx, func() bool { return c.freeze(ctx, randomRelay(), d) })
+		default:
+			// A long freeze, past the fence delay: the other relays end the frozen one's lease
+			// session and take its partitions while it is frozen; it wakes with its lease expired.
+			// The first one outlasts the streams' duplicate window too, so that anything it
+			// sent on waking would be stored a second time.
+			d := chaosFenceDelay + 750*time.Millisecond + time.Duration(rnd.Int64N(int64(4*time.Second)))
+			if i < len(first) {
+				d = chaosDuplicateWindow + time.Duration(500+rnd.IntN(1500))*time.Millisecond
+			}
+			c.nextPublish(ctx, rnd)
+			retry(ctx, func() bool { return c.freeze(ctx, randomRelay(), d) })
 		}
 	}
+}
+
+// nextPublish waits, half of the times, for the next message a relay publishes to the stream
+// (up to a second), so that the freeze that follows may catch a relay in the middle of a
+// batch: between its publishes and their settle, or with later messages of a key waiting
+// for a PubAck.
+func (c *chaos) nextPublish(ctx context.Context, rnd *rand.Rand) {
+	if rnd.IntN(2) == 0 {
+		return
+	}
+	select {
+	case <-c.published: // an old one
+	default:
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-c.published:
+	}
+}
+
+// freeze SIGSTOPs relay p for d (cut short when ctx ends: every relay runs at the end), then
+// SIGCONTs it. It reports false when p could not be frozen (not running, frozen already).
+func (c *chaos) freeze(ctx context.Context, p *proc, d time.Duration) bool {
+	n, thaw := p.freeze()
+	if thaw == nil {
+		return false
+	}
+	frozenAt := time.Now()
+	c.freezes.Add(1)
+	id := relayID(relayIndex(p), n)
+	c.frozenIDs.Store(id, true)
+	c.frozenNow.Store(id, true)
+	fmt.Fprintf(p.log, "[%s %d] chaos: SIGSTOP for %s\n", p.name, n, d.Round(time.Millisecond))
+	c.restarting.Add(1)
+	go func() {
+		defer c.restarting.Done()
+		sleepCtx(ctx, d)
+		c.frozenNow.Delete(id)
+		thaw()
+		frozen := time.Since(frozenAt)
+		fmt.Fprintf(p.log, "[%s %d] chaos: SIGCONT after %s\n", p.name, n, frozen.Round(time.Millisecond))
+		switch {
+		case frozen < chaosLeaseInterval:
+			c.shortFreezes.Add(1)
+		case frozen > chaosFenceDelay:
+			c.longFreezes.Add(1)
+		}
+		for {
+			longest := c.longestFreeze.Load()
+			if int64(frozen) <= longest || c.longestFreeze.CompareAndSwap(longest, int64(frozen)) {
+				break
+			}
+		}
+	}()
+	return true
+}
+
+// relayIndex is p's number among the relays (from 1).
+func relayIndex(p *proc) int {
+	i, _ := strconv.Atoi(strings.TrimPrefix(p.name, "relay-"))
+	return i
 }
 
 // retry calls f until it reports that it did something (the process it kills may be between
@@ -644,7 +865,7 @@ func (c *chaos) createClusterStreams(ctx context.Context) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := createStreamsReplicas(sctx, c.js, 3)
+		err := createStreamsReplicas(sctx, c.js, 3, chaosDuplicateWindow)
 		cancel()
 		if err == nil {
 			break
@@ -731,13 +952,27 @@ func (c *chaos) stepDown(ctx context.Context) bool {
 	return true
 }
 
-// terminate terminates the chaos database's backends whose application_name is like app.
-func (c *chaos) terminate(ctx context.Context, app string) int64 {
+// frozenLeaseApps returns the application names of the lease sessions of the relays frozen
+// now (relay run names them "txoutbox-relay <relay id>"): the backend terminations spare
+// them, so that it is the other relays that end a frozen relay's lease session (the fence).
+func (c *chaos) frozenLeaseApps() []string {
+	var apps []string
+	c.frozenNow.Range(func(id, _ any) bool {
+		apps = append(apps, chaosRelayApp+" "+id.(string))
+		return true
+	})
+	return apps
+}
+
+// terminate terminates the chaos database's backends whose application_name is like app,
+// except those named in spare.
+func (c *chaos) terminate(ctx context.Context, app string, spare ...string) int64 {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var n int64
 	err := c.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name LIKE $1 AND pid <> pg_backend_pid()`, app).Scan(&n)
+		WHERE datname = current_database() AND application_name LIKE $1 AND application_name <> ALL ($2::text[])
+		  AND pid <> pg_backend_pid()`, app, append([]string{}, spare...)).Scan(&n)
 	if err != nil && ctx.Err() == nil {
 		c.say("terminate backends %q: %v", app, err)
 	}
@@ -821,21 +1056,33 @@ func (c *chaos) progress(ctx context.Context, started time.Time) {
 	if c.cfg.Cluster {
 		natsFaults = fmt.Sprintf("leader kills %d, step-downs %d", c.leaderKills.Load(), c.stepDowns.Load())
 	}
-	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · consumer kills %d + %d after commit · %s · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
+	var relayKills, relaySelfKills int64
+	for _, r := range c.relays {
+		relayKills += r.kills.Load()
+		relaySelfKills += r.selfKills.Load()
+	}
+	c.say("  [%4.0fs] committed: %d orders, %d payments · outbox open %d · consumer pending %s, unacked %s · effects %d · relay kills %d + %d at before-settle · relay freezes %d, fenced %d · consumer kills %d + %d after commit · %s · backends terminated %d · dup PubAcks %d · dedup duplicates ≥ %d",
 		time.Since(started).Seconds(), p.ordersCommitted.Load()+p.ordersPoisoned.Load(), p.charged.Load(), open, pending, unacked, effects,
-		c.relay.kills.Load(), c.relay.selfKills.Load(), c.consumer.kills.Load(), c.consumer.selfKills.Load(),
+		relayKills, relaySelfKills, c.freezes.Load(), c.fences.Load(), c.consumer.kills.Load(), c.consumer.selfKills.Load(),
 		natsFaults, c.relayTerminated.Load()+c.consumerTerminated.Load(), c.dupAcks.Load(), st[1])
 }
 
 func (c *chaos) result(t *Tally) *ChaosResult {
 	st := c.consumerStats()
-	return &ChaosResult{
+	r := &ChaosResult{
 		Tally:                      t,
 		Messages:                   t.Orders + t.Poisoned + t.Charged,
-		RelayStarts:                c.relay.starts.Load(),
-		RelayKills:                 c.relay.kills.Load(),
-		RelayFaultKills:            c.relay.hits(fault.RelayBeforeSettle),
-		RelayOtherExits:            c.relay.otherExits.Load(),
+		Relays:                     len(c.relays),
+		RelayFreezes:               c.freezes.Load(),
+		ShortFreezes:               c.shortFreezes.Load(),
+		LongFreezes:                c.longFreezes.Load(),
+		LongestFreeze:              time.Duration(c.longestFreeze.Load()),
+		Fences:                     c.fences.Load(),
+		OtherFences:                c.otherFences.Load(),
+		WithheldBatches:            c.withheld.Load(),
+		LeaseInterval:              chaosLeaseInterval,
+		FenceDelay:                 chaosFenceDelay,
+		DuplicateWindow:            chaosDuplicateWindow,
 		ConsumerStarts:             c.consumer.starts.Load(),
 		ConsumerKills:              c.consumer.kills.Load(),
 		ConsumerFaultKills:         c.consumer.hits(fault.ConsumerAfterCommit),
@@ -853,6 +1100,13 @@ func (c *chaos) result(t *Tally) *ChaosResult {
 		ConsumerProcessed:          st[0],
 		ConsumerDuplicates:         st[1],
 	}
+	for _, p := range c.relays {
+		r.RelayStarts += p.starts.Load()
+		r.RelayKills += p.kills.Load()
+		r.RelayFaultKills += p.hits(fault.RelayBeforeSettle)
+		r.RelayOtherExits += p.otherExits.Load()
+	}
+	return r
 }
 
 func (c *chaos) report(r *ChaosResult) {
@@ -866,8 +1120,12 @@ func (c *chaos) report(r *ChaosResult) {
 	line("producer transactions rolled back", "%d orders; payments: %d declined, %d never charged", t.RolledBackOrders, t.Declined, t.PaymentsByFate[fateDieBeforeCharge])
 	line("half messages settled by the check-back", "%d committed, %d rolled back (checker: %d COMMIT, %d ROLLBACK, %d UNKNOWN)",
 		t.HalfCommittedByCheckback, t.HalfRolledBackByCheckback, c.chk.commit.Load(), c.chk.rollback.Load(), c.chk.unknown.Load())
-	line("relay processes SIGKILLed", "%d at random moments + %d by their fault point between publish and settle (%d starts, %d other exits)",
-		r.RelayKills, r.RelayFaultKills, r.RelayStarts, r.RelayOtherExits)
+	line("relay processes SIGKILLed", "%d at random moments + %d by their fault point between publish and settle (%d relays sharing the partitions, %d starts, %d other exits)",
+		r.RelayKills, r.RelayFaultKills, r.Relays, r.RelayStarts, r.RelayOtherExits)
+	line("relay processes frozen (SIGSTOP, SIGCONT)", "%d: %d shorter than the lease interval (%s), %d past the fence delay (%s), longest %.1fs (duplicate window %.1fs)",
+		r.RelayFreezes, r.ShortFreezes, r.LeaseInterval, r.LongFreezes, r.FenceDelay, r.LongestFreeze.Seconds(), r.DuplicateWindow.Seconds())
+	line("frozen relays' partitions taken over", "%d fences of a frozen relay's lease session (%d of relays never frozen); %d batches cut short on waking with an expired lease",
+		r.Fences, r.OtherFences, r.WithheldBatches)
 	line("consumer processes SIGKILLed", "%d at random moments + %d by their fault point between commit and ack (%d starts, %d other exits)",
 		r.ConsumerKills, r.ConsumerFaultKills, r.ConsumerStarts, r.ConsumerOtherExits)
 	if c.cfg.Cluster {

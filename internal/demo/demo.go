@@ -216,18 +216,19 @@ func (r *run) setup(ctx context.Context) error {
 // createStreams creates the demo's stream (two-minute duplicate window) and its dead-letter
 // stream.
 func createStreams(ctx context.Context, js jetstream.JetStream) error {
-	return createStreamsReplicas(ctx, js, 1)
+	return createStreamsReplicas(ctx, js, 1, 2*time.Minute)
 }
 
-// createStreamsReplicas is createStreams with the given number of replicas per stream.
-func createStreamsReplicas(ctx context.Context, js jetstream.JetStream, replicas int) error {
+// createStreamsReplicas is createStreams with the given number of replicas per stream and
+// duplicate window.
+func createStreamsReplicas(ctx context.Context, js jetstream.JetStream, replicas int, dup time.Duration) error {
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: replicas,
+		Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas,
 	}); err != nil {
 		return fmt.Errorf("create stream %s: %w", streamName, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: replicas,
+		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas,
 	}); err != nil {
 		return fmt.Errorf("create stream %s: %w", deadStreamName, err)
 	}

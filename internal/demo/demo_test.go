@@ -95,7 +95,7 @@ func TestMainUsage(t *testing.T) {
 		t.Fatalf("-help: exit %d, %s", code, errOut.String())
 	}
 	help := out.String()
-	for _, want := range []string{"-lose-acks", "-consumer-crash", "-duplicates", "-poison", "-chaos", "-messages", "-cluster"} {
+	for _, want := range []string{"-lose-acks", "-consumer-crash", "-duplicates", "-poison", "-chaos", "-messages", "-cluster", "-relays"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("help lacks %s:\n%s", want, help)
 		}
@@ -105,7 +105,7 @@ func TestMainUsage(t *testing.T) {
 			t.Errorf("help shows the hidden flag -%s", name)
 		}
 	}
-	for _, args := range [][]string{{"-nope"}, {"-rollback", "0.9"}, {"-orders", "0"}, {"-role", "nope"}, {"extra"}, {"-cluster"}} {
+	for _, args := range [][]string{{"-nope"}, {"-rollback", "0.9"}, {"-orders", "0"}, {"-role", "nope"}, {"extra"}, {"-cluster"}, {"-chaos", "-relays", "1"}} {
 		errOut.Reset()
 		if code := Main(args, &out, &errOut); code != 2 {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())

@@ -99,6 +99,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cc.Messages, "messages", DefaultChaosMessages, "chaos: messages to send (at least)")
 	fs.DurationVar(&cc.ProduceFor, "produce-for", 0, "chaos: spread the messages over this long (default: messages/100 per second, at least 20s)")
 	fs.StringVar(&cc.RelayBin, "relay-bin", "", "chaos: the relay binary (default: go build ./cmd/relay)")
+	fs.IntVar(&cc.Relays, "relays", chaosRelays, "chaos: relay processes sharing the partitions (at least 2: a frozen relay's partitions are taken by another)")
 	fs.BoolVar(&cc.Cluster, "cluster", false, "chaos: a three-node JetStream cluster with R3 streams, whose stream leader is killed and stepped down")
 	// The consumer role (hidden).
 	fs.StringVar(&roleName, "role", "", "")
@@ -146,6 +147,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 	if cc.Cluster && !chaos {
 		fmt.Fprintln(stderr, "producer-demo: -cluster is for -chaos")
+		return 2
+	}
+	if chaos && cc.Relays < 2 {
+		fmt.Fprintf(stderr, "producer-demo: -relays %d: want at least 2 (a frozen relay's partitions are taken by another)\n", cc.Relays)
 		return 2
 	}
 	if chaos {

@@ -17,16 +17,17 @@ import (
 	"github.com/txoutbox/txoutbox/internal/fault"
 )
 
-// proc supervises one child process role (the relay, the consumer): it starts it, restarts
-// it whenever it exits, kills it on demand with SIGKILL, and tells the deaths apart: killed by
-// us, killed by its own fault point (it writes fault.KillMarker first), or any other exit.
+// proc supervises one child process role (a relay, the consumer): it starts it, restarts it
+// whenever it exits, kills it on demand with SIGKILL, freezes it on demand with SIGSTOP (and
+// resumes it with SIGCONT), and tells the deaths apart: killed by us, killed by its own fault
+// point (it writes fault.KillMarker first), or any other exit.
 type proc struct {
 	name string
 	// command builds the command of the n-th incarnation (from 1).
 	command func(n int) *exec.Cmd
 	log     io.Writer // the children's output, each line prefixed with the incarnation
-	// onLine sees each line the child writes to stdout.
-	onLine func(n int, line string)
+	// onLine sees each line the child writes to stdout, onErrLine each line to stderr.
+	onLine, onErrLine func(n int, line string)
 	// onExit runs after each incarnation ends.
 	onExit func(n int)
 
@@ -35,6 +36,7 @@ type proc struct {
 	n             int
 	killRequested bool
 	stopping      bool
+	frozen        bool // a freeze is under way (its thaw not called yet)
 
 	starts     atomic.Int64
 	kills      atomic.Int64 // SIGKILLed by the orchestrator
@@ -83,6 +85,9 @@ func (p *proc) run(ctx context.Context) {
 			p.scan(n, stderr, func(line string) {
 				if i := strings.Index(line, fault.KillMarker); i >= 0 {
 					marker.Store(strings.TrimSpace(line[i+len(fault.KillMarker):]))
+				}
+				if p.onErrLine != nil {
+					p.onErrLine(n, line)
 				}
 			})
 		}()
@@ -149,6 +154,36 @@ func (p *proc) kill() bool {
 	return true
 }
 
+// freeze stops the running incarnation with SIGSTOP. It returns the incarnation's number and
+// a function that resumes it with SIGCONT (that process, even when it was killed and another
+// incarnation runs by then), or thaw nil when no incarnation runs, a freeze is under way
+// already, or the platform has no SIGSTOP. Until thaw is called the proc freezes nothing else.
+func (p *proc) freeze() (n int, thaw func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if freezeSignal == nil || p.cmd == nil || p.cmd.Process == nil || p.killRequested || p.stopping || p.frozen {
+		return 0, nil
+	}
+	pr := p.cmd.Process
+	if pr.Signal(freezeSignal) != nil {
+		return 0, nil
+	}
+	p.frozen = true
+	return p.n, func() {
+		_ = pr.Signal(thawSignal)
+		p.mu.Lock()
+		p.frozen = false
+		p.mu.Unlock()
+	}
+}
+
+// isFrozen reports whether a freeze is under way.
+func (p *proc) isFrozen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.frozen
+}
+
 // stop asks the running incarnation to stop (SIGTERM; SIGKILL after timeout) and keeps it
 // from being restarted.
 func (p *proc) stop(timeout time.Duration) {
@@ -160,6 +195,9 @@ func (p *proc) stop(timeout time.Duration) {
 		return
 	}
 	_ = terminate(cmd.Process)
+	if thawSignal != nil {
+		_ = cmd.Process.Signal(thawSignal) // a frozen child would not see the SIGTERM
+	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		p.mu.Lock()

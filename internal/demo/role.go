@@ -14,7 +14,9 @@ import (
 )
 
 // consumerRole is the hidden role the chaos run starts as a separate OS process: the
-// inventory/points consumer, with its fault point armed, reporting its counters on stdout.
+// inventory/points consumer in ordered mode (consumer.Config.Ordered: per key, effects are
+// applied in stream order across its kills), with its fault point armed, reporting its
+// counters on stdout.
 type consumerRole struct {
 	DSN, NATSURL, Schema, AppName string
 	BatchSize                     int
@@ -68,7 +70,7 @@ func runConsumerRole(ctx context.Context, o consumerRole, stdout, stderr io.Writ
 		// Kills inflate delivery counts; poisoned messages are dead-lettered at once (Permanent),
 		// so a generous limit only keeps unlucky healthy messages out of the dead letters.
 		MaxDeliveries: 1000, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
-		AckWait: o.AckWait, Logger: log,
+		AckWait: o.AckWait, Logger: log, Ordered: true,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "consumer: %v\n", err)

@@ -273,8 +273,13 @@ func verify(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream) (*Tal
 		fmt.Sprintf("%d of %d missing from stream %s, e.g. %s", len(missing), len(committedIDs), streamName, strings.Join(first(missing, 3), ", ")))
 
 	// Per-key order: the stream holds each key's messages in commit order, which is the
-	// outbox's id order for one key (a committed half message draws a new id). Each message
-	// counts at its first copy; rows no longer in the outbox are not checked.
+	// outbox's id order for one key (a committed half message draws a new id), every copy
+	// included. A message is republished only while it is unsettled, and a key's next message
+	// is sent only after the previous one's PubAck, so a second copy (a republish the
+	// duplicate window did not absorb: after an outage longer than the window) comes before
+	// any later message of its key. A copy stored after a later message of its key is a stale
+	// send (a relay that lost its lease and published what it had claimed). Rows no longer in
+	// the outbox are not checked.
 	type keyedRow struct {
 		key string
 		id  int64
@@ -301,18 +306,23 @@ func verify(ctx context.Context, db *pgxpool.Pool, js jetstream.JetStream) (*Tal
 	var outOfOrder []string
 	for _, m := range stored {
 		r, ok := rowOf[m.MsgID]
-		if !ok || seenID[m.MsgID] {
+		if !ok {
 			continue
 		}
+		again := seenID[m.MsgID]
 		seenID[m.MsgID] = true
 		if prev, ok := lastOfKey[r.key]; ok && r.id < prev {
-			outOfOrder = append(outOfOrder, fmt.Sprintf("key %s: outbox row %d stored after row %d", r.key, r.id, prev))
+			what := "stored after"
+			if again {
+				what = "stored again after"
+			}
+			outOfOrder = append(outOfOrder, fmt.Sprintf("key %s: outbox row %d %s row %d", r.key, r.id, what, prev))
 			continue
 		}
 		lastOfKey[r.key] = r.id
 	}
-	add("every key's messages are in the stream in commit order", int64(len(outOfOrder)),
-		fmt.Sprintf("%d messages stored after a later one of their key, e.g. %s", len(outOfOrder), strings.Join(first(outOfOrder, 3), "; ")))
+	add(KeyOrderInvariant, int64(len(outOfOrder)),
+		fmt.Sprintf("%d copies stored after a later message of their key, e.g. %s", len(outOfOrder), strings.Join(first(outOfOrder, 3), "; ")))
 
 	// Dead letters: exactly the poisoned orders.
 	var poisonIDs []string
@@ -379,4 +389,117 @@ func printInvariants(w io.Writer, t *Tally) bool {
 		fmt.Fprintln(w, "SOME INVARIANTS DID NOT HOLD.")
 	}
 	return t.OK()
+}
+
+// KeyOrderInvariant is verify's check of the stream's per-key order.
+const KeyOrderInvariant = "every key's messages are in the stream in commit order, every copy included (nothing stale stored)"
+
+// AppliedOrderInvariant is the invariant verifyAppliedOrder adds.
+const AppliedOrderInvariant = "every key's effects were applied in commit order, none missing, none twice"
+
+// verifyAppliedOrder adds to t the invariant of an ordered consumer (consumer.Config.Ordered):
+// per ordering key, the effects were applied (committed) in the producer's commit order, which
+// is the outbox's id order for one key, with no gap and no duplicate. The applied order is the
+// ledger's key_pos (see demo_key_applied); the expected sequence is every published keyed
+// message of the outbox but the poisoned orders (dead-lettered, never applied). It needs the
+// published rows kept (a retention longer than the run).
+func verifyAppliedOrder(ctx context.Context, db *pgxpool.Pool, t *Tally) error {
+	expected := map[string][]int64{}
+	rows, err := db.Query(ctx, `SELECT m.msg_key, m.id FROM txoutbox_messages m
+		WHERE m.msg_key IS NOT NULL AND m.state = 'published'
+		  AND NOT EXISTS (SELECT 1 FROM demo_orders o WHERE o.message_id = m.message_id AND o.poison)
+		ORDER BY m.msg_key, m.id`)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	for rows.Next() {
+		var key string
+		var id int64
+		if err := rows.Scan(&key, &id); err != nil {
+			rows.Close()
+			return fmt.Errorf("verify: %w", err)
+		}
+		expected[key] = append(expected[key], id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	type applied struct {
+		pos   int64
+		id    int64 // 0: no published outbox row has the effect's message id
+		msgID string
+	}
+	got := map[string][]applied{}
+	var unkeyed int64
+	rows, err = db.Query(ctx, `SELECT e.msg_key, coalesce(e.key_pos, 0), coalesce(m.id, 0), coalesce(e.message_id, '')
+		FROM demo_effects e
+		LEFT JOIN txoutbox_messages m ON m.message_id::text = e.message_id AND m.state = 'published'
+		ORDER BY e.msg_key, e.key_pos`)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	for rows.Next() {
+		var key *string
+		var a applied
+		if err := rows.Scan(&key, &a.pos, &a.id, &a.msgID); err != nil {
+			rows.Close()
+			return fmt.Errorf("verify: %w", err)
+		}
+		if key == nil {
+			unkeyed++
+			continue
+		}
+		got[*key] = append(got[*key], a)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+
+	var bad []string
+	var badKeys int64
+	for key, want := range expected {
+		if _, ok := got[key]; !ok {
+			badKeys++
+			bad = append(bad, fmt.Sprintf("key %s: none of its %d messages applied", key, len(want)))
+		}
+	}
+	for key, as := range got {
+		want := expected[key]
+		var problems []string
+		seen := map[int64]bool{}
+		var last int64
+		for i, a := range as {
+			switch {
+			case a.pos != int64(i+1):
+				problems = append(problems, fmt.Sprintf("applied position %d where %d was due (a gap or a repeat in the key's count)", a.pos, i+1))
+			case a.id == 0:
+				problems = append(problems, fmt.Sprintf("effect %d is of message %q, no published message of the outbox", a.pos, a.msgID))
+			case seen[a.id]:
+				problems = append(problems, fmt.Sprintf("outbox row %d applied twice (again as effect %d)", a.id, a.pos))
+			case a.id < last:
+				problems = append(problems, fmt.Sprintf("outbox row %d applied after row %d (effect %d)", a.id, last, a.pos))
+			}
+			if a.id != 0 {
+				seen[a.id] = true
+				last = max(last, a.id)
+			}
+		}
+		for _, id := range want {
+			if !seen[id] {
+				problems = append(problems, fmt.Sprintf("outbox row %d never applied", id))
+			}
+		}
+		if len(problems) > 0 {
+			badKeys++
+			bad = append(bad, fmt.Sprintf("key %s: %s", key, strings.Join(first(problems, 3), ", ")))
+		}
+	}
+	slices.Sort(bad)
+	n := badKeys + unkeyed
+	inv := Invariant{Name: AppliedOrderInvariant, OK: n == 0}
+	if n != 0 {
+		inv.Detail = fmt.Sprintf("%d keys out of order or incomplete, %d effects without a key; e.g. %s", badKeys, unkeyed, strings.Join(first(bad, 3), "; "))
+	}
+	t.Invariants = append(t.Invariants, inv)
+	return nil
 }
