@@ -245,6 +245,13 @@ func (c *Config) WithDefaults() *Config {
 //     was lost (the stream's leader died with it in flight, the connection dropped) stays
 //     ready, no attempt counted — its stream is in an outage, or the broker is down — and is
 //     republished when the stream answers again, however long that took.
+//
+// The causes add up: the window covers each delay on its own, and an outage that follows
+// another (a freeze and a takeover, a crash and a restart) adds its whole length to it, so an
+// outage a few seconds shorter than the window can be enough (seen in the cluster chaos proof:
+// a frozen relay's send, taken over, then a 12 s stream outage, republished 14.7 s after the
+// first copy with a 13.5 s window). Size the window generously; the consumer's dedup row is
+// what makes such copies harmless.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
 	d := c.BackoffMax
 	if c.HandoverAfter >= 0 {
