@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,8 +32,10 @@ import (
 var ErrPublishDenied = errors.New("relay: the NATS server denies the relay's user this publish")
 
 var (
-	deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
-	deniedReplyRe   = regexp.MustCompile(`(?i)permissions violation for publish with reply of "([^"]+)"`)
+	// nats-server quotes the subject as Go's %q does: \, " and characters that are not
+	// printable come escaped (a subject may hold them: outbox.ValidateSubject allows them).
+	deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to ("(?:[^"\\]|\\.)*")`)
+	deniedReplyRe   = regexp.MustCompile(`(?i)permissions violation for publish with reply of "(?:[^"\\]|\\.)*"`)
 )
 
 // deniedSubjects records the permission violations the server reported on the relay's
@@ -67,7 +70,11 @@ func (d *deniedSubjects) observe(err error) {
 	text := err.Error()
 	subj := ""
 	if m := deniedSubjectRe.FindStringSubmatch(text); m != nil {
-		subj = m[1]
+		u, err := strconv.Unquote(m[1])
+		if err != nil {
+			return // not the server's quoting: no subject to fail
+		}
+		subj = u
 	} else if deniedReplyRe.FindStringSubmatch(text) == nil {
 		return // a subscribe violation
 	}

@@ -387,6 +387,16 @@ func TestLeaderStrikes(t *testing.T) {
 	if n := s.strike("OTHER", "n2", "other.x"); n != 2 {
 		t.Fatalf("another stream's count = %d, want 2 (untouched)", n)
 	}
+	// A wave that strikes long after the last one starts a new series (back-dated).
+	s.mu.Lock()
+	s.m["OTHER"].last = time.Now().Add(-leaderStrikeExpiry - time.Second)
+	s.mu.Unlock()
+	if n := s.strike("OTHER", "n2", "other.y"); n != 1 {
+		t.Fatalf("strike %s after the last = %d, want 1 (a new series)", leaderStrikeExpiry, n)
+	}
+	if n := s.strike("OTHER", "n2", "other.z"); n != 2 {
+		t.Fatalf("strike right after = %d, want 2", n)
+	}
 }
 
 // The permission violations the server sends: on a publish subject, on a reply subject (every
@@ -415,6 +425,14 @@ func TestDeniedSubjectsObserve(t *testing.T) {
 	}
 	if err := d.check("acc.denied", time.Now().Add(time.Second)); err != nil {
 		t.Fatalf("a violation before the publish was sent counted: %v", err)
+	}
+	// Subjects the server quotes with escapes (Go's %q): a backslash, a double quote, a
+	// character that is not printable.
+	for _, subj := range []string{`orders.a\b`, `orders."x"`, "orders.a\u200bb", "orders.ü"} {
+		d.observe(errors.Join(nats.ErrPermissionViolation, fmt.Errorf("Permissions Violation for Publish to %q", subj)))
+		if err := d.check(subj, before); !errors.Is(err, ErrPublishDenied) {
+			t.Errorf("check(%q) after the server's %q = %v, want ErrPublishDenied", subj, fmt.Sprintf("Permissions Violation for Publish to %q", subj), err)
+		}
 	}
 	d.observe(errors.Join(nats.ErrPermissionViolation, errors.New(`Permissions Violation for Publish with Reply of "_INBOX.abc.def"`)))
 	if err := d.check("acc.ok", before); !errors.Is(err, ErrPublishDenied) || !errors.Is(err, nats.ErrPermissionViolation) {

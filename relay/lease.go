@@ -801,9 +801,11 @@ func (l *leaser) close() {
 	l.resetLocked("released")
 }
 
-// Close releases the relay's partitions and its lease connection. Run does this when it
-// returns; call it for a relay that is not running any more (or never ran). Close also stops
-// watching the NATS connection's errors for permission violations (see ErrPublishDenied).
+// Close releases the relay's partitions and its lease connection, as Run does when it
+// returns, and stops watching the NATS connection's errors for permission violations (see
+// ErrPublishDenied), which Run leaves in place for a later Run. Call it once the relay is no
+// longer needed (running or not): until then, the relay's error handler stays chained onto
+// the connection's.
 func (r *Relay) Close() {
 	r.lease.close()
 	r.unwatch()

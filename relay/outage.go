@@ -440,8 +440,9 @@ const leaderGraceWaves = 3
 
 // leaderStrikes counts, per stream, the waves whose publishes timed out while the stream's
 // info answered with the same leader (see leaderGraceWaves). The count starts again when the
-// info names another leader or none (an election seen), and ends when a subject that struck
-// gets a PubAck (the failures were the leader change's). A single server's stream (no
+// info names another leader or none (an election seen), or leaderStrikeExpiry after the last
+// wave that struck, and ends when a subject that struck gets a PubAck (the failures were the
+// leader change's). A single server's stream (no
 // cluster info) has the leader "".
 type leaderStrikes struct {
 	n  atomic.Int32 // len(m), read without the lock for every acknowledged wave
@@ -451,6 +452,7 @@ type leaderStrikes struct {
 
 type leaderStrike struct {
 	leader   string
+	last     time.Time // the last wave that struck
 	waves    int
 	subjects map[string]struct{} // the subjects whose publishes struck (at most maxStruck)
 }
@@ -466,15 +468,24 @@ func (s *leaderStrikes) strike(name, leader, subj string) int {
 		s.m = map[string]*leaderStrike{}
 	}
 	e := s.m[name]
-	if e == nil || e.leader != leader {
+	now := time.Now()
+	if e == nil || e.leader != leader || now.Sub(e.last) > leaderStrikeExpiry {
 		e = &leaderStrike{leader: leader, subjects: map[string]struct{}{}}
 		s.m[name] = e
 		s.n.Store(int32(len(s.m)))
 	}
 	e.waves++
+	e.last = now
 	s.struck(e, subj)
 	return e.waves
 }
+
+// leaderStrikeExpiry ends a series of struck waves: the next wave that strikes more than this
+// after the last one starts a new count. The waves of one cause come one after another (a
+// failed row is retried within seconds); without it, a stream whose subjects never repeat
+// (one per entity) would add up timeouts days apart, none ever acknowledged, and a later
+// leader change would find its allowance spent.
+const leaderStrikeExpiry = 2 * time.Minute
 
 // also records one more subject that struck in the current wave of stream name.
 func (s *leaderStrikes) also(name, subj string) {

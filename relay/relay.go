@@ -586,6 +586,14 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		return fmt.Errorf("relay: settle: %w", err)
 	}
 	r.checkFloor(ctx, conn) // the batch is out: the check delays no publish
+	if n := int64(len(res.published)); out.Published < n {
+		// Rows this relay published that its settle did not find ready: another relay settled
+		// them after taking this one's partitions over (rare), or the relay's role cannot see
+		// or change them (row-level security without the relay's policy: the rows stay ready
+		// and are published again and again).
+		r.log.Warn("settle found fewer of the published rows ready than were published: taken over by another relay, or hidden from this role (row-level security: re-run relay migrate grants --role relay)",
+			"published", n, "settled", out.Published)
+	}
 	r.stats.Batches.Add(1)
 	r.stats.Published.Add(out.Published)
 	r.stats.Failed.Add(int64(len(res.failed)))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -733,4 +734,38 @@ func TestScheduledBurstOfOneKey(t *testing.T) {
 		}
 	}
 	t.Logf("%d passes, %d promotions", passes, r.sched.rounds)
+}
+
+// A settle that finds fewer of the published rows ready than were published (another relay
+// settled them, or row-level security hides them from the relay's role: they would be
+// published again and again) says so.
+func TestSettleOfRowsNoLongerReadyIsLogged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	logs := newEventLog()
+	r := e.relay(&Config{Logger: slog.New(logs)})
+	e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
+	r.hooks.afterPublish = func(context.Context, int) error {
+		// Settled meanwhile by someone else.
+		_, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published' WHERE id = (SELECT min(id) FROM txoutbox_messages)`)
+		return err
+	}
+	if n, err := r.runOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("runOnce = %d, %v", n, err)
+	}
+	if got := logs.count(slog.LevelWarn, "settle found fewer of the published rows ready"); got != 1 {
+		t.Fatalf("%d warnings about the rows the settle did not find, want 1", got)
+	}
+	if st := r.Stats(); st.Published != 1 {
+		t.Fatalf("Stats.Published = %d, want 1 (the row the settle found)", st.Published)
+	}
+	r.hooks.afterPublish = nil
+	e.enqueue(outbox.Message{Subject: "orders.created"})
+	if n, err := r.runOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("runOnce = %d, %v", n, err)
+	}
+	if got := logs.count(slog.LevelWarn, "settle found fewer of the published rows ready"); got != 1 {
+		t.Fatalf("a settle of every row warned too (%d warnings)", got)
+	}
 }

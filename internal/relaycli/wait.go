@@ -203,6 +203,7 @@ func waitReady(ctx context.Context, c *conns, dial func() (*nats.Conn, error), l
 			switch {
 			case ctx.Err() != nil:
 				if nc != nil {
+					c.closing.Store(true) // our close, not one to report
 					nc.Close()
 				}
 				return errStoppedWaiting
