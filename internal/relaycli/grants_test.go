@@ -2,6 +2,7 @@ package relaycli
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -673,6 +675,167 @@ func TestProducerRowSecurityLeavesRelayPlans(t *testing.T) {
 		if owner[i] != relay[i] {
 			t.Errorf("plan %d as the relay role differs from the owner's:\nowner: %s\nrelay: %s", i, owner[i], relay[i])
 		}
+	}
+}
+
+// A producer login cancels and reschedules by business key through the business key index,
+// as the owner does, not by a scan of the whole outbox: under the producer grants' row-level
+// security an UPDATE's own condition uses an index only if its functions are leakproof, and
+// the business key expression's (jsonb -> and ->>) are not. Each form (CancelBizKeyTx,
+// RescheduleBizKeyTx, their database/sql twins, txoutbox_cancel_biz_key and
+// txoutbox_reschedule_biz_key) runs as the producer role with sequential scans disabled (so
+// that the planner picks an index whenever one can serve, on this small table), then the
+// transaction's own table statistics must show that it read about the key's 6 rows of 600,
+// not the whole table (a Seq Scan) nor the whole partial index of scheduled rows (the business
+// key index with no condition on the key, the plan a producer got before); and EXPLAIN of the
+// Go statement as that role shows the business key as the index's condition.
+func TestProducerBizKeyUsesIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		var msgs []outbox.Message
+		for i := range 600 {
+			msgs = append(msgs, outbox.Message{Subject: "orders.remind", BizKey: "order-" + strconv.Itoa(i%100), DeliverAt: later, Payload: []byte("p")})
+		}
+		_, err := client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `ANALYZE txoutbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	producer := lp.poolOf(migrations.RoleProducer)
+	sqlDB := stdlib.OpenDBFromPool(producer)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	// The rows of txoutbox_messages read by sequential scans and fetched through indexes, not
+	// yet flushed to the statistics (the current transaction's, and the session's earlier ones
+	// until a flush: read before and after).
+	const readRows = `SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+		WHERE relid = 'txoutbox_messages'::regclass`
+	const most = 4 * 6 // the key's rows, fetched by the sub-select and again by id, and slack
+	// read runs do as the producer role in a transaction it rolls back, and returns the rows of
+	// txoutbox_messages it read.
+	read := func(what string, do func(tx pgx.Tx) error) (n int64) {
+		t.Helper()
+		tx, err := producer.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var before int64
+		if err := tx.QueryRow(ctx, readRows).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+			t.Fatal(err)
+		}
+		if err := do(tx); err != nil {
+			t.Fatalf("%s as the producer role: %v", what, err)
+		}
+		if err := tx.QueryRow(ctx, readRows).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n - before
+	}
+	forms := []struct {
+		name string
+		do   func(tx pgx.Tx) error
+	}{
+		{"CancelBizKeyTx", func(tx pgx.Tx) error {
+			ids, err := client.CancelBizKeyTx(ctx, tx, "order-1")
+			if err == nil && len(ids) != 6 {
+				err = fmt.Errorf("cancelled %d messages, want 6", len(ids))
+			}
+			return err
+		}},
+		{"RescheduleBizKeyTx", func(tx pgx.Tx) error {
+			ids, err := client.RescheduleBizKeyTx(ctx, tx, "order-2", later.Add(time.Hour))
+			if err == nil && len(ids) != 6 {
+				err = fmt.Errorf("rescheduled %d messages, want 6", len(ids))
+			}
+			return err
+		}},
+		{"txoutbox_cancel_biz_key", func(tx pgx.Tx) error {
+			var n int
+			err := tx.QueryRow(ctx, `SELECT cardinality(txoutbox_cancel_biz_key('order-3'))`).Scan(&n)
+			if err == nil && n != 6 {
+				err = fmt.Errorf("cancelled %d messages, want 6", n)
+			}
+			return err
+		}},
+		{"txoutbox_reschedule_biz_key", func(tx pgx.Tx) error {
+			var n int
+			err := tx.QueryRow(ctx, `SELECT cardinality(txoutbox_reschedule_biz_key('order-4', now() + interval '2 hours'))`).Scan(&n)
+			if err == nil && n != 6 {
+				err = fmt.Errorf("rescheduled %d messages, want 6", n)
+			}
+			return err
+		}},
+	}
+	for _, f := range forms {
+		if n := read(f.name, f.do); n > most {
+			t.Errorf("%s as the producer role read %d rows of txoutbox_messages for the key's 6 (of 600), want at most %d: the business key index is not used", f.name, n, most)
+		}
+	}
+	// The database/sql twins run the same statements through a *sql.Tx.
+	for _, f := range []struct {
+		name string
+		do   func(tx *sql.Tx) ([]uuid.UUID, error)
+	}{
+		{"CancelBizKeySQLTx", func(tx *sql.Tx) ([]uuid.UUID, error) { return client.CancelBizKeySQLTx(ctx, tx, "order-5") }},
+		{"RescheduleBizKeySQLTx", func(tx *sql.Tx) ([]uuid.UUID, error) {
+			return client.RescheduleBizKeySQLTx(ctx, tx, "order-6", later.Add(time.Hour))
+		}},
+	} {
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n, before int64
+		if err = tx.QueryRowContext(ctx, readRows).Scan(&before); err == nil {
+			_, err = tx.ExecContext(ctx, `SET LOCAL enable_seqscan = off`)
+		}
+		if err == nil {
+			var ids []uuid.UUID
+			if ids, err = f.do(tx); err == nil && len(ids) != 6 {
+				err = fmt.Errorf("%d messages, want 6", len(ids))
+			}
+		}
+		if err == nil {
+			err = tx.QueryRowContext(ctx, readRows).Scan(&n)
+		}
+		_ = tx.Rollback()
+		if err != nil {
+			t.Fatalf("%s as the producer role: %v", f.name, err)
+		}
+		if n -= before; n > most {
+			t.Errorf("%s as the producer role read %d rows of txoutbox_messages for the key's 6 (of 600), want at most %d: the business key index is not used", f.name, n, most)
+		}
+	}
+	// The plan of the Go statement, as the producer role: the business key index with the key
+	// as its condition, no Seq Scan.
+	var plan []byte
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+			return err
+		}
+		plan, err = store.New(db.Schema).ExplainScheduledBizKey(ctx, tx, "order-7")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	shape := planShape(t, plan)
+	if strings.Contains(shape, "Seq Scan") ||
+		!strings.Contains(shape, "Index Name=txoutbox_messages_scheduled_biz_key_idx Index Cond=(((headers -> 'Txoutbox-Biz-Key'::text) ->> 0) = 'order-7'::text)") {
+		t.Errorf("business key cancel as the producer role: plan\n%s\nwant the business key index with the key as its condition, and no Seq Scan", shape)
 	}
 }
 
