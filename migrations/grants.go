@@ -24,9 +24,10 @@ const (
 	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
 	// each key's applied sequence. It cannot touch the outbox.
 	RoleConsumer = "consumer"
-	// RoleAdmin owns the schema and every object in it (tables, functions, sequences, views,
-	// types): it migrates (relay migrate up/down), runs every admin command and grants the
-	// other roles.
+	// RoleAdmin owns the schema and txoutbox's objects in it (the txoutbox_* tables, functions,
+	// sequences, views and types, version tables included), not the application's objects nor
+	// any extension's: it migrates (relay migrate up/down), runs every admin command and grants
+	// the other roles.
 	RoleAdmin = "admin"
 )
 
@@ -51,28 +52,37 @@ type GrantOptions struct {
 	Consumers []string
 }
 
-// adminOwnership gives every object of a schema (%[1]s, a literal) to a role (%[2]s, a
-// literal): relations by their kind (tables carry their indexes, identity sequences and row
-// types; sequences owned by a column go with their table), routines, and the types that are
-// not a relation's row type, an array or a range's multirange.
+// adminOwnership gives txoutbox's own objects of a schema (%[1]s, a literal) to a role (%[2]s,
+// a literal): the relations, routines and types named txoutbox_*, and the version tables the
+// migrations runner keeps or reads as txoutbox's own (%[3]s, a name[] expression); never a
+// member of an extension, nor any other object of the schema (the application's tables and
+// functions, an extension's functions in public, golang-migrate's or goose's default version
+// table, which may be the application's: relay migrate leaves a schema those tools manage to
+// them). Relations by their kind (tables carry their indexes, identity
+// sequences and row types; sequences owned by a column go with their table), routines, and
+// the types that are not a relation's row type, an array or a range's multirange.
 const adminOwnership = `DO $txoutbox$DECLARE r record;
 BEGIN
   FOR r IN SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
                   WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, n.nspname, c.relname, %[2]s) AS stmt
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+             AND (c.relname LIKE 'txoutbox\_%%' OR c.relname = ANY (%[3]s))
              AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
                       AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
          UNION ALL
          SELECT format('ALTER %%s %%s OWNER TO %%I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
                   p.oid::regprocedure, %[2]s)
            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-           WHERE n.nspname = %[1]s
+           WHERE n.nspname = %[1]s AND p.proname LIKE 'txoutbox\_%%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
          UNION ALL
          SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, %[2]s)
            FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0
+           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0 AND t.typname LIKE 'txoutbox\_%%'
              AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_type'::regclass AND d.objid = t.oid AND d.deptype = 'e')
   LOOP
     EXECUTE r.stmt;
   END LOOP;
@@ -238,11 +248,12 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 			}
 		}
 	case RoleAdmin:
-		b.WriteString("-- The admin owns the schema and every object in it (tables with their indexes and identity\n")
-		b.WriteString("-- sequences, functions, and any view, sequence or type): it migrates up and down (a migration\n")
-		b.WriteString("-- replaces or drops functions, which only their owner may), and runs every admin command.\n")
+		b.WriteString("-- The admin owns the schema and txoutbox's objects in it (the txoutbox_* tables with their\n")
+		b.WriteString("-- indexes and sequences, functions, views and types, txoutbox's version tables), not the\n")
+		b.WriteString("-- application's objects nor an extension's: it migrates up and down (a migration replaces\n")
+		b.WriteString("-- or drops functions, which only their owner may), and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)
-		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee))
+		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee), "ARRAY["+lit(VersionTable)+", "+lit(OwnGolangMigrateTable)+", "+lit(OwnGooseTable)+"]::name[]")
 	default:
 		return "", fmt.Errorf("%w (got %q)", ErrUnknownRole, role)
 	}

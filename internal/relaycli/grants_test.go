@@ -506,6 +506,122 @@ func TestAdminRoleMigratesUpAndDown(t *testing.T) {
 	}
 }
 
+// `relay migrate grants --role admin` gives the admin role txoutbox's own objects of the
+// schema and nothing else: in a schema shared with the application (its table with a serial
+// sequence and an index, a view, a function, an enum, all owned by an application role) and
+// with an extension's members (citext, or another contrib extension, in that schema), every
+// txoutbox_* relation, routine and type becomes the admin's, every other object keeps its
+// owner.
+func TestAdminRoleOwnsOnlyTxoutboxObjects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	super, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(super.Close)
+	suffix := randomSuffix()
+	admin, app := "txo_admin_"+suffix, "txo_app_"+suffix
+	for _, name := range []string{admin, app} {
+		if _, err := super.Exec(ctx, "CREATE ROLE "+name+" NOLOGIN"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // registered before the schema: runs after it is dropped
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+				t.Logf("drop role %s: %v", name, err)
+			}
+		})
+	}
+	db := testsvc.NewDB(t)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id serial PRIMARY KEY, note text);
+		CREATE INDEX orders_note_idx ON orders (note);
+		CREATE VIEW open_orders AS SELECT id FROM orders;
+		CREATE FUNCTION order_total(int) RETURNS int LANGUAGE sql AS 'SELECT $1';
+		CREATE TYPE order_state AS ENUM ('open', 'closed');
+		ALTER TABLE orders OWNER TO `+app+`; ALTER VIEW open_orders OWNER TO `+app+`;
+		ALTER FUNCTION order_total(int) OWNER TO `+app+`; ALTER TYPE order_state OWNER TO `+app); err != nil {
+		t.Fatal(err)
+	}
+	ext := ""
+	for _, name := range []string{"citext", "hstore", "pgcrypto"} {
+		// An extension is installed once per database: another test may hold it elsewhere.
+		if _, err := super.Exec(ctx, "CREATE EXTENSION "+name+" SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()); err != nil {
+			t.Logf("CREATE EXTENSION %s: %v", name, err)
+			continue
+		}
+		ext = name
+		break
+	}
+	if ext == "" {
+		t.Log("no extension could be created in the schema (none available, or each installed elsewhere): the extension members part is not checked")
+	}
+	owners := func() map[string]string {
+		t.Helper()
+		rows, err := super.Query(ctx, `
+			SELECT 'relation ' || c.relname, pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.relnamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'routine ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', pg_get_userbyid(p.proowner)
+			  FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'type ' || t.typname, pg_get_userbyid(t.typowner) FROM pg_type t WHERE t.typnamespace = $1::regnamespace`, db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		var what, owner string
+		if _, err := pgx.ForEachRow(rows, []any{&what, &owner}, func() error { m[what] = owner; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := owners()
+	code, sql, stderr := cli(t, "migrate", "grants", "--role", "admin", "--schema", db.Schema, "--grantee", admin)
+	if code != 0 {
+		t.Fatalf("grants --role admin: exit %d: %s", code, stderr)
+	}
+	conn, err := super.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	conn.Release()
+	if err != nil {
+		t.Fatalf("grants --role admin: %v\n%s", err, sql)
+	}
+	after := owners()
+	var txoutbox, extMembers int
+	if ext != "" {
+		if err := super.QueryRow(ctx, `SELECT count(*) FROM pg_depend d WHERE d.refclassid = 'pg_extension'::regclass
+			AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = $1) AND d.deptype = 'e'`, ext).Scan(&extMembers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for what, owner := range after {
+		name := what[strings.Index(what, " ")+1:]
+		if strings.HasPrefix(name, "txoutbox_") || strings.HasPrefix(name, "_txoutbox_") {
+			txoutbox++
+			if owner != admin {
+				t.Errorf("%s: owned by %s after the admin grants, want the admin role %s", what, owner, admin)
+			}
+		} else if owner != before[what] {
+			t.Errorf("%s: owned by %s after the admin grants, want its owner before, %s: not txoutbox's", what, owner, before[what])
+		}
+	}
+	if txoutbox < 20 || after["relation orders"] != app || after["relation orders_id_seq"] != app || after["routine order_total(integer)"] != app {
+		t.Errorf("the check saw %d txoutbox objects, the application's table, sequence and function owned by %q, %q and %q: want the schema's objects",
+			txoutbox, after["relation orders"], after["relation orders_id_seq"], after["routine order_total(integer)"])
+	}
+	if ext != "" && extMembers == 0 {
+		t.Errorf("extension %s has no members", ext)
+	}
+	if schemaOwner := ""; super.QueryRow(ctx, `SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1`, db.Schema).Scan(&schemaOwner) != nil || schemaOwner != admin {
+		t.Errorf("the schema is owned by %q after the admin grants, want the admin role %s", schemaOwner, admin)
+	}
+}
+
 // A producer login cannot change the state of another service's messages that a producer has
 // no business with (row-level security of `relay migrate grants --role producer`): the forged
 // UPDATE of ready rows to published, or to rolled_back, and of published, dead or rolled back
