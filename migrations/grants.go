@@ -1,6 +1,8 @@
 package migrations
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -149,15 +151,48 @@ GRANT %[2]s TO %[3]s;
 `
 
 // consumerRows is the row-level security of a consumer table (%[1]s): non-members of
-// ConsumerRowsRole (the literal %[2]s) keep every row; the policy %[3]s gives the grantee %[4]s
-// the rows of the consumer names %[5]s (a text[] expression).
+// ConsumerRowsRole (the literal %[2]s) keep every row; the grantee's own policy (policySQL)
+// gives it the rows of its consumer names.
 const consumerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
 CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
   WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
-DROP POLICY IF EXISTS %[3]s ON %[1]s;
-CREATE POLICY %[3]s ON %[1]s TO %[4]s USING (consumer = ANY (%[5]s)) WITH CHECK (consumer = ANY (%[5]s));
 `
+
+// policyName is the name of grantee's own policy of a kind (prefix, "txoutbox_relay_" or
+// "txoutbox_consumer_"): the prefix, the start of the role name and a hash of the whole name,
+// at most 63 bytes, so that PostgreSQL does not truncate it and two grantees never share it
+// (before, prefix+grantee was cut at 63 bytes: two long role names with a common start named
+// the same policy, and granting the second dropped the first's).
+func policyName(prefix, grantee string) string {
+	sum := sha256.Sum256([]byte(grantee))
+	h := hex.EncodeToString(sum[:4])
+	keep := maxIdentifier - len(prefix) - 1 - len(h)
+	return prefix + grantee[:min(len(grantee), keep)] + "_" + h
+}
+
+// maxIdentifier is PostgreSQL's identifier length limit, in bytes (NAMEDATALEN - 1).
+const maxIdentifier = 63
+
+// policySQL replaces grantee's policy (named policyName(prefix, grantee)) on table with create
+// (a CREATE POLICY statement missing its name and table: "%s ON %s" is filled in), and drops
+// the policy an earlier version named prefix+grantee (cut at 63 bytes) when it is grantee's
+// alone, so that re-running a grant cleans up; one another grantee shares is left to its own
+// re-run.
+func policySQL(b *strings.Builder, prefix, table, grantee, create string) {
+	name := pgx.Identifier{policyName(prefix, grantee)}.Sanitize()
+	old := prefix + grantee
+	if len(old) > maxIdentifier {
+		old = old[:maxIdentifier]
+	}
+	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+	fmt.Fprintf(b, "DO $txoutbox$BEGIN\n  IF EXISTS (SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s\n"+
+		"             AND polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = %s)]) THEN\n"+
+		"    EXECUTE format('DROP POLICY %%I ON %%s', %s, %s);\n  END IF;\nEND$txoutbox$;\n",
+		lit(table), lit(old), lit(grantee), lit(old), lit(table))
+	fmt.Fprintf(b, "DROP POLICY IF EXISTS %s ON %s;\n", name, table)
+	fmt.Fprintf(b, create+"\n", name, table)
+}
 
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -214,14 +249,12 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
 		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
-		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
-			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, g)
+		policySQL(&b, "txoutbox_relay_", messages, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- Membership rows of the partition leases.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
-		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
-			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, g)
+		policySQL(&b, "txoutbox_relay_", dedup, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
@@ -243,8 +276,10 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 			fmt.Fprintf(&b, "-- Row-level security: the rows of consumers %s only.\n", strings.Join(names, ", "))
 			fmt.Fprintf(&b, consumerRowsRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
 			for _, table := range []string{dedup, t("txoutbox_consumer_key_order")} {
-				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole), pgx.Identifier{"txoutbox_consumer_" + grantee}.Sanitize(), g,
-					"ARRAY["+strings.Join(names, ", ")+"]::text[]")
+				arr := "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
+				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole))
+				policySQL(&b, "txoutbox_consumer_", table, grantee,
+					"CREATE POLICY %s ON %s TO "+g+" USING (consumer = ANY ("+arr+")) WITH CHECK (consumer = ANY ("+arr+"));")
 			}
 		}
 	case RoleAdmin:

@@ -1012,6 +1012,107 @@ func planShape(t *testing.T, plan []byte) string {
 	return b.String()
 }
 
+// Grantees whose names share a long start keep a policy each: two 60-character role names
+// with a common 55-character start, granted the relay and the restricted consumer roles, each
+// have their own policy on every table (before, "txoutbox_relay_"+name was cut at 63 bytes to
+// the same name, and granting the second dropped the first's). Re-running a grant leaves one
+// policy per grantee and table, and drops the policy an earlier version named for the grantee.
+func TestGrantPolicyNamesDoNotCollide(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	super, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(super.Close)
+	start := "txo_" + randomSuffix() + "_"
+	start += strings.Repeat("p", 55-len(start))
+	roles := []string{start + "relay", start + "other", "txo_short_" + randomSuffix()}
+	for _, name := range roles {
+		if len(name) != 60 && !strings.HasPrefix(name, "txo_short_") {
+			t.Fatalf("role name %q is %d bytes, want 60", name, len(name))
+		}
+		t.Cleanup(func() { // registered before the schema: runs after it is dropped
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+				t.Logf("drop role %s: %v", name, err)
+			}
+		})
+	}
+	db := testsvc.NewDB(t)
+	grant := func(args ...string) {
+		t.Helper()
+		code, sql, stderr := cli(t, append([]string{"migrate", "grants", "--schema", db.Schema}, args...)...)
+		if code != 0 {
+			t.Fatalf("grants %v: exit %d: %s", args, code, stderr)
+		}
+		conn, err := super.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if _, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll(); err != nil {
+			t.Fatalf("grants %v: %v\n%s", args, err, sql)
+		}
+	}
+	// policies counts each grantee's policies on a table of the schema.
+	policies := func(table, grantee string) int {
+		t.Helper()
+		var n int
+		if err := super.QueryRow(ctx, `SELECT count(*) FROM pg_policy WHERE polrelid = format('%I.%I', $1::text, $2::text)::regclass
+			AND polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = $3)]`, db.Schema, table, grantee).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// An earlier version's policy of the short grantee, as it named it.
+	short := roles[2]
+	grant("--role", "relay", "--grantee", short)
+	oldName, messages := pgx.Identifier{"txoutbox_relay_" + short}.Sanitize(), pgx.Identifier{db.Schema, "txoutbox_messages"}.Sanitize()
+	if _, err := super.Exec(ctx, fmt.Sprintf(`DROP POLICY IF EXISTS %[1]s ON %[2]s; CREATE POLICY %[1]s ON %[2]s TO %[3]s USING (true)`,
+		oldName, messages, short)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // twice: re-running is idempotent
+		for _, r := range roles[:2] {
+			grant("--role", "relay", "--grantee", r)
+			grant("--role", "consumer", "--consumers", "billing", "--grantee", r)
+		}
+		grant("--role", "relay", "--grantee", short)
+		for i, r := range roles {
+			// The long names are relays and consumers (two policies on the dedup table), the
+			// short one a relay.
+			want := map[string]int{"txoutbox_messages": 1, "txoutbox_consumer_dedup": 2, "txoutbox_consumer_key_order": 1}
+			if i == 2 {
+				want = map[string]int{"txoutbox_messages": 1, "txoutbox_consumer_dedup": 1, "txoutbox_consumer_key_order": 0}
+			}
+			for table, w := range want {
+				if n := policies(table, r); n != w {
+					t.Errorf("%s has %d policies on %s after its grants, want %d", r, n, table, w)
+				}
+			}
+		}
+	}
+	// Each of the long names still does its job: the relay reads every message.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('billing', 'k1'), ('shipping', 'k2')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range roles[:2] {
+		var n int
+		err := pgx.BeginFunc(ctx, super, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+r); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{db.Schema, "txoutbox_consumer_dedup"}.Sanitize()).Scan(&n)
+		})
+		if err != nil || n != 2 {
+			t.Errorf("%s (relay and consumer of billing) reads %d dedup rows (%v), want 2: its relay policy is gone", r, n, err)
+		}
+	}
+}
+
 // `relay migrate grants --role consumer --consumers billing` limits a consumer login to the
 // dedup and key-order rows of consumer billing: another consumer's rows are invisible to it
 // (it cannot learn what shipping processed, nor change its key order) and writing one is
