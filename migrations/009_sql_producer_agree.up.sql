@@ -23,6 +23,10 @@
 --     key (txoutbox_cancel_biz_key, _reschedule_biz_key) is refused with TX008 naming the
 --     argument, and a business key is validated as CancelBizKeyTx validates it (TX002), before
 --     the delivery time.
+--   * txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key find the rows' ids in a sub-select,
+--     then update by id: under the producer grants' row-level security the business key index
+--     was unusable in the UPDATE's own condition (its jsonb operators are not leakproof), so a
+--     producer login scanned the whole table.
 
 -- Whether d is a delivery time outbox.Message.DeliverAt accepts, 1970-01-01T00:00:00Z to
 -- 9999-12-31T23:59:59Z (txoutbox_check_deliver_at refuses the others); NULL, none, is valid.
@@ -552,7 +556,11 @@ $fn$;
 -- The business key forms: NULL is refused (TX008), an empty or invalid business key too
 -- (TX002, as CancelBizKeyTx and RescheduleBizKeyTx refuse it with ErrInvalidKey), before the
 -- delivery time. A reschedule records its time in settled_at, as RescheduleTx does (the
--- relay's lateness counts from the later of the delivery time and that time).
+-- relay's lateness counts from the later of the delivery time and that time). The rows are
+-- found by a sub-select, then updated by id, as CancelBizKeyTx and RescheduleBizKeyTx do: for
+-- a producer login under row-level security (`relay migrate grants --role producer`) the
+-- UPDATE's own condition on the business key could not use its index (the jsonb operators are
+-- not leakproof) and would scan the whole table.
 CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -573,7 +581,10 @@ BEGIN
     END IF;
     WITH d AS (
         UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
-        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key AND m.state = 'scheduled'
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
         RETURNING m.message_id
     )
     SELECT array_agg(d.message_id) INTO ids FROM d;
@@ -606,7 +617,10 @@ BEGIN
     PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
     WITH u AS (
         UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
-        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key AND m.state = 'scheduled'
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
         RETURNING m.message_id
     )
     SELECT array_agg(u.message_id) INTO ids FROM u;

@@ -1,6 +1,8 @@
 package migrations
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -24,9 +26,10 @@ const (
 	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
 	// each key's applied sequence. It cannot touch the outbox.
 	RoleConsumer = "consumer"
-	// RoleAdmin owns the schema and every object in it (tables, functions, sequences, views,
-	// types): it migrates (relay migrate up/down), runs every admin command and grants the
-	// other roles.
+	// RoleAdmin owns the schema and txoutbox's objects in it (the txoutbox_* tables, functions,
+	// sequences, views and types, version tables included), not the application's objects nor
+	// any extension's: it migrates (relay migrate up/down), runs every admin command and grants
+	// the other roles.
 	RoleAdmin = "admin"
 )
 
@@ -51,28 +54,37 @@ type GrantOptions struct {
 	Consumers []string
 }
 
-// adminOwnership gives every object of a schema (%[1]s, a literal) to a role (%[2]s, a
-// literal): relations by their kind (tables carry their indexes, identity sequences and row
-// types; sequences owned by a column go with their table), routines, and the types that are
-// not a relation's row type, an array or a range's multirange.
+// adminOwnership gives txoutbox's own objects of a schema (%[1]s, a literal) to a role (%[2]s,
+// a literal): the relations, routines and types named txoutbox_*, and the version tables the
+// migrations runner keeps or reads as txoutbox's own (%[3]s, a name[] expression); never a
+// member of an extension, nor any other object of the schema (the application's tables and
+// functions, an extension's functions in public, golang-migrate's or goose's default version
+// table, which may be the application's: relay migrate leaves a schema those tools manage to
+// them). Relations by their kind (tables carry their indexes, identity
+// sequences and row types; sequences owned by a column go with their table), routines, and
+// the types that are not a relation's row type, an array or a range's multirange.
 const adminOwnership = `DO $txoutbox$DECLARE r record;
 BEGIN
   FOR r IN SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
                   WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, n.nspname, c.relname, %[2]s) AS stmt
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+             AND (c.relname LIKE 'txoutbox\_%%' OR c.relname = ANY (%[3]s))
              AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
                       AND d.objid = c.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
          UNION ALL
          SELECT format('ALTER %%s %%s OWNER TO %%I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
                   p.oid::regprocedure, %[2]s)
            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-           WHERE n.nspname = %[1]s
+           WHERE n.nspname = %[1]s AND p.proname LIKE 'txoutbox\_%%'
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
          UNION ALL
          SELECT format('ALTER %%s %%I.%%I OWNER TO %%I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, n.nspname, t.typname, %[2]s)
            FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0
+           WHERE n.nspname = %[1]s AND t.typtype IN ('c', 'd', 'e', 'r') AND t.typelem = 0 AND t.typname LIKE 'txoutbox\_%%'
              AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+             AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_type'::regclass AND d.objid = t.oid AND d.deptype = 'e')
   LOOP
     EXECUTE r.stmt;
   END LOOP;
@@ -139,15 +151,48 @@ GRANT %[2]s TO %[3]s;
 `
 
 // consumerRows is the row-level security of a consumer table (%[1]s): non-members of
-// ConsumerRowsRole (the literal %[2]s) keep every row; the policy %[3]s gives the grantee %[4]s
-// the rows of the consumer names %[5]s (a text[] expression).
+// ConsumerRowsRole (the literal %[2]s) keep every row; the grantee's own policy (policySQL)
+// gives it the rows of its consumer names.
 const consumerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
 CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
   WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
-DROP POLICY IF EXISTS %[3]s ON %[1]s;
-CREATE POLICY %[3]s ON %[1]s TO %[4]s USING (consumer = ANY (%[5]s)) WITH CHECK (consumer = ANY (%[5]s));
 `
+
+// policyName is the name of grantee's own policy of a kind (prefix, "txoutbox_relay_" or
+// "txoutbox_consumer_"): the prefix, the start of the role name and a hash of the whole name,
+// at most 63 bytes, so that PostgreSQL does not truncate it and two grantees never share it
+// (before, prefix+grantee was cut at 63 bytes: two long role names with a common start named
+// the same policy, and granting the second dropped the first's).
+func policyName(prefix, grantee string) string {
+	sum := sha256.Sum256([]byte(grantee))
+	h := hex.EncodeToString(sum[:4])
+	keep := maxIdentifier - len(prefix) - 1 - len(h)
+	return prefix + grantee[:min(len(grantee), keep)] + "_" + h
+}
+
+// maxIdentifier is PostgreSQL's identifier length limit, in bytes (NAMEDATALEN - 1).
+const maxIdentifier = 63
+
+// policySQL replaces grantee's policy (named policyName(prefix, grantee)) on table with create
+// (a CREATE POLICY statement missing its name and table: "%s ON %s" is filled in), and drops
+// the policy an earlier version named prefix+grantee (cut at 63 bytes) when it is grantee's
+// alone, so that re-running a grant cleans up; one another grantee shares is left to its own
+// re-run.
+func policySQL(b *strings.Builder, prefix, table, grantee, create string) {
+	name := pgx.Identifier{policyName(prefix, grantee)}.Sanitize()
+	old := prefix + grantee
+	if len(old) > maxIdentifier {
+		old = old[:maxIdentifier]
+	}
+	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+	fmt.Fprintf(b, "DO $txoutbox$BEGIN\n  IF EXISTS (SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s\n"+
+		"             AND polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = %s)]) THEN\n"+
+		"    EXECUTE format('DROP POLICY %%I ON %%s', %s, %s);\n  END IF;\nEND$txoutbox$;\n",
+		lit(table), lit(old), lit(grantee), lit(old), lit(table))
+	fmt.Fprintf(b, "DROP POLICY IF EXISTS %s ON %s;\n", name, table)
+	fmt.Fprintf(b, create+"\n", name, table)
+}
 
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -204,14 +249,12 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
 		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
-		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
-			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), messages, g)
+		policySQL(&b, "txoutbox_relay_", messages, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- Membership rows of the partition leases.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
-		fmt.Fprintf(&b, "DROP POLICY IF EXISTS %s ON %s;\nCREATE POLICY %s ON %s TO %s USING (true) WITH CHECK (true);\n",
-			pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, pgx.Identifier{"txoutbox_relay_" + grantee}.Sanitize(), dedup, g)
+		policySQL(&b, "txoutbox_relay_", dedup, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
@@ -233,16 +276,19 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 			fmt.Fprintf(&b, "-- Row-level security: the rows of consumers %s only.\n", strings.Join(names, ", "))
 			fmt.Fprintf(&b, consumerRowsRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
 			for _, table := range []string{dedup, t("txoutbox_consumer_key_order")} {
-				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole), pgx.Identifier{"txoutbox_consumer_" + grantee}.Sanitize(), g,
-					"ARRAY["+strings.Join(names, ", ")+"]::text[]")
+				arr := "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
+				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole))
+				policySQL(&b, "txoutbox_consumer_", table, grantee,
+					"CREATE POLICY %s ON %s TO "+g+" USING (consumer = ANY ("+arr+")) WITH CHECK (consumer = ANY ("+arr+"));")
 			}
 		}
 	case RoleAdmin:
-		b.WriteString("-- The admin owns the schema and every object in it (tables with their indexes and identity\n")
-		b.WriteString("-- sequences, functions, and any view, sequence or type): it migrates up and down (a migration\n")
-		b.WriteString("-- replaces or drops functions, which only their owner may), and runs every admin command.\n")
+		b.WriteString("-- The admin owns the schema and txoutbox's objects in it (the txoutbox_* tables with their\n")
+		b.WriteString("-- indexes and sequences, functions, views and types, txoutbox's version tables), not the\n")
+		b.WriteString("-- application's objects nor an extension's: it migrates up and down (a migration replaces\n")
+		b.WriteString("-- or drops functions, which only their owner may), and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)
-		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee))
+		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee), "ARRAY["+lit(VersionTable)+", "+lit(OwnGolangMigrateTable)+", "+lit(OwnGooseTable)+"]::name[]")
 	default:
 		return "", fmt.Errorf("%w (got %q)", ErrUnknownRole, role)
 	}

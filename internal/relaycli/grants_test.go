@@ -2,6 +2,7 @@ package relaycli
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -504,6 +506,122 @@ func TestAdminRoleMigratesUpAndDown(t *testing.T) {
 	}
 }
 
+// `relay migrate grants --role admin` gives the admin role txoutbox's own objects of the
+// schema and nothing else: in a schema shared with the application (its table with a serial
+// sequence and an index, a view, a function, an enum, all owned by an application role) and
+// with an extension's members (citext, or another contrib extension, in that schema), every
+// txoutbox_* relation, routine and type becomes the admin's, every other object keeps its
+// owner.
+func TestAdminRoleOwnsOnlyTxoutboxObjects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	super, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(super.Close)
+	suffix := randomSuffix()
+	admin, app := "txo_admin_"+suffix, "txo_app_"+suffix
+	for _, name := range []string{admin, app} {
+		if _, err := super.Exec(ctx, "CREATE ROLE "+name+" NOLOGIN"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // registered before the schema: runs after it is dropped
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+				t.Logf("drop role %s: %v", name, err)
+			}
+		})
+	}
+	db := testsvc.NewDB(t)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id serial PRIMARY KEY, note text);
+		CREATE INDEX orders_note_idx ON orders (note);
+		CREATE VIEW open_orders AS SELECT id FROM orders;
+		CREATE FUNCTION order_total(int) RETURNS int LANGUAGE sql AS 'SELECT $1';
+		CREATE TYPE order_state AS ENUM ('open', 'closed');
+		ALTER TABLE orders OWNER TO `+app+`; ALTER VIEW open_orders OWNER TO `+app+`;
+		ALTER FUNCTION order_total(int) OWNER TO `+app+`; ALTER TYPE order_state OWNER TO `+app); err != nil {
+		t.Fatal(err)
+	}
+	ext := ""
+	for _, name := range []string{"citext", "hstore", "pgcrypto"} {
+		// An extension is installed once per database: another test may hold it elsewhere.
+		if _, err := super.Exec(ctx, "CREATE EXTENSION "+name+" SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()); err != nil {
+			t.Logf("CREATE EXTENSION %s: %v", name, err)
+			continue
+		}
+		ext = name
+		break
+	}
+	if ext == "" {
+		t.Log("no extension could be created in the schema (none available, or each installed elsewhere): the extension members part is not checked")
+	}
+	owners := func() map[string]string {
+		t.Helper()
+		rows, err := super.Query(ctx, `
+			SELECT 'relation ' || c.relname, pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.relnamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'routine ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', pg_get_userbyid(p.proowner)
+			  FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'type ' || t.typname, pg_get_userbyid(t.typowner) FROM pg_type t WHERE t.typnamespace = $1::regnamespace`, db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		var what, owner string
+		if _, err := pgx.ForEachRow(rows, []any{&what, &owner}, func() error { m[what] = owner; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := owners()
+	code, sql, stderr := cli(t, "migrate", "grants", "--role", "admin", "--schema", db.Schema, "--grantee", admin)
+	if code != 0 {
+		t.Fatalf("grants --role admin: exit %d: %s", code, stderr)
+	}
+	conn, err := super.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	conn.Release()
+	if err != nil {
+		t.Fatalf("grants --role admin: %v\n%s", err, sql)
+	}
+	after := owners()
+	var txoutbox, extMembers int
+	if ext != "" {
+		if err := super.QueryRow(ctx, `SELECT count(*) FROM pg_depend d WHERE d.refclassid = 'pg_extension'::regclass
+			AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = $1) AND d.deptype = 'e'`, ext).Scan(&extMembers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for what, owner := range after {
+		name := what[strings.Index(what, " ")+1:]
+		if strings.HasPrefix(name, "txoutbox_") || strings.HasPrefix(name, "_txoutbox_") {
+			txoutbox++
+			if owner != admin {
+				t.Errorf("%s: owned by %s after the admin grants, want the admin role %s", what, owner, admin)
+			}
+		} else if owner != before[what] {
+			t.Errorf("%s: owned by %s after the admin grants, want its owner before, %s: not txoutbox's", what, owner, before[what])
+		}
+	}
+	if txoutbox < 20 || after["relation orders"] != app || after["relation orders_id_seq"] != app || after["routine order_total(integer)"] != app {
+		t.Errorf("the check saw %d txoutbox objects, the application's table, sequence and function owned by %q, %q and %q: want the schema's objects",
+			txoutbox, after["relation orders"], after["relation orders_id_seq"], after["routine order_total(integer)"])
+	}
+	if ext != "" && extMembers == 0 {
+		t.Errorf("extension %s has no members", ext)
+	}
+	if schemaOwner := ""; super.QueryRow(ctx, `SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1`, db.Schema).Scan(&schemaOwner) != nil || schemaOwner != admin {
+		t.Errorf("the schema is owned by %q after the admin grants, want the admin role %s", schemaOwner, admin)
+	}
+}
+
 // A producer login cannot change the state of another service's messages that a producer has
 // no business with (row-level security of `relay migrate grants --role producer`): the forged
 // UPDATE of ready rows to published, or to rolled_back, and of published, dead or rolled back
@@ -676,6 +794,167 @@ func TestProducerRowSecurityLeavesRelayPlans(t *testing.T) {
 	}
 }
 
+// A producer login cancels and reschedules by business key through the business key index,
+// as the owner does, not by a scan of the whole outbox: under the producer grants' row-level
+// security an UPDATE's own condition uses an index only if its functions are leakproof, and
+// the business key expression's (jsonb -> and ->>) are not. Each form (CancelBizKeyTx,
+// RescheduleBizKeyTx, their database/sql twins, txoutbox_cancel_biz_key and
+// txoutbox_reschedule_biz_key) runs as the producer role with sequential scans disabled (so
+// that the planner picks an index whenever one can serve, on this small table), then the
+// transaction's own table statistics must show that it read about the key's 6 rows of 600,
+// not the whole table (a Seq Scan) nor the whole partial index of scheduled rows (the business
+// key index with no condition on the key, the plan a producer got before); and EXPLAIN of the
+// Go statement as that role shows the business key as the index's condition.
+func TestProducerBizKeyUsesIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		var msgs []outbox.Message
+		for i := range 600 {
+			msgs = append(msgs, outbox.Message{Subject: "orders.remind", BizKey: "order-" + strconv.Itoa(i%100), DeliverAt: later, Payload: []byte("p")})
+		}
+		_, err := client.EnqueueTx(ctx, tx, msgs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `ANALYZE txoutbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	producer := lp.poolOf(migrations.RoleProducer)
+	sqlDB := stdlib.OpenDBFromPool(producer)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	// The rows of txoutbox_messages read by sequential scans and fetched through indexes, not
+	// yet flushed to the statistics (the current transaction's, and the session's earlier ones
+	// until a flush: read before and after).
+	const readRows = `SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+		WHERE relid = 'txoutbox_messages'::regclass`
+	const most = 4 * 6 // the key's rows, fetched by the sub-select and again by id, and slack
+	// read runs do as the producer role in a transaction it rolls back, and returns the rows of
+	// txoutbox_messages it read.
+	read := func(what string, do func(tx pgx.Tx) error) (n int64) {
+		t.Helper()
+		tx, err := producer.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var before int64
+		if err := tx.QueryRow(ctx, readRows).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+			t.Fatal(err)
+		}
+		if err := do(tx); err != nil {
+			t.Fatalf("%s as the producer role: %v", what, err)
+		}
+		if err := tx.QueryRow(ctx, readRows).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n - before
+	}
+	forms := []struct {
+		name string
+		do   func(tx pgx.Tx) error
+	}{
+		{"CancelBizKeyTx", func(tx pgx.Tx) error {
+			ids, err := client.CancelBizKeyTx(ctx, tx, "order-1")
+			if err == nil && len(ids) != 6 {
+				err = fmt.Errorf("cancelled %d messages, want 6", len(ids))
+			}
+			return err
+		}},
+		{"RescheduleBizKeyTx", func(tx pgx.Tx) error {
+			ids, err := client.RescheduleBizKeyTx(ctx, tx, "order-2", later.Add(time.Hour))
+			if err == nil && len(ids) != 6 {
+				err = fmt.Errorf("rescheduled %d messages, want 6", len(ids))
+			}
+			return err
+		}},
+		{"txoutbox_cancel_biz_key", func(tx pgx.Tx) error {
+			var n int
+			err := tx.QueryRow(ctx, `SELECT cardinality(txoutbox_cancel_biz_key('order-3'))`).Scan(&n)
+			if err == nil && n != 6 {
+				err = fmt.Errorf("cancelled %d messages, want 6", n)
+			}
+			return err
+		}},
+		{"txoutbox_reschedule_biz_key", func(tx pgx.Tx) error {
+			var n int
+			err := tx.QueryRow(ctx, `SELECT cardinality(txoutbox_reschedule_biz_key('order-4', now() + interval '2 hours'))`).Scan(&n)
+			if err == nil && n != 6 {
+				err = fmt.Errorf("rescheduled %d messages, want 6", n)
+			}
+			return err
+		}},
+	}
+	for _, f := range forms {
+		if n := read(f.name, f.do); n > most {
+			t.Errorf("%s as the producer role read %d rows of txoutbox_messages for the key's 6 (of 600), want at most %d: the business key index is not used", f.name, n, most)
+		}
+	}
+	// The database/sql twins run the same statements through a *sql.Tx.
+	for _, f := range []struct {
+		name string
+		do   func(tx *sql.Tx) ([]uuid.UUID, error)
+	}{
+		{"CancelBizKeySQLTx", func(tx *sql.Tx) ([]uuid.UUID, error) { return client.CancelBizKeySQLTx(ctx, tx, "order-5") }},
+		{"RescheduleBizKeySQLTx", func(tx *sql.Tx) ([]uuid.UUID, error) {
+			return client.RescheduleBizKeySQLTx(ctx, tx, "order-6", later.Add(time.Hour))
+		}},
+	} {
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n, before int64
+		if err = tx.QueryRowContext(ctx, readRows).Scan(&before); err == nil {
+			_, err = tx.ExecContext(ctx, `SET LOCAL enable_seqscan = off`)
+		}
+		if err == nil {
+			var ids []uuid.UUID
+			if ids, err = f.do(tx); err == nil && len(ids) != 6 {
+				err = fmt.Errorf("%d messages, want 6", len(ids))
+			}
+		}
+		if err == nil {
+			err = tx.QueryRowContext(ctx, readRows).Scan(&n)
+		}
+		_ = tx.Rollback()
+		if err != nil {
+			t.Fatalf("%s as the producer role: %v", f.name, err)
+		}
+		if n -= before; n > most {
+			t.Errorf("%s as the producer role read %d rows of txoutbox_messages for the key's 6 (of 600), want at most %d: the business key index is not used", f.name, n, most)
+		}
+	}
+	// The plan of the Go statement, as the producer role: the business key index with the key
+	// as its condition, no Seq Scan.
+	var plan []byte
+	if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+			return err
+		}
+		plan, err = store.New(db.Schema).ExplainScheduledBizKey(ctx, tx, "order-7")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	shape := planShape(t, plan)
+	if strings.Contains(shape, "Seq Scan") ||
+		!strings.Contains(shape, "Index Name=txoutbox_messages_scheduled_biz_key_idx Index Cond=(((headers -> 'Txoutbox-Biz-Key'::text) ->> 0) = 'order-7'::text)") {
+		t.Errorf("business key cancel as the producer role: plan\n%s\nwant the business key index with the key as its condition, and no Seq Scan", shape)
+	}
+}
+
 // conjuncts returns a condition's top-level AND terms, sorted: the same conditions whatever
 // order the planner evaluates them in (it orders them by cost within their security level).
 func conjuncts(cond string) string {
@@ -731,6 +1010,107 @@ func planShape(t *testing.T, plan []byte) string {
 	}
 	walk(doc[0].Plan, 0)
 	return b.String()
+}
+
+// Grantees whose names share a long start keep a policy each: two 60-character role names
+// with a common 55-character start, granted the relay and the restricted consumer roles, each
+// have their own policy on every table (before, "txoutbox_relay_"+name was cut at 63 bytes to
+// the same name, and granting the second dropped the first's). Re-running a grant leaves one
+// policy per grantee and table, and drops the policy an earlier version named for the grantee.
+func TestGrantPolicyNamesDoNotCollide(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	super, err := pgxpool.New(ctx, testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(super.Close)
+	start := "txo_" + randomSuffix() + "_"
+	start += strings.Repeat("p", 55-len(start))
+	roles := []string{start + "relay", start + "other", "txo_short_" + randomSuffix()}
+	for _, name := range roles {
+		if len(name) != 60 && !strings.HasPrefix(name, "txo_short_") {
+			t.Fatalf("role name %q is %d bytes, want 60", name, len(name))
+		}
+		t.Cleanup(func() { // registered before the schema: runs after it is dropped
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+				t.Logf("drop role %s: %v", name, err)
+			}
+		})
+	}
+	db := testsvc.NewDB(t)
+	grant := func(args ...string) {
+		t.Helper()
+		code, sql, stderr := cli(t, append([]string{"migrate", "grants", "--schema", db.Schema}, args...)...)
+		if code != 0 {
+			t.Fatalf("grants %v: exit %d: %s", args, code, stderr)
+		}
+		conn, err := super.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if _, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll(); err != nil {
+			t.Fatalf("grants %v: %v\n%s", args, err, sql)
+		}
+	}
+	// policies counts each grantee's policies on a table of the schema.
+	policies := func(table, grantee string) int {
+		t.Helper()
+		var n int
+		if err := super.QueryRow(ctx, `SELECT count(*) FROM pg_policy WHERE polrelid = format('%I.%I', $1::text, $2::text)::regclass
+			AND polroles = ARRAY[(SELECT oid FROM pg_roles WHERE rolname = $3)]`, db.Schema, table, grantee).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// An earlier version's policy of the short grantee, as it named it.
+	short := roles[2]
+	grant("--role", "relay", "--grantee", short)
+	oldName, messages := pgx.Identifier{"txoutbox_relay_" + short}.Sanitize(), pgx.Identifier{db.Schema, "txoutbox_messages"}.Sanitize()
+	if _, err := super.Exec(ctx, fmt.Sprintf(`DROP POLICY IF EXISTS %[1]s ON %[2]s; CREATE POLICY %[1]s ON %[2]s TO %[3]s USING (true)`,
+		oldName, messages, short)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // twice: re-running is idempotent
+		for _, r := range roles[:2] {
+			grant("--role", "relay", "--grantee", r)
+			grant("--role", "consumer", "--consumers", "billing", "--grantee", r)
+		}
+		grant("--role", "relay", "--grantee", short)
+		for i, r := range roles {
+			// The long names are relays and consumers (two policies on the dedup table), the
+			// short one a relay.
+			want := map[string]int{"txoutbox_messages": 1, "txoutbox_consumer_dedup": 2, "txoutbox_consumer_key_order": 1}
+			if i == 2 {
+				want = map[string]int{"txoutbox_messages": 1, "txoutbox_consumer_dedup": 1, "txoutbox_consumer_key_order": 0}
+			}
+			for table, w := range want {
+				if n := policies(table, r); n != w {
+					t.Errorf("%s has %d policies on %s after its grants, want %d", r, n, table, w)
+				}
+			}
+		}
+	}
+	// Each of the long names still does its job: the relay reads every message.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key) VALUES ('billing', 'k1'), ('shipping', 'k2')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range roles[:2] {
+		var n int
+		err := pgx.BeginFunc(ctx, super, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+r); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{db.Schema, "txoutbox_consumer_dedup"}.Sanitize()).Scan(&n)
+		})
+		if err != nil || n != 2 {
+			t.Errorf("%s (relay and consumer of billing) reads %d dedup rows (%v), want 2: its relay policy is gone", r, n, err)
+		}
+	}
 }
 
 // `relay migrate grants --role consumer --consumers billing` limits a consumer login to the

@@ -139,10 +139,18 @@ SELECT count(*) FROM moved`
 	cancel := `UPDATE ` + m + ` SET state = 'rolled_back', settled_by = '` + SettledByCancel + `', settled_at = clock_timestamp()
 WHERE `
 	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
-	s.cancelBiz = cancel + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	// The business key forms find the ids in a sub-select, then update by id: under the
+	// producer grants' row-level security an UPDATE's own condition may use an index only if
+	// its functions are leakproof, which the business key expression's (jsonb -> and ->>) are
+	// not, so `WHERE <biz key> = $1` alone scans the whole table for a producer login; the
+	// sub-select (whose SELECT policy is true) uses the business key index, the UPDATE the
+	// message_id index (uuid = is leakproof).
+	byBizKey := `message_id = ANY (ARRAY(SELECT message_id FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state = 'scheduled'))
+  AND state = 'scheduled' RETURNING message_id`
+	s.cancelBiz = cancel + byBizKey
 	// A reschedule records its time in settled_at (see the top of this file).
 	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE message_id = $1 AND state = 'scheduled'`
-	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + bizKey + ` = $1 AND state = 'scheduled' RETURNING message_id`
+	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + byBizKey
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
 	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
@@ -303,6 +311,14 @@ func (q *Queries) RescheduleScheduled(ctx context.Context, db DBTX, id uuid.UUID
 	}
 	st, err := q.ScheduledState(ctx, db, id)
 	return false, st, err
+}
+
+// ExplainScheduledBizKey returns the plan (EXPLAIN, FORMAT JSON; nothing is changed) of
+// CancelScheduledBizKey for bizKey on db, as its role runs it.
+func (q *Queries) ExplainScheduledBizKey(ctx context.Context, db DBTX, bizKey string) ([]byte, error) {
+	var plan []byte
+	err := db.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sched.cancelBiz, bizKey).Scan(&plan)
+	return plan, err
 }
 
 // CancelScheduledBizKey withdraws every scheduled message whose business key is bizKey and
