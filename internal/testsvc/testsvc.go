@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -239,13 +240,24 @@ func StreamMsgs(tb testing.TB, js jetstream.JetStream, stream string) []*jetstre
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, stream)
+	// A JetStream API request can go unanswered while a cluster's stream leader changes (the
+	// request reaches the leader that just stepped down): ask again, 5 s an attempt, until
+	// the 30 s are up.
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	var err error
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		if s, err = js.Stream(actx, stream); err == nil {
+			info, err = s.Info(actx)
+		}
+		acancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	if err != nil {
 		tb.Fatalf("testsvc: stream %s: %v", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		tb.Fatalf("testsvc: stream info %s: %v", stream, err)
 	}
 	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
