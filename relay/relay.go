@@ -553,9 +553,10 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	return conn, gen, rows, nil
 }
 
-// runOnce claims one batch, publishes it and settles it, without pipelining. It returns how
-// many rows it claimed. Once rows are claimed, cancelling ctx no longer interrupts the batch:
-// it is published and settled (bounded by the publish timeout).
+// runOnce claims one batch, publishes it and settles it, without pipelining: the steps that
+// pipeline overlaps (claim, publish, finish), one after another. It returns how many rows it
+// claimed. Once rows are claimed, cancelling ctx no longer interrupts the batch: it is
+// published and settled (bounded by the publish timeout).
 func (r *Relay) runOnce(ctx context.Context) (int, error) {
 	conn, gen, rows, err := r.claim(ctx, nil)
 	if err != nil || len(rows) == 0 {
