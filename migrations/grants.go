@@ -174,12 +174,12 @@ func policyName(prefix, grantee string) string {
 // maxIdentifier is PostgreSQL's identifier length limit, in bytes (NAMEDATALEN - 1).
 const maxIdentifier = 63
 
-// policySQL replaces grantee's policy (named policyName(prefix, grantee)) on table with create
-// (a CREATE POLICY statement missing its name and table: "%s ON %s" is filled in), and drops
+// policySQL replaces grantee's policy (named policyName(prefix, grantee)) on table with
+// "CREATE POLICY <name> ON <table> <rest>" (rest is SQL text, written as it is), and drops
 // the policy an earlier version named prefix+grantee (cut at 63 bytes) when it is grantee's
 // alone, so that re-running a grant cleans up; one another grantee shares is left to its own
 // re-run.
-func policySQL(b *strings.Builder, prefix, table, grantee, create string) {
+func policySQL(b *strings.Builder, prefix, table, grantee, rest string) {
 	name := pgx.Identifier{policyName(prefix, grantee)}.Sanitize()
 	old := prefix + grantee
 	if len(old) > maxIdentifier {
@@ -191,7 +191,7 @@ func policySQL(b *strings.Builder, prefix, table, grantee, create string) {
 		"    EXECUTE format('DROP POLICY %%I ON %%s', %s, %s);\n  END IF;\nEND$txoutbox$;\n",
 		lit(table), lit(old), lit(grantee), lit(old), lit(table))
 	fmt.Fprintf(b, "DROP POLICY IF EXISTS %s ON %s;\n", name, table)
-	fmt.Fprintf(b, create+"\n", name, table)
+	fmt.Fprintf(b, "CREATE POLICY %s ON %s %s\n", name, table, rest) // rest is text, never a format
 }
 
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -249,12 +249,12 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
 		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
-		policySQL(&b, "txoutbox_relay_", messages, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
+		policySQL(&b, "txoutbox_relay_", messages, grantee, "TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- Membership rows of the partition leases.\n")
 		fmt.Fprintf(&b, "GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s;\n", relays, g)
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
-		policySQL(&b, "txoutbox_relay_", dedup, grantee, "CREATE POLICY %s ON %s TO "+g+" USING (true) WITH CHECK (true);")
+		policySQL(&b, "txoutbox_relay_", dedup, grantee, "TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
@@ -279,7 +279,7 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 				arr := "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
 				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole))
 				policySQL(&b, "txoutbox_consumer_", table, grantee,
-					"CREATE POLICY %s ON %s TO "+g+" USING (consumer = ANY ("+arr+")) WITH CHECK (consumer = ANY ("+arr+"));")
+					"TO "+g+" USING (consumer = ANY ("+arr+")) WITH CHECK (consumer = ANY ("+arr+"));")
 			}
 		}
 	case RoleAdmin:
