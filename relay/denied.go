@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,4 +192,23 @@ func watchPermissions(nc *nats.Conn, d *deniedSubjects) (stop func()) {
 			}
 		})
 	}
+}
+
+// deniedAPI returns an ErrPublishDenied error when the server denied, at or after since, a
+// request of the relay's to the JetStream API ($JS.API.…, or the domain's $JS.<domain>.API.…):
+// the relay's NATS user may not ask JetStream what the relay needs, which no wait fixes.
+func (d *deniedSubjects) deniedAPI(since time.Time) error {
+	if d.n.Load() == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for subj, e := range d.m {
+		if strings.HasPrefix(subj, "$JS.") && strings.Contains(subj, ".API.") && !e.at.Before(since) {
+			return fmt.Errorf("%w: %w: the relay's NATS user may not use the JetStream API (the server said %q): "+
+				"allow it to publish to $JS.API.> (or the domain's $JS.<domain>.API.>) and to receive the replies",
+				ErrPublishDenied, nats.ErrPermissionViolation, e.text)
+		}
+	}
+	return nil
 }

@@ -439,3 +439,62 @@ func TestDeniedSubjectsObserve(t *testing.T) {
 		t.Fatalf("check(acc.ok) after a reply violation = %v", err)
 	}
 }
+
+// A relay whose NATS user may not use the JetStream API ends its start-up stream check with
+// ErrPublishDenied naming the API, instead of waiting for ever for answers that never come
+// (the server drops the requests and says so to the connection's error handler only).
+func TestStartCheckDeniedJetStreamAPIFails(t *testing.T) {
+	t.Parallel()
+	srv, err := embedded.StartNATS(embedded.NATSOptions{StoreDir: t.TempDir(), Configure: func(so *server.Options) {
+		so.Users = []*server.User{
+			{Username: "admin", Password: "admin"},
+			{Username: "relay", Password: "relay", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Deny: []string{"$JS.API.>"}},
+			}},
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	anc, err := nats.Connect(srv.URL(), nats.UserInfo("admin", "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(anc.Close)
+	admin, err := jetstream.New(anc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "ACC", Subjects: []string{"acc.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db := testsvc.NewDB(t)
+	nc, err := nats.Connect(srv.URL(), nats.UserInfo("relay", "relay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := newEventLog()
+	r, err := New(db.Pool, js, &Config{Schema: db.Schema, ID: uuid.NewString()[:8], Subjects: []string{"acc.>"},
+		PublishTimeout: 2 * time.Second, Logger: slog.New(logs), LeaseInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	if !errors.Is(err, ErrPublishDenied) || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "JetStream API") {
+		t.Fatalf("Run = %v, want ErrPublishDenied naming the JetStream API", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run waited until the test's deadline")
+	}
+}

@@ -19,15 +19,24 @@ func (r *Relay) streamCheckTimeout() time.Duration {
 // cannot answer (streamCheckWaitable: timeouts, no responders, a cluster or a stream electing
 // a leader) it waits, logging one warning with the error and one info line once the check
 // passes; an answer that says the configuration is wrong (a missing stream, a short
-// duplicate window, an unusable stream, a refused request) ends it with that error. It
+// duplicate window, an unusable stream, a refused request, a JetStream API request the
+// server denied the relay's NATS user: ErrPublishDenied) ends it with that error. It
 // returns ctx's error when ctx ends while it waits.
 func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 	delay := 100 * time.Millisecond
 	waited := false
 	for {
+		began := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, r.streamCheckTimeout())
 		err := r.CheckStreams(cctx)
 		cancel()
+		if err != nil && streamCheckWaitable(err) {
+			// A request the server refused looks like one unanswered (the refusal reaches
+			// the connection's error handler only): no wait fixes that.
+			if derr := r.denied.deniedAPI(began); derr != nil {
+				err = derr
+			}
+		}
 		switch {
 		case err == nil:
 			if waited {
