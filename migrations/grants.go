@@ -96,10 +96,16 @@ END$txoutbox$;
 // rows a producer settles, cancels or moves, and every other role every row.
 const ProducerRowsRole = "txoutbox_restricted_producers"
 
-// producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s):
-// %[3]s (named by the literal %[2]s) is created if missing and granted to the grantee %[4]s.
-// Members may read every row (their column grants say which columns), insert rows in the
-// states a producer writes, and update only the rows a producer settles or moves: half
+// producerRowsComment introduces producerRows in the SQL Grants writes.
+const producerRowsComment = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
+-- messages, delayed messages, and ready rows its own transaction inserted or settled): not
+-- another service's ready, published, dead or rolled back messages. Other roles see every row.
+`
+
+// producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s),
+// for the members of ProducerRowsRole (%[3]s, named by the literal %[2]s; restrictedRoleSQL
+// creates it and makes the grantee a member). Members may read every row (their column
+// grants say which columns), insert rows in the states a producer writes, and update only the rows a producer settles or moves: half
 // messages (prepared, check_exhausted), delayed ones (scheduled), and ready rows of their own
 // transaction (inserted in it: the SQL functions of migrations 5 and 7 turn a message they
 // just enqueued into a delayed one) or settled since it began (txoutbox_commit turns a
@@ -107,18 +113,7 @@ const ProducerRowsRole = "txoutbox_restricted_producers"
 // rolled_back. Roles that are not members get every row (one permissive policy, whose
 // membership test is evaluated once per statement); the owner and superusers bypass row-level
 // security; relay grantees have a permissive policy of their own (for a login that is both).
-const producerRows = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
--- messages, delayed messages, and ready rows its own transaction inserted or settled): not
--- another service's ready, published, dead or rolled back messages. Other roles see every row.
-DO $txoutbox$BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[2]s) THEN
-    CREATE ROLE %[3]s NOLOGIN;
-  END IF;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN
-  NULL; -- created meanwhile by another session
-END$txoutbox$;
-GRANT %[3]s TO %[4]s;
-ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
+const producerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS txoutbox_unrestricted ON %[1]s;
 CREATE POLICY txoutbox_unrestricted ON %[1]s USING ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')))
   WITH CHECK ((SELECT NOT pg_has_role(%[2]s, 'MEMBER')));
@@ -138,9 +133,10 @@ CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
 // every row of the dedup and key-order tables.
 const ConsumerRowsRole = "txoutbox_restricted_consumers"
 
-// consumerRowsRoleSQL creates ConsumerRowsRole (%[2]s, named by the literal %[1]s) if missing
-// and grants it to the grantee %[3]s.
-const consumerRowsRoleSQL = `DO $txoutbox$BEGIN
+// restrictedRoleSQL creates a NOLOGIN role of row-level security (ProducerRowsRole,
+// ConsumerRowsRole: %[2]s, named by the literal %[1]s) if missing and grants it to the
+// grantee %[3]s.
+const restrictedRoleSQL = `DO $txoutbox$BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[1]s) THEN
     CREATE ROLE %[2]s NOLOGIN;
   END IF;
@@ -243,7 +239,9 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- helpers they call), when the schema has them. They run with the caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
-		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
+		b.WriteString(producerRowsComment)
+		fmt.Fprintf(&b, restrictedRoleSQL, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
+		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize())
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
@@ -274,7 +272,7 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 				names[i] = lit(n)
 			}
 			fmt.Fprintf(&b, "-- Row-level security: the rows of consumers %s only.\n", strings.Join(names, ", "))
-			fmt.Fprintf(&b, consumerRowsRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
+			fmt.Fprintf(&b, restrictedRoleSQL, lit(ConsumerRowsRole), pgx.Identifier{ConsumerRowsRole}.Sanitize(), g)
 			for _, table := range []string{dedup, t("txoutbox_consumer_key_order")} {
 				arr := "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
 				fmt.Fprintf(&b, consumerRows, table, lit(ConsumerRowsRole))
