@@ -33,11 +33,26 @@ type deniedEnv struct {
 
 func newDeniedEnv(t *testing.T) *deniedEnv {
 	t.Helper()
+	_, admin := startDenyingServer(t, "acc.denied")
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &deniedEnv{t: t, db: db, admin: admin, client: c, log: newEventLog()}
+	return e
+}
+
+// startDenyingServer starts a nats-server with an admin user and a relay user denied
+// publishing to deny, creates stream ACC on acc.> as admin, and returns the server's URL and
+// the admin's JetStream.
+func startDenyingServer(t *testing.T, deny ...string) (string, jetstream.JetStream) {
+	t.Helper()
 	srv, err := embedded.StartNATS(embedded.NATSOptions{StoreDir: t.TempDir(), Configure: func(so *server.Options) {
 		so.Users = []*server.User{
 			{Username: "admin", Password: "admin"},
 			{Username: "relay", Password: "relay", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Deny: []string{"acc.denied"}},
+				Publish: &server.SubjectPermission{Deny: deny},
 			}},
 		}
 	}})
@@ -59,13 +74,7 @@ func newDeniedEnv(t *testing.T) *deniedEnv {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	db := testsvc.NewDB(t)
-	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &deniedEnv{t: t, db: db, admin: admin, client: c, log: newEventLog()}
-	return e
+	return srv.URL(), admin
 }
 
 // relay returns a relay connected as the user that may not publish to acc.denied; the
@@ -445,34 +454,9 @@ func TestDeniedSubjectsObserve(t *testing.T) {
 // (the server drops the requests and says so to the connection's error handler only).
 func TestStartCheckDeniedJetStreamAPIFails(t *testing.T) {
 	t.Parallel()
-	srv, err := embedded.StartNATS(embedded.NATSOptions{StoreDir: t.TempDir(), Configure: func(so *server.Options) {
-		so.Users = []*server.User{
-			{Username: "admin", Password: "admin"},
-			{Username: "relay", Password: "relay", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Deny: []string{"$JS.API.>"}},
-			}},
-		}
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	anc, err := nats.Connect(srv.URL(), nats.UserInfo("admin", "admin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(anc.Close)
-	admin, err := jetstream.New(anc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: "ACC", Subjects: []string{"acc.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	url, _ := startDenyingServer(t, "$JS.API.>")
 	db := testsvc.NewDB(t)
-	nc, err := nats.Connect(srv.URL(), nats.UserInfo("relay", "relay"))
+	nc, err := nats.Connect(url, nats.UserInfo("relay", "relay"))
 	if err != nil {
 		t.Fatal(err)
 	}
