@@ -37,14 +37,16 @@ var (
 	// printable come escaped (a subject may hold them: outbox.ValidateSubject allows them).
 	deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to ("(?:[^"\\]|\\.)*")`)
 	deniedReplyRe   = regexp.MustCompile(`(?i)permissions violation for publish with reply of "(?:[^"\\]|\\.)*"`)
+	deniedSubRe     = regexp.MustCompile(`(?i)permissions violation for subscription to ("(?:[^"\\]|\\.)*")`)
 )
 
 // deniedSubjects records the permission violations the server reported on the relay's
 // connection: by subject, and for the relay's reply subjects (which deny every publish).
 type deniedSubjects struct {
+	inbox  string       // the connection's inbox prefix: a subscription denied under it denies every PubAck
 	n      atomic.Int32 // violations seen; read without the lock on the publish path
 	mu     sync.Mutex
-	m      map[string]deniedAt // subject → the last violation; "" for a reply subject
+	m      map[string]deniedAt // subject → the last violation; "" for the replies (publishing with one, or subscribing to the inbox)
 	notify chan struct{}       // closed (and replaced) at every violation
 }
 
@@ -77,7 +79,15 @@ func (d *deniedSubjects) observe(err error) {
 		}
 		subj = u
 	} else if deniedReplyRe.FindStringSubmatch(text) == nil {
-		return // a subscribe violation
+		// A subscription: the relay's only if it is to the connection's inbox, where the
+		// PubAcks and JetStream's answers come back (denied, none ever arrives).
+		m := deniedSubRe.FindStringSubmatch(text)
+		if m == nil || d.inbox == "" {
+			return
+		}
+		if u, err := strconv.Unquote(m[1]); err != nil || !strings.HasPrefix(u, d.inbox) {
+			return
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -125,9 +135,9 @@ func (d *deniedSubjects) check(subj string, since time.Time) error {
 			ErrPublishDenied, nats.ErrPermissionViolation, subj, e.text)
 	}
 	if e, ok := d.m[""]; ok && !e.at.Before(since) {
-		return fmt.Errorf("%w: %w: the relay's NATS user may not publish with a reply subject, which JetStream's PubAck needs "+
-			"(the server said %q; publishing to %q); allow the user's replies (allow_responses) or its _INBOX subjects",
-			ErrPublishDenied, nats.ErrPermissionViolation, e.text, subj)
+		return fmt.Errorf("%w: %w: the relay's NATS user may not use the reply subjects JetStream's PubAcks come back on "+
+			"(the server said %q; publishing to %q); allow it to publish with replies and to subscribe to its inbox (%s.>)",
+			ErrPublishDenied, nats.ErrPermissionViolation, e.text, subj, d.inboxOr())
 	}
 	return nil
 }
@@ -204,6 +214,10 @@ func (d *deniedSubjects) deniedAPI(since time.Time) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for subj, e := range d.m {
+		if subj == "" && !e.at.Before(since) {
+			return fmt.Errorf("%w: %w: the relay's NATS user may not use the reply subjects JetStream answers on (the server said %q): "+
+				"allow it to publish with replies and to subscribe to its inbox (%s.>)", ErrPublishDenied, nats.ErrPermissionViolation, e.text, d.inboxOr())
+		}
 		if strings.HasPrefix(subj, "$JS.") && strings.Contains(subj, ".API.") && !e.at.Before(since) {
 			return fmt.Errorf("%w: %w: the relay's NATS user may not use the JetStream API (the server said %q): "+
 				"allow it to publish to $JS.API.> (or the domain's $JS.<domain>.API.>) and to receive the replies",
@@ -211,4 +225,24 @@ func (d *deniedSubjects) deniedAPI(since time.Time) error {
 		}
 	}
 	return nil
+}
+
+// inboxOr is the connection's inbox prefix, or nats.go's default.
+func (d *deniedSubjects) inboxOr() string {
+	if d.inbox == "" {
+		return strings.TrimSuffix(nats.InboxPrefix, ".")
+	}
+	return d.inbox
+}
+
+// inboxPrefix is nc's inbox prefix (nats.CustomInboxPrefix, else nats.go's _INBOX), "" without
+// a connection.
+func inboxPrefix(nc *nats.Conn) string {
+	if nc == nil {
+		return ""
+	}
+	if p := nc.Opts.InboxPrefix; p != "" {
+		return strings.TrimSuffix(p, ".")
+	}
+	return strings.TrimSuffix(nats.InboxPrefix, ".")
 }

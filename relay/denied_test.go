@@ -33,7 +33,7 @@ type deniedEnv struct {
 
 func newDeniedEnv(t *testing.T) *deniedEnv {
 	t.Helper()
-	_, admin := startDenyingServer(t, "acc.denied")
+	_, admin := startDenyingServer(t, &server.Permissions{Publish: &server.SubjectPermission{Deny: []string{"acc.denied"}}})
 	db := testsvc.NewDB(t)
 	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
 	if err != nil {
@@ -43,17 +43,15 @@ func newDeniedEnv(t *testing.T) *deniedEnv {
 	return e
 }
 
-// startDenyingServer starts a nats-server with an admin user and a relay user denied
-// publishing to deny, creates stream ACC on acc.> as admin, and returns the server's URL and
+// startDenyingServer starts a nats-server with an admin user and a relay user with perms,
+// creates stream ACC on acc.> as admin, and returns the server's URL and
 // the admin's JetStream.
-func startDenyingServer(t *testing.T, deny ...string) (string, jetstream.JetStream) {
+func startDenyingServer(t *testing.T, perms *server.Permissions) (string, jetstream.JetStream) {
 	t.Helper()
 	srv, err := embedded.StartNATS(embedded.NATSOptions{StoreDir: t.TempDir(), Configure: func(so *server.Options) {
 		so.Users = []*server.User{
 			{Username: "admin", Password: "admin"},
-			{Username: "relay", Password: "relay", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Deny: deny},
-			}},
+			{Username: "relay", Password: "relay", Permissions: perms},
 		}
 	}})
 	if err != nil {
@@ -449,36 +447,67 @@ func TestDeniedSubjectsObserve(t *testing.T) {
 	}
 }
 
-// A relay whose NATS user may not use the JetStream API ends its start-up stream check with
-// ErrPublishDenied naming the API, instead of waiting for ever for answers that never come
-// (the server drops the requests and says so to the connection's error handler only).
+// A relay whose NATS user may not use the JetStream API, or may not receive its answers (a
+// subscription to its inbox denied), ends its start-up stream check with ErrPublishDenied
+// naming what is denied, instead of waiting for ever for answers that never come (the server
+// drops the requests, or the replies, and says so to the connection's error handler only).
 func TestStartCheckDeniedJetStreamAPIFails(t *testing.T) {
 	t.Parallel()
-	url, _ := startDenyingServer(t, "$JS.API.>")
-	db := testsvc.NewDB(t)
-	nc, err := nats.Connect(url, nats.UserInfo("relay", "relay"))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		perms *server.Permissions
+		want  string
+	}{
+		{"API", &server.Permissions{Publish: &server.SubjectPermission{Deny: []string{"$JS.API.>"}}}, "JetStream API"},
+		{"inbox", &server.Permissions{Subscribe: &server.SubjectPermission{Deny: []string{"_INBOX.>"}}}, "reply subjects"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url, _ := startDenyingServer(t, tc.perms)
+			db := testsvc.NewDB(t)
+			nc, err := nats.Connect(url, nats.UserInfo("relay", "relay"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(db.Pool, js, &Config{Schema: db.Schema, ID: uuid.NewString()[:8], Subjects: []string{"acc.>"},
+				PublishTimeout: 2 * time.Second, Logger: slog.New(newEventLog()), LeaseInterval: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(r.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err = r.Run(ctx)
+			if !errors.Is(err, ErrPublishDenied) || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run = %v, want ErrPublishDenied naming the %s", err, tc.want)
+			}
+			if ctx.Err() != nil {
+				t.Fatal("Run waited until the test's deadline")
+			}
+		})
 	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// Only a subscription under the connection's inbox denies the relay's PubAcks: another
+// subscription the server refuses on a shared connection is not the relay's.
+func TestDeniedInboxSubscription(t *testing.T) {
+	t.Parallel()
+	d := deniedSubjects{inbox: "_INBOX"}
+	before := time.Now()
+	d.observe(errors.Join(nats.ErrPermissionViolation, errors.New(`Permissions Violation for Subscription to "orders.>"`)))
+	if err := d.check("acc.ok", before); err != nil || d.deniedAPI(before) != nil {
+		t.Fatalf("another subscription's violation denies the relay's publishes: %v", err)
 	}
-	logs := newEventLog()
-	r, err := New(db.Pool, js, &Config{Schema: db.Schema, ID: uuid.NewString()[:8], Subjects: []string{"acc.>"},
-		PublishTimeout: 2 * time.Second, Logger: slog.New(logs), LeaseInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
+	d.observe(errors.Join(nats.ErrPermissionViolation, errors.New(`Permissions Violation for Subscription to "_INBOX.abc.*"`)))
+	if err := d.check("acc.ok", before); !errors.Is(err, ErrPublishDenied) || !strings.Contains(err.Error(), "_INBOX.>") {
+		t.Fatalf("check after the inbox subscription was denied = %v, want ErrPublishDenied naming _INBOX.>", err)
 	}
-	t.Cleanup(r.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = r.Run(ctx)
-	if !errors.Is(err, ErrPublishDenied) || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "JetStream API") {
-		t.Fatalf("Run = %v, want ErrPublishDenied naming the JetStream API", err)
-	}
-	if ctx.Err() != nil {
-		t.Fatal("Run waited until the test's deadline")
+	if err := d.deniedAPI(before); !errors.Is(err, ErrPublishDenied) {
+		t.Fatalf("deniedAPI after the inbox subscription was denied = %v", err)
 	}
 }

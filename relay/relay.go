@@ -206,6 +206,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
+	r.denied.inbox = inboxPrefix(js.Conn())
 	r.unwatch = watchPermissions(js.Conn(), &r.denied)
 	return r, nil
 }
