@@ -219,20 +219,37 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 }
 
 // uncheckedErr is the failure of a `checkback --once` that left half messages due for a check
-// unchecked (NATS did not answer, or the pass ran out of time): a cron job must see it. Nothing
-// due is not a failure, whether NATS answers or not.
+// without an answer from their checker, so that a cron job sees it: rows given back unchecked
+// (NATS did not answer, or the pass ran out of time), and checks nobody answered (no
+// responders: no checker serves the group; a timeout) or answered with an error or a malformed
+// reply. An UNKNOWN answer is an answer (the producer does not know yet) and fails nothing;
+// nothing due is not a failure, whether NATS answers or not.
 func uncheckedErr(rep *checkback.Report, c *conns) error {
-	if rep == nil || rep.Resolve.Released == 0 {
+	if rep == nil {
 		return nil
 	}
-	why := "the pass ran out of time (see --check-request-timeout, --check-group-concurrency and --check-group-rate)"
-	if !c.NC.IsConnected() {
-		why = "NATS at " + redact.DSN(c.NATSURL) + " does not answer"
-		if err := c.NATSDown; err != nil {
-			why += " (" + err.Error() + ")"
+	if n := rep.Resolve.Released; n > 0 {
+		why := "the pass ran out of time (see --check-request-timeout, --check-group-concurrency and --check-group-rate)"
+		if !c.NC.IsConnected() {
+			why = "NATS at " + redact.DSN(c.NATSURL) + " does not answer"
+			if err := c.NATSDown; err != nil {
+				why += " (" + err.Error() + ")"
+			}
+		}
+		return fmt.Errorf("could not check %d half message(s) due for a check: %s; they stay prepared, to be checked at a later run", n, why)
+	}
+	var parts []string
+	failed := 0
+	for _, o := range []string{checkback.OutcomeNoResponders, checkback.OutcomeTimeout, checkback.OutcomeError, checkback.OutcomeMalformed} {
+		if n := rep.Resolve.Checks[o]; n > 0 {
+			failed += n
+			parts = append(parts, fmt.Sprintf("%s %d", o, n))
 		}
 	}
-	return fmt.Errorf("could not check %d half message(s) due for a check: %s; they stay prepared, to be checked at a later run", rep.Resolve.Released, why)
+	if failed == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d check(s) of half messages got no answer from their checker (%s): no checker serves the group (no_responders), it did not reply in --check-request-timeout (timeout), or it failed (error, malformed); each counts a check, and the rows stay prepared, to be asked again at a later run until --check-max", failed, strings.Join(parts, ", "))
 }
 
 // printReport prints what one run of each job did.

@@ -45,8 +45,9 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 
 	vars["TXOUTBOX_CHECK_MAX"] = "1" // settings come from the environment too
 	code, out, errOut := cliEnv(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--log-level", "error")
-	if code != 0 {
-		t.Fatalf("checkback --once: exit %d: %s", code, errOut)
+	// A check nobody answered fails the run, so that a cron job sees it.
+	if code != 1 || !strings.Contains(errOut, "1 check(s) of half messages got no answer from their checker (no_responders 1)") {
+		t.Fatalf("checkback --once with no checker: exit %d, want 1 naming no_responders:\n%s", code, errOut)
 	}
 	for _, want := range []string{"fenced 1", "no_responders 1", "exhausted 1", "prepared: 1, check_exhausted: 1", "purge:"} {
 		if !strings.Contains(out, want) {

@@ -1,12 +1,15 @@
 package relaycli
 
 import (
+	"errors"
+
 	"context"
 	"strings"
 	"testing"
 
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
 // `relay checkback --once` with NATS down fails when a half message was due for a check (a
@@ -75,5 +78,53 @@ func TestCheckbackOnceScheduleOffWithSpaces(t *testing.T) {
 	}
 	if state != "prepared" {
 		t.Fatalf("the row is %s, want prepared (the resolve job is off)", state)
+	}
+}
+
+// `relay checkback --once` with NATS up fails exactly when a due check got no answer from its
+// checker: an UNKNOWN answer is an answer (exit 0), a checker that fails (error) or nobody
+// serving the group (no_responders, covered in TestCheckbackAndPreparedCommands) is not.
+func TestCheckbackOnceFailsOnUnansweredChecks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testsvc.NewNATS(t)
+	for _, tc := range []struct {
+		answer  outbox.LocalState
+		err     error
+		code    int
+		outcome string
+	}{
+		{answer: outbox.StateUnknown, code: 0, outcome: "unknown 1"},
+		{err: errors.New("the ledger is down"), code: 1, outcome: "error 1"},
+	} {
+		db := testsvc.NewDB(t)
+		id, err := checker.OutboxIdentity(ctx, db.Pool, db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := checker.Serve(n.Conn, "orders", func(context.Context, checker.Request) (outbox.LocalState, error) {
+			return tc.answer, tc.err
+		}, &checker.Config{Outbox: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created"}, &outbox.PrepareOptions{Group: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+		vars := map[string]string{"DATABASE_URL": db.DSN, "NATS_URL": n.URL(), "TXOUTBOX_SCHEMA": db.Schema}
+		code, out, errOut := cliEnv(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--log-level", "error")
+		if err := srv.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(out, tc.outcome) {
+			t.Fatalf("checker answering %q/%v: exit %d, want %d with %q:\n%s%s", tc.answer, tc.err, code, tc.code, tc.outcome, out, errOut)
+		}
+		if tc.code == 1 && !strings.Contains(errOut, "got no answer from their checker ("+tc.outcome+")") {
+			t.Fatalf("the failure does not say which checks failed:\n%s", errOut)
+		}
 	}
 }
