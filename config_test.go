@@ -87,6 +87,7 @@ func components() []component {
 				"Partitions": {def: relay.DefaultPartitions}, "LeaseInterval": {def: relay.DefaultLeaseInterval},
 				"HandoverAfter": {def: relay.DefaultHandoverAfter, minus1: true}, "StreamDuplicates": {def: relay.DefaultStreamDuplicates},
 				"SampleInterval": {def: relay.DefaultSampleInterval}, "SampleLimit": {def: relay.DefaultSampleLimit},
+				"MaxMessageBytes": {def: relay.DefaultMaxMessageBytes, minus1: true},
 			}},
 		{"consumer", func() any { return newConsumer() },
 			func(c any) error { return consumer.ValidateConfig(c.(*consumer.Config)) },

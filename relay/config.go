@@ -31,6 +31,8 @@ const (
 	DefaultLeaseInterval    = 2 * time.Second
 	DefaultHandoverAfter    = 10 * time.Second
 	DefaultStreamDuplicates = 2 * time.Minute
+	// DefaultMaxMessageBytes is outbox.DefaultMaxMessageBytes, the producers' default limit.
+	DefaultMaxMessageBytes = outbox.DefaultMaxMessageBytes
 	// DefaultDoorbellSubject is outbox.DefaultDoorbellSubject, the one value producers and
 	// relays share; it has this name too so that every Config default is in its package.
 	DefaultDoorbellSubject = outbox.DefaultDoorbellSubject
@@ -127,7 +129,8 @@ type Config struct {
 
 	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
 	// Run checks that a stream captures each of them, that the stream can take publishes (not
-	// no_ack, sealed, a mirror or a counter stream: ErrStreamUnusable) and that its duplicate
+	// no_ack, sealed, a mirror or a counter stream: ErrStreamUnusable), takes messages as large
+	// as the producers may enqueue (MaxMessageBytes: ErrMessageLimit) and that its duplicate
 	// window covers the relays' worst republish delay, RequiredDuplicateWindow: PublishTimeout
 	// + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
 	// 14×LeaseInterval), 65s with the defaults. See CheckStreams. Defaults to none.
@@ -141,6 +144,18 @@ type Config struct {
 	// StreamDuplicates is the duplicate window of a stream created by CreateStream. Defaults
 	// to 2m, raised to the required window if that is longer.
 	StreamDuplicates time.Duration
+
+	// MaxMessageBytes is the largest message the producers of this outbox may enqueue, counted
+	// as package outbox counts it (outbox.EncodedSize): set it to the producers'
+	// outbox.Config.MaxMessageBytes. At start, CheckStreams refuses a stream serving Subjects
+	// whose max_msg_size, or a nats-server whose max_payload, is smaller (ErrMessageLimit): a
+	// message the producers accept between the two limits could never be published. The
+	// limit the SQL producers enforce in the relay's database (the setting
+	// txoutbox.max_message_bytes, as txoutbox_max_message_bytes() reads it in the relay's
+	// session) counts too when it is larger. Defaults to DefaultMaxMessageBytes, the producers'
+	// default (outbox.DefaultMaxMessageBytes); txoutbox.Off: no such check (a smaller limit is
+	// then only logged as a warning).
+	MaxMessageBytes int
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -202,6 +217,7 @@ func (c *Config) WithDefaults() *Config {
 	out.Retention = cmp.Or(out.Retention, DefaultRetention)
 	out.DoorbellSubject = cmp.Or(out.DoorbellSubject, DefaultDoorbellSubject)
 	out.StreamDuplicates = cmp.Or(out.StreamDuplicates, DefaultStreamDuplicates)
+	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, DefaultMaxMessageBytes)
 	out.SampleInterval = cmp.Or(out.SampleInterval, DefaultSampleInterval)
 	out.SampleLimit = cmp.Or(out.SampleLimit, DefaultSampleLimit)
 	if out.Logger == nil {
@@ -297,6 +313,8 @@ func (c *Config) validate() error {
 		return bad("LeaseInterval", "must be at least 10ms, got %s", c.LeaseInterval)
 	case c.StreamDuplicates < 0:
 		return bad("StreamDuplicates", "must not be negative, got %s", c.StreamDuplicates)
+	case c.MaxMessageBytes != txoutbox.Off && (c.MaxMessageBytes < 1024 || c.MaxMessageBytes > outbox.MaxMessageBytesLimit):
+		return bad("MaxMessageBytes", "must be between 1024 and %d (outbox.MaxMessageBytesLimit), or txoutbox.Off (-1), got %d", outbox.MaxMessageBytesLimit, c.MaxMessageBytes)
 	case c.SampleInterval < 10*time.Millisecond:
 		return bad("SampleInterval", "must be at least 10ms, got %s", c.SampleInterval)
 	case c.SampleLimit < 1:

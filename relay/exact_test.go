@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -175,10 +176,12 @@ func startSmallNATS(t *testing.T, maxPayload int32) *testsvc.NATS {
 	return n
 }
 
-// A message that package outbox accepted under its default limit but that is over the
-// server's max_payload can never be published (nats.go refuses it before sending): its row
-// is dead at once, saying so and naming the limit, and holds its key back; the start check
-// warns that the server takes less than producers may enqueue. The other rows are published.
+// The start check refuses a server whose max_payload is below what producers may enqueue
+// (ErrMessageLimit, naming both limits). With the check off (MaxMessageBytes txoutbox.Off) it
+// only warns, and a message that package outbox accepted under its default limit but that is
+// over the server's max_payload can never be published (nats.go refuses it before sending):
+// its row is dead at once, saying so and naming the limit, and holds its key back. The other
+// rows are published.
 func TestMessageOverServerMaxPayloadIsDeadAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -189,8 +192,17 @@ func TestMessageOverServerMaxPayloadIsDeadAtOnce(t *testing.T) {
 	}
 	const maxPayload = 256 << 10
 	e := &env{t: t, db: db, nats: startSmallNATS(t, maxPayload), client: client}
+	var se *StreamError
+	err = e.relay(&Config{Subjects: []string{"orders.>"}}).CheckStreams(ctx)
+	if !errors.Is(err, ErrMessageLimit) || !errors.As(err, &se) || se.Stream != "" || se.Limit != maxPayload || se.Producers != outbox.DefaultMaxMessageBytes ||
+		!strings.Contains(err.Error(), "max_payload is 262144") {
+		t.Fatalf("CheckStreams with max_payload %d = %v, want ErrMessageLimit naming the server's max_payload and the producers' limit", maxPayload, err)
+	}
+	if err := e.relay(&Config{Subjects: []string{"orders.>"}, MaxMessageBytes: maxPayload}).CheckStreams(ctx); !errors.Is(err, ErrMessageLimit) {
+		t.Fatalf("CheckStreams told the Go producers' limit, with the SQL producers' 1 MiB = %v, want ErrMessageLimit", err)
+	}
 	logs := &lockedBuffer{}
-	r := e.relay(&Config{Subjects: []string{"orders.>"}, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	r := e.relay(&Config{Subjects: []string{"orders.>"}, MaxMessageBytes: txoutbox.Off, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err := r.CheckStreams(ctx); err != nil {
 		t.Fatal(err)
 	}

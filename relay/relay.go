@@ -47,6 +47,12 @@ var (
 	// its publishes (no_ack, sealed, a mirror, a counter stream). The *StreamError wrapping
 	// it names the stream, the subject and the setting.
 	ErrStreamUnusable = errors.New("relay: stream unusable")
+	// ErrMessageLimit: a stream that captures a subject the relay must serve (its
+	// max_msg_size), or the nats-server (its max_payload), takes smaller messages than the
+	// producers may enqueue (Config.MaxMessageBytes): a message between the two limits would
+	// be accepted and could never be published. The *StreamError wrapping it names the
+	// stream (none for the server), the setting and both limits.
+	ErrMessageLimit = errors.New("relay: message limit below the producers'")
 	// ErrBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
 	// timeouts that JetStream gives no other reason for). Rows are left
 	// as they are and retried; no attempt is counted.

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox/internal/natsname"
 	"maps"
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -27,9 +30,22 @@ type StreamError struct {
 	// "sealed", "mirror", "allow_msg_counter"), and Reason what it does (ErrStreamUnusable).
 	Setting string
 	Reason  string
+	// Limit is the stream's max_msg_size or the server's max_payload, and Producers the
+	// producers' limit it is below (ErrMessageLimit).
+	Limit, Producers int64
 }
 
 func (e *StreamError) Error() string {
+	if errors.Is(e.Err, ErrMessageLimit) {
+		where := fmt.Sprintf("stream %q (capturing %q) has max_msg_size %d", e.Stream, e.Subject, e.Limit)
+		if e.Stream == "" {
+			where = fmt.Sprintf("the nats-server's max_payload is %d", e.Limit)
+		}
+		return fmt.Sprintf("%v: %s bytes, but producers may enqueue messages of up to %d bytes (%s), which could never be published; "+
+			"raise the stream's max_msg_size or the server's max_payload, or lower the producers' outbox.Config.MaxMessageBytes "+
+			"(and txoutbox.max_message_bytes for SQL producers) together with the relay's MaxMessageBytes (--max-message-bytes)",
+			e.Err, where, e.Producers, e.Setting)
+	}
 	if errors.Is(e.Err, ErrStreamUnusable) {
 		return fmt.Sprintf("%v: stream %q (capturing %q) %s", e.Err, e.Stream, e.Subject, e.Reason)
 	}
@@ -55,8 +71,8 @@ func (e *StreamError) Unwrap() error { return e.Err }
 // schedules, atomic and batch publishes. Discard-new with limits (max_msgs, max_bytes,
 // max_msgs_per_subject) is operational, not a configuration error: a full stream refuses
 // publishes with an error the relay stores, and the rows retry with backoff until it has
-// room (or become dead after MaxAttempts). max_msg_size below what producers may enqueue and
-// a subject_transform are logged as warnings by CheckStreams.
+// room (or become dead after MaxAttempts). max_msg_size below what producers may enqueue is
+// refused by CheckStreams (ErrMessageLimit), and a subject_transform logged as a warning.
 func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 	switch {
 	case cfg.Mirror != nil:
@@ -77,14 +93,22 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 // stream that captures only part of a wildcard subject is not enough: the rest would fail
 // message by message), that every stream the subject's messages may land in can take
 // publishes (ErrStreamUnusable: no_ack, sealed, a mirror, a counter stream) and keeps
-// duplicates at least RequiredDuplicateWindow. It creates, or extends, the stream
-// Config.CreateStream names when a subject has none. It logs a warning for a stream whose
-// max_msg_size is below what producers may enqueue, or that rewrites subjects.
+// duplicates at least RequiredDuplicateWindow. It refuses a server whose max_payload, or such a
+// stream whose max_msg_size, is below what producers may enqueue (ErrMessageLimit; see
+// Config.MaxMessageBytes). It creates, or extends, the stream Config.CreateStream names when a
+// subject has none. It logs a warning for a stream that rewrites subjects.
 func (r *Relay) CheckStreams(ctx context.Context) error {
 	if err := r.checkServerVersion(); err != nil {
 		return err
 	}
 	required := r.cfg.RequiredDuplicateWindow()
+	producers, producersSetting, err := r.producersLimit(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.checkMessageLimit("", nil, producers, producersSetting); err != nil {
+		return err
+	}
 	for _, subj := range r.cfg.Subjects {
 		streams, covering, err := r.streamsFor(ctx, subj)
 		if err != nil {
@@ -109,33 +133,70 @@ func (r *Relay) CheckStreams(ctx context.Context) error {
 			if w := cfg.Duplicates; w < required {
 				return &StreamError{Subject: subj, Stream: name, Err: ErrDuplicateWindow, Window: w.String(), Required: required.String()}
 			}
+			if err := r.checkMessageLimit(subj, &cfg, producers, producersSetting); err != nil {
+				return err
+			}
 			r.warnStream(subj, &cfg)
 		}
 	}
 	return nil
 }
 
-// warnStream logs what makes a usable stream a risk for some messages. A message larger than
-// the stream's max_msg_size (JetStream refuses it, 10054) or the server's max_payload (nats.go
-// refuses it before sending, nats.ErrMaxPayload) can never be published: its row is dead at
-// once and holds its key back until it is purged or requeued. The producers' limit,
-// outbox.Config.MaxMessageBytes, defaults to outbox.DefaultMaxMessageBytes.
-func (r *Relay) warnStream(subj string, cfg *jetstream.StreamConfig) {
-	limit, setting := int64(outbox.DefaultMaxMessageBytes), ""
-	if cfg.MaxMsgSize > 0 && int64(cfg.MaxMsgSize) < limit {
-		limit, setting = int64(cfg.MaxMsgSize), "the stream's max_msg_size"
+// producersLimit is the largest message producers may enqueue: Config.MaxMessageBytes, or
+// the SQL producers' limit in the relay's database when that is larger (setting names where
+// the limit comes from). It is 0 when the check is off.
+func (r *Relay) producersLimit(ctx context.Context) (limit int64, setting string, err error) {
+	if r.cfg.MaxMessageBytes == txoutbox.Off {
+		return 0, "", nil
 	}
-	if nc := r.js.Conn(); nc != nil {
-		if mp := nc.MaxPayload(); mp > 0 && mp < limit {
-			limit, setting = mp, "the server's max_payload"
+	limit, setting = int64(r.cfg.MaxMessageBytes), "the relay's MaxMessageBytes"
+	var sqlLimit int64
+	if err := r.pool.QueryRow(ctx, "SELECT "+pgx.Identifier{r.cfg.Schema, "txoutbox_max_message_bytes"}.Sanitize()+"()").Scan(&sqlLimit); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22023" {
+			return 0, "", &txoutbox.ConfigError{Package: "relay", Field: "txoutbox.max_message_bytes", Reason: pgErr.Message, Err: err}
 		}
+		return 0, "", fmt.Errorf("relay: reading the SQL producers' message limit: %w", err)
 	}
-	if setting != "" {
-		r.log.Warn("stream accepts smaller messages than producers may enqueue by default: a larger one can never be published, "+
-			"its row becomes dead at once and holds its key back; set the producers' outbox.Config.MaxMessageBytes to at most the limit, or raise it",
-			"stream", cfg.Name, "subject", subj, "limit_bytes", limit, "limit", setting, "max_msg_size", cfg.MaxMsgSize,
-			"producer_default_max_bytes", outbox.DefaultMaxMessageBytes)
+	if sqlLimit > limit {
+		limit, setting = sqlLimit, "the database's txoutbox.max_message_bytes"
 	}
+	return limit, setting, nil
+}
+
+// checkMessageLimit refuses a stream (cfg) or, with cfg nil, the nats-server, that takes
+// smaller messages than the producers may enqueue (ErrMessageLimit); with the check off it
+// logs a warning instead. A message larger than the stream's max_msg_size (JetStream refuses
+// it, 10054) or the server's max_payload (nats.go refuses it before sending,
+// nats.ErrMaxPayload) can never be published: its row would be dead at once and hold its key
+// back.
+func (r *Relay) checkMessageLimit(subj string, cfg *jetstream.StreamConfig, producers int64, producersSetting string) error {
+	if producers == 0 {
+		producers, producersSetting = int64(outbox.DefaultMaxMessageBytes), "the producers' default limit"
+	}
+	var limit int64
+	stream, what := "", "the server's max_payload"
+	if cfg == nil {
+		if nc := r.js.Conn(); nc != nil {
+			limit = nc.MaxPayload()
+		}
+	} else {
+		limit, stream, what = int64(cfg.MaxMsgSize), cfg.Name, "the stream's max_msg_size"
+	}
+	if limit <= 0 || limit >= producers {
+		return nil
+	}
+	if r.cfg.MaxMessageBytes != txoutbox.Off {
+		return &StreamError{Subject: subj, Stream: stream, Err: ErrMessageLimit, Setting: producersSetting, Limit: limit, Producers: producers}
+	}
+	r.log.Warn("the server or a stream accepts smaller messages than producers may enqueue by default: a larger one can never be published, "+
+		"its row becomes dead at once and holds its key back; set the producers' outbox.Config.MaxMessageBytes to at most the limit, or raise it",
+		"stream", stream, "subject", subj, "limit_bytes", limit, "limit", what, "producer_default_max_bytes", outbox.DefaultMaxMessageBytes)
+	return nil
+}
+
+// warnStream logs what makes a usable stream a risk for some messages.
+func (r *Relay) warnStream(subj string, cfg *jetstream.StreamConfig) {
 	if cfg.SubjectTransform != nil {
 		r.log.Warn("stream rewrites the subjects it stores (subject_transform): consumers see other subjects than the producers gave",
 			"stream", cfg.Name, "subject", subj, "transform_source", cfg.SubjectTransform.Source, "transform_destination", cfg.SubjectTransform.Destination)

@@ -9,8 +9,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -103,14 +105,20 @@ func TestCheckStreamsRefusesUnusableStreams(t *testing.T) {
 		}
 	}
 
-	// Fine: a stream with subjects that also sources another, deny_delete; a warning for a
-	// max_msg_size below the producers' default limit.
+	// Fine: a stream with subjects that also sources another, deny_delete. A max_msg_size
+	// below what producers may enqueue is refused (ErrMessageLimit), unless the check is off:
+	// then a warning.
 	e.createStream(jetstream.StreamConfig{Name: "AGG", Subjects: []string{"agg.>"}, Sources: []*jetstream.StreamSource{{Name: "ORDERS"}}, DenyDelete: true})
 	e.createStream(jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 4096})
+	var se *StreamError
+	if err := e.relay(&Config{Subjects: []string{"agg.>", "small.>"}}).CheckStreams(ctx); !errors.Is(err, ErrMessageLimit) || !errors.As(err, &se) ||
+		se.Stream != "SMALL" || se.Subject != "small.>" || se.Limit != 4096 || se.Producers != outbox.DefaultMaxMessageBytes {
+		t.Fatalf("CheckStreams with SMALL's max_msg_size 4096 = %v (%+v), want ErrMessageLimit naming SMALL, small.> and both limits", err, se)
+	}
 	logs := &recordLog{}
-	r := e.relay(&Config{Subjects: []string{"agg.>", "small.>"}, Logger: slog.New(logs)})
+	r := e.relay(&Config{Subjects: []string{"agg.>", "small.>"}, MaxMessageBytes: txoutbox.Off, Logger: slog.New(logs)})
 	if err := r.CheckStreams(ctx); err != nil {
-		t.Fatalf("CheckStreams = %v for a sourcing stream and a small-message stream", err)
+		t.Fatalf("CheckStreams = %v for a sourcing stream and a small-message stream, the check off", err)
 	}
 	if w := logs.count(slog.LevelWarn, "small.>"); w != 1 {
 		t.Fatalf("%d warnings about SMALL's max_msg_size, want 1", w)
@@ -321,5 +329,46 @@ func TestLastErrorIsStorable(t *testing.T) {
 	got := lastError(long)
 	if len(got) > LastErrorMaxBytes || !utf8.ValidString(got) || strings.ContainsRune(got, 0) || !strings.HasPrefix(got, "bad \uFFFD bytes") {
 		t.Fatalf("lastError = %d bytes %q", len(got), got[:min(len(got), 40)])
+	}
+}
+
+// The SQL producers' limit in the relay's database (txoutbox.max_message_bytes) counts in the
+// start check when it is larger than Config.MaxMessageBytes: with it at 8 MiB, a server whose
+// max_payload is 1 MiB is refused, naming the setting; an invalid setting is a
+// configuration error naming it.
+func TestCheckStreamsReadsTheSQLProducersLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	relayWith := func(setting string) *Relay {
+		pcfg, err := pgxpool.ParseConfig(e.db.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcfg.ConnConfig.RuntimeParams["txoutbox.max_message_bytes"] = setting
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		r, err := New(pool, e.nats.JS, &Config{Schema: e.db.Schema, Subjects: []string{"orders.>"}, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		return r
+	}
+	var se *StreamError
+	err := relayWith("8388608").CheckStreams(ctx)
+	if !errors.Is(err, ErrMessageLimit) || !errors.As(err, &se) || se.Producers != 8<<20 || se.Limit != e.nats.Conn.MaxPayload() ||
+		!strings.Contains(err.Error(), "the database's txoutbox.max_message_bytes") {
+		t.Fatalf("CheckStreams with the SQL producers at 8 MiB = %v, want ErrMessageLimit naming the database's setting", err)
+	}
+	if err := relayWith("1024").CheckStreams(ctx); err != nil {
+		t.Fatalf("CheckStreams with the SQL producers at 1 KiB = %v, want nil (the relay's own limit, 1 MiB, fits)", err)
+	}
+	var ce *txoutbox.ConfigError
+	if err := relayWith("lots").CheckStreams(ctx); !errors.As(err, &ce) || ce.Field != "txoutbox.max_message_bytes" {
+		t.Fatalf("CheckStreams with txoutbox.max_message_bytes = lots: %v, want a ConfigError naming the setting", err)
 	}
 }
