@@ -419,6 +419,11 @@ func checkNATSServer(p *url.URL) error {
 	if p.Opaque != "" || p.Hostname() == "" {
 		return errors.New("no host")
 	}
+	if h := p.Hostname(); strings.Contains(h, ":") && !strings.HasPrefix(p.Host, "[") {
+		// url.Parse takes the last ":…" as the port and leaves the rest in the host:
+		// nats://host:4222:99 would be dialled as host "host:4222" for ever.
+		return fmt.Errorf("host %q has a colon: a second port? (an IPv6 address goes in brackets: nats://[::1]:4222)", h)
+	}
 	if port := p.Port(); port != "" {
 		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			return fmt.Errorf("port %s out of range", port)

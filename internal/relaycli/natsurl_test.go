@@ -27,6 +27,7 @@ func TestMalformedNATSURLIsRefused(t *testing.T) {
 		"nats://127.0.0.1:4222,",           // an empty server
 		"ws://127.0.0.1:1,nats://h:2",      // websocket mixed with others
 		"nats://user:Pw-33@127.0.0.1:4x22", // does not parse (and its password stays out)
+		"nats://127.0.0.1:4222:99",         // a second port: the host would be "127.0.0.1:4222"
 	} {
 		for _, cmd := range []string{"run", "checkback"} {
 			t.Run(cmd+" "+u, func(t *testing.T) {
@@ -45,7 +46,7 @@ func TestMalformedNATSURLIsRefused(t *testing.T) {
 			})
 		}
 	}
-	for _, u := range []string{"nats://127.0.0.1:4222", "127.0.0.1", "nats://a:1, nats://b:2", "tls://h:4443", "nats://u:p@h:4222/", "wss://h,ws://g:80", "nats://h:"} {
+	for _, u := range []string{"nats://127.0.0.1:4222", "127.0.0.1", "nats://a:1, nats://b:2", "tls://h:4443", "nats://u:p@h:4222/", "wss://h,ws://g:80", "nats://h:", "nats://[::1]:4222", "[::1]:4222"} {
 		if err := checkNATSURL(u); err != nil {
 			t.Errorf("checkNATSURL(%q) = %v, want it accepted", u, err)
 		}
@@ -67,6 +68,8 @@ func TestNATSURLPathOnlyForWebsocket(t *testing.T) {
 		"nats://h:4222?x=1":                    false,
 		"ws://h:80/nats#frag":                  false,
 		"nats://h:4222#frag":                   false,
+		"nats://h:4222:99":                     false,
+		"nats://::1:4222":                      false,
 		"wss://a.example.com/x,nats://b:4222/": false, // mixed
 	} {
 		err := checkNATSURL(u)
