@@ -22,8 +22,8 @@ import (
 // GORM transaction — in one round trip (one statement that takes the key locks and inserts the
 // rows). It never begins, commits or rolls back tx. Everything EnqueueTx documents holds: the
 // same validation before anything is written and the same errors (a *MessageError wrapping
-// ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader, ErrInvalidKey
-// or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
+// ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
+// ErrInvalidTraceparent, ErrInvalidKey or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
 // row ids are drawn, so that for one key id order is commit order whichever API (pgx,
 // database/sql, the SQL functions) each producer uses. It returns the message ids in the order
 // of msgs.

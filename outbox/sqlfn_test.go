@@ -235,7 +235,7 @@ func agreementRows() []agreementRow {
 	withBiz := func(k string) outbox.Message { m := msg("k.v"); m.BizKey = k; return m }
 	withHdr := func(h map[string][]string) outbox.Message { m := msg("h.v"); m.Headers = h; return m }
 	one := func(name, value string) outbox.Message { return withHdr(map[string][]string{name: {value}}) }
-	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}}
+	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	rows := []agreementRow{
 		// Subjects.
 		{name: "subject ok", m: msg("orders.created"), want: "ok"},
@@ -302,7 +302,7 @@ func agreementRows() []agreementRow {
 		{name: "biz key leading space", m: withBiz(" b"), want: "TX002"},
 		{name: "biz key inner LF", m: withBiz("a\nb"), want: "TX002"},
 		// Header names.
-		{name: "header ok", m: one("traceparent", "00-abc-def-01"), want: "ok"},
+		{name: "header ok", m: one("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), want: "ok"},
 		{name: "header name of every token character", m: one("!#$%&'*+-.^_`|~09AZaz", "v"), want: "ok"},
 		{name: "header name with a space", m: one("a b", "v"), want: "TX003"},
 		{name: "header name with a colon", m: one("a:b", "v"), want: "TX003"},
