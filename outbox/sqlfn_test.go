@@ -40,9 +40,11 @@ var sqlStates = []struct {
 	{outbox.ErrInvalidGroup, "TX007"},
 	{outbox.ErrRolledBack, "TX101"},
 	{outbox.ErrAlreadyCommitted, "TX102"},
+	// Before ErrNotFound: a *ScheduleError of a message or business key with no row wraps
+	// both, and the SQL functions raise TX201 for it (their message says "message not found").
+	{outbox.ErrNotScheduled, "TX201"},
 	{outbox.ErrNotFound, "TX103"},
 	{outbox.ErrInvalidDeliverAt, "TX009"},
-	{outbox.ErrNotScheduled, "TX201"},
 	// An invalid argument of a call (PrepareOptions.CheckImmunity; batch arrays of unequal
 	// length have no Go form).
 	{txoutbox.ErrInvalidConfig, "TX008"},

@@ -63,6 +63,7 @@ type scheduledSQL struct {
 	reschedule      string
 	rescheduleBiz   string
 	state           string
+	bizKeyState     string
 	sample          string
 	list            string
 	statusBySubject string
@@ -160,6 +161,11 @@ WHERE `
 	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE message_id = $1 AND state = 'scheduled'`
 	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + byBizKey
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
+	// After a business key form changed nothing: the state of the key's latest row that is not
+	// scheduled. No index has the business keys of rows in other states (the business key index
+	// is on the scheduled rows only), so this reads the outbox's rows; it runs only when nothing
+	// was scheduled under the key.
+	s.bizKeyState = `SELECT state FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state <> 'scheduled' ORDER BY id DESC LIMIT 1`
 	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT 1)`
@@ -289,6 +295,17 @@ func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, f Fol
 func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (string, error) {
 	var st string
 	err := db.QueryRow(ctx, q.sched.state, id).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNoRow
+	}
+	return st, err
+}
+
+// ScheduledBizKeyState returns the state of the latest message whose business key is bizKey
+// among those not scheduled, or ErrNoRow when there is none (see CancelScheduledBizKey).
+func (q *Queries) ScheduledBizKeyState(ctx context.Context, db DBTX, bizKey string) (string, error) {
+	var st string
+	err := db.QueryRow(ctx, q.sched.bizKeyState, bizKey).Scan(&st)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNoRow
 	}
