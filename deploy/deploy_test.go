@@ -34,6 +34,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -607,6 +608,21 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	}
 	t.Logf("check-back pass: %+v", *rep)
 
+	// A checker of another producer group, on its own registry (a producer service's): its
+	// txoutbox_checkback_checker_foreign_requests_total{group} has its series (0).
+	chkReg := prometheus.NewRegistry()
+	identity, err := checker.OutboxIdentity(ctx, db.Pool, db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chk, err := checker.Serve(n.Conn, "shipping", func(context.Context, checker.Request) (outbox.LocalState, error) {
+		return outbox.StateUnknown, nil
+	}, &checker.Config{Outbox: identity, Registerer: chkReg, Logger: testsvc.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = chk.Stop() })
+
 	conReg := prometheus.NewRegistry()
 	con, err := consumer.New(db.Pool, n.JS, func(_ context.Context, _ pgx.Tx, m consumer.Message) error {
 		if m.Subject == "orders.poison" {
@@ -619,7 +635,7 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 	}
 	run("consumer", con.Run)
 
-	urls := []string{serve(relayReg), serve(cbReg), serve(conReg)}
+	urls := []string{serve(relayReg), serve(cbReg), serve(conReg), serve(chkReg)}
 	var problems []string
 	defer func() {
 		if t.Failed() {

@@ -95,8 +95,10 @@ type Config struct {
 
 	// Propagator captures the trace context of the ctx given to EnqueueTx and Prepare into
 	// each message's headers (traceparent and tracestate with the W3C propagator), unless the
-	// message already has one of the headers it sets: the relay and the consumer continue
-	// that trace. Defaults to the global propagator (otel.GetTextMapPropagator), which
+	// message's own headers carry a valid trace context as the propagator reads it (then
+	// they are published as given): the relay and the consumer continue that trace. Headers
+	// of the propagator's that the message has without a trace context (baggage or
+	// tracestate alone) are kept as given, and the others are added. Defaults to the global propagator (otel.GetTextMapPropagator), which
 	// captures nothing until the application sets one, for example with
 	// otel.SetTextMapPropagator(propagation.TraceContext{}).
 	Propagator propagation.TextMapPropagator
@@ -186,9 +188,10 @@ type Message struct {
 	// (names differing only in case are distinct headers), every value of a name in order, an
 	// empty value as empty. Names must be RFC 7230 tokens, not reserved (IsReservedHeader:
 	// Nats-*, Txoutbox-*, Status, Description), with at least one value each; values must pass
-	// ValidateHeaderValue. A traceparent header travels as it is: when Headers has none of
-	// the headers the propagator sets (Config.Propagator), EnqueueTx and Prepare add the trace
-	// context of their ctx (to a copy: Headers itself is never changed).
+	// ValidateHeaderValue. A traceparent header (any case) must be a valid W3C trace context
+	// (ValidateTraceparent; else ErrInvalidTraceparent) and travels as it is: when Headers
+	// carry no valid trace context, EnqueueTx and Prepare add the trace context of their ctx
+	// (the propagator's headers Headers lacks, to a copy: Headers itself is never changed).
 	Headers map[string][]string
 	// Payload is the message body.
 	Payload []byte
@@ -234,12 +237,13 @@ var ErrLockTableFull = errors.New("outbox: no room for a key lock")
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
 // is written: if one message is invalid, none is written and the error (a *MessageError
 // wrapping ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
-// ErrInvalidKey or ErrDuplicateID) names the message. A message it accepts can be stored by
+// ErrInvalidTraceparent, ErrInvalidKey or ErrDuplicateID) names the message. A message it accepts can be stored by
 // JetStream under the server's default limits and reaches the consumer byte for byte (see
 // the package documentation). It returns the message ids in the order of msgs.
 //
 // Each message captures the trace context of ctx into its headers (see Config.Propagator),
-// unless it has a trace header of its own; captured headers count towards the limits like
+// unless its headers carry a valid trace context of their own (a traceparent header that is
+// not a valid W3C one is refused: ErrInvalidTraceparent); captured headers count towards the limits like
 // the caller's. A message valid without them that they would make invalid (over a limit, by a
 // byte) is stored without them rather than refused, and the span of ctx gets an event saying
 // so: tracing never fails an enqueue.
@@ -329,6 +333,9 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 	hsize, what := validateHeaders(m.Headers)
 	if what != "" {
 		return fail(ErrInvalidHeader, what)
+	}
+	if what := traceparentProblem(m.Headers); what != "" {
+		return fail(ErrInvalidTraceparent, what)
 	}
 	block := headerOverhead + hsize + relayHeaderSize(m)
 	if block > MaxHeaderBytes {

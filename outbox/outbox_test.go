@@ -52,7 +52,7 @@ func TestEnqueueTxCommitAndRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids, err := c.EnqueueTx(ctx, tx,
-		outbox.Message{Subject: "orders.created", Key: "order-1", Payload: []byte(`{"id":1}`), Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}},
+		outbox.Message{Subject: "orders.created", Key: "order-1", Payload: []byte(`{"id":1}`), Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"}}},
 		outbox.Message{Subject: "orders.created", Payload: []byte(`{"id":2}`), BizKey: "order:2:created"},
 	)
 	if err != nil {
@@ -85,7 +85,7 @@ func TestEnqueueTxCommitAndRollback(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, "SELECT msg_key, headers, state FROM txoutbox_messages WHERE message_id = $1", ids[0]).Scan(&key, &headers, &state); err != nil {
 		t.Fatal(err)
 	}
-	if key == nil || *key != "order-1" || headers["traceparent"][0] != "00-abc-def-01" || state != "ready" {
+	if key == nil || *key != "order-1" || headers["traceparent"][0] != "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01" || state != "ready" {
 		t.Fatalf("row = key %v headers %v state %s", key, headers, state)
 	}
 	if err := db.Pool.QueryRow(ctx, "SELECT headers FROM txoutbox_messages WHERE message_id = $1", ids[1]).Scan(&headers); err != nil {

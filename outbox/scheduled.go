@@ -29,9 +29,13 @@ var ErrInvalidDeliverAt = errors.New("invalid delivery time")
 // database/sql twins CancelSQLTx and RescheduleSQLTx) when the message is not, or no longer,
 // waiting for its delivery time: it fell due and the relay took it (it is ready, published or
 // dead: it goes, or went, out), it was cancelled (rolled_back), it is a half message not yet
-// committed (settle it with Rollback instead), or it never existed (the error then also
-// matches ErrNotFound). By CancelBizKeyTx and RescheduleBizKeyTx (CancelBizKeySQLTx,
-// RescheduleBizKeySQLTx) when no scheduled message has the business key. Nothing was changed.
+// committed (settle it with Rollback instead), or it does not exist (the error then also
+// matches ErrNotFound: it never existed, or it was published and deleted — with the default
+// published retention of 0 a published row is deleted at once — or purged). By CancelBizKeyTx
+// and RescheduleBizKeyTx (CancelBizKeySQLTx, RescheduleBizKeySQLTx) when no scheduled message
+// has the business key, with the state of the key's latest message in another state (ready:
+// the reminder goes out), or, when there is none, also matching ErrNotFound under the same
+// rule. Nothing was changed.
 var ErrNotScheduled = errors.New("message is not scheduled")
 
 // ScheduleError says why a delayed message could not be cancelled or rescheduled.
@@ -45,7 +49,8 @@ type ScheduleError struct {
 	// State is the message's state: "ready" (due, being published), "published" (kept by a
 	// retention), "dead", "prepared", "check_exhausted", "rolled_back" (cancelled, or a half
 	// message rolled back), or "" when there is no such message (never enqueued, or published
-	// and deleted, or purged; for the business key forms: no scheduled one).
+	// and deleted, or purged: ErrNotFound). For the business key forms, the state of the
+	// latest message of the key (none being scheduled), or "" when there is none.
 	State string
 }
 
@@ -55,8 +60,12 @@ func (e *ScheduleError) Error() string {
 		what = fmt.Sprintf("messages of business key %q", e.BizKey)
 	}
 	switch {
+	case e.ID == uuid.Nil && e.State == "":
+		return fmt.Sprintf("outbox: %s %s: none is scheduled: %v: %v (never enqueued, or published and deleted, or purged)", e.Op, what, ErrNotScheduled, ErrNotFound)
+	case e.ID == uuid.Nil && (e.State == store.StateReady || e.State == store.StatePublished):
+		return fmt.Sprintf("outbox: %s %s: none is scheduled, the latest is %s (it fell due and is published, or being published): %v", e.Op, what, e.State, ErrNotScheduled)
 	case e.ID == uuid.Nil:
-		return fmt.Sprintf("outbox: %s %s: none is scheduled: %v", e.Op, what, ErrNotScheduled)
+		return fmt.Sprintf("outbox: %s %s: none is scheduled, the latest is %s: %v", e.Op, what, e.State, ErrNotScheduled)
 	case e.State == "":
 		return fmt.Sprintf("outbox: %s %s: %v: %v", e.Op, what, ErrNotScheduled, ErrNotFound)
 	case e.State == store.StateReady || e.State == store.StatePublished:
@@ -65,9 +74,10 @@ func (e *ScheduleError) Error() string {
 	return fmt.Sprintf("outbox: %s %s: it is %s: %v", e.Op, what, e.State, ErrNotScheduled)
 }
 
-// Unwrap returns ErrNotScheduled, and ErrNotFound as well when the message does not exist.
+// Unwrap returns ErrNotScheduled, and ErrNotFound as well when there is no such message (for
+// the business key forms: no message of the key in any state).
 func (e *ScheduleError) Unwrap() []error {
-	if e.State == "" && e.ID != uuid.Nil {
+	if e.State == "" {
 		return []error{ErrNotScheduled, ErrNotFound}
 	}
 	return []error{ErrNotScheduled}
@@ -129,17 +139,24 @@ func (c *Client) scheduleResult(op string, id uuid.UUID, ok bool, state string, 
 }
 
 // CancelBizKeyTx withdraws, inside the caller's transaction tx, every scheduled message whose
-// BizKey is bizKey, and returns their ids. It returns a *ScheduleError wrapping ErrNotScheduled
-// when there is none (all of them fell due already, or there never was one). The rules of
+// BizKey is bizKey, and returns their ids. When there is none it returns a *ScheduleError
+// wrapping ErrNotScheduled whose State is that of the key's latest message (ready or
+// published: the reminder went out; rolled_back: cancelled before; dead, prepared,
+// check_exhausted), or, when the key has no message at all, wrapping ErrNotFound as well (it
+// never existed, or was published and deleted — retention 0, the default — or purged). That
+// lookup reads the outbox's rows (the business key index covers the scheduled rows only), and
+// runs only when nothing was scheduled under the key. The rules of
 // CancelTx apply to each message. A business key of delayed work should name the due time (see
 // BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them. An empty or
 // invalid bizKey is refused with an error wrapping ErrInvalidKey.
 func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string) ([]uuid.UUID, error) {
-	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKey(ctx, tx, bizKey) })
+	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKey(ctx, tx, bizKey) },
+		func() (string, error) { return c.q.ScheduledBizKeyState(ctx, tx, bizKey) })
 }
 
-// cancelBizKey checks bizKey and runs cancel (the pgx or the database/sql statement).
-func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
+// cancelBizKey checks bizKey and runs cancel (the pgx or the database/sql statement), then,
+// when it changed nothing, state (the key's latest message not scheduled).
+func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error), state func() (string, error)) ([]uuid.UUID, error) {
 	if what := checkBizKeyArg(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: cancel: %w: BizKey %s", ErrInvalidKey, what)
 	}
@@ -148,20 +165,32 @@ func cancelBizKey(bizKey string, cancel func() ([]uuid.UUID, error)) ([]uuid.UUI
 		return nil, fmt.Errorf("outbox: cancel business key %q: %w", bizKey, err)
 	}
 	if len(ids) == 0 {
-		return nil, &ScheduleError{Op: "cancel", BizKey: bizKey}
+		return nil, bizKeyNotScheduled("cancel", bizKey, state)
 	}
 	return ids, nil
+}
+
+// bizKeyNotScheduled is the error of a business key form that changed nothing: a
+// *ScheduleError with the state of the key's latest message, or the lookup's error.
+func bizKeyNotScheduled(op, bizKey string, state func() (string, error)) error {
+	st, err := state()
+	if err != nil && !errors.Is(err, store.ErrNoRow) {
+		return fmt.Errorf("outbox: %s business key %q: nothing scheduled; its state: %w", op, bizKey, err)
+	}
+	return &ScheduleError{Op: op, BizKey: bizKey, State: st}
 }
 
 // RescheduleBizKeyTx moves to at, inside the caller's transaction tx, the delivery time of
 // every scheduled message whose BizKey is bizKey, and returns their ids; as CancelBizKeyTx
 // and RescheduleTx. The messages keep their business key, bizKey, whatever time it names.
 func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
-	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) })
+	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) },
+		func() (string, error) { return c.q.ScheduledBizKeyState(ctx, tx, bizKey) })
 }
 
-// rescheduleBizKey checks bizKey and at and runs move (the pgx or the database/sql statement).
-func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, error)) ([]uuid.UUID, error) {
+// rescheduleBizKey checks bizKey and at and runs move (the pgx or the database/sql
+// statement), then, when it changed nothing, state.
+func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, error), state func() (string, error)) ([]uuid.UUID, error) {
 	if what := checkBizKeyArg(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: reschedule: %w: BizKey %s", ErrInvalidKey, what)
 	}
@@ -173,7 +202,7 @@ func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, err
 		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
 	}
 	if len(ids) == 0 {
-		return nil, &ScheduleError{Op: "reschedule", BizKey: bizKey}
+		return nil, bizKeyNotScheduled("reschedule", bizKey, state)
 	}
 	return ids, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -258,6 +259,75 @@ func TestCancelAndRescheduleByBizKey(t *testing.T) {
 		}
 		if _, err := c.RescheduleBizKeyTx(ctx, db.Pool, bad, time.Now()); !errors.Is(err, outbox.ErrInvalidKey) {
 			t.Fatalf("reschedule with business key %q = %v; want ErrInvalidKey", bad, err)
+		}
+	}
+}
+
+// The business key forms say why nothing was scheduled under the key: the state of the key's
+// latest message (ready: the timer fell due and goes out; rolled_back: cancelled before;
+// published, kept by a retention), wrapping ErrNotScheduled, or, when the key has no message
+// at all (never enqueued, or published and deleted with retention 0), ErrNotFound as well.
+// Cancel and reschedule, pgx and database/sql alike.
+func TestBizKeyNotScheduledSaysWhy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	sdb := openSQL(t, db, "pgx")
+	q := store.New(db.Schema)
+	at := time.Now().Add(time.Hour)
+	ids, err := c.EnqueueTx(ctx, db.Pool,
+		outbox.Message{Subject: "orders.timeout", BizKey: "fell-due", DeliverAt: at},
+		outbox.Message{Subject: "orders.timeout", BizKey: "cancelled", DeliverAt: at},
+		outbox.Message{Subject: "orders.timeout", BizKey: "published", DeliverAt: at},
+		outbox.Message{Subject: "orders.timeout", BizKey: "deleted", DeliverAt: at},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fixtures: the first falls due and a relay's promotion takes it; the second is
+	// cancelled; the third and fourth were published, kept by a retention or deleted.
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = now() - interval '1 second' WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := q.Promote(ctx, db.Pool, store.PromoteLimit); err != nil || p.Moved != 1 {
+		t.Fatalf("promotion: %+v, %v; want the due row moved", p, err)
+	}
+	if err := c.CancelTx(ctx, db.Pool, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published', settled_at = now() WHERE message_id = ANY($1)`, ids[2:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM txoutbox_messages WHERE message_id = $1`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	later := at.Add(time.Hour)
+	forms := map[string]func(bizKey string) error{
+		"CancelBizKeyTx": func(k string) error { _, err := c.CancelBizKeyTx(ctx, db.Pool, k); return err },
+		"RescheduleBizKeyTx": func(k string) error {
+			_, err := c.RescheduleBizKeyTx(ctx, db.Pool, k, later)
+			return err
+		},
+		"CancelBizKeySQLTx": func(k string) error { _, err := c.CancelBizKeySQLTx(ctx, sdb, k); return err },
+		"RescheduleBizKeySQLTx": func(k string) error {
+			_, err := c.RescheduleBizKeySQLTx(ctx, sdb, k, later)
+			return err
+		},
+	}
+	for name, form := range forms {
+		for key, want := range map[string]string{"fell-due": "ready", "cancelled": "rolled_back", "published": "published", "deleted": "", "never": ""} {
+			err := form(key)
+			var se *outbox.ScheduleError
+			if !errors.As(err, &se) || !errors.Is(err, outbox.ErrNotScheduled) || se.BizKey != key || se.State != want {
+				t.Fatalf("%s(%q) = %v (%+v); want a *ScheduleError wrapping ErrNotScheduled with state %q", name, key, err, se, want)
+			}
+			if notFound := errors.Is(err, outbox.ErrNotFound); notFound != (want == "") {
+				t.Fatalf("%s(%q) = %v: matches ErrNotFound %v, want %v", name, key, err, notFound, want == "")
+			}
+			if want != "" && !strings.Contains(err.Error(), want) {
+				t.Fatalf("%s(%q) = %v: does not name the state %s", name, key, err, want)
+			}
 		}
 	}
 }

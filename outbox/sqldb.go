@@ -22,8 +22,8 @@ import (
 // GORM transaction — in one round trip (one statement that takes the key locks and inserts the
 // rows). It never begins, commits or rolls back tx. Everything EnqueueTx documents holds: the
 // same validation before anything is written and the same errors (a *MessageError wrapping
-// ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader, ErrInvalidKey
-// or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
+// ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
+// ErrInvalidTraceparent, ErrInvalidKey or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
 // row ids are drawn, so that for one key id order is commit order whichever API (pgx,
 // database/sql, the SQL functions) each producer uses. It returns the message ids in the order
 // of msgs.
@@ -169,16 +169,19 @@ func (c *Client) RescheduleSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uu
 
 // CancelBizKeySQLTx is CancelBizKeyTx for database/sql: it withdraws, inside tx, every
 // scheduled message whose BizKey is bizKey and returns their ids, or a *ScheduleError wrapping
-// ErrNotScheduled when there is none.
+// ErrNotScheduled when there is none, with the key's latest state (ErrNotFound as well when
+// the key has no message), as CancelBizKeyTx.
 func (c *Client) CancelBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string) ([]uuid.UUID, error) {
-	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKeySQL(ctx, tx, bizKey) })
+	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKeySQL(ctx, tx, bizKey) },
+		func() (string, error) { return c.q.ScheduledBizKeyStateSQL(ctx, tx, bizKey) })
 }
 
 // RescheduleBizKeySQLTx is RescheduleBizKeyTx for database/sql: it moves to at, inside tx, the
 // delivery time of every scheduled message whose BizKey is bizKey and returns their ids; as
 // CancelBizKeySQLTx and RescheduleSQLTx.
 func (c *Client) RescheduleBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
-	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) })
+	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) },
+		func() (string, error) { return c.q.ScheduledBizKeyStateSQL(ctx, tx, bizKey) })
 }
 
 // NewPostgresSQLDoorbell is NewPostgresDoorbell for database/sql: the doorbell notifies

@@ -168,7 +168,7 @@ func TestEnqueueSQLTxCommitRollback(t *testing.T) {
 					m.Key = fmt.Sprintf(`order "%d", {x}\`, i%7)
 				}
 				if i%5 == 0 {
-					m.Headers = map[string][]string{"traceparent": {"00-a-b-01"}, "X-Quote": {`"q" \ ,{}`}}
+					m.Headers = map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "X-Quote": {`"q" \ ,{}`}}
 					m.BizKey = fmt.Sprintf("biz,%d", i)
 				}
 				msgs = append(msgs, m)

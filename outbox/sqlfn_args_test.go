@@ -301,7 +301,7 @@ func TestSQLMaxMessageBytesSetting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testsvc.NewDB(t)
-	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}}
+	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	for _, limit := range []int{4096, 2 << 20, outbox.MaxMessageBytesLimit} {
 		c := newClient(t, db, &outbox.Config{MaxMessageBytes: limit})
 		for _, tc := range []struct {

@@ -228,7 +228,7 @@ func TestSQLEnqueuedMessagePublishesLikeGo(t *testing.T) {
 	c := newClient(t, db, nil)
 	m := outbox.Message{
 		Subject: "sqlfn.orders.created", Key: "order-42", BizKey: "order:42:created",
-		Headers: map[string][]string{"traceparent": {"00-abc-def-01"}, "Multi": {"1", "", "zürich ☃"}, "multi": {"lower"}, "Tab": {"a\tb"}},
+		Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "Multi": {"1", "", "zürich ☃"}, "multi": {"lower"}, "Tab": {"a\tb"}},
 		Payload: []byte{0, 1, 2, 0xff, 0xfe, '\r', '\n', 0},
 	}
 	tx := beginTx(t, db)

@@ -40,9 +40,11 @@ var sqlStates = []struct {
 	{outbox.ErrInvalidGroup, "TX007"},
 	{outbox.ErrRolledBack, "TX101"},
 	{outbox.ErrAlreadyCommitted, "TX102"},
+	// Before ErrNotFound: a *ScheduleError of a message or business key with no row wraps
+	// both, and the SQL functions raise TX201 for it (their message says "message not found").
+	{outbox.ErrNotScheduled, "TX201"},
 	{outbox.ErrNotFound, "TX103"},
 	{outbox.ErrInvalidDeliverAt, "TX009"},
-	{outbox.ErrNotScheduled, "TX201"},
 	// An invalid argument of a call (PrepareOptions.CheckImmunity; batch arrays of unequal
 	// length have no Go form).
 	{txoutbox.ErrInvalidConfig, "TX008"},
@@ -235,7 +237,7 @@ func agreementRows() []agreementRow {
 	withBiz := func(k string) outbox.Message { m := msg("k.v"); m.BizKey = k; return m }
 	withHdr := func(h map[string][]string) outbox.Message { m := msg("h.v"); m.Headers = h; return m }
 	one := func(name, value string) outbox.Message { return withHdr(map[string][]string{name: {value}}) }
-	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-abc-def-01"}}}
+	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	rows := []agreementRow{
 		// Subjects.
 		{name: "subject ok", m: msg("orders.created"), want: "ok"},
@@ -302,7 +304,7 @@ func agreementRows() []agreementRow {
 		{name: "biz key leading space", m: withBiz(" b"), want: "TX002"},
 		{name: "biz key inner LF", m: withBiz("a\nb"), want: "TX002"},
 		// Header names.
-		{name: "header ok", m: one("traceparent", "00-abc-def-01"), want: "ok"},
+		{name: "header ok", m: one("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), want: "ok"},
 		{name: "header name of every token character", m: one("!#$%&'*+-.^_`|~09AZaz", "v"), want: "ok"},
 		{name: "header name with a space", m: one("a b", "v"), want: "TX003"},
 		{name: "header name with a colon", m: one("a:b", "v"), want: "TX003"},

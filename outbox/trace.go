@@ -41,24 +41,42 @@ func (c *Client) TraceHeaders(ctx context.Context) map[string][]string {
 }
 
 // withTrace returns m with the trace context of ctx added to its headers, and whether
-// anything was added. Nothing is added when m already has a header the propagator sets (the
-// caller's trace context is published as given), or when ctx carries nothing to propagate.
-// m's own Headers map is never changed.
+// anything was added. Nothing is added when m's headers carry a valid trace context of their
+// own, as the propagator reads it (the caller's trace context is published as given), or when
+// ctx carries nothing to propagate. Otherwise the propagator's fields are added, except those
+// m already has (in any case): a caller's baggage or tracestate alone does not stop the
+// capture, and is kept as given. A traceparent of the caller's that is not valid is not
+// replaced: prepareRow refuses it (ErrInvalidTraceparent). m's own Headers map is never
+// changed.
 func (c *Client) withTrace(ctx context.Context, m *Message) (Message, bool) {
 	p := c.trace.p
 	fields := p.Fields()
-	if len(fields) == 0 || tracing.HasAny(m.Headers, fields) {
-		return *m, false // nothing to capture (no propagator set), or the caller's own
+	if len(fields) == 0 {
+		return *m, false // nothing to capture: no propagator set
+	}
+	if tracing.HasAny(m.Headers, fields) && tracing.Extract(p, m.Headers).IsValid() {
+		return *m, false // the caller's own
 	}
 	var h tracing.Carrier
 	p.Inject(ctx, lazyCarrier{&h})
 	if len(h) == 0 {
 		return *m, false
 	}
+	var merged map[string][]string
+	for k, v := range h {
+		if tracing.HasAny(m.Headers, []string{k}) {
+			continue // the caller's, as given
+		}
+		if merged == nil {
+			merged = make(map[string][]string, len(m.Headers)+len(h))
+			maps.Copy(merged, m.Headers)
+		}
+		merged[k] = v
+	}
+	if merged == nil {
+		return *m, false
+	}
 	out := *m
-	merged := make(map[string][]string, len(m.Headers)+len(h))
-	maps.Copy(merged, m.Headers)
-	maps.Copy(merged, h)
 	out.Headers = merged
 	return out, true
 }

@@ -248,3 +248,122 @@ func attrMap(kvs []attribute.KeyValue) map[string]string {
 	}
 	return out
 }
+
+// A traceparent header that is not a W3C trace context is refused at the door, by EnqueueTx,
+// Prepare and EnqueueSQLTx alike, with or without a propagator: it would be published as given
+// and dropped by the consumer's propagator, and the trace would end at the producer without a
+// word. The error names the message and wraps ErrInvalidTraceparent (and ErrInvalidHeader).
+func TestInvalidTraceparentRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	tp, _ := newTracing(t)
+	traced := newClient(t, db, &outbox.Config{TracerProvider: tp, Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})})
+	plain := newClient(t, db, nil)
+	rctx, req := tp.Tracer("test").Start(ctx, "request")
+	defer req.End()
+	const valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	bad := map[string][]string{
+		"garbage":          {"garbage"},
+		"empty":            {""},
+		"upper-case hex":   {"00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01"},
+		"all-zero trace":   {"00-00000000000000000000000000000000-b7ad6b7169203331-01"},
+		"all-zero span":    {"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01"},
+		"version ff":       {"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		"00 too long":      {valid + "-00"},
+		"short ids":        {"00-abc-def-01"},
+		"two values":       {valid, valid},
+		"later version no": {"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x"},
+	}
+	sdb := openSQL(t, db, "pgx")
+	for name, v := range bad {
+		m := outbox.Message{Subject: "orders.created", Payload: []byte(name), Headers: map[string][]string{"traceparent": v}}
+		for _, c := range []*outbox.Client{traced, plain} {
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				_, err := c.EnqueueTx(rctx, tx, outbox.Message{Subject: "orders.created"}, m)
+				return err
+			})
+			var me *outbox.MessageError
+			if !errors.Is(err, outbox.ErrInvalidTraceparent) || !errors.Is(err, outbox.ErrInvalidHeader) || !errors.As(err, &me) || me.Index != 1 {
+				t.Fatalf("%s: EnqueueTx: %v, want a *MessageError for message 1 wrapping ErrInvalidTraceparent", name, err)
+			}
+			if _, err := c.Prepare(rctx, db.Pool, m, &outbox.PrepareOptions{Group: "payments"}); !errors.Is(err, outbox.ErrInvalidTraceparent) {
+				t.Fatalf("%s: Prepare: %v, want ErrInvalidTraceparent", name, err)
+			}
+		}
+		tx := beginSQL(t, sdb)
+		if _, err := traced.EnqueueSQLTx(rctx, tx, m); !errors.Is(err, outbox.ErrInvalidTraceparent) {
+			t.Fatalf("%s: EnqueueSQLTx: %v, want ErrInvalidTraceparent", name, err)
+		}
+		_ = tx.Rollback()
+	}
+	// Valid ones, in any case of the name, travel as given; so does a later version with more
+	// fields after the flags.
+	for _, h := range []map[string][]string{
+		{"traceparent": {valid}},
+		{"TraceParent": {valid}},
+		{"traceparent": {"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future"}},
+	} {
+		var ids []uuid.UUID
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			var err error
+			ids, err = plain.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Headers: h})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%v: %v", h, err)
+		}
+		if got := storedHeaders(t, db, ids[0]); len(got) != 1 {
+			t.Fatalf("stored %v, want %v as given", got, h)
+		}
+	}
+	if n, err := db.Pool.Exec(ctx, `SELECT 1 FROM txoutbox_messages WHERE payload = ANY($1)`, [][]byte{[]byte("garbage")}); err != nil || n.RowsAffected() != 0 {
+		t.Fatalf("a refused message was stored (%v, %v)", n, err)
+	}
+}
+
+// Trace headers of the caller's that do not make a trace context (baggage alone, tracestate
+// alone) do not stop the capture: the message gets the traceparent of its ctx, and the
+// caller's baggage and tracestate are kept as given.
+func TestPartialTraceHeadersStillCaptured(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	tp, _ := newTracing(t)
+	c := newClient(t, db, &outbox.Config{TracerProvider: tp, Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})})
+	ts, err := trace.ParseTraceState("ctx=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, req := tp.Tracer("test").Start(ctx, "request")
+	defer req.End()
+	rctx = trace.ContextWithSpanContext(rctx, req.SpanContext().WithTraceState(ts))
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		ids, err = c.EnqueueTx(rctx, tx,
+			outbox.Message{Subject: "orders.created", Payload: []byte("b"), Headers: map[string][]string{"baggage": {"tenant=7"}}},
+			outbox.Message{Subject: "orders.created", Payload: []byte("c"), Headers: map[string][]string{"Tracestate": {"v=1"}}},
+		)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []map[string]string{
+		{"baggage": "tenant=7", "tracestate": "ctx=1"},
+		{"Tracestate": "v=1"},
+	} {
+		h := storedHeaders(t, db, ids[i])
+		if sc := parentOf(h); sc.TraceID() != req.SpanContext().TraceID() || sc.SpanID() != req.SpanContext().SpanID() {
+			t.Fatalf("message %d: stored %v, want the traceparent of the request span captured", i, h)
+		}
+		for k, v := range want {
+			if first(h[k]) != v {
+				t.Fatalf("message %d: stored %v, want %s %q", i, h, k, v)
+			}
+		}
+		if len(h) != len(want)+1 {
+			t.Fatalf("message %d: stored %v, want %v and the traceparent only", i, h, want)
+		}
+	}
+}

@@ -35,6 +35,12 @@ var (
 	// control character other than a tab inside it, or begins or ends with white space or a
 	// zero-width character (see ValidateHeaderValue).
 	ErrInvalidHeader = errors.New("invalid header")
+	// ErrInvalidTraceparent: a traceparent header (any case) that is not a W3C trace context
+	// (version-traceid-spanid-flags in lower-case hex, trace and span id not all zero,
+	// version not ff; one value, one such header): it would be published as given and
+	// dropped by the consumer's propagator, and the trace would silently end at the
+	// producer. It wraps ErrInvalidHeader, so errors.Is(err, ErrInvalidHeader) holds too.
+	ErrInvalidTraceparent = fmt.Errorf("%w: traceparent is not a W3C trace context", ErrInvalidHeader)
 	// ErrDuplicateID: two messages of one call share an id, or the id is already in the outbox.
 	ErrDuplicateID = errors.New("duplicate message id")
 	// ErrInvalidKey: a Key or BizKey that is too long, not valid UTF-8, holds a control
@@ -360,6 +366,81 @@ func validateHeaders(h map[string][]string) (size int, problem string) {
 		}
 	}
 	return size, ""
+}
+
+// TraceparentHeader is the W3C trace context header (checked without regard to case).
+const TraceparentHeader = "traceparent"
+
+// traceparentProblem says what is wrong with the traceparent headers of h (names compared
+// without regard to case), or "" when there is none or one valid one (see
+// ErrInvalidTraceparent and ValidateTraceparent).
+func traceparentProblem(h map[string][]string) string {
+	var found []string
+	var name string
+	for k, v := range h {
+		if strings.EqualFold(k, TraceparentHeader) {
+			found = append(found, v...)
+			name = k
+		}
+	}
+	switch {
+	case len(found) == 0:
+		return ""
+	case len(found) > 1:
+		return fmt.Sprintf("%d traceparent values: a message carries one trace context", len(found))
+	}
+	if err := ValidateTraceparent(found[0]); err != nil {
+		v := found[0]
+		if len(v) > 80 {
+			v = v[:80] + "…"
+		}
+		return fmt.Sprintf("%s %q %v; the consumer's propagator would drop it and the trace would end at the producer", name, v, err)
+	}
+	return ""
+}
+
+// ValidateTraceparent reports whether v is a W3C trace context traceparent value that
+// consumers' propagators accept: version "-" trace-id "-" parent-id "-" trace-flags, 2, 32, 16
+// and 2 lower-case hex digits, the ids not all zero, the version not ff; version 00 exactly 55
+// characters, a later version 55 or more with a "-" after the flags. EnqueueTx, Prepare and
+// their database/sql twins refuse a message whose traceparent header fails it
+// (ErrInvalidTraceparent).
+func ValidateTraceparent(v string) error {
+	const n = 55 // 2+1+32+1+16+1+2
+	if len(v) < n {
+		return fmt.Errorf("is %d characters, a traceparent has at least %d (version-traceid-spanid-flags)", len(v), n)
+	}
+	if v[2] != '-' || v[35] != '-' || v[52] != '-' {
+		return errors.New("is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 hex digits separated by -)")
+	}
+	version, traceID, spanID, flags := v[0:2], v[3:35], v[36:52], v[53:55]
+	for _, f := range []struct{ what, s string }{{"version", version}, {"trace id", traceID}, {"span id", spanID}, {"flags", flags}} {
+		if !lowerHex(f.s) {
+			return fmt.Errorf("has a %s that is not lower-case hex", f.what)
+		}
+	}
+	switch {
+	case version == "ff":
+		return errors.New("has version ff, which is invalid")
+	case strings.Trim(traceID, "0") == "":
+		return errors.New("has an all-zero trace id")
+	case strings.Trim(spanID, "0") == "":
+		return errors.New("has an all-zero span id")
+	case version == "00" && len(v) != n:
+		return fmt.Errorf("is %d characters, a version 00 traceparent has exactly %d", len(v), n)
+	case len(v) > n && v[n] != '-':
+		return errors.New("has more after the flags without a - between")
+	}
+	return nil
+}
+
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // headerOverhead is what a header block costs beyond its lines: "NATS/1.0\r\n" and the final "\r\n".

@@ -61,7 +61,7 @@ func newScheduledMetrics(reg prometheus.Registerer) (*scheduledMetrics, error) {
 		}),
 		nextDue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "next_scheduled_seconds",
-			Help: "Seconds until the earliest scheduled (delayed) message of the whole outbox is due; negative when it is overdue (no relay promotes), 0 when there is none. Sampled.",
+			Help: "Seconds until the earliest scheduled (delayed) message of the whole outbox is due; negative when it is overdue (beyond a poll interval: no relay is running, or its key is held by an open transaction), 0 when there is none. Sampled.",
 		}),
 	}
 	if err := prom.Register(reg, "relay", prom.Of(&m.promoted), prom.Of(&m.lateness), prom.Of(&m.nextDue)); err != nil {

@@ -485,6 +485,94 @@ func TestPromotionWaitsForALockedEarlierRowOfItsKey(t *testing.T) {
 	}
 }
 
+// A key held while more of its rows are due than a promotion looks at (PromoteLimit) takes
+// one place of the promotion, not all of them: the other keys' due rows and the unkeyed ones
+// are promoted and published in the same pass, the held key is not followed (no statement a
+// round spent on a key that cannot move), and once released its rows go out in due order.
+// Held by a producer's open transaction (EnqueueTx takes the key lock) or by an uncommitted
+// CancelTx of its earliest row (the row lock).
+func TestHeldKeyDoesNotStallOtherScheduledRows(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		hold func(e *env, tx pgx.Tx, first uuid.UUID) error
+	}{
+		{"producer transaction holds the key", func(e *env, tx pgx.Tx, _ uuid.UUID) error {
+			_, err := e.client.EnqueueTx(context.Background(), tx, outbox.Message{Subject: "orders.event", Key: "hot", Payload: []byte("live")})
+			return err
+		}},
+		{"uncommitted cancel holds its earliest row", func(e *env, tx pgx.Tx, first uuid.UUID) error {
+			return e.client.CancelTx(context.Background(), tx, first)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t)
+			r := e.relay(nil)
+			hot := store.PromoteLimit + 44
+			base := time.Now().Add(time.Hour)
+			var msgs []outbox.Message
+			for i := range hot {
+				msgs = append(msgs, outbox.Message{Subject: "orders.event", Key: "hot", Payload: []byte(fmt.Sprintf("hot/%d", i)), DeliverAt: base.Add(time.Duration(i) * time.Millisecond)})
+			}
+			// Due after every row of the held key.
+			msgs = append(msgs,
+				outbox.Message{Subject: "orders.event", Key: "other", Payload: []byte("other"), DeliverAt: base.Add(time.Second)},
+				outbox.Message{Subject: "orders.event", Payload: []byte("unkeyed"), DeliverAt: base.Add(time.Second)})
+			ids := e.enqueue(msgs...)
+			if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = deliver_at - interval '2 hours' WHERE state = 'scheduled'`); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := e.db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A failing test must not leave the transaction open: the schema's cleanup would wait on it.
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			if err := tc.hold(e, tx, ids[0]); err != nil {
+				t.Fatal(err)
+			}
+			promoteNow(r)
+			if _, err := r.runOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := e.count("state = 'scheduled' AND (msg_key IS NULL OR msg_key = 'other')"); n != 0 {
+				t.Fatalf("%d due rows of other keys still scheduled after a pass while key hot is held", n)
+			}
+			if got := e.published("ORDERS"); len(got) != 2 {
+				t.Fatalf("published %d messages in the pass, want the 2 of the other keys", len(got))
+			}
+			if n := e.count("state = 'scheduled' AND msg_key = 'hot'"); n != hot {
+				t.Fatalf("%d rows of the held key left scheduled, want %d", n, hot)
+			}
+			if len(r.sched.follow.Keys) != 0 {
+				t.Fatalf("the next pass follows %v (%d rounds): keys that did not move", r.sched.follow.Keys, r.sched.follow.Rounds)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			promoteNow(r)
+			drain(t, r)
+			var seqs []int
+			for _, m := range e.streamMsgs("ORDERS") {
+				var seq int
+				if _, err := fmt.Sscanf(string(m.Data), "hot/%d", &seq); err == nil {
+					seqs = append(seqs, seq)
+				}
+			}
+			if len(seqs) != hot {
+				t.Fatalf("%d rows of key hot published after it was released, want %d", len(seqs), hot)
+			}
+			for i, s := range seqs {
+				if s != i {
+					t.Fatalf("key hot went out in the order %v, want its due order", seqs)
+				}
+			}
+		})
+	}
+}
+
 // A delivery time past the range of a time.Duration (about 292 years ahead) does not wrap
 // around: the relay knows the row is not due, stays idle (no promotion until its poll
 // interval is out, however often it claims), does not shorten its idle wait, and the gauge of

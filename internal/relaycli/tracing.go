@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -34,10 +36,12 @@ type tracing struct {
 // tracingShutdownTimeout bounds the flush of the spans still buffered at exit.
 const tracingShutdownTimeout = 5 * time.Second
 
-// The environment variables setupTracing reads itself; the exporter and the SDK read the rest
-// of the standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS, _CERTIFICATE, _TIMEOUT,
-// _COMPRESSION, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_BSP_*,
-// OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) from the process environment.
+// The environment variables setupTracing reads itself (the sampler and the batch span
+// processor's too: the SDK ignores a bad value of those without a word, and a relay told to
+// sample 10% that samples everything, or the reverse, should not start); the exporter and the
+// SDK read the rest of the standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS,
+// _CERTIFICATE, _TIMEOUT, _COMPRESSION, OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) from the
+// process environment.
 const (
 	envSDKDisabled      = "OTEL_SDK_DISABLED"
 	envTracesExporter   = "OTEL_TRACES_EXPORTER"
@@ -46,6 +50,12 @@ const (
 	envProtocol         = "OTEL_EXPORTER_OTLP_PROTOCOL"
 	envTracesProtocol   = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 	envPropagators      = "OTEL_PROPAGATORS"
+	envSampler          = "OTEL_TRACES_SAMPLER"
+	envSamplerArg       = "OTEL_TRACES_SAMPLER_ARG"
+	envBSPDelay         = "OTEL_BSP_SCHEDULE_DELAY"
+	envBSPTimeout       = "OTEL_BSP_EXPORT_TIMEOUT"
+	envBSPQueue         = "OTEL_BSP_MAX_QUEUE_SIZE"
+	envBSPBatch         = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 	defaultServiceName  = "txoutbox-relay"
 	defaultOTLPProtocol = "http/protobuf"
 )
@@ -80,6 +90,14 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		return off, nil // none
 	}
 	prop, err := propagators(get(envPropagators))
+	if err != nil {
+		return nil, err
+	}
+	sampler, err := samplerOf(get(envSampler), get(envSamplerArg))
+	if err != nil {
+		return nil, err
+	}
+	batch, err := batchOptions(get)
 	if err != nil {
 		return nil, err
 	}
@@ -138,12 +156,12 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		stopAll()
 		return nil, usageErr("invalid OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME: %v", err)
 	}
-	// The sampler comes from OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (the SDK reads
-	// them), by default parentbased_always_on: a message whose producer's span was sampled
-	// is traced through the relay.
-	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	// The sampler comes from OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (samplerOf), by
+	// default parentbased_always_on: a message whose producer's span was sampled is traced
+	// through the relay.
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sampler)}
 	for _, exp := range exps {
-		opts = append(opts, sdktrace.WithBatcher(exp))
+		opts = append(opts, sdktrace.WithBatcher(exp, batch...))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetErrorHandler(exportErrors(log))
@@ -215,6 +233,101 @@ func propagators(v string) (propagation.TextMapPropagator, error) {
 		}
 	}
 	return propagation.NewCompositeTextMapPropagator(ps...), nil
+}
+
+// samplerOf parses OTEL_TRACES_SAMPLER (the specification's names the SDK has: always_on,
+// always_off, traceidratio, parentbased_always_on, parentbased_always_off,
+// parentbased_traceidratio, in any case; unset: parentbased_always_on) and, for the ratio
+// samplers, OTEL_TRACES_SAMPLER_ARG (a number in [0, 1]; unset: 1.0). The other samplers take
+// no argument and ignore it. Where the specification says to log a bad value and go on with
+// the default, the relay refuses to start: a usage error naming the variable.
+func samplerOf(name, arg string) (sdktrace.Sampler, error) {
+	ratio := func() (float64, error) {
+		if arg == "" {
+			return 1, nil
+		}
+		v, err := strconv.ParseFloat(arg, 64)
+		if err != nil || math.IsNaN(v) || v < 0 || v > 1 {
+			return 0, usageErr("invalid %s %q: the ratio of traces %s samples is a number from 0 to 1", envSamplerArg, arg, name)
+		}
+		return v, nil
+	}
+	switch strings.ToLower(name) {
+	case "", "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case "always_on":
+		return sdktrace.AlwaysSample(), nil
+	case "always_off":
+		return sdktrace.NeverSample(), nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case "traceidratio":
+		r, err := ratio()
+		if err != nil {
+			return nil, err
+		}
+		return sdktrace.TraceIDRatioBased(r), nil
+	case "parentbased_traceidratio":
+		r, err := ratio()
+		if err != nil {
+			return nil, err
+		}
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(r)), nil
+	}
+	return nil, usageErr("invalid %s %q: use always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio", envSampler, name)
+}
+
+// batchOptions parses the batch span processor's OTEL_BSP_* variables (the SDK would ignore
+// a bad value): OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_EXPORT_TIMEOUT in milliseconds (0 or
+// more), OTEL_BSP_MAX_QUEUE_SIZE and OTEL_BSP_MAX_EXPORT_BATCH_SIZE (1 or more, the batch no
+// larger than the queue, whose default is 2048). Unset ones keep the SDK's defaults.
+func batchOptions(get func(string) string) ([]sdktrace.BatchSpanProcessorOption, error) {
+	var opts []sdktrace.BatchSpanProcessorOption
+	num := func(key string, least int) (int, bool, error) {
+		v := get(key)
+		if v == "" {
+			return 0, false, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < least {
+			return 0, false, usageErr("invalid %s %q: want a whole number, %d or more", key, v, least)
+		}
+		return n, true, nil
+	}
+	for _, d := range []struct {
+		key string
+		opt func(time.Duration) sdktrace.BatchSpanProcessorOption
+	}{{envBSPDelay, sdktrace.WithBatchTimeout}, {envBSPTimeout, sdktrace.WithExportTimeout}} {
+		ms, set, err := num(d.key, 0)
+		if err != nil {
+			return nil, err
+		}
+		if set {
+			opts = append(opts, d.opt(time.Duration(ms)*time.Millisecond))
+		}
+	}
+	queue, queueSet, err := num(envBSPQueue, 1)
+	if err != nil {
+		return nil, err
+	}
+	batch, batchSet, err := num(envBSPBatch, 1)
+	if err != nil {
+		return nil, err
+	}
+	if queueSet {
+		opts = append(opts, sdktrace.WithMaxQueueSize(queue))
+	} else {
+		queue = sdktrace.DefaultMaxQueueSize
+	}
+	switch {
+	case batchSet && batch > queue:
+		return nil, usageErr("invalid %s %d: more than the queue holds (%s, %d)", envBSPBatch, batch, envBSPQueue, queue)
+	case batchSet:
+		opts = append(opts, sdktrace.WithMaxExportBatchSize(batch))
+	case queue < sdktrace.DefaultMaxExportBatchSize:
+		opts = append(opts, sdktrace.WithMaxExportBatchSize(queue))
+	}
+	return opts, nil
 }
 
 // exportErrors logs OpenTelemetry's errors (a collector that cannot be reached): the first

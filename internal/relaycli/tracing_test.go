@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -172,6 +173,21 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_PROPAGATORS": "b3"}, bad: "OTEL_PROPAGATORS"},
+		// The sampler and the batch span processor: the SDK would ignore a bad value.
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "sometimes"}, bad: "OTEL_TRACES_SAMPLER"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, bad: "OTEL_TRACES_SAMPLER"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"}, bad: "OTEL_TRACES_SAMPLER_ARG"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "-0.1"}, bad: "OTEL_TRACES_SAMPLER_ARG"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "ten%"}, bad: "OTEL_TRACES_SAMPLER_ARG"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "NaN"}, bad: "OTEL_TRACES_SAMPLER_ARG"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "5s"}, bad: "OTEL_BSP_SCHEDULE_DELAY"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_EXPORT_TIMEOUT": "-1"}, bad: "OTEL_BSP_EXPORT_TIMEOUT"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_QUEUE_SIZE": "0"}, bad: "OTEL_BSP_MAX_QUEUE_SIZE"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "lots"}, bad: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "200"}, bad: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "PARENTBASED_TRACEIDRATIO", "OTEL_TRACES_SAMPLER_ARG": "1",
+			"OTEL_BSP_SCHEDULE_DELAY": "0", "OTEL_BSP_EXPORT_TIMEOUT": "1000", "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100"}, on: true},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "ignored"}, on: true},
 	} {
 		var out strings.Builder
 		env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return tc.vars[k] }}
@@ -236,5 +252,51 @@ func TestTracesExporterList(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"exporter":"otlp,console"`) || !strings.Contains(logs.String(), `"protocol":"http/protobuf"`) {
 		t.Errorf("tracing on line: %s", logs.String())
+	}
+}
+
+// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG decide what the relay samples: the relay
+// passes the sampler it parsed to the SDK (a root span, and a span whose remote parent was
+// sampled or not).
+func TestTracingSampler(t *testing.T) {
+	t.Parallel()
+	sampledParent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true})
+	unsampledParent := sampledParent.WithTraceFlags(0)
+	for _, tc := range []struct {
+		sampler, arg             string
+		root, sampled, unsampled bool
+	}{
+		{"", "", true, true, false}, // parentbased_always_on
+		{"parentbased_always_on", "", true, true, false},
+		{"always_on", "", true, true, true},
+		{"always_off", "", false, false, false},
+		{"parentbased_always_off", "", false, true, false},
+		{"traceidratio", "0", false, false, false},
+		{"traceidratio", "", true, true, true}, // the argument defaults to 1.0
+		{"parentbased_traceidratio", "0", false, true, false},
+		{"Parentbased_TraceIDRatio", "1", true, true, false},
+	} {
+		var out strings.Builder
+		vars := map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": tc.sampler, "OTEL_TRACES_SAMPLER_ARG": tc.arg}
+		env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return vars[k] }}
+		tr, err := setupTracing(context.Background(), env, testsvc.Logger(), defaultServiceName)
+		if err != nil {
+			t.Fatalf("%s %q: %v", tc.sampler, tc.arg, err)
+		}
+		sampled := func(parent trace.SpanContext) bool {
+			ctx := context.Background()
+			if parent.IsValid() {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+			}
+			_, span := tr.tp.Tracer("t").Start(ctx, "s")
+			defer span.End()
+			return span.SpanContext().IsSampled()
+		}
+		if got := [3]bool{sampled(trace.SpanContext{}), sampled(sampledParent), sampled(unsampledParent)}; got != [3]bool{tc.root, tc.sampled, tc.unsampled} {
+			t.Errorf("%s %q: root, sampled parent, unsampled parent sampled = %v, want %v", tc.sampler, tc.arg, got, [3]bool{tc.root, tc.sampled, tc.unsampled})
+		}
+		if err := tr.shutdown(context.Background()); err != nil {
+			t.Errorf("%s: shutdown: %v", tc.sampler, err)
+		}
 	}
 }

@@ -18,10 +18,17 @@ func init() {
 // counts read "at least".
 const ScheduledLimit = 10_000
 
+// OverdueAfter is how long past its delivery time a scheduled row may wait before the panel
+// lists it under "Needs attention": a running relay promotes a due row within its poll
+// interval (PollMax, 1s by default), so a row a minute late is not being promoted. The same
+// threshold as the TxoutboxScheduledOverdue alert (deploy/prometheus/alerts.yml).
+const OverdueAfter = time.Minute
+
 // scheduledPanel shows the delayed messages waiting for their delivery time, per subject,
-// when there are any: how many, how many are overdue (a relay promotes them within its poll
-// interval; many overdue means none runs), and when the first and last fall due. It reads the
-// first ScheduledLimit rows in due order, however many wait.
+// when there are any: how many, how many are overdue, and when the first and last fall due.
+// A row overdue by more than OverdueAfter is a problem (no relay is running, or its key is
+// held by an open transaction): its subject is flagged and the snapshot's Problems say so. It
+// reads the first ScheduledLimit rows in due order, however many wait.
 func scheduledPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
 	return scheduledTable(ctx, db, q, ScheduledLimit)
 }
@@ -52,6 +59,9 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 		}
 		t.Rows = append(t.Rows, []string{s.Subject, count(s.Count, !st.Capped), count(s.Overdue, s.Overdue < int64(limit)),
 			Until(s.FirstDue, now), s.FirstDue.UTC().Format(time.RFC3339), last})
+		if s.Overdue > 0 && now.Sub(s.FirstDue) > OverdueAfter {
+			t.Flagged = append(t.Flagged, i)
+		}
 		overdue += s.Overdue
 		if i == 0 || s.FirstDue.Before(first) {
 			first = s.FirstDue
@@ -64,7 +74,13 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 		t.Note = fmt.Sprintf("counted over the first %d in due order (subjects due only later are not listed); ", limit) + t.Note
 	}
 	if overdue > 0 {
-		t.Note = "overdue rows are published at a relay's next pass; if they stay, no relay is running. " + t.Note
+		t.Note = "a running relay promotes overdue rows within its poll interval; rows that stay overdue mean no relay is running, " +
+			"or their key is held by an open transaction (a producer's, or an uncommitted cancel). " + t.Note
+	}
+	if late := now.Sub(first); overdue > 0 && late > OverdueAfter {
+		t.Problems = append(t.Problems, fmt.Sprintf("%s scheduled rows overdue, the oldest by %s: no relay is running, "+
+			"or a key is held by an open transaction (see Oldest transactions; relay scheduled list lists them, overdue first)",
+			count(overdue, overdue < int64(limit)), Age(late.Seconds(), 1)))
 	}
 	return t, nil
 }

@@ -104,3 +104,48 @@ SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - 
 		t.Errorf("uncapped TOTAL row %q, note %q; want 20003 exact", total, tb.Note)
 	}
 }
+
+// Scheduled rows overdue by more than OverdueAfter are listed under "Needs attention" (a
+// running relay promotes a due row within its poll interval: no relay runs, or a key is held
+// by an open transaction), their subject flagged; rows just due are not a problem.
+func TestScheduledPanelOverdueNeedsAttention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	q := store.New(db.Schema)
+	insert := func(subject string, due string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at)
+VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interval)`, subject, due); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert("orders.soon", "1 hour")
+	insert("orders.just", "-1 second")
+	tb, err := scheduledTable(ctx, db.Pool, q, ScheduledLimit)
+	if err != nil || tb == nil {
+		t.Fatalf("panel: %v, %v", tb, err)
+	}
+	if len(tb.Problems) != 0 || len(tb.Flagged) != 0 {
+		t.Fatalf("a row due a second ago is a problem: %q (flagged %v)", tb.Problems, tb.Flagged)
+	}
+	if strings.Contains(tb.Note, "if they stay, no relay is running.") || !strings.Contains(tb.Note, "held by an open transaction") {
+		t.Errorf("note %q does not name both causes of overdue rows", tb.Note)
+	}
+	insert("orders.late", "-3 minutes")
+	tb, err = scheduledTable(ctx, db.Pool, q, ScheduledLimit)
+	if err != nil || tb == nil {
+		t.Fatalf("panel: %v, %v", tb, err)
+	}
+	if len(tb.Problems) != 1 || !strings.Contains(tb.Problems[0], "2 scheduled rows overdue, the oldest by 3m") ||
+		!strings.Contains(tb.Problems[0], "no relay is running, or a key is held by an open transaction") {
+		t.Fatalf("problems %q; want one naming the 2 overdue rows, the oldest 3m late, and both causes", tb.Problems)
+	}
+	var flagged []string
+	for _, i := range tb.Flagged {
+		flagged = append(flagged, tb.Rows[i][0])
+	}
+	if len(flagged) != 1 || flagged[0] != "orders.late" {
+		t.Errorf("flagged subjects %v, want [orders.late]", flagged)
+	}
+}

@@ -5,7 +5,11 @@ package store
 // however many there are and however far ahead they are due. Before it claims, a relay
 // promotes the rows that fell due: an index range scan over (deliver_at, id) WHERE
 // state = 'scheduled' that stops at the first row not yet due, so its cost is the number of due
-// rows, not the number of scheduled ones.
+// rows, not the number of scheduled ones. Of each key it takes the earliest scheduled row only,
+// so that one key, however many of its rows are due and whether or not it can be promoted
+// now, takes one of the PromoteLimit places of a promotion: a key held by a producer's open
+// transaction, or whose earliest row an uncommitted cancel holds, does not keep the other
+// keys' due rows (and the unkeyed ones) waiting behind it.
 //
 // Promotion moves each due row to ready with a new id (UPDATE ... SET id = DEFAULT; the rows of
 // one key one statement after another, earliest due first: a promotion reports the keys with
@@ -59,6 +63,7 @@ type scheduledSQL struct {
 	reschedule      string
 	rescheduleBiz   string
 	state           string
+	bizKeyState     string
 	sample          string
 	list            string
 	statusBySubject string
@@ -70,39 +75,43 @@ func newScheduledSQL(q *Queries) scheduledSQL {
 	bucketClass := strconv.Itoa(int(q.KeyBucketLockClass)) + "::int4"
 	bizKey := `(headers -> '` + BizKeyHeader + `' ->> 0)`
 	var s scheduledSQL
-	// $1: the most rows to look at. Returns how many moved, how many were due (more than moved:
-	// call again), the seconds until the next scheduled row not yet due (NULL when there is
-	// none), measured on the database's clock, and the keys with more than one row among those
-	// looked at with the most rows one of them has (see promoteNext). Rows of one key get their
-	// new ids in separate statements, earliest due first (DISTINCT ON): the order in which one
-	// UPDATE assigns identity values to several rows is not defined.
+	// $1: the most rows to look at. Returns how many moved, how many were looked at (more than
+	// moved: call again), the seconds until the next scheduled row not yet due (NULL when there
+	// is none), measured on the database's clock, and the keys one of whose rows moved that have
+	// more due rows, with the most due rows one of them has (counted up to $1; see promoteNext).
+	//
+	// A key takes at most one of the $1 places: only its earliest scheduled row is looked at
+	// (its later rows never overtake it, and a key whose lock a producer's transaction holds,
+	// or whose earliest row a cancel holds, must not fill the window and keep every other due
+	// row waiting behind it). The scan reads the due rows in due order up to the $1-th key,
+	// with one probe of the key index for each keyed row: a key's later due rows cost a probe
+	// each, not a place.
 	s.promote = `WITH due AS MATERIALIZED (
-  SELECT id, msg_key, partition_key, deliver_at FROM ` + m + `
-  WHERE state = 'scheduled' AND deliver_at <= now()
-  ORDER BY deliver_at, id
+  SELECT o.id, o.msg_key, o.partition_key FROM ` + m + ` o
+  WHERE o.state = 'scheduled' AND o.deliver_at <= now()
+    AND (o.msg_key IS NULL OR NOT EXISTS ( -- its key's earliest scheduled row only (locked or not)
+          SELECT 1 FROM ` + m + ` e
+          WHERE e.state = 'scheduled' AND e.msg_key = o.msg_key
+            AND (e.deliver_at, e.id) < (o.deliver_at, o.id)))
+  ORDER BY o.deliver_at, o.id
   LIMIT $1
-  FOR UPDATE SKIP LOCKED
-), first AS MATERIALIZED (
-  SELECT DISTINCT ON (d.msg_key IS NULL, coalesce(d.msg_key, d.id::text)) d.id, d.msg_key, d.partition_key, d.deliver_at
-  FROM due d
-  ORDER BY d.msg_key IS NULL, coalesce(d.msg_key, d.id::text), d.deliver_at, d.id
+  FOR UPDATE OF o SKIP LOCKED
 ), locked AS MATERIALIZED (
-  SELECT f.id FROM first f
-  WHERE f.msg_key IS NULL
-     OR (NOT EXISTS ( -- an earlier row of the key that this pass could not lock goes first
-           SELECT 1 FROM ` + m + ` e
-           WHERE e.state = 'scheduled' AND e.msg_key = f.msg_key
-             AND (e.deliver_at, e.id) < (f.deliver_at, f.id))
-         AND pg_try_advisory_xact_lock_shared(` + bucketClass + `, f.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
-         AND pg_try_advisory_xact_lock(` + keyClass + `, f.partition_key))
+  SELECT d.id, d.msg_key FROM due d
+  WHERE d.msg_key IS NULL
+     OR (pg_try_advisory_xact_lock_shared(` + bucketClass + `, d.partition_key % ` + strconv.Itoa(KeyLockBuckets) + `)
+         AND pg_try_advisory_xact_lock(` + keyClass + `, d.partition_key))
 ), moved AS (
   UPDATE ` + m + ` o SET id = DEFAULT, state = 'ready', ready_at = clock_timestamp(), next_attempt_at = now(), attempts = 0
   FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
-  RETURNING 1
-), busy AS (
+  RETURNING l.msg_key
+), busy AS ( -- the statement's snapshot still shows the moved rows scheduled: n counts them
   SELECT coalesce(array_agg(h.msg_key ORDER BY h.msg_key), '{}') AS keys, coalesce(max(h.n), 0) AS most
-  FROM (SELECT d.msg_key, count(*) AS n FROM due d WHERE d.msg_key IS NOT NULL
-        GROUP BY d.msg_key HAVING count(*) > 1) h
+  FROM (SELECT v.msg_key, (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` e
+                             WHERE e.state = 'scheduled' AND e.msg_key = v.msg_key AND e.deliver_at <= now()
+                             LIMIT $1) c) AS n
+        FROM moved v WHERE v.msg_key IS NOT NULL) h
+  WHERE h.n > 1
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
@@ -152,6 +161,11 @@ WHERE `
 	s.reschedule = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE message_id = $1 AND state = 'scheduled'`
 	s.rescheduleBiz = `UPDATE ` + m + ` SET deliver_at = $2, settled_at = clock_timestamp() WHERE ` + byBizKey
 	s.state = `SELECT state FROM ` + m + ` WHERE message_id = $1`
+	// After a business key form changed nothing: the state of the key's latest row that is not
+	// scheduled. No index has the business keys of rows in other states (the business key index
+	// is on the scheduled rows only), so this reads the outbox's rows; it runs only when nothing
+	// was scheduled under the key.
+	s.bizKeyState = `SELECT state FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state <> 'scheduled' ORDER BY id DESC LIMIT 1`
 	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT 1)`
@@ -177,16 +191,19 @@ FROM s GROUP BY s.subject ORDER BY s.subject`
 type Promotion struct {
 	// Moved counts the rows made ready.
 	Moved int
-	// More says that due rows are left (a full batch, a second row of a key, a row whose key
-	// was locked): promote again.
+	// More says that due rows are left (a full batch, a further due row of a key, a row whose
+	// key was locked): promote again.
 	More bool
 	// Next is how long until the next scheduled row not yet due is due, on the database's
 	// clock, when HasNext.
 	Next    time.Duration
 	HasNext bool
-	// Busy are the keys with more than one due row among those the promotion looked at, and
-	// Rows the most rows one of them had: pass them to the next PromoteAndClaim (Follow), which
-	// then promotes those keys' rows all in due order instead of one per pass.
+	// Busy are the keys one of whose rows the promotion moved that have more due rows, and
+	// Rows the most due rows one of them had (the moved one included, counted up to the
+	// promotion's limit): pass them to the next PromoteAndClaim (Follow), which then promotes
+	// those keys' rows all in due order instead of one per pass. A key that could not be
+	// promoted (held) is not among them: following it would cost a statement a round for
+	// nothing.
 	Busy []string
 	Rows int
 }
@@ -224,7 +241,7 @@ func scanPromotion(row pgx.Row, limit int) (Promotion, error) {
 	if err := row.Scan(&moved, &due, &secs, &p.Busy, &most); err != nil {
 		return Promotion{}, err
 	}
-	p.Moved, p.More, p.Rows = int(moved), due > moved || due == int64(limit), int(most)
+	p.Moved, p.More, p.Rows = int(moved), due > moved || due == int64(limit) || most > 1, int(most)
 	if secs != nil {
 		p.Next, p.HasNext = seconds(*secs), true
 	}
@@ -278,6 +295,17 @@ func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, f Fol
 func (q *Queries) ScheduledState(ctx context.Context, db DBTX, id uuid.UUID) (string, error) {
 	var st string
 	err := db.QueryRow(ctx, q.sched.state, id).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNoRow
+	}
+	return st, err
+}
+
+// ScheduledBizKeyState returns the state of the latest message whose business key is bizKey
+// among those not scheduled, or ErrNoRow when there is none (see CancelScheduledBizKey).
+func (q *Queries) ScheduledBizKeyState(ctx context.Context, db DBTX, bizKey string) (string, error) {
+	var st string
+	err := db.QueryRow(ctx, q.sched.bizKeyState, bizKey).Scan(&st)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNoRow
 	}

@@ -147,6 +147,16 @@ func (q *Queries) changeScheduledSQL(ctx context.Context, db SQLDBTX, id uuid.UU
 	return false, st, err
 }
 
+// ScheduledBizKeyStateSQL is ScheduledBizKeyState over database/sql.
+func (q *Queries) ScheduledBizKeyStateSQL(ctx context.Context, db SQLDBTX, bizKey string) (string, error) {
+	var st string
+	err := db.QueryRowContext(ctx, q.sched.bizKeyState, bizKey).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNoRow
+	}
+	return st, err
+}
+
 // CancelScheduledBizKeySQL is CancelScheduledBizKey over database/sql.
 func (q *Queries) CancelScheduledBizKeySQL(ctx context.Context, db SQLDBTX, bizKey string) ([]uuid.UUID, error) {
 	return collectIDsSQL(ctx, db, q.sched.cancelBiz, bizKey)
