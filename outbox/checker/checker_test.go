@@ -20,6 +20,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
+// The examples read TXOUTBOX_SCHEMA as a service does; unset, they must work in the default
+// schema too.
+func TestExamplesInDefaultSchema(t *testing.T) { testsvc.RunExamplesInDefaultSchema(t) }
+
 // The wire contract the check-back relies on: a JSON Request on Subject(prefix, group) gets
 // COMMIT, ROLLBACK or UNKNOWN; a checker error or panic a micro service error; a malformed
 // request a 400; a request of another outbox no reply at all.
