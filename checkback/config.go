@@ -6,6 +6,7 @@ import (
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -97,7 +98,8 @@ type Config struct {
 	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
 	// producer group: at most GroupConcurrency in flight and GroupRate per second, so that
 	// many stale rows never become a request storm. GroupRate txoutbox.Forever: no rate
-	// limit (GroupConcurrency still bounds the requests); GroupConcurrency has no off or
+	// limit (GroupConcurrency still bounds the requests); otherwise a finite positive rate
+	// (NaN and +Inf are refused). GroupConcurrency has no off or
 	// forever value (-1 is refused). Defaults to 4 and 20.
 	GroupConcurrency int
 	GroupRate        float64
@@ -119,10 +121,10 @@ type Config struct {
 	// allowed), or ScheduleOff ("off"); white space around it is ignored (WithDefaults trims
 	// it, so Config() shows " off" as "off"). A run that is still going when the next is due
 	// is skipped.
-	// ResolveSchedule resolves stale prepared rows (default "@every 1s"); StaleSchedule
-	// reports ready rows older than StaleReadyAfter and counts prepared and exhausted rows
-	// (default "@every 30s"); PurgeSchedule deletes rows past their retention (default
-	// "@every 1m").
+	// ResolveSchedule resolves stale prepared rows; StaleSchedule reports ready rows older
+	// than StaleReadyAfter and counts prepared and exhausted rows; PurgeSchedule deletes rows
+	// past their retention. Defaults to "@every 1s", "@every 30s" and "@every 1m"
+	// (DefaultResolveSchedule, DefaultStaleSchedule, DefaultPurgeSchedule).
 	ResolveSchedule string
 	StaleSchedule   string
 	PurgeSchedule   string

@@ -262,7 +262,7 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)

@@ -283,7 +283,7 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
