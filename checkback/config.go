@@ -232,14 +232,14 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
 		return bad("GroupConcurrency", "must be at least 1, got %d", c.GroupConcurrency)
-	case c.GroupRate <= 0 && c.GroupRate != txoutbox.Forever:
-		return bad("GroupRate", "must be positive, or txoutbox.Forever (-1), got %g", c.GroupRate)
+	case c.GroupRate != txoutbox.Forever && !(c.GroupRate > 0 && !math.IsInf(c.GroupRate, 1)): // NaN too
+		return bad("GroupRate", "must be a finite positive rate, or txoutbox.Forever (-1) for no limit, got %g", c.GroupRate)
 	case c.StaleReadyAfter <= 0:
 		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
 	case c.PublishedRetention <= 0 && c.PublishedRetention != txoutbox.Forever:
