@@ -3,7 +3,7 @@
 //
 //   - resolve: half messages prepared longer than the transaction timeout whose next check is
 //     due are resolved. A message prepared with a producer group is checked: the group's
-//     checker (see Serve) is asked over NATS request/reply whether the local transaction
+//     checker (see checker.Serve in package outbox/checker) is asked over NATS request/reply whether the local transaction
 //     committed. Only an explicit COMMIT or ROLLBACK settles it; anything else (UNKNOWN, an
 //     error reply, a timeout, no responders, a malformed reply) counts a check and schedules
 //     the next with exponential backoff and jitter, and after MaxChecks the row becomes

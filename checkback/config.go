@@ -68,7 +68,7 @@ type Config struct {
 	Schema string
 
 	// TransactionTimeout is how long a half message may stay prepared before it is checked
-	// (RocketMQ's transactionTimeout). A per-message PrepareOptions.CheckImmunity can only
+	// (RocketMQ's transaction timeout). A per-message PrepareOptions.CheckImmunity can only
 	// delay the first check further. txoutbox.Off: rows are checked as soon as the resolve
 	// job runs. Defaults to 6s.
 	TransactionTimeout time.Duration
