@@ -1,6 +1,8 @@
 package txoutbox_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"go/ast"
 	"go/parser"
@@ -13,6 +15,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
@@ -445,5 +451,66 @@ func TestSharedDefaultsAgree(t *testing.T) {
 	}
 	if migrations.DownAll != txoutbox.Forever {
 		t.Errorf("migrations.DownAll %d, want txoutbox.Forever", migrations.DownAll)
+	}
+}
+
+// A nil argument to a constructor is reported like an invalid field: a *txoutbox.ConfigError
+// naming the argument (a typed nil pointer in an interface too).
+func TestNilArgumentsAreConfigErrors(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // never connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var js jetstream.JetStream = struct{ jetstream.JetStream }{} // never used: New refuses first
+	apply := func(context.Context, pgx.Tx, consumer.Message) error { return nil }
+	applySQL := func(context.Context, *sql.Tx, consumer.Message) error { return nil }
+	answer := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateUnknown, nil }
+	cfg := &consumer.Config{Stream: "S", Durable: "d"}
+	for _, tc := range []struct {
+		pkg, arg string
+		err      error
+	}{
+		{"relay", "pool", func() error { _, err := relay.New(nil, js, nil); return err }()},
+		{"relay", "js", func() error { _, err := relay.New(pool, nil, nil); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.New(nil, js, apply, cfg); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.New((*pgxpool.Pool)(nil), js, apply, cfg); return err }()},
+		{"consumer", "js", func() error { _, err := consumer.New(pool, nil, apply, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.New(pool, js, nil, cfg); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.NewSQL(nil, js, applySQL, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.NewSQL(new(sql.DB), js, nil, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.NewBatch(pool, js, nil, cfg); return err }()},
+		{"checkback", "db", func() error { _, err := checkback.New(nil, nil, nil); return err }()},
+		{"checkback", "db", func() error { _, err := checkback.New((*pgxpool.Pool)(nil), nil, nil); return err }()},
+		{"checker", "nc", func() error { _, err := checker.Serve(nil, "g", answer, nil); return err }()},
+		{"checker", "check", func() error { _, err := checker.Serve(new(nats.Conn), "g", nil, nil); return err }()},
+	} {
+		var ce *txoutbox.ConfigError
+		if !errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.arg || !errors.Is(tc.err, txoutbox.ErrInvalidConfig) {
+			t.Errorf("%s: nil %s: got %v (%T), want a *txoutbox.ConfigError naming it", tc.pkg, tc.arg, tc.err, tc.err)
+		}
+	}
+}
+
+// A validation failure with a sentinel behind it keeps the sentinel as ConfigError.Err, so
+// errors.Is finds both ErrInvalidConfig and it.
+func TestConfigErrorsKeepTheirSentinel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field string
+		err   error
+	}{
+		{"relay Config.DoorbellSubject", relay.ValidateConfig(&relay.Config{DoorbellSubject: "a..b"})},
+		{"relay Config.Subjects", relay.ValidateConfig(&relay.Config{Subjects: []string{"a..b"}})},
+		{"consumer Config.FilterSubjects", consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", FilterSubjects: []string{"a..b"}})},
+		{"consumer Config.DeadLetterSubject", consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", DeadLetterSubject: "dead.*"})},
+		{"checkback Config.SubjectPrefix", checkback.ValidateConfig(&checkback.Config{SubjectPrefix: "a..b"})},
+		{"checker Config.SubjectPrefix", checker.ValidateConfig(&checker.Config{Outbox: "o", SubjectPrefix: "a..b"})},
+	} {
+		if !errors.Is(tc.err, txoutbox.ErrInvalidConfig) || !errors.Is(tc.err, outbox.ErrInvalidSubject) {
+			t.Errorf("%s: %v matches ErrInvalidConfig %v and outbox.ErrInvalidSubject %v, want both", tc.field,
+				tc.err, errors.Is(tc.err, txoutbox.ErrInvalidConfig), errors.Is(tc.err, outbox.ErrInvalidSubject))
+		}
 	}
 }

@@ -21,7 +21,6 @@ package checkback
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"log/slog"
@@ -93,10 +92,11 @@ type groupLimit struct {
 //
 // db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the jobs and the
 // checks of several producer groups use it at once. One connection or transaction (a
-// *pgx.Conn, a *pgxpool.Conn, a pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
+// *pgx.Conn, a *pgxpool.Conn, a pgx.Tx) is refused with a *txoutbox.ConfigError naming db,
+// and so is a nil db.
 func New(db txoutbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
-	if db == nil {
-		return nil, errors.New("checkback: db is nil")
+	if err := dbhandle.RequireArg("checkback", "db", "a pool, such as a *pgxpool.Pool", db); err != nil {
+		return nil, err
 	}
 	if err := dbhandle.RequirePool("checkback", "db", db); err != nil {
 		return nil, err

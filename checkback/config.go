@@ -218,6 +218,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "checkback", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	// badErr is bad for a failure with an error behind it (a validation sentinel), kept as Err.
+	badErr := func(field string, err error, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "checkback", Field: "Config." + field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
 	}
@@ -252,7 +256,7 @@ func (c *Config) validate() error {
 		return bad("PurgeBatchSize", "must be between 1 and 100000, got %d", c.PurgeBatchSize)
 	}
 	if err := outbox.ValidateSubject(c.SubjectPrefix); err != nil {
-		return bad("SubjectPrefix", "is invalid: %v", err)
+		return badErr("SubjectPrefix", err, "is invalid: %v", err)
 	}
 	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
 		if _, err := parseSchedule(spec); err != nil {

@@ -265,6 +265,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "relay", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	// badErr is bad for a failure with an error behind it (a validation sentinel), kept as Err.
+	badErr := func(field string, err error, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "relay", Field: "Config." + field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
 	}
@@ -304,12 +308,12 @@ func (c *Config) validate() error {
 	}
 	if !c.DisableDoorbell {
 		if err := outbox.ValidateSubjectFilter(c.DoorbellSubject); err != nil {
-			return bad("DoorbellSubject", "is invalid: %v", err)
+			return badErr("DoorbellSubject", err, "is invalid: %v", err)
 		}
 	}
 	for _, s := range c.Subjects {
 		if err := outbox.ValidateSubjectFilter(s); err != nil {
-			return bad("Subjects", "has an invalid subject %q: %v", s, err)
+			return badErr("Subjects", err, "has an invalid subject %q: %v", s, err)
 		}
 	}
 	if c.CreateStream != "" {

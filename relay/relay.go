@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsignal"
@@ -160,18 +161,19 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-// New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
+// New returns a relay publishing rows from pool to js. cfg may be nil for all defaults. A nil
+// pool or js is refused with a *txoutbox.ConfigError naming it, as an invalid cfg field is.
 //
 // New chains an error handler onto js's connection, in front of the connection's own (which
 // is still called): the server reports a publish the relay's NATS user may not make only
 // there (see ErrPublishDenied). Set the connection's error handler before New; Close puts it
 // back once no relay uses the connection.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
-	if pool == nil {
-		return nil, errors.New("relay: pool is nil")
+	if err := dbhandle.RequireArg("relay", "pool", "a *pgxpool.Pool", pool); err != nil {
+		return nil, err
 	}
-	if js == nil {
-		return nil, errors.New("relay: jetstream is nil")
+	if err := dbhandle.RequireArg("relay", "js", "a jetstream.JetStream", js); err != nil {
+		return nil, err
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {

@@ -226,10 +226,10 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // Serve it from every process of the group: requests are spread over them by a queue group.
 func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error) {
 	if nc == nil {
-		return nil, errors.New("checker: Serve: nc is nil")
+		return nil, &txoutbox.ConfigError{Package: "checker", Field: "nc", Reason: "must not be nil: pass the group's *nats.Conn"}
 	}
 	if check == nil {
-		return nil, errors.New("checker: Serve: check is nil")
+		return nil, &txoutbox.ConfigError{Package: "checker", Field: "check", Reason: "must not be nil: pass the function that answers a check"}
 	}
 	if err := outbox.ValidateGroup(group); err != nil {
 		return nil, &txoutbox.ConfigError{Package: "checker", Field: "group", Reason: "is invalid: " + err.Error(), Err: err}
