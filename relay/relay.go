@@ -114,8 +114,9 @@ type hooks struct {
 	// afterPublish runs after every PubAck of a batch is in and before the batch is settled;
 	// an error makes runOnce return it without settling, as a crash there would.
 	afterPublish func(ctx context.Context, published int) error
-	// beforePipelinedClaim runs before a claim made while a batch is in flight.
-	beforePipelinedClaim func()
+	// beforePipelinedClaim runs before a claim made while a batch is in flight, given the
+	// context the claim runs under (shutdown must not cancel it).
+	beforePipelinedClaim func(claimCtx context.Context)
 	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
 	// lease checks of its rows: blocking in it is a pause of the relay there.
 	beforeWave func(n int)
@@ -344,7 +345,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			if cur != nil {
 				cctx = bctx
 				if h := r.hooks.beforePipelinedClaim; h != nil {
-					h()
+					h(cctx)
 				}
 			}
 			cctx, cancel := context.WithTimeout(cctx, claimTimeout)
