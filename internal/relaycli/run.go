@@ -144,7 +144,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.faults != "" {
+	// fault.Enabled is a constant: without the txoutbox_fault tag the compiler drops these
+	// branches, and the linker the fault package's parser and point names with them.
+	if fault.Enabled && f.faults != "" {
 		if err := fault.ArmSpec(f.faults, nil); err != nil {
 			return usageErr("invalid --fault: %v", err)
 		}
@@ -236,7 +238,7 @@ func runRelay(ctx context.Context, c *conns, f *runFlags, cfg relay.Config, reg 
 	if err != nil {
 		return configErr(err)
 	}
-	if f.faultSettleDelay > 0 {
+	if fault.Enabled && f.faultSettleDelay > 0 {
 		// Crash tests wait for this line, then kill the relay between publish and settle.
 		log.Warn("fault injection: every batch pauses between publish and settle", "delay", f.faultSettleDelay.String())
 		d := f.faultSettleDelay
