@@ -6,7 +6,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -37,6 +36,28 @@ func publicPackageDirs(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return dirs
+}
+
+// parsePackage parses the non-test Go files of dir (one package each: the module has no
+// build-tagged package split in its public packages).
+func parsePackage(t *testing.T, fset *token.FileSet, dir string, mode parser.Mode) []*ast.File {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
 }
 
 var identWord = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
@@ -72,12 +93,8 @@ func TestPublicDocsNameOnlyExportedThings(t *testing.T) {
 	// variables): a doc may name another package's or its own type's member in context.
 	declared := map[string]bool{}
 	for _, dir := range dirs {
-		pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range pkgs {
-			ast.Inspect(p, func(n ast.Node) bool {
+		for _, f := range parsePackage(t, token.NewFileSet(), dir, 0) {
+			ast.Inspect(f, func(n ast.Node) bool {
 				if id, ok := n.(*ast.Ident); ok {
 					declared[id.Name] = true
 				}
@@ -87,15 +104,10 @@ func TestPublicDocsNameOnlyExportedThings(t *testing.T) {
 	}
 	for _, dir := range dirs {
 		fset := token.NewFileSet()
-		pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range pkgs {
-			var files []*ast.File
+		{
+			files := parsePackage(t, fset, dir, parser.ParseComments)
 			unexported := map[string]bool{}
-			for _, f := range p.Files {
-				files = append(files, f)
+			for _, f := range files {
 				for _, decl := range f.Decls {
 					switch d := decl.(type) {
 					case *ast.FuncDecl:
