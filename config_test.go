@@ -1,11 +1,24 @@
 package txoutbox_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"math"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
@@ -129,46 +142,76 @@ func components() []component {
 	}
 }
 
+// numericField is one numeric field of a Config, at any depth (nested structs included).
+type numericField struct {
+	name  string // dotted from the Config: "BackoffJitter", "Outer.Inner"
+	index []int
+	typ   reflect.Type
+}
+
+// numericFields lists the numeric fields of struct type typ and of the exported structs nested
+// in it. A numeric kind the convention cannot express (an unsigned field cannot take -1) is
+// reported through bad.
+func numericFields(typ reflect.Type, prefix string, index []int, bad func(name, why string)) []numericField {
+	var out []numericField
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name := prefix + f.Name
+		idx := append(slices.Clone(index), i)
+		switch f.Type.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Float32, reflect.Float64:
+			out = append(out, numericField{name, idx, f.Type})
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+			bad(name, "is unsigned: it cannot take txoutbox.Off or txoutbox.Forever (-1) nor be refused when negative; use a signed type")
+		case reflect.Complex64, reflect.Complex128:
+			bad(name, "is complex: no Config field should be")
+		case reflect.Struct:
+			out = append(out, numericFields(f.Type, name+".", idx, bad)...)
+		}
+	}
+	return out
+}
+
 // One rule for every numeric field of every Config (counts, sizes, rates, durations,
 // factors), enforced field by field so that a new field cannot escape it:
 //   - zero takes the default, an exported Default… constant unless derived from other fields;
 //   - -1 (txoutbox.Off / txoutbox.Forever) is accepted and kept by WithDefaults exactly where
 //     the field says so, and refused, naming the field, everywhere else;
-//   - -2 is refused everywhere, naming the field.
+//   - -2 is refused everywhere, naming the field; so are NaN, +Inf and -Inf in a float field.
+//
+// Every numeric kind counts (an unsigned field fails: it cannot follow the rule), and the
+// fields of nested structs too.
 func TestEveryNumericFieldFollowsTheConvention(t *testing.T) {
 	t.Parallel()
 	for _, c := range components() {
 		typ := reflect.TypeOf(c.fresh()).Elem()
 		seen := map[string]bool{}
-		for i := 0; i < typ.NumField(); i++ {
-			f := typ.Field(i)
-			switch f.Type.Kind() {
-			case reflect.Int, reflect.Int64, reflect.Float64:
-			default:
-				continue
-			}
-			name := c.name + " Config." + f.Name
-			seen[f.Name] = true
-			rule, ok := c.rules[f.Name]
+		bad := func(name, why string) { t.Errorf("%s Config.%s %s", c.name, name, why) }
+		for _, f := range numericFields(typ, "", nil, bad) {
+			name := c.name + " Config." + f.name
+			seen[f.name] = true
+			rule, ok := c.rules[f.name]
 			if !ok {
 				t.Errorf("%s is not listed here: state its default and whether it takes -1", name)
 				continue
 			}
+			field := func(cfg any) reflect.Value { return reflect.ValueOf(cfg).Elem().FieldByIndex(f.index) }
 			with := func(v float64) any {
 				cfg := c.fresh()
-				fv := reflect.ValueOf(cfg).Elem().Field(i)
-				if fv.Kind() == reflect.Float64 {
+				if fv := field(cfg); fv.CanFloat() {
 					fv.SetFloat(v)
 				} else {
 					fv.SetInt(int64(v))
 				}
 				return cfg
 			}
-			field := func(cfg any) reflect.Value { return reflect.ValueOf(cfg).Elem().Field(i) }
 
 			if rule.def != derived {
 				got := field(c.defaults(with(0)))
-				want := reflect.ValueOf(rule.def).Convert(f.Type)
+				want := reflect.ValueOf(rule.def).Convert(f.typ)
 				if !got.Equal(want) {
 					t.Errorf("%s = 0 became %v after WithDefaults, want the Default constant %v", name, got, want)
 				}
@@ -182,14 +225,20 @@ func TestEveryNumericFieldFollowsTheConvention(t *testing.T) {
 			case rule.minus1 && err != nil:
 				t.Errorf("%s = -1 refused: %v", name, err)
 			case rule.minus1:
-				if got := field(c.defaults(with(-1))); !got.Equal(reflect.ValueOf(-1).Convert(f.Type)) {
+				if got := field(c.defaults(with(-1))); !got.Equal(reflect.ValueOf(-1).Convert(f.typ)) {
 					t.Errorf("%s = -1 became %v after WithDefaults", name, got)
 				}
-			case !errors.As(err, &ce) || ce.Field != "Config."+f.Name || ce.Package != c.name:
+			case !errors.As(err, &ce) || ce.Field != "Config."+f.name || ce.Package != c.name:
 				t.Errorf("%s = -1: got %v, want a ConfigError naming it (it has no off or forever value)", name, err)
 			}
-			if err := c.validate(with(-2)); !errors.As(err, &ce) || ce.Field != "Config."+f.Name {
-				t.Errorf("%s = -2: got %v, want a ConfigError naming it", name, err)
+			bads := []float64{-2}
+			if f.typ.Kind() == reflect.Float32 || f.typ.Kind() == reflect.Float64 {
+				bads = append(bads, math.NaN(), math.Inf(1), math.Inf(-1))
+			}
+			for _, v := range bads {
+				if err := c.validate(with(v)); !errors.As(err, &ce) || ce.Field != "Config."+f.name || ce.Package != c.name {
+					t.Errorf("%s = %g: got %v, want a ConfigError naming it", name, v, err)
+				}
 			}
 		}
 		for f := range c.rules {
@@ -206,6 +255,120 @@ func TestEveryNumericFieldFollowsTheConvention(t *testing.T) {
 	} {
 		if !errors.Is(err, txoutbox.ErrInvalidConfig) {
 			t.Errorf("a jitter of 1 was accepted: %v", err)
+		}
+	}
+}
+
+// noDefault lists the Config fields whose documentation states no default, each with the
+// reason: the field is required, or its zero value is itself the documented behaviour.
+var noDefault = map[string]string{
+	"consumer Config.Stream":  "required: there is no stream a consumer could assume",
+	"consumer Config.Durable": "required: the consumer's name, which keys its dedup rows",
+	"checker Config.Outbox":   "required: the outbox identity must match the check-back's, which no default can guess",
+}
+
+// configDocs parses the non-test Go files of the module's public packages (everything but
+// internal/, cmd/ and testdata) and returns, per package name, the documentation of each field
+// of its type Config (a field without a comment of its own shares the comment of the field on
+// the line above, as in "BackoffBase, BackoffMax and BackoffJitter ...").
+func configDocs(t *testing.T) map[string]map[string]string {
+	t.Helper()
+	out := map[string]map[string]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "internal" || d.Name() == "cmd" || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				ts := spec.(*ast.TypeSpec)
+				st, ok := ts.Type.(*ast.StructType)
+				if ts.Name.Name != "Config" || !ok {
+					continue
+				}
+				fields := map[string]string{}
+				prevDoc, prevLine := "", -1
+				for _, fld := range st.Fields.List {
+					line := fset.Position(fld.Pos()).Line
+					doc := fld.Doc.Text()
+					if doc == "" && line == prevLine+1 {
+						doc = prevDoc
+					}
+					for _, n := range fld.Names {
+						if n.IsExported() {
+							fields[n.Name] = doc
+						}
+					}
+					prevDoc, prevLine = doc, fset.Position(fld.End()).Line
+				}
+				out[f.Name.Name] = fields
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Every public package's Config is covered by the convention tests, and every Config field's
+// documentation states its default ("Defaults to …", unless listed in noDefault with the
+// reason) and, where the field takes -1, what -1 means.
+func TestEveryConfigIsCoveredAndDocumented(t *testing.T) {
+	t.Parallel()
+	docs := configDocs(t)
+	byName := map[string]component{}
+	for _, c := range components() {
+		byName[c.name] = c
+	}
+	for pkg := range docs {
+		if _, ok := byName[pkg]; !ok {
+			t.Errorf("package %s has a Config that components() does not list: add it", pkg)
+		}
+	}
+	for name, c := range byName {
+		fields, ok := docs[name]
+		if !ok {
+			t.Errorf("components() lists %s, whose Config the source walk did not find", name)
+			continue
+		}
+		typ := reflect.TypeOf(c.fresh()).Elem()
+		for i := 0; i < typ.NumField(); i++ {
+			f := typ.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			doc := strings.Join(strings.Fields(fields[f.Name]), " ")
+			id := name + " Config." + f.Name
+			if _, ok := noDefault[id]; !ok && !strings.Contains(doc, "Defaults to") {
+				t.Errorf("%s: its documentation states no default (\"Defaults to …\"): %q", id, doc)
+			}
+			if c.rules[f.Name].minus1 && !strings.Contains(doc, "txoutbox.Off") && !strings.Contains(doc, "txoutbox.Forever") {
+				t.Errorf("%s takes -1 but its documentation does not say what txoutbox.Off or txoutbox.Forever means: %q", id, doc)
+			}
+		}
+	}
+	for id, why := range noDefault {
+		if why == "" {
+			t.Errorf("noDefault[%s] gives no reason", id)
 		}
 	}
 }
@@ -289,5 +452,66 @@ func TestSharedDefaultsAgree(t *testing.T) {
 	}
 	if migrations.DownAll != txoutbox.Forever {
 		t.Errorf("migrations.DownAll %d, want txoutbox.Forever", migrations.DownAll)
+	}
+}
+
+// A nil argument to a constructor is reported like an invalid field: a *txoutbox.ConfigError
+// naming the argument (a typed nil pointer in an interface too).
+func TestNilArgumentsAreConfigErrors(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // never connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var js jetstream.JetStream = struct{ jetstream.JetStream }{} // never used: New refuses first
+	apply := func(context.Context, pgx.Tx, consumer.Message) error { return nil }
+	applySQL := func(context.Context, *sql.Tx, consumer.Message) error { return nil }
+	answer := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateUnknown, nil }
+	cfg := &consumer.Config{Stream: "S", Durable: "d"}
+	for _, tc := range []struct {
+		pkg, arg string
+		err      error
+	}{
+		{"relay", "pool", func() error { _, err := relay.New(nil, js, nil); return err }()},
+		{"relay", "js", func() error { _, err := relay.New(pool, nil, nil); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.New(nil, js, apply, cfg); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.New((*pgxpool.Pool)(nil), js, apply, cfg); return err }()},
+		{"consumer", "js", func() error { _, err := consumer.New(pool, nil, apply, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.New(pool, js, nil, cfg); return err }()},
+		{"consumer", "db", func() error { _, err := consumer.NewSQL(nil, js, applySQL, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.NewSQL(new(sql.DB), js, nil, cfg); return err }()},
+		{"consumer", "handler", func() error { _, err := consumer.NewBatch(pool, js, nil, cfg); return err }()},
+		{"checkback", "db", func() error { _, err := checkback.New(nil, nil, nil); return err }()},
+		{"checkback", "db", func() error { _, err := checkback.New((*pgxpool.Pool)(nil), nil, nil); return err }()},
+		{"checker", "nc", func() error { _, err := checker.Serve(nil, "g", answer, nil); return err }()},
+		{"checker", "check", func() error { _, err := checker.Serve(new(nats.Conn), "g", nil, nil); return err }()},
+	} {
+		var ce *txoutbox.ConfigError
+		if !errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.arg || !errors.Is(tc.err, txoutbox.ErrInvalidConfig) {
+			t.Errorf("%s: nil %s: got %v (%T), want a *txoutbox.ConfigError naming it", tc.pkg, tc.arg, tc.err, tc.err)
+		}
+	}
+}
+
+// A validation failure with a sentinel behind it keeps the sentinel as ConfigError.Err, so
+// errors.Is finds both ErrInvalidConfig and it.
+func TestConfigErrorsKeepTheirSentinel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field string
+		err   error
+	}{
+		{"relay Config.DoorbellSubject", relay.ValidateConfig(&relay.Config{DoorbellSubject: "a..b"})},
+		{"relay Config.Subjects", relay.ValidateConfig(&relay.Config{Subjects: []string{"a..b"}})},
+		{"consumer Config.FilterSubjects", consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", FilterSubjects: []string{"a..b"}})},
+		{"consumer Config.DeadLetterSubject", consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", DeadLetterSubject: "dead.*"})},
+		{"checkback Config.SubjectPrefix", checkback.ValidateConfig(&checkback.Config{SubjectPrefix: "a..b"})},
+		{"checker Config.SubjectPrefix", checker.ValidateConfig(&checker.Config{Outbox: "o", SubjectPrefix: "a..b"})},
+	} {
+		if !errors.Is(tc.err, txoutbox.ErrInvalidConfig) || !errors.Is(tc.err, outbox.ErrInvalidSubject) {
+			t.Errorf("%s: %v matches ErrInvalidConfig %v and outbox.ErrInvalidSubject %v, want both", tc.field,
+				tc.err, errors.Is(tc.err, txoutbox.ErrInvalidConfig), errors.Is(tc.err, outbox.ErrInvalidSubject))
+		}
 	}
 }

@@ -31,8 +31,10 @@
 // ValidateConfig function beside it. In every Config:
 //   - a zero value means the default, which the field's documentation states ("Defaults to
 //     100."); Config.WithDefaults returns a copy with the defaults applied. An exported
-//     Default… constant of the field's package holds each default, except the defaults derived
-//     from other values, whose computation the field's documentation gives instead:
+//     Default… constant holds each default, in the field's package except for every
+//     Config.Schema, whose default is this package's DefaultSchema; the defaults derived
+//     from other values have no constant, and the field's documentation gives their
+//     computation instead:
 //     relay.Config.ID (hostname:pid), consumer.Config.DeadLetterSubject
 //     (DefaultDeadLetterPrefix + Durable), InProgressInterval (AckWait/3), PullMaxMessages
 //     (from Concurrency and BatchSize) and StopTimeout (AckWait), checkback.Config.Outbox (the

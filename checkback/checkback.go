@@ -3,7 +3,7 @@
 //
 //   - resolve: half messages prepared longer than the transaction timeout whose next check is
 //     due are resolved. A message prepared with a producer group is checked: the group's
-//     checker (see Serve) is asked over NATS request/reply whether the local transaction
+//     checker (see checker.Serve in package outbox/checker) is asked over NATS request/reply whether the local transaction
 //     committed. Only an explicit COMMIT or ROLLBACK settles it; anything else (UNKNOWN, an
 //     error reply, a timeout, no responders, a malformed reply) counts a check and schedules
 //     the next with exponential backoff and jitter, and after MaxChecks the row becomes
@@ -21,7 +21,6 @@ package checkback
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"log/slog"
@@ -93,10 +92,11 @@ type groupLimit struct {
 //
 // db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the jobs and the
 // checks of several producer groups use it at once. One connection or transaction (a
-// *pgx.Conn, a *pgxpool.Conn, a pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
+// *pgx.Conn, a *pgxpool.Conn, a pgx.Tx) is refused with a *txoutbox.ConfigError naming db,
+// and so is a nil db.
 func New(db txoutbox.DB, nc *nats.Conn, cfg *Config) (*CheckBack, error) {
-	if db == nil {
-		return nil, errors.New("checkback: db is nil")
+	if err := dbhandle.RequireArg("checkback", "db", "a pool, such as a *pgxpool.Pool", db); err != nil {
+		return nil, err
 	}
 	if err := dbhandle.RequirePool("checkback", "db", db); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -67,7 +68,7 @@ type Config struct {
 	Schema string
 
 	// TransactionTimeout is how long a half message may stay prepared before it is checked
-	// (RocketMQ's transactionTimeout). A per-message PrepareOptions.CheckImmunity can only
+	// (RocketMQ's transaction timeout). A per-message PrepareOptions.CheckImmunity can only
 	// delay the first check further. txoutbox.Off: rows are checked as soon as the resolve
 	// job runs. Defaults to 6s.
 	TransactionTimeout time.Duration
@@ -97,7 +98,8 @@ type Config struct {
 	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
 	// producer group: at most GroupConcurrency in flight and GroupRate per second, so that
 	// many stale rows never become a request storm. GroupRate txoutbox.Forever: no rate
-	// limit (GroupConcurrency still bounds the requests); GroupConcurrency has no off or
+	// limit (GroupConcurrency still bounds the requests); otherwise a finite positive rate
+	// (NaN and +Inf are refused). GroupConcurrency has no off or
 	// forever value (-1 is refused). Defaults to 4 and 20.
 	GroupConcurrency int
 	GroupRate        float64
@@ -119,10 +121,10 @@ type Config struct {
 	// allowed), or ScheduleOff ("off"); white space around it is ignored (WithDefaults trims
 	// it, so Config() shows " off" as "off"). A run that is still going when the next is due
 	// is skipped.
-	// ResolveSchedule resolves stale prepared rows (default "@every 1s"); StaleSchedule
-	// reports ready rows older than StaleReadyAfter and counts prepared and exhausted rows
-	// (default "@every 30s"); PurgeSchedule deletes rows past their retention (default
-	// "@every 1m").
+	// ResolveSchedule resolves stale prepared rows; StaleSchedule reports ready rows older
+	// than StaleReadyAfter and counts prepared and exhausted rows; PurgeSchedule deletes rows
+	// past their retention. Defaults to "@every 1s", "@every 30s" and "@every 1m"
+	// (DefaultResolveSchedule, DefaultStaleSchedule, DefaultPurgeSchedule).
 	ResolveSchedule string
 	StaleSchedule   string
 	PurgeSchedule   string
@@ -216,6 +218,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "checkback", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	// badErr is bad for a failure with an error behind it (a validation sentinel), kept as Err.
+	badErr := func(field string, err error, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "checkback", Field: "Config." + field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
 	}
@@ -230,14 +236,14 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
 		return bad("GroupConcurrency", "must be at least 1, got %d", c.GroupConcurrency)
-	case c.GroupRate <= 0 && c.GroupRate != txoutbox.Forever:
-		return bad("GroupRate", "must be positive, or txoutbox.Forever (-1), got %g", c.GroupRate)
+	case c.GroupRate != txoutbox.Forever && !(c.GroupRate > 0 && !math.IsInf(c.GroupRate, 1)): // NaN too
+		return bad("GroupRate", "must be a finite positive rate, or txoutbox.Forever (-1) for no limit, got %g", c.GroupRate)
 	case c.StaleReadyAfter <= 0:
 		return bad("StaleReadyAfter", "must be positive, got %s", c.StaleReadyAfter)
 	case c.PublishedRetention <= 0 && c.PublishedRetention != txoutbox.Forever:
@@ -250,7 +256,7 @@ func (c *Config) validate() error {
 		return bad("PurgeBatchSize", "must be between 1 and 100000, got %d", c.PurgeBatchSize)
 	}
 	if err := outbox.ValidateSubject(c.SubjectPrefix); err != nil {
-		return bad("SubjectPrefix", "is invalid: %v", err)
+		return badErr("SubjectPrefix", err, "is invalid: %v", err)
 	}
 	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
 		if _, err := parseSchedule(spec); err != nil {

@@ -1,13 +1,9 @@
 package checkback
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,38 +11,6 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
-
-// lockedBuffer is a log destination read while the check-back may write.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the JSON log lines with msg (all when msg is empty) and, when group is set,
-// that group.
-func (l *lockedBuffer) lines(t *testing.T, msg, group string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
-	for sc.Scan() {
-		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatalf("log line %q: %v", sc.Text(), err)
-		}
-		if (msg == "" || m["msg"] == msg) && (group == "" || m["group"] == group) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
 
 const (
 	msgInconclusive = "a producer group's checks are inconclusive; its half messages are checked again with backoff " +
@@ -61,9 +25,9 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	var logs lockedBuffer
+	var logs testsvc.LogBuffer
 	cfg := fastConfig()
-	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Logger = logs.LoggerAt(slog.LevelInfo)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	cb := e.checkback(cfg)
@@ -87,10 +51,10 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 		t.Fatalf("checks_total{unknown} = %v, checker asked %d times; want %d", got, len(ck.requests()), unknown)
 	}
 	for group, n := range map[string]int{"orders": unknown, "absent": absent} {
-		if w := logs.lines(t, msgInconclusive, group); len(w) != 1 || w[0]["level"] != "WARN" {
+		if w := logs.Lines(t, msgInconclusive, "group", group); len(w) != 1 || w[0]["level"] != "WARN" {
 			t.Errorf("group %s: %d checks, %d lines saying its checks are inconclusive, want 1 warning", group, n, len(w))
 		}
-		if all := logs.lines(t, "", group); len(all) != 1 {
+		if all := logs.Lines(t, "", "group", group); len(all) != 1 {
 			t.Errorf("group %s: %d log lines at info level or above for %d inconclusive checks, want 1: %v", group, len(all), n, all)
 		}
 	}
@@ -105,10 +69,10 @@ func TestInconclusiveChecksLogOncePerGroupStateChange(t *testing.T) {
 		committed += res.Committed
 		return committed == 3
 	})
-	if c := logs.lines(t, msgConclusive, "orders"); len(c) != 1 || c[0]["inconclusive_checks"] != float64(unknown) {
+	if c := logs.Lines(t, msgConclusive, "group", "orders"); len(c) != 1 || c[0]["inconclusive_checks"] != float64(unknown) {
 		t.Errorf("lines saying the group answers again: %v, want one counting %d inconclusive checks", c, unknown)
 	}
-	if w := logs.lines(t, msgInconclusive, "orders"); len(w) != 1 {
+	if w := logs.Lines(t, msgInconclusive, "group", "orders"); len(w) != 1 {
 		t.Errorf("%d lines saying the group's checks are inconclusive, want still 1", len(w))
 	}
 }
@@ -123,10 +87,10 @@ func TestInconclusiveGroupEndsWhenItsRowsAreSettledElsewhere(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	var logs lockedBuffer
+	var logs testsvc.LogBuffer
 	cfg := fastConfig()
 	cfg.MaxChecks = 3
-	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Logger = logs.LoggerAt(slog.LevelInfo)
 	cb := e.checkback(cfg)
 	e.serve("orders", answer(outbox.StateUnknown))
 	// until runs passes until cond holds.
@@ -139,8 +103,8 @@ func TestInconclusiveGroupEndsWhenItsRowsAreSettledElsewhere(t *testing.T) {
 			return cond()
 		})
 	}
-	warnings := func() int { return len(logs.lines(t, msgInconclusive, "orders")) }
-	ended := func() int { return len(logs.lines(t, msgSettledElsewhere, "orders")) }
+	warnings := func() int { return len(logs.Lines(t, msgInconclusive, "group", "orders")) }
+	ended := func() int { return len(logs.Lines(t, msgSettledElsewhere, "group", "orders")) }
 
 	// 1. UNKNOWN, then the producer commits one row and rolls the other back.
 	a := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
@@ -166,12 +130,12 @@ func TestInconclusiveGroupEndsWhenItsRowsAreSettledElsewhere(t *testing.T) {
 	// 3. And the next incident warns again.
 	e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
 	until("a third warning for the group", func() bool { return warnings() == 3 })
-	for _, l := range logs.lines(t, msgSettledElsewhere, "orders") {
+	for _, l := range logs.Lines(t, msgSettledElsewhere, "group", "orders") {
 		if l["level"] != "INFO" {
 			t.Errorf("line %v, want INFO", l)
 		}
 	}
-	if n := len(logs.lines(t, msgConclusive, "orders")); n != 0 {
+	if n := len(logs.Lines(t, msgConclusive, "group", "orders")); n != 0 {
 		t.Errorf("%d lines saying the checker answered again; it never did", n)
 	}
 }
@@ -181,8 +145,8 @@ func TestInconclusiveGroupEndsWhenItsRowsAreSettledElsewhere(t *testing.T) {
 // there is room again, one info line says so.
 func TestInconclusiveGroupsOverflowWarnsOnce(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
-	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var logs testsvc.LogBuffer
+	log := logs.LoggerAt(slog.LevelInfo)
 	var g inconclusiveGroups
 	const groups = maxInconclusiveGroups + 50
 	for round := 0; round < 3; round++ {
@@ -190,14 +154,14 @@ func TestInconclusiveGroupsOverflowWarnsOnce(t *testing.T) {
 			g.inconclusive(log, fmt.Sprint("g", i), OutcomeUnknown, "UNKNOWN", "group", fmt.Sprint("g", i))
 		}
 	}
-	if n := len(logs.lines(t, msgInconclusive, "")); n != maxInconclusiveGroups {
+	if n := len(logs.Lines(t, msgInconclusive)); n != maxInconclusiveGroups {
 		t.Fatalf("%d warnings for %d groups × 3 checks, want one per followed group (%d)", n, groups, maxInconclusiveGroups)
 	}
-	if n := len(logs.lines(t, "", "")); n != maxInconclusiveGroups+1 {
+	if n := len(logs.Lines(t, "")); n != maxInconclusiveGroups+1 {
 		t.Fatalf("%d lines, want %d warnings and one saying the rest are not followed", n, maxInconclusiveGroups)
 	}
 	g.conclusive(log, "g0")
-	if n := len(logs.lines(t, "the check-back follows every producer group with inconclusive checks again", "")); n != 1 {
+	if n := len(logs.Lines(t, "the check-back follows every producer group with inconclusive checks again")); n != 1 {
 		t.Fatalf("%d lines saying there is room again, want 1", n)
 	}
 }

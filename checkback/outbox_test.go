@@ -1,7 +1,6 @@
 package checkback
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"github.com/txoutbox/txoutbox/outbox/checker"
@@ -15,24 +14,6 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
-
-// syncBuffer is a log sink several goroutines write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Two services, two outboxes (two schemas), one NATS, the same producer group name. Each
 // service's checker answers COMMIT for the messages it knows and ROLLBACK for any other — the
@@ -49,13 +30,13 @@ func TestCheckersNeverAnswerForAnotherOutbox(t *testing.T) {
 		srv    *checker.Server
 		id     string
 		reg    *prometheus.Registry
-		logs   *syncBuffer
+		logs   *testsvc.LogBuffer
 		mu     sync.Mutex
 		known  map[string]bool
 		asked  []string
 	}
 	newService := func() *service {
-		s := &service{db: testsvc.NewDB(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, known: map[string]bool{}}
+		s := &service{db: testsvc.NewDB(t), reg: prometheus.NewRegistry(), logs: &testsvc.LogBuffer{}, known: map[string]bool{}}
 		var err error
 		if s.client, err = outbox.NewClient(&outbox.Config{Schema: s.db.Schema}); err != nil {
 			t.Fatal(err)

@@ -5,7 +5,7 @@ import (
 )
 
 // MinServerVersion is the oldest nats-server the check-back runs against: its check requests
-// and Serve's answers carry NATS headers, and a check no checker answers is told apart by the
+// and the checkers' answers (checker.Serve) carry NATS headers, and a check no checker answers is told apart by the
 // server's no-responders status, both from 2.2.0 (see the README's table of versions per
 // feature).
 const MinServerVersion = "2.2.0"

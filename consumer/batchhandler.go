@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -83,8 +84,8 @@ var ErrBatchIndex = errors.New("consumer: BatchError names no message of the bat
 // db must be safe for concurrent use, as New's: one connection or transaction is refused with
 // a *txoutbox.ConfigError naming db.
 func NewBatch(db txoutbox.Beginner, js jetstream.JetStream, handler BatchHandler, cfg *Config) (*Consumer, error) {
-	if handler == nil {
-		return nil, errors.New("consumer: handler is nil")
+	if err := dbhandle.RequireArg("consumer", "handler", "the function that applies a batch", handler); err != nil {
+		return nil, err
 	}
 	c := Config{}
 	if cfg != nil {

@@ -227,6 +227,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "consumer", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	// badErr is bad for a failure with an error behind it (a validation sentinel), kept as Err.
+	badErr := func(field string, err error, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "consumer", Field: "Config." + field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
 	if err := natsname.ValidateName(c.Stream); err != nil {
 		return bad("Stream", "%v", err)
 	}
@@ -238,11 +242,11 @@ func (c *Config) validate() error {
 	}
 	for _, s := range c.FilterSubjects {
 		if err := outbox.ValidateSubjectFilter(s); err != nil {
-			return bad("FilterSubjects", "has an invalid subject %q: %v", s, err)
+			return badErr("FilterSubjects", err, "has an invalid subject %q: %v", s, err)
 		}
 	}
 	if err := outbox.ValidateSubject(c.DeadLetterSubject); err != nil {
-		return bad("DeadLetterSubject", "is invalid: %v", err)
+		return badErr("DeadLetterSubject", err, "is invalid: %v", err)
 	}
 	for _, f := range c.FilterSubjects {
 		if natsname.Covers(f, c.DeadLetterSubject) {
@@ -262,7 +266,7 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)

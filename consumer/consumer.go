@@ -165,19 +165,20 @@ type testSignals struct {
 //
 // db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the workers begin
 // transactions on it at once. One connection or transaction (a *pgx.Conn, a *pgxpool.Conn, a
-// pgx.Tx) is refused with a *txoutbox.ConfigError naming db.
+// pgx.Tx) is refused with a *txoutbox.ConfigError naming db, and so is a nil db, js or
+// handler (naming it).
 func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
-	if db == nil {
-		return nil, errors.New("consumer: db is nil")
+	if err := dbhandle.RequireArg("consumer", "db", "a pool, such as a *pgxpool.Pool", db); err != nil {
+		return nil, err
 	}
 	if err := dbhandle.RequirePool("consumer", "db", db); err != nil {
 		return nil, err
 	}
-	if js == nil {
-		return nil, errors.New("consumer: jetstream is nil")
+	if err := dbhandle.RequireArg("consumer", "js", "a jetstream.JetStream", js); err != nil {
+		return nil, err
 	}
-	if handler == nil {
-		return nil, errors.New("consumer: handler is nil")
+	if err := dbhandle.RequireArg("consumer", "handler", "the function that applies a message", handler); err != nil {
+		return nil, err
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {

@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"; lib/pq works the same
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -24,10 +26,16 @@ import (
 // A service whose data layer is database/sql, end to end: it enqueues with EnqueueSQLTx, and
 // its consumer, made with NewSQL, books each refund once in a *sql.Tx.
 func ExampleNewSQL() {
+	// check stops the example on an error (a service would return it).
+	check := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
 	// Settings come from the environment, as in a service.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	schema := os.Getenv("TXOUTBOX_SCHEMA")
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
 	quiet := slog.New(slog.DiscardHandler)
 
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))

@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -22,10 +24,16 @@ import (
 // payment twice (two outbox messages, one business key), the relay publishes both, and the
 // consumer books it once.
 func Example() {
+	// check stops the example on an error (a service would return it).
+	check := func(err error) {
+		if err != nil {
+			panic(err)
+		}
+	}
 	// Settings come from the environment, as in a service.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	schema := os.Getenv("TXOUTBOX_SCHEMA")
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
 	quiet := slog.New(slog.DiscardHandler)
 
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -111,10 +119,4 @@ func Example() {
 	// Output:
 	// processed 1, duplicates skipped 1
 	// ledger: 1 row, total 1999
-}
-
-func check(err error) {
-	if err != nil {
-		panic(err)
-	}
 }

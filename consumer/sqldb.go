@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -43,11 +44,11 @@ type SQLHandler func(ctx context.Context, tx *sql.Tx, msg Message) error
 // A consumer made with NewSQL handles one message per transaction: Config.BatchSize above 1
 // and Config.Ordered need New or NewBatch (pgx) and are refused with a *txoutbox.ConfigError.
 func NewSQL(db *sql.DB, js jetstream.JetStream, handler SQLHandler, cfg *Config) (*Consumer, error) {
-	if db == nil {
-		return nil, errors.New("consumer: db is nil")
+	if err := dbhandle.RequireArg("consumer", "db", "a *sql.DB", db); err != nil {
+		return nil, err
 	}
-	if handler == nil {
-		return nil, errors.New("consumer: handler is nil")
+	if err := dbhandle.RequireArg("consumer", "handler", "the function that applies a message", handler); err != nil {
+		return nil, err
 	}
 	if cfg != nil && cfg.BatchSize > 1 {
 		return nil, &txoutbox.ConfigError{Package: "consumer", Field: "Config.BatchSize",

@@ -1,13 +1,10 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
-	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,29 +131,6 @@ func TestStopStartsNoQueuedHandler(t *testing.T) {
 	}
 }
 
-// logBuffer is a slog destination a test reads back.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// logger logs every level to l.
-func (l *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 // A handler the stop timeout cancels is no outage: its message is nak'ed at once (the next
 // instance takes it long before the ack wait), no attempt and no unavailability is counted,
 // and nothing but the stop timeout itself is logged as a warning. In every mode: per message,
@@ -195,10 +169,10 @@ func TestStopTimeoutCancellationIsNoOutage(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			var logs logBuffer
+			var logs testsvc.LogBuffer
 			started := make(chan struct{}, 1)
 			const ackWait = 30 * time.Second
-			c := m.build(e, &Config{Concurrency: 1, AckWait: ackWait, StopTimeout: 50 * time.Millisecond, Logger: logs.logger()}, started)
+			c := m.build(e, &Config{Concurrency: 1, AckWait: ackWait, StopTimeout: 50 * time.Millisecond, Logger: logs.Logger()}, started)
 			e.publishID("orders.created", newID(), "blocked")
 			stop := e.run(c)
 			testsvc.Receive(t, started, 10*time.Second, "the handler to start")
@@ -217,7 +191,7 @@ func TestStopTimeoutCancellationIsNoOutage(t *testing.T) {
 			}
 			for _, line := range strings.Split(out, "\n") {
 				if strings.Contains(line, "put back") || strings.Contains(line, "context canceled") ||
-					(strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR")) && !strings.Contains(line, "cancelling them") {
+					(strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`)) && !strings.Contains(line, "cancelling them") {
 					t.Errorf("logged: %s", line)
 				}
 			}
@@ -234,8 +208,8 @@ func TestStopTimeoutCancellationIsNoOutage(t *testing.T) {
 func TestKeyOrderCheckCancelledIsNotLogged(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	var logs logBuffer
-	c := e.newConsumer(nil, &Config{Ordered: true, Logger: logs.logger()}, recordEffect)
+	var logs testsvc.LogBuffer
+	c := e.newConsumer(nil, &Config{Ordered: true, Logger: logs.Logger()}, recordEffect)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := c.checkKeyOrderTable(ctx); !errors.Is(err, context.Canceled) {

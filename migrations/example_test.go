@@ -1,11 +1,13 @@
 package migrations_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 )
 
@@ -14,7 +16,7 @@ import (
 // other runners by an advisory lock; Status reports each version.
 func ExampleMigrator_Up() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)

@@ -7,7 +7,13 @@
 // project's own runner, used by `relay migrate`:
 //
 //	m, err := migrations.New(&migrations.Config{Schema: "outbox"})
-//	applied, err := m.Up(ctx, pool)
+//	if err != nil {
+//		return err
+//	}
+//	applied, err := m.Up(ctx, pool) // the versions it applied: none when up to date
+//	if err != nil {
+//		return err
+//	}
 //
 // The runner records applied versions in txoutbox_schema_migrations inside the target schema,
 // serialises concurrent runners with an advisory lock, applies each migration in its own

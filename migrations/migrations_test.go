@@ -19,6 +19,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
+// The examples read TXOUTBOX_SCHEMA as a service does; unset, they must work in the default
+// schema too.
+func TestExamplesInDefaultSchema(t *testing.T) { testsvc.RunExamplesInDefaultSchema(t) }
+
 func TestLoadRefusesBadFiles(t *testing.T) {
 	t.Parallel()
 	f := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }

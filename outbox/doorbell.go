@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
 
 // DefaultDoorbellSubject is the NATS subject the relay listens on for doorbell rings.
@@ -56,6 +57,7 @@ type PostgresDoorbell struct {
 	mu      sync.Mutex   // orders Close with the start of a send
 	closed  atomic.Bool
 	sending sync.WaitGroup
+	closing testsignal.Signal[struct{}] // Close has refused later rings and waits for a send
 }
 
 // NewPostgresDoorbell returns a doorbell notifying channel (DefaultDoorbellChannel when
@@ -103,6 +105,7 @@ func (d *PostgresDoorbell) Close() {
 	d.mu.Lock()
 	d.closed.Store(true)
 	d.mu.Unlock()
+	d.closing.Signal(struct{}{})
 	d.sending.Wait()
 }
 

@@ -1,12 +1,14 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -17,7 +19,7 @@ import (
 // group's checker (see package outbox/checker) what happened.
 func ExampleClient_Prepare() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
@@ -39,6 +41,10 @@ func ExampleClient_Prepare() {
 	if err != nil {
 		fmt.Println(err)
 		return
+	}
+	// chargeCard stands for the work outside the database (here it always succeeds).
+	chargeCard := func(ctx context.Context, idempotencyKey string) bool {
+		return ctx.Err() == nil && idempotencyKey != ""
 	}
 	half, err := client.Prepare(ctx, pool, outbox.Message{
 		Subject: "payments.charged",
@@ -74,7 +80,7 @@ func ExampleClient_Prepare() {
 // settles the message by the work's answer.
 func ExampleClient_SendInTransaction() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
@@ -96,6 +102,10 @@ func ExampleClient_SendInTransaction() {
 		return
 	}
 
+	// chargeCard stands for the work outside the database (here it always succeeds).
+	chargeCard := func(ctx context.Context, idempotencyKey string) bool {
+		return ctx.Err() == nil && idempotencyKey != ""
+	}
 	msg := outbox.Message{Subject: "payments.charged", Key: "order-43", Payload: []byte(`{"order":"order-43"}`)}
 	_, state, err := client.SendInTransaction(ctx, pool, msg, &outbox.PrepareOptions{Group: "payments"},
 		func(ctx context.Context, h outbox.Half) (outbox.LocalState, error) {
@@ -110,9 +120,4 @@ func ExampleClient_SendInTransaction() {
 	}
 	fmt.Println("local transaction:", state) // the message is committed: the relay publishes it
 	// Output: local transaction: COMMIT
-}
-
-// chargeCard stands for the work outside the database (here it always succeeds).
-func chargeCard(ctx context.Context, idempotencyKey string) bool {
-	return ctx.Err() == nil && idempotencyKey != ""
 }

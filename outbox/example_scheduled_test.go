@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -29,7 +31,7 @@ import (
 // business event is a cancel and a new message whose key names the new time.
 func Example_orderTimeout() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)

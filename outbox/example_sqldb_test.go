@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"; lib/pq works the same
 	"github.com/jmoiron/sqlx"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 	"gorm.io/driver/postgres"
@@ -19,28 +22,24 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// migrateOutbox creates the outbox's tables in schema: at deploy time, `relay migrate up`
-// does the same.
-func migrateOutbox(ctx context.Context, databaseURL, schema string) error {
-	pool, err := pgxpool.New(ctx, databaseURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	m, err := migrations.New(&migrations.Config{Schema: schema})
-	if err != nil {
-		return err
-	}
-	_, err = m.Up(ctx, pool)
-	return err
-}
-
 // An sqlx transaction: the business row and its event commit together. *sqlx.Tx is a
 // *sql.Tx, which EnqueueSQLTx takes as it is.
 func ExampleClient_EnqueueSQLTx_sqlx() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA")
-	if err := migrateOutbox(ctx, os.Getenv("DATABASE_URL"), schema); err != nil {
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
+	// At deploy time: the outbox's tables (relay migrate up does the same; it runs on pgx).
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -54,7 +53,10 @@ func ExampleClient_EnqueueSQLTx_sqlx() {
 			fmt.Println(err)
 		}
 	}()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+schema+`.invoices (id text PRIMARY KEY, total_cents int)`); err != nil {
+	// Identifiers are quoted (pgx.Identifier works for any driver's SQL).
+	invoices := pgx.Identifier{schema, "invoices"}.Sanitize()
+	messages := pgx.Identifier{schema, "txoutbox_messages"}.Sanitize()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+invoices+` (id text PRIMARY KEY, total_cents int)`); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -75,7 +77,7 @@ func ExampleClient_EnqueueSQLTx_sqlx() {
 				err = errors.Join(err, tx.Rollback()) // the invoice and its event go together
 			}
 		}()
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema+`.invoices VALUES ($1, $2)`, "inv-7", 4200); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+invoices+` VALUES ($1, $2)`, "inv-7", 4200); err != nil {
 			return err
 		}
 		ids, err = client.EnqueueSQLTx(ctx, tx, outbox.Message{
@@ -95,7 +97,7 @@ func ExampleClient_EnqueueSQLTx_sqlx() {
 	client.Ring() // wakes the relay when a doorbell is configured
 
 	var state string
-	if err := db.GetContext(ctx, &state, `SELECT state FROM `+schema+`.txoutbox_messages WHERE message_id = $1`, ids[0].String()); err != nil {
+	if err := db.GetContext(ctx, &state, `SELECT state FROM `+messages+` WHERE message_id = $1`, ids[0].String()); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -103,18 +105,24 @@ func ExampleClient_EnqueueSQLTx_sqlx() {
 	// Output: ready
 }
 
-// Shipment is a GORM model.
-type Shipment struct {
-	ID      string `gorm:"primaryKey"`
-	Carrier string
-}
-
 // A GORM transaction: the event is enqueued on the transaction's connection,
 // tx.Statement.ConnPool (the *sql.Tx GORM runs the transaction on).
 func ExampleClient_EnqueueSQLTx_gorm() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA")
-	if err := migrateOutbox(ctx, os.Getenv("DATABASE_URL"), schema); err != nil {
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
+	// At deploy time: the outbox's tables (relay migrate up does the same; it runs on pgx).
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -123,7 +131,14 @@ func ExampleClient_EnqueueSQLTx_gorm() {
 		fmt.Println(err)
 		return
 	}
-	shipments := gdb.Table(schema + ".shipments")
+	// Shipment is a GORM model.
+	type Shipment struct {
+		ID      string `gorm:"primaryKey"`
+		Carrier string
+	}
+	// GORM quotes a "schema.table" name part by part.
+	shipmentsTable := schema + ".shipments"
+	shipments := gdb.Table(shipmentsTable)
 	if err := shipments.Migrator().CreateTable(&Shipment{}); err != nil {
 		fmt.Println(err)
 		return
@@ -135,7 +150,7 @@ func ExampleClient_EnqueueSQLTx_gorm() {
 	}
 
 	err = gdb.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Table(schema + ".shipments").Create(&Shipment{ID: "shp-1", Carrier: "DHL"}).Error; err != nil {
+		if err := tx.Table(shipmentsTable).Create(&Shipment{ID: "shp-1", Carrier: "DHL"}).Error; err != nil {
 			return err
 		}
 		_, err := client.EnqueueSQLTx(ctx, tx.Statement.ConnPool, outbox.Message{
@@ -165,8 +180,20 @@ func ExampleClient_EnqueueSQLTx_gorm() {
 // RescheduleBizKeySQLTx work the same way; each is its pgx method with SQL in its name.
 func ExampleClient_CancelSQLTx() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA")
-	if err := migrateOutbox(ctx, os.Getenv("DATABASE_URL"), schema); err != nil {
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
+	// At deploy time: the outbox's tables (relay migrate up does the same; it runs on pgx).
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	m, err := migrations.New(&migrations.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -180,7 +207,7 @@ func ExampleClient_CancelSQLTx() {
 			fmt.Println(err)
 		}
 	}()
-	orders := schema + ".orders_sql_timeout"
+	orders := pgx.Identifier{schema, "orders_sql_timeout"}.Sanitize() // quoted
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+orders+` (id text PRIMARY KEY, status text NOT NULL)`); err != nil {
 		fmt.Println(err)
 		return

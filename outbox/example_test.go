@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -16,7 +18,7 @@ import (
 // A business change and its event, in one transaction: both commit or neither does.
 func ExampleClient_EnqueueTx() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)

@@ -5,11 +5,21 @@
 //
 // The client never begins or commits a transaction:
 //
-//	tx, _ := pool.Begin(ctx)
-//	_, _ = tx.Exec(ctx, `INSERT INTO orders ...`)
-//	_, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: orderID, Payload: body})
-//	if err != nil { _ = tx.Rollback(ctx); return err }
-//	if err := tx.Commit(ctx); err != nil { return err }
+//	tx, err := pool.Begin(ctx)
+//	if err != nil {
+//		return err
+//	}
+//	// Rolls back on every early return; after Commit it is a no-op (pgx's idiom).
+//	defer tx.Rollback(ctx)
+//	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, total_cents) VALUES ($1, $2)`, orderID, total); err != nil {
+//		return err
+//	}
+//	if _, err := client.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.created", Key: orderID, Payload: body}); err != nil {
+//		return err
+//	}
+//	if err := tx.Commit(ctx); err != nil {
+//		return err
+//	}
 //	client.Ring() // optional: wake the relay now instead of at its next poll
 //
 // EnqueueTx and Prepare accept a message only if JetStream can store it under the server's

@@ -19,6 +19,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
+// The examples read TXOUTBOX_SCHEMA as a service does; unset, they must work in the default
+// schema too.
+func TestExamplesInDefaultSchema(t *testing.T) { testsvc.RunExamplesInDefaultSchema(t) }
+
 func newClient(t *testing.T, db *testsvc.DB, cfg *outbox.Config) *outbox.Client {
 	t.Helper()
 	if cfg == nil {

@@ -281,6 +281,10 @@ func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &txoutbox.ConfigError{Package: "relay", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	// badErr is bad for a failure with an error behind it (a validation sentinel), kept as Err.
+	badErr := func(field string, err error, format string, args ...any) error {
+		return &txoutbox.ConfigError{Package: "relay", Field: "Config." + field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
 	if err := migrations.ValidateSchemaName(c.Schema); err != nil {
 		return bad("Schema", "is invalid: %v", err)
 	}
@@ -299,7 +303,7 @@ func (c *Config) validate() error {
 		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && (c.BackoffJitter < 0 || c.BackoffJitter >= 1):
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
 		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
@@ -322,12 +326,12 @@ func (c *Config) validate() error {
 	}
 	if !c.DisableDoorbell {
 		if err := outbox.ValidateSubjectFilter(c.DoorbellSubject); err != nil {
-			return bad("DoorbellSubject", "is invalid: %v", err)
+			return badErr("DoorbellSubject", err, "is invalid: %v", err)
 		}
 	}
 	for _, s := range c.Subjects {
 		if err := outbox.ValidateSubjectFilter(s); err != nil {
-			return bad("Subjects", "has an invalid subject %q: %v", s, err)
+			return badErr("Subjects", err, "has an invalid subject %q: %v", s, err)
 		}
 	}
 	if c.CreateStream != "" {

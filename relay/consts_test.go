@@ -12,3 +12,10 @@ func TestLastErrorMaxBytesIsTheStores(t *testing.T) {
 		t.Fatalf("LastErrorMaxBytes is %d, the store cuts at %d", LastErrorMaxBytes, store.MaxErrorText)
 	}
 }
+
+// ErrStreamUnavailable's documentation states the grace in words: "three publish waves".
+func TestErrStreamUnavailableStatesTheGrace(t *testing.T) {
+	if leaderGraceWaves != 3 {
+		t.Fatalf("leaderGraceWaves is %d; ErrStreamUnavailable's doc says three publish waves", leaderGraceWaves)
+	}
+}

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -128,24 +126,6 @@ VALUES ($1, $2, $3, 0, $4::jsonb, $5, now())`, uuid.New(), b.subject, b.key, b.h
 	}
 }
 
-// lockedBuffer is an io.Writer for a test's logger.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startSmallNATS starts a JetStream nats-server whose max_payload is maxPayload bytes, below
 // the producers' default limit (outbox.DefaultMaxMessageBytes), with the stream ORDERS.
 func startSmallNATS(t *testing.T, maxPayload int32) *testsvc.NATS {
@@ -201,8 +181,8 @@ func TestMessageOverServerMaxPayloadIsDeadAtOnce(t *testing.T) {
 	if err := e.relay(&Config{Subjects: []string{"orders.>"}, MaxMessageBytes: maxPayload}).CheckStreams(ctx); !errors.Is(err, ErrMessageLimit) {
 		t.Fatalf("CheckStreams told the Go producers' limit, with the SQL producers' 1 MiB = %v, want ErrMessageLimit", err)
 	}
-	logs := &lockedBuffer{}
-	r := e.relay(&Config{Subjects: []string{"orders.>"}, MaxMessageBytes: txoutbox.Off, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	logs := &testsvc.LogBuffer{}
+	r := e.relay(&Config{Subjects: []string{"orders.>"}, MaxMessageBytes: txoutbox.Off, Logger: logs.LoggerAt(slog.LevelInfo)})
 	if err := r.CheckStreams(ctx); err != nil {
 		t.Fatal(err)
 	}

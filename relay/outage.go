@@ -25,7 +25,7 @@ import (
 
 // ErrStreamUnavailable: a stream capturing rows' subjects has no leader (an election is under
 // way), or its leader just changed (its publishes time out while its info answers with a
-// leader: at most leaderGraceWaves publish waves in a row for one leader), while JetStream
+// leader: at most three publish waves in a row for one leader), while JetStream
 // itself answers. Its rows are left as they are, no attempt counted, and published once it
 // acknowledges again; the other streams' rows go on.
 var ErrStreamUnavailable = errors.New("relay: stream unavailable")

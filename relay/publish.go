@@ -190,7 +190,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 
 // LastErrorMaxBytes bounds the error text the relay stores in a failed row's last_error (and
 // logs): longer texts are cut on a character boundary and end with "…". Texts from JetStream
-// are made storable first (valid UTF-8, no NUL bytes; see internal/safetext).
+// are made storable first: invalid UTF-8 and NUL bytes become U+FFFD.
 const LastErrorMaxBytes = 1024
 
 // lastError makes s storable in last_error.

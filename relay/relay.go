@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsignal"
@@ -119,8 +120,9 @@ type hooks struct {
 	// afterPublish runs after every PubAck of a batch is in and before the batch is settled;
 	// an error makes runOnce return it without settling, as a crash there would.
 	afterPublish func(ctx context.Context, published int) error
-	// beforePipelinedClaim runs before a claim made while a batch is in flight.
-	beforePipelinedClaim func()
+	// beforePipelinedClaim runs before a claim made while a batch is in flight, given the
+	// context the claim runs under (shutdown must not cancel it).
+	beforePipelinedClaim func(claimCtx context.Context)
 	// beforeWave runs before each publish wave of a batch (n counts from 1), before the
 	// lease checks of its rows: blocking in it is a pause of the relay there.
 	beforeWave func(n int)
@@ -166,18 +168,19 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-// New returns a relay publishing rows from pool to js. cfg may be nil for all defaults.
+// New returns a relay publishing rows from pool to js. cfg may be nil for all defaults. A nil
+// pool or js is refused with a *txoutbox.ConfigError naming it, as an invalid cfg field is.
 //
 // New chains an error handler onto js's connection, in front of the connection's own (which
 // is still called): the server reports a publish the relay's NATS user may not make only
 // there (see ErrPublishDenied). Set the connection's error handler before New; Close puts it
 // back once no relay uses the connection.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
-	if pool == nil {
-		return nil, errors.New("relay: pool is nil")
+	if err := dbhandle.RequireArg("relay", "pool", "a *pgxpool.Pool", pool); err != nil {
+		return nil, err
 	}
-	if js == nil {
-		return nil, errors.New("relay: jetstream is nil")
+	if err := dbhandle.RequireArg("relay", "js", "a jetstream.JetStream", js); err != nil {
+		return nil, err
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
@@ -348,7 +351,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			if cur != nil {
 				cctx = bctx
 				if h := r.hooks.beforePipelinedClaim; h != nil {
-					h()
+					h(cctx)
 				}
 			}
 			cctx, cancel := context.WithTimeout(cctx, claimTimeout)

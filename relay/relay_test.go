@@ -23,6 +23,10 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testsvc.ExampleMain(m)) }
 
+// The examples read TXOUTBOX_SCHEMA as a service does; unset, they must work in the default
+// schema too.
+func TestExamplesInDefaultSchema(t *testing.T) { testsvc.RunExamplesInDefaultSchema(t) }
+
 type env struct {
 	t      *testing.T
 	db     *testsvc.DB
@@ -763,7 +767,7 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 	r := e.relay(&Config{BatchSize: 2, LeaseInterval: time.Second})
 	runCtx, cancel := context.WithCancel(ctx)
 	var once sync.Once
-	r.hooks.beforePipelinedClaim = func() {
+	r.hooks.beforePipelinedClaim = func(claimCtx context.Context) {
 		once.Do(func() {
 			r.leaseRoundDueNow() // a lease round is due at this claim
 			// Hold the relay's membership row: the round's heartbeat waits on it...
@@ -781,9 +785,12 @@ func TestShutdownDuringPipelinedClaimSettlesBatchInFlight(t *testing.T) {
 					t.Error("the lease round's heartbeat never waited on the membership row")
 				}
 				cancel()
-				// Not a wait for an event: the time a wrong shutdown would need to drop
-				// the lease connection under the batch in flight.
-				time.Sleep(200 * time.Millisecond)
+				// Shutdown reaches the claim only through its context: pgx would close the
+				// connection of a cancelled query, and with it the leases and the settle of
+				// the batch in flight. The claim's context must outlive the cancel.
+				if err := claimCtx.Err(); err != nil {
+					t.Errorf("the pipelined claim's context ended with the shutdown: %v", err)
+				}
 				_ = tx.Rollback(ctx)
 			}()
 		})

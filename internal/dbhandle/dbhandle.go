@@ -4,6 +4,7 @@ package dbhandle
 
 import (
 	"database/sql"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,4 +40,26 @@ func RequirePool(pkg, arg string, db any) error {
 	return &txoutbox.ConfigError{Package: pkg, Field: arg,
 		Reason: "must be safe for concurrent use (a pool, such as a *pgxpool.Pool or a *sql.DB), got a " + what +
 			": one connection, which the " + pkg + "'s goroutines cannot share"}
+}
+
+// RequireArg returns a *txoutbox.ConfigError of package pkg naming the argument arg when v is
+// nil, a nil interface or an interface holding a nil pointer, map, slice, channel or function
+// (a (*pgxpool.Pool)(nil) passed as a Beginner), and nil otherwise. want says what the
+// argument should be, for the message.
+func RequireArg(pkg, arg, want string, v any) error {
+	if !isNil(v) {
+		return nil
+	}
+	return &txoutbox.ConfigError{Package: pkg, Field: arg, Reason: "must not be nil: pass " + want}
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

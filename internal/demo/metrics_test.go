@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +25,7 @@ func TestDemoServesMetrics(t *testing.T) {
 	cfg.PaymentDie, cfg.Decline = 0.5, 0.1 // at least one dead producer: the check-back checks
 	cfg.Timeout = 2 * time.Minute
 	cfg.MetricsAddr, cfg.Linger = "127.0.0.1:0", time.Minute
-	out := &syncBuffer{}
+	out := &testsvc.LogBuffer{} // the demo's output, written while the test reads it
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	type result struct {
@@ -156,22 +155,4 @@ func sum(exposition, name string) float64 {
 		}
 	}
 	return total
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

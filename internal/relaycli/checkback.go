@@ -44,16 +44,16 @@ var checkbackFieldFlags = map[string]string{
 // run has its own, shared with the relay).
 func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) {
 	sec := s.Section("Check-back (half messages, stale rows, retention)")
-	s.Duration(&c.TransactionTimeout, "check-transaction-timeout", "", checkback.DefaultTransactionTimeout, "check a half message once it has been prepared this long (0: at once)")
+	s.DurationOr(&c.TransactionTimeout, "check-transaction-timeout", "", checkback.DefaultTransactionTimeout, "off", "check a half message once it has been prepared this long (off, -1 or 0: at once)")
 	sec("check-transaction-timeout")
 	s.Int(&c.MaxChecks, "check-max", "", checkback.DefaultMaxChecks, "inconclusive checks before a half message is check_exhausted")
 	s.Duration(&c.RequestTimeout, "check-request-timeout", "", checkback.DefaultRequestTimeout, "wait for a checker's answer at most")
 	s.Duration(&c.BackoffBase, "check-backoff-base", "", checkback.DefaultBackoffBase, "delay after the first inconclusive check (doubles after each)")
 	s.Duration(&c.BackoffMax, "check-backoff-max", "", checkback.DefaultBackoffMax, "longest delay between checks")
-	s.Float(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "random spread of the delay between checks, a fraction in [0, 1) (0: none)")
+	s.FloatOr(&c.BackoffJitter, "check-backoff-jitter", "", checkback.DefaultBackoffJitter, "off", "random spread of the delay between checks, a fraction in [0, 1) (off, -1 or 0: none)")
 	s.Int(&c.BatchSize, "check-batch-size", "", checkback.DefaultBatchSize, "half messages one resolve pass takes at most (per mode)")
 	s.Int(&c.GroupConcurrency, "check-group-concurrency", "", checkback.DefaultGroupConcurrency, "check requests in flight per producer group at most")
-	s.Float(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "check requests per second per producer group at most (-1: no rate limit; --check-group-concurrency still bounds them)")
+	s.FloatOr(&c.GroupRate, "check-group-rate", "", checkback.DefaultGroupRate, "forever", "check requests per second per producer group at most (forever or -1: no rate limit; --check-group-concurrency still bounds them)")
 	s.String(&c.SubjectPrefix, "check-subject-prefix", "", checkback.DefaultSubjectPrefix, "checkers serve <prefix>.<group>")
 	s.String(&c.Outbox, "check-outbox", "", "", "name of this outbox in check requests; checkers answer only their own outbox's (default <database system identifier>/<database>/<schema>, see checker.OutboxIdentity)")
 	s.String(&c.ResolveSchedule, "check-schedule", "", checkback.DefaultResolveSchedule, "when to resolve stale half messages (cron spec, @every <duration>, or off)")
@@ -61,10 +61,10 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
 	s.String(&c.PurgeSchedule, "purge-schedule", "", checkback.DefaultPurgeSchedule, "when to purge rows past their retention (cron spec, @every <duration>, or off)")
 	if withRetention {
-		s.DurationOr(&c.PublishedRetention, "retention", "", checkback.DefaultPublishedRetention, "forever", "purge published rows older than this (set it to the relay's --retention; forever leaves them alone)")
+		s.DurationOr(&c.PublishedRetention, "retention", "", checkback.DefaultPublishedRetention, "forever", "purge published rows older than this (set it to the relay's --retention; forever or -1 leaves them alone)")
 	}
-	s.DurationOr(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "forever", "purge rolled back half messages older than this (forever: never)")
-	s.DurationOr(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "forever", "purge consumer dedup rows older than this (keep several times the longest redelivery window; forever: never)")
+	s.DurationOr(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "forever", "purge rolled back half messages older than this (forever or -1: never)")
+	s.DurationOr(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "forever", "purge consumer dedup rows older than this (keep several times the longest redelivery window; forever or -1: never)")
 	s.Int(&c.PurgeBatchSize, "purge-batch-size", "", checkback.DefaultPurgeBatchSize, "rows one purge statement deletes at most")
 }
 
@@ -85,7 +85,7 @@ func checkCheckbackFlags(c *checkback.Config) error {
 		}
 	}
 	if c.GroupRate <= 0 && c.GroupRate != float64(txoutbox.Forever) {
-		return usageErr("invalid --check-group-rate: must be positive, or -1 for no rate limit")
+		return usageErr("invalid --check-group-rate: must be positive, or forever (-1) for no rate limit")
 	}
 	// Command-line values are literal: 0 means none (txoutbox.Off) where checkback.Config
 	// would read it as "the default".

@@ -1,9 +1,11 @@
 package relaycli
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -66,6 +68,41 @@ func TestBadNATSURLErrorHidesThePassword(t *testing.T) {
 		code, _, errOut := cliEnv(t, vars, cmd)
 		if code != 2 || !strings.Contains(errOut, "invalid --nats-url") || strings.Contains(errOut, "NatsPw1") {
 			t.Errorf("%s with a bad NATS URL: exit %d, %s; want exit 2 naming --nats-url, without the password", cmd, code, errOut)
+		}
+	}
+}
+
+// A production relay binary (built without txoutbox_fault) holds none of the fault machinery:
+// no symbol of package fault (its specification parser, its point table) and no point name,
+// so nothing in it can arm a point, not even by a path the flag parser does not guard.
+func TestProductionBinaryHasNoFaultCode(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds the relay")
+	}
+	bin := filepath.Join(t.TempDir(), "relay")
+	build := exec.Command(testsvc.GoTool(), "build", "-o", bin, "github.com/txoutbox/txoutbox/cmd/relay")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as testsvc.RelayBinary: the build cache is shared
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/relay: %v\n%s", err, out)
+	}
+	syms, err := exec.Command(testsvc.GoTool(), "tool", "nm", bin).Output()
+	if err != nil {
+		t.Fatalf("go tool nm: %v", err)
+	}
+	const pkg = "github.com/txoutbox/txoutbox/internal/fault."
+	for _, line := range strings.Split(string(syms), "\n") {
+		if strings.Contains(line, pkg) {
+			t.Errorf("the production relay binary has the fault symbol %s", strings.TrimSpace(line))
+		}
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(fault.Points(), fault.EnvVar) {
+		if bytes.Contains(data, []byte(s)) {
+			t.Errorf("the production relay binary contains %q", s)
 		}
 	}
 }

@@ -56,9 +56,20 @@ var fieldFlags = map[string]string{
 	"PublishTimeout": "publish-timeout", "PollMin": "poll-min", "PollMax": "poll-max",
 	"BackoffBase": "backoff-base", "BackoffMax": "backoff-max", "BackoffJitter": "backoff-jitter",
 	"MaxAttempts": "max-attempts", "Retention": "retention", "Partitions": "partitions",
-	"LeaseInterval": "lease-interval", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
+	"LeaseInterval": "lease-interval", "HandoverAfter": "handover-after", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
 	"Subjects": "subjects", "CreateStream": "create-stream", "StreamDuplicates": "stream-duplicates",
 	"SampleInterval": "sample-interval", "MaxMessageBytes": "max-message-bytes",
+}
+
+// literalZeros makes the command-line values literal: where relay.Config reads 0 as "the
+// default", 0 here means none (txoutbox.Off), or is refused by run.
+func (f *runFlags) literalZeros() {
+	if f.cfg.HandoverAfter == 0 {
+		f.cfg.HandoverAfter = txoutbox.Off
+	}
+	if f.cfg.BackoffJitter == 0 {
+		f.cfg.BackoffJitter = txoutbox.Off
+	}
 }
 
 func defineRunFlags(s *settings, f *runFlags) {
@@ -80,12 +91,12 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.PollMax, "poll-max", "", relay.DefaultPollMax, "longest poll interval (idle)")
 	s.Duration(&f.cfg.BackoffBase, "backoff-base", "", relay.DefaultBackoffBase, "first retry delay of a failed row")
 	s.Duration(&f.cfg.BackoffMax, "backoff-max", "", relay.DefaultBackoffMax, "longest retry delay (also caps the outage backoff)")
-	s.Float(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "random spread of retry delays, a fraction in [0, 1) (0: none)")
+	s.FloatOr(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "off", "random spread of retry delays, a fraction in [0, 1) (off, -1 or 0: none)")
 	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
-	s.DurationOr(&f.cfg.Retention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever keeps them)")
+	s.DurationOr(&f.cfg.Retention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever or -1 keeps them)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
 	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
-	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off, or 0: never)")
+	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off, -1 or 0: never)")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -122,14 +133,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if len(s.Args()) > 0 {
 		return usageErr("unexpected arguments %q", s.Args())
 	}
-	// Command-line values are literal: where relay.Config reads 0 as "the default", 0 here
-	// means none (txoutbox.Off), or is refused below.
-	if f.cfg.HandoverAfter == 0 {
-		f.cfg.HandoverAfter = txoutbox.Off
-	}
-	if f.cfg.BackoffJitter == 0 {
-		f.cfg.BackoffJitter = txoutbox.Off
-	}
+	f.literalZeros()
 	// Zero would silently mean "the default" to relay.Config; on the command line it is a mistake.
 	for name, v := range map[string]int64{
 		"batch-size": int64(f.cfg.BatchSize), "max-in-flight": int64(f.cfg.MaxInFlight), "max-attempts": int64(f.cfg.MaxAttempts),
@@ -145,7 +149,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.faults != "" {
+	// fault.Enabled is a constant: without the txoutbox_fault tag the compiler drops these
+	// branches, and the linker the fault package's parser and point names with them.
+	if fault.Enabled && f.faults != "" {
 		if err := fault.ArmSpec(f.faults, nil); err != nil {
 			return usageErr("invalid --fault: %v", err)
 		}
@@ -237,7 +243,7 @@ func runRelay(ctx context.Context, c *conns, f *runFlags, cfg relay.Config, reg 
 	if err != nil {
 		return configErr(err)
 	}
-	if f.faultSettleDelay > 0 {
+	if fault.Enabled && f.faultSettleDelay > 0 {
 		// Crash tests wait for this line, then kill the relay between publish and settle.
 		log.Warn("fault injection: every batch pauses between publish and settle", "delay", f.faultSettleDelay.String())
 		d := f.faultSettleDelay

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -60,18 +61,14 @@ func (s *settings) Int(p *int, name, env string, def int, usage string) {
 	s.add(name, env)
 }
 
-func (s *settings) Float(p *float64, name, env string, def float64, usage string) {
-	s.fs.Float64Var(p, name, def, usage)
-	s.add(name, env)
-}
-
 func (s *settings) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
 	s.fs.DurationVar(p, name, def, usage)
 	s.add(name, env)
 }
 
-// DurationOr defines a duration setting that also takes word ("off" or "forever"), which
-// stores txoutbox's -1 (txoutbox.Off, txoutbox.Forever). Negative durations are refused.
+// DurationOr defines a duration setting whose library field takes txoutbox.Off or
+// txoutbox.Forever: it also takes word ("off" or "forever", as the field's documentation
+// names it) and -1, both of which store -1. Other negative durations are refused.
 func (s *settings) DurationOr(p *time.Duration, name, env string, def time.Duration, word, usage string) {
 	*p = def
 	s.fs.Var(durationOr{p: p, word: word}, name, usage)
@@ -94,18 +91,57 @@ func (v durationOr) String() string {
 }
 
 func (v durationOr) Set(s string) error {
-	if s == v.word {
+	if s == v.word || s == "-1" {
 		*v.p = -1
 		return nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("not a duration or %q", v.word)
+		return fmt.Errorf("not a duration, %s or -1", v.word)
 	}
 	if d < 0 {
-		return fmt.Errorf("must not be negative (%q is the word for %s)", v.word, v.word)
+		return fmt.Errorf("must not be negative (%s, or -1, is the word for %s)", v.word, v.word)
 	}
 	*v.p = d
+	return nil
+}
+
+// FloatOr is DurationOr for a number: it takes a number, word or -1 (both store -1); other
+// negative numbers are refused.
+func (s *settings) FloatOr(p *float64, name, env string, def float64, word, usage string) {
+	*p = def
+	s.fs.Var(floatOr{p: p, word: word}, name, usage)
+	s.add(name, env)
+}
+
+type floatOr struct {
+	p    *float64
+	word string
+}
+
+func (v floatOr) String() string {
+	switch {
+	case v.p == nil:
+		return ""
+	case *v.p == -1:
+		return v.word
+	}
+	return strconv.FormatFloat(*v.p, 'g', -1, 64)
+}
+
+func (v floatOr) Set(s string) error {
+	if s == v.word || s == "-1" {
+		*v.p = -1
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("not a number, %s or -1", v.word)
+	}
+	if f < 0 {
+		return fmt.Errorf("must not be negative (%s, or -1, is the word for %s)", v.word, v.word)
+	}
+	*v.p = f
 	return nil
 }
 

@@ -180,7 +180,8 @@ type Server struct {
 	// logged are the foreign outboxes already logged (one line each).
 	loggedMu sync.Mutex
 	logged   map[string]bool
-	// onForeign, when set (tests), is called after a foreign request was counted.
+	// onForeign, when set (tests), is called when the handling of a foreign request ends
+	// (counted, logged, not answered).
 	onForeign atomic.Pointer[func(Request)]
 }
 
@@ -226,10 +227,10 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // Serve it from every process of the group: requests are spread over them by a queue group.
 func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error) {
 	if nc == nil {
-		return nil, errors.New("checker: Serve: nc is nil")
+		return nil, &txoutbox.ConfigError{Package: "checker", Field: "nc", Reason: "must not be nil: pass the group's *nats.Conn"}
 	}
 	if check == nil {
-		return nil, errors.New("checker: Serve: check is nil")
+		return nil, &txoutbox.ConfigError{Package: "checker", Field: "check", Reason: "must not be nil: pass the function that answers a check"}
 	}
 	if err := outbox.ValidateGroup(group); err != nil {
 		return nil, &txoutbox.ConfigError{Package: "checker", Field: "group", Reason: "is invalid: " + err.Error(), Err: err}
@@ -301,6 +302,9 @@ func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *s
 	if cr.Outbox != s.outbox {
 		// Never answer for another outbox: not even an error, which could reach its
 		// check-back before its own checker's answer.
+		if f := s.onForeign.Load(); f != nil {
+			defer (*f)(cr) // tests: once the request is handled, whatever the branch does
+		}
 		span.SetAttributes(tracing.Outcome.String("foreign"))
 		s.foreignRequest(cr, log)
 		return
@@ -353,9 +357,6 @@ func (s *Server) foreignRequest(cr Request, log *slog.Logger) {
 		log.Warn("check request of another outbox not answered: another service uses the same producer group name on this NATS, "+
 			"or this checker or the check-back is configured for the wrong outbox (see txoutbox_checkback_checker_foreign_requests_total)",
 			"request_outbox", cr.Outbox, "message_id", cr.MessageID.String())
-	}
-	if f := s.onForeign.Load(); f != nil {
-		(*f)(cr)
 	}
 }
 

@@ -1,6 +1,7 @@
 package checker_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -22,7 +23,7 @@ import (
 // production `relay run` runs it) whether the local transaction committed.
 func ExampleServe() {
 	ctx := context.Background()
-	schema := os.Getenv("TXOUTBOX_SCHEMA") // the outbox's schema, as relay run reads it
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema) // the outbox's schema, as relay run reads it
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
