@@ -19,7 +19,7 @@ var offForeverFlags = map[string]map[string]string{
 	"run": {
 		"backoff-jitter": "off", "handover-after": "off", "retention": "forever",
 		"check-transaction-timeout": "off", "check-backoff-jitter": "off", "check-group-rate": "forever",
-		"rolled-back-retention": "forever", "dedup-retention": "forever",
+		"rolled-back-retention": "forever", "dedup-retention": "forever", "max-message-bytes": "off",
 	},
 	"checkback": {
 		"check-transaction-timeout": "off", "check-backoff-jitter": "off", "check-group-rate": "forever",

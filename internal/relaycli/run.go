@@ -103,7 +103,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	sec("subjects")
 	s.String(&f.cfg.CreateStream, "create-stream", "", "", "create a stream of this name for subjects no stream captures")
 	s.Duration(&f.cfg.StreamDuplicates, "stream-duplicates", "", relay.DefaultStreamDuplicates, "duplicate window of a created stream")
-	s.Int(&f.cfg.MaxMessageBytes, "max-message-bytes", "", relay.DefaultMaxMessageBytes, "largest message producers may enqueue (their outbox.Config.MaxMessageBytes): a server or stream that takes less is refused at start (-1: no check)")
+	s.IntOr(&f.cfg.MaxMessageBytes, "max-message-bytes", "", relay.DefaultMaxMessageBytes, "off", "largest message producers may enqueue (their outbox.Config.MaxMessageBytes): a server or stream that takes less is refused at start (off, or -1: no check)")
 	s.String(&f.cfg.DoorbellSubject, "doorbell-subject", "", relay.DefaultDoorbellSubject, "core NATS subject producers ring after commit")
 	s.Bool(&f.cfg.DisableDoorbell, "no-doorbell", "", false, "do not listen for NATS doorbell rings")
 	s.String(&f.cfg.DoorbellChannel, "doorbell-channel", "", "", "also LISTEN on this Postgres channel for rings (costs a connection)")

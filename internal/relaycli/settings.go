@@ -106,6 +106,45 @@ func (v durationOr) Set(s string) error {
 	return nil
 }
 
+// IntOr is DurationOr for a whole number: it takes a number, word or -1 (both store -1);
+// other negative numbers are refused.
+func (s *settings) IntOr(p *int, name, env string, def int, word, usage string) {
+	*p = def
+	s.fs.Var(intOr{p: p, word: word}, name, usage)
+	s.add(name, env)
+}
+
+type intOr struct {
+	p    *int
+	word string
+}
+
+func (v intOr) String() string {
+	switch {
+	case v.p == nil:
+		return ""
+	case *v.p == -1:
+		return v.word
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v intOr) Set(s string) error {
+	if s == v.word || s == "-1" {
+		*v.p = -1
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("not a whole number, %s or -1", v.word)
+	}
+	if n < 0 {
+		return fmt.Errorf("must not be negative (%s, or -1, is the word for %s)", v.word, v.word)
+	}
+	*v.p = n
+	return nil
+}
+
 // FloatOr is DurationOr for a number: it takes a number, word or -1 (both store -1); other
 // negative numbers are refused.
 func (s *settings) FloatOr(p *float64, name, env string, def float64, word, usage string) {
