@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/natsname"
@@ -150,13 +149,21 @@ func (r *Relay) producersLimit(ctx context.Context) (limit int64, setting string
 		return 0, "", nil
 	}
 	limit, setting = int64(r.cfg.MaxMessageBytes), "the relay's MaxMessageBytes"
-	var sqlLimit int64
-	if err := r.pool.QueryRow(ctx, "SELECT "+pgx.Identifier{r.cfg.Schema, "txoutbox_max_message_bytes"}.Sanitize()+"()").Scan(&sqlLimit); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22023" {
-			return 0, "", &txoutbox.ConfigError{Package: "relay", Field: "txoutbox.max_message_bytes", Reason: pgErr.Message, Err: err}
-		}
+	// The setting as txoutbox_max_message_bytes() reads it (migration 9), read here without
+	// calling the function, which the relay's role need not be granted.
+	var v *string
+	if err := r.pool.QueryRow(ctx, "SELECT current_setting('txoutbox.max_message_bytes', true)").Scan(&v); err != nil {
 		return 0, "", fmt.Errorf("relay: reading the SQL producers' message limit: %w", err)
+	}
+	sqlLimit := int64(outbox.DefaultMaxMessageBytes)
+	if v != nil && strings.TrimSpace(*v) != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(*v))
+		if t := strings.TrimSpace(*v); err != nil || strings.Trim(t, "0123456789") != "" || len(t) > 9 || n < 1024 || n > outbox.MaxMessageBytesLimit {
+			return 0, "", &txoutbox.ConfigError{Package: "relay", Field: "txoutbox.max_message_bytes",
+				Reason: fmt.Sprintf("invalid setting %q in the database: want a whole number of bytes from 1024 to %d (outbox.MaxMessageBytesLimit), or unset for %d",
+					*v, outbox.MaxMessageBytesLimit, outbox.DefaultMaxMessageBytes)}
+		}
+		sqlLimit = int64(n)
 	}
 	if sqlLimit > limit {
 		limit, setting = sqlLimit, "the database's txoutbox.max_message_bytes"
