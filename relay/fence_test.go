@@ -1,10 +1,13 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -511,6 +517,130 @@ func TestLeaseCheckedAgainBeforeTheHandOff(t *testing.T) {
 	drain(t, r)
 	if got := len(e.streamMsgs("ORDERS")); got != 3 {
 		t.Fatalf("after a drain the stream holds %d messages, want 3", got)
+	}
+}
+
+// pubCounter is a TCP proxy in front of the test's NATS server that counts the publishes
+// (PUB/HPUB frames) the client sends on one subject. The first one is held until release is
+// closed: the test acts (ends the relay's lease) between the relay's hand-off and the
+// server's answer.
+type pubCounter struct {
+	addr    string
+	subject string
+	first   chan struct{} // closed when the first publish on subject reached the proxy
+	release chan struct{} // close to let it through
+	mu      sync.Mutex
+	sent    int
+}
+
+func newPubCounter(t *testing.T, server, subject string) *pubCounter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	p := &pubCounter{addr: ln.Addr().String(), subject: subject, first: make(chan struct{}), release: make(chan struct{})}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", server)
+			if err != nil {
+				_ = c.Close()
+				return
+			}
+			t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
+			go func() { _, _ = io.Copy(c, s) }()
+			go func() {
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(line, "HPUB "+p.subject+" ") || strings.HasPrefix(line, "PUB "+p.subject+" ") {
+						p.mu.Lock()
+						p.sent++
+						first := p.sent == 1
+						p.mu.Unlock()
+						if first {
+							close(p.first)
+							<-p.release
+						}
+					}
+					if _, err := s.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *pubCounter) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent
+}
+
+// A relay whose lease ends after it handed a message to the NATS client sends it no more:
+// nats.go resends an async publish answered with "no responders" by itself (two more times,
+// 250 ms apart, from a timer) unless told not to, and those sends skip the relay's lease check;
+// a relay frozen in that window sent stale messages when it woke. The relay turns that off
+// (noClientRetry): the "no responders" is the publish's outcome at once, and a row is sent
+// again only in a later wave, after the lease check. Here the lease ends (a release: the
+// generation bumped) while the first send is on its way; by the time the relay has the
+// publish's outcome (with nats.go's resends, only after them), the subject got exactly that one
+// send.
+func TestNoResendAfterTheLeaseEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const subject = "nostream.x" // no stream captures it: the server answers "no responders"
+	proxy := newPubCounter(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Port), subject)
+	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(e.db.Pool, js, &Config{ID: uuid.NewString()[:8] + "/resend", Schema: e.db.Schema, Partitions: 1,
+		LeaseInterval: time.Second, BackoffBase: time.Minute, BackoffMax: time.Minute, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.initTestSignals()
+	t.Cleanup(r.Close)
+	e.enqueue(outbox.Message{Subject: subject, Payload: []byte("x")})
+	_, gen, rows, err := r.claim(ctx, nil)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim = %d rows, %v", len(rows), err)
+	}
+	go func() {
+		select {
+		case <-proxy.first:
+		case <-t.Context().Done():
+			return
+		}
+		r.lease.mu.Lock()
+		r.lease.lostLocked() // a release for rebalancing: the batch's generation has ended
+		r.lease.mu.Unlock()
+		close(proxy.release)
+	}()
+	res := r.publish(ctx, rows, nil, gen)
+	if n := proxy.count(); n != 1 {
+		t.Fatalf("the subject got %d sends of the row, want 1: the NATS client sent it again after the relay's lease ended", n)
+	}
+	if len(res.failed) != 1 || !strings.Contains(res.failed[0].Err, "no JetStream stream captures subject") {
+		t.Fatalf("outcome: %d failed (%v), %d published, %d withheld; want the row failed: no stream captures its subject",
+			len(res.failed), res.failed, len(res.published), res.withheld)
 	}
 }
 
