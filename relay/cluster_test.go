@@ -408,6 +408,85 @@ func TestClusterLeaderStepDownIsAnOutage(t *testing.T) {
 	leaderLoss(t, false, func(e *clusterEnv) *embedded.ClusterNode { return e.cluster.StepDown(t, "ACC") })
 }
 
+// Both followers of the R3 stream killed while the relay publishes, its leader alive: the
+// leader still answers the stream's info naming itself, and can store nothing (publishes
+// time out; a republish of the same message id gets 10158 "duplicate message id is in
+// process") until it steps down for lost quorum, ten seconds later, and the stream has no
+// leader until a follower is back. That is an outage of the stream throughout, never a
+// message failure: no attempt counted, nothing dead (with MaxAttempts 2, one counted failure
+// shows as attempts and a second as a dead row; before quorumOf and 10158 as an outage code,
+// with MaxAttempts 3 every held row was dead within 6 s). With the followers back, every
+// message is stored once, in its key's order.
+func TestClusterQuorumLossIsAnOutage(t *testing.T) {
+	t.Parallel()
+	e := newClusterEnv(t)
+	logs := newEventLog()
+	r := e.relay(&Config{Subjects: []string{"acc.>"}, PublishTimeout: time.Second, MaxAttempts: 2, BatchSize: 50,
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Retention: time.Hour, Logger: slog.New(logs)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	p := e.produce(8, 20*time.Millisecond)
+	testsvc.Eventually(t, 20*time.Second, "publishing before the fault", func() bool { return r.Stats().Published >= 100 })
+
+	leader := e.cluster.StreamLeader("ACC")
+	if leader == nil {
+		t.Fatal("ACC has no leader")
+	}
+	var down []*embedded.ClusterNode
+	for _, n := range e.cluster.Nodes {
+		if n != leader {
+			n.Kill()
+			down = append(down, n)
+		}
+	}
+	at := time.Now()
+	const lost = "has lost its quorum: 1 of 3 replicas current"
+	testsvc.Eventually(t, 20*time.Second, "the relay to say the stream lost its quorum", func() bool {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		for _, l := range logs.lines {
+			if l.level == slog.LevelWarn && strings.Contains(l.msg+" "+l.attrs, lost) {
+				return true
+			}
+		}
+		return false
+	})
+	saidLost := time.Since(at)
+	// The leader steps down for lost quorum (nats-server: ten seconds without its
+	// followers): every publish the relay made meanwhile met a leader that cannot store.
+	testsvc.Eventually(t, 30*time.Second, "the leader to step down for lost quorum", func() bool { return e.cluster.StreamLeader("ACC") == nil })
+	steppedDown := time.Since(at)
+	if n := e.count("attempts > 0 OR last_error IS NOT NULL OR state = 'dead'"); n != 0 {
+		logs.dump(t)
+		t.Fatalf("%d rows with attempts, a last_error or dead while the stream had no quorum, want none", n)
+	}
+
+	e.cluster.StartForQuorum(t, "ACC", down[0], 60*time.Second)
+	e.cluster.Restart(t, down[1], "ACC")
+	produced := p.finish(t)
+	testsvc.Eventually(t, 60*time.Second, "every row published", func() bool { return e.count("state <> 'published'") == 0 })
+	if n := e.count("attempts > 0 OR last_error IS NOT NULL"); n != 0 {
+		logs.dump(t)
+		t.Fatalf("%d rows with attempts or a last_error, want none: a stream without quorum is not a message failure", n)
+	}
+	if f, d := r.Stats().Failed, r.Stats().Dead; f != 0 || d != 0 {
+		t.Fatalf("stats: %d failed, %d dead, want 0 and 0", f, d)
+	}
+	if n := logs.count(slog.LevelWarn, "publishing on a subject fails"); n != 0 {
+		t.Fatalf("%d subject failure warnings, want 0", n)
+	}
+	e.checkStoredOnce(produced)
+	t.Logf("produced %d, stored once each; followers killed → relay said quorum lost %s, leader stepped down %s",
+		produced, saidLost.Round(time.Millisecond), steppedDown.Round(time.Millisecond))
+}
+
 // A relay started while the stream (and the cluster's meta leader) have no quorum, so no
 // leader: the start check waits, logged once, and the relay runs once a leader is elected.
 func TestClusterRelayStartedDuringElectionWaits(t *testing.T) {
@@ -894,6 +973,7 @@ func TestAmbiguousPublishOutcomes(t *testing.T) {
 		{"10008", &jetstream.APIError{Code: 503, ErrorCode: 10008}, true},
 		{"10009", &jetstream.APIError{Code: 500, ErrorCode: 10009}, true},
 		{"10118", &jetstream.APIError{Code: 500, ErrorCode: 10118}, true},
+		{"10158 in process", &jetstream.APIError{Code: 409, ErrorCode: 10158}, true},
 		{"too large", &jetstream.APIError{Code: 400, ErrorCode: 10054}, false},
 		{"sealed", &jetstream.APIError{Code: 400, ErrorCode: 10109}, false},
 		{"other", errors.New("something"), false},

@@ -54,13 +54,18 @@ import (
 // share takes free partitions; a relay above its share releases its extra partitions, but only
 // while another responsive member is below its own share (someone is waiting for them), so
 // nothing is released that nobody would take. A member is responsive while this relay has
-// seen its heartbeat move within silentFactor of its lease intervals. Free partitions that no
-// responsive member is waiting for are taken at once by whoever sees them, beyond its share if
-// need be (a frozen member still counted alive keeps a share nobody else would take); a member
-// below its share whose heartbeat has not moved for stalledFactor of its lease intervals
-// waits for nothing either (it froze only just now, it is not silent yet; counted from when
-// it wrote that heartbeat, estimated from the database's timestamps of its heartbeat and of
-// this relay's own). The shares even out
+// seen its heartbeat move within silentFactor of its lease intervals. A member below its
+// share waits for partitions only once it knows it is short: its heartbeat moved since this
+// relay first saw it short (a relay runs a round, which moves its heartbeat, and sees its own
+// share there), or it has just started (its first round found it short). Free partitions
+// that no waiting member is waiting for are taken at once by whoever sees them, beyond its
+// share if need be: a member that froze at its share before a kill made it short never ran
+// the round that would tell it, and nothing is kept or released for it (a frozen member still
+// counted alive keeps a share nobody else would take). A waiting member whose heartbeat has
+// not moved for stalledFactor of its lease intervals waits for nothing either (it runs a round
+// every waitingRounds-th of its interval while it waits; counted from when it wrote that
+// heartbeat, estimated from the database's timestamps of its heartbeat and of this relay's
+// own). The shares even out
 // again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
 // lease generation, so its old holder sends nothing more of it; the rows it already sent may
@@ -94,21 +99,17 @@ const (
 	// waitingRounds: a relay below its share runs this many rounds per lease interval until
 	// it has its share (the partitions it waits for are being released).
 	waitingRounds = 10
-	// stalledFactor: a member below its share whose heartbeat this relay has not seen move
-	// for this many of its lease intervals waits for nothing either, though it is not silent
-	// yet. A relay that has seen itself below its share runs a lease round (which moves its
-	// heartbeat) every waitingRounds-th of its lease interval, at a claim or while idle; a
-	// relay at its share, every lease interval, and it may learn that it is short (a relay
-	// killed: the membership watch does not see it) only at that round. So one whose
-	// heartbeat has not moved for one and a half intervals froze only just now, or is stuck
-	// in one publish longer than that: free partitions are not kept for it, nothing is
-	// released for it, and once its heartbeat moves it waits as before and is given its share.
-	// The one and a half intervals count from when the member wrote its heartbeat, as this
-	// relay estimates it (seenBeat.written), not from when this relay first read it (up to
-	// one of its own rounds later, a lease interval when it holds its share): so partitions
-	// are kept for a member that froze just now for one and a half of its intervals after its
-	// last heartbeat, not two and a half.
-	stalledFactor = 1.5
+	// stalledFactor: a member waiting for partitions (below its share, and known to know it,
+	// see waitingLocked) whose heartbeat has not moved for this many of its lease intervals
+	// waits for nothing either, though it is not silent yet. A relay that has seen itself
+	// below its share runs a lease round (which moves its heartbeat) every waitingRounds-th of
+	// its lease interval, at a claim or while idle: one whose heartbeat has not moved for half
+	// an interval (five such rounds) froze only just now, or is stuck in one publish longer
+	// than that: free partitions are not kept for it, nothing is released for it, and once its
+	// heartbeat moves it waits as before and is given its share. The half interval counts from
+	// when the member wrote its heartbeat, as this relay estimates it (seenBeat.written), not
+	// from when this relay first read it (up to one of its own rounds later).
+	stalledFactor = 0.5
 	// watchRounds: a busy relay looks at the membership table (a cheap count, on a pool
 	// connection of its own, off the claim path) this many times per lease interval, at most
 	// every maxMemberWatch (every 250 ms with the default 2 s), so that a relay joining or
@@ -205,6 +206,7 @@ type leaser struct {
 	handedOver  bool // JetStream is unreachable: partitions released, membership left
 	silent      int
 	stalled     int
+	unaware     int
 	roundStart  time.Time // of the last round
 	rate        rateMeter // the publish rate reported with the heartbeat
 
@@ -249,6 +251,11 @@ type seenBeat struct {
 	written time.Time
 	// read is the start of the last round that read beat.
 	read time.Time
+	// shortBeat is the heartbeat this relay read in the round that first saw the member below
+	// its share, zero while it is not; newcomer: the member joined after this relay's previous
+	// round (see waitingLocked).
+	shortBeat time.Time
+	newcomer  bool
 	// fencedAt is when this relay ended the member's session for this heartbeat (zero if it
 	// has not): the backend may outlive pg_terminate_backend's return for a moment, and the
 	// fence is not sent (nor logged) again for it until another fence interval has passed.
@@ -465,11 +472,12 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 		heldBy[lk.PID]++
 		locked[lk.Partition] = true
 	}
-	// What the responsive others wait for: the most we release, and what free partitions
-	// are kept for. A silent member waits for nothing, nor does a stalled one (below its share
-	// and its heartbeat still for stalledFactor of its lease intervals). stallAt is when the
-	// first of the waiting members stalls if its heartbeat does not move.
-	deficit, silent, stalled := 0, 0, 0
+	// What the waiting others wait for: the most we release, and what free partitions are
+	// kept for. A silent member waits for nothing, nor does one below its share that does not
+	// know it yet (unaware: see waitingLocked), nor a stalled one (waiting, and its heartbeat
+	// still for stalledFactor of its lease intervals). stallAt is when the first of the
+	// waiting members stalls if its heartbeat does not move.
+	deficit, silent, stalled, unaware := 0, 0, 0, 0
 	var stallAt time.Time
 	for i, m := range alive {
 		if i == me {
@@ -479,7 +487,10 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			silent++
 			continue
 		}
-		if heldBy[m.PID] >= share(i) {
+		if !l.waitingLocked(m, heldBy[m.PID] < share(i)) {
+			if heldBy[m.PID] < share(i) {
+				unaware++
+			}
 			continue
 		}
 		if s, ok := l.seen[m.Instance]; ok {
@@ -496,14 +507,15 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 	}
 	free := cfg.Partitions - len(locked)
 	waiting := deficit - free
-	if n != l.relays || target != l.target || silent != l.silent || stalled != l.stalled {
-		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions, "silent", silent, "stalled", stalled)
+	if n != l.relays || target != l.target || silent != l.silent || stalled != l.stalled || unaware != l.unaware {
+		l.r.log.Info("partition shares computed", "relays", n, "target", target, "held", len(l.held), "of", cfg.Partitions,
+			"silent", silent, "stalled", stalled, "unaware", unaware)
 	}
-	l.relays, l.target, l.silent, l.stalled = n, target, silent, stalled
+	l.relays, l.target, l.silent, l.stalled, l.unaware = n, target, silent, stalled, unaware
 	l.r.m.relays.Set(float64(n))
 	l.r.m.target.Set(float64(target))
 
-	// Free partitions: up to our share, plus those no responsive member waits for.
+	// Free partitions: up to our share, plus those no waiting member waits for.
 	want := max(target-len(l.held), 0)
 	want += max(free-want-deficit, 0)
 	switch {
@@ -516,6 +528,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			return fmt.Errorf("relay: release partitions: %w", err)
 		}
 		l.held = slices.DeleteFunc(l.held, func(p int32) bool { return slices.Contains(released, p) })
+		free += len(released) // kept for the waiting members: look again when they would stall
 		l.r.m.changes.WithLabelValues("released").Add(float64(len(released)))
 		l.r.log.Info("partitions released for rebalancing", "released", released, "held", len(l.held), "target", target, "relays", n)
 	case want > 0 && free > 0:
@@ -544,7 +557,7 @@ func (l *leaser) roundLocked(ctx context.Context) error {
 			l.r.m.changes.WithLabelValues("taken").Add(float64(len(taken)))
 			if len(l.held) > target {
 				l.r.log.Info("partitions taken beyond the fair share: no responsive relay is waiting for them",
-					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent, "stalled", stalled)
+					"taken", taken, "held", len(l.held), "target", target, "relays", n, "silent", silent, "stalled", stalled, "unaware", unaware)
 			} else {
 				l.r.log.Info("partitions taken", "taken", taken, "held", len(l.held), "target", target, "relays", n)
 			}
@@ -600,13 +613,49 @@ func (l *leaser) watchLocked(members []store.RelayMember, start, now time.Time) 
 				written = s.read
 			}
 		}
-		l.seen[m.Instance] = seenBeat{beat: m.HeartbeatAt, at: now, written: written, read: start}
+		// A member first seen in a round after this relay's first joined since, and one first
+		// seen in this relay's first round that started within one of its lease intervals
+		// before this heartbeat (relays started together): its own first round found it short
+		// (it held nothing).
+		newcomer := s.newcomer || !ok && (l.joined || m.HeartbeatAt.Sub(m.StartedAt) < memberInterval(m, l.r.cfg.LeaseInterval))
+		l.seen[m.Instance] = seenBeat{beat: m.HeartbeatAt, at: now, written: written, read: start, shortBeat: s.shortBeat, newcomer: newcomer}
 	}
 	for id := range l.seen {
 		if !present[id] {
 			delete(l.seen, id)
 		}
 	}
+}
+
+// waitingLocked reports whether member m, below its share when short is true, waits for
+// partitions: it knows it is short. A relay learns its share only in its own lease rounds, and
+// each round moves its heartbeat; so m knows once its heartbeat has moved since this relay
+// first saw it short (that heartbeat was written after the change that made it short: the
+// heartbeat read then was already visible), or when it joined since this relay's previous
+// round, or, seen first in this relay's first round, started within one of its lease
+// intervals before its heartbeat (a new relay's first round finds it short: it holds
+// nothing). A member that froze at
+// its share just before a kill made it short never knows: free partitions are not kept for
+// it, nor released for it, until its heartbeat moves. It records, per member, the heartbeat
+// read when it was first seen short (seenBeat.shortBeat), and forgets it, and that the member
+// is new, once the member is not short.
+func (l *leaser) waitingLocked(m store.RelayMember, short bool) bool {
+	s, ok := l.seen[m.Instance]
+	if !ok {
+		return short
+	}
+	if !short {
+		if !s.shortBeat.IsZero() || s.newcomer {
+			s.shortBeat, s.newcomer = time.Time{}, false
+			l.seen[m.Instance] = s
+		}
+		return false
+	}
+	if s.shortBeat.IsZero() {
+		s.shortBeat = m.HeartbeatAt
+		l.seen[m.Instance] = s
+	}
+	return s.newcomer || !m.HeartbeatAt.Equal(s.shortBeat)
 }
 
 // silentLocked reports whether this relay has not seen m's heartbeat move for silentFactor of

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox/internal/jserr"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/jserr"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
@@ -144,8 +145,10 @@ type streamOutage struct {
 	since    time.Time
 	checked  time.Time // when the stream was last found unavailable
 	met      time.Time // when a row of the stream last came up (begin, knownOutage, askOutages)
-	probing  bool      // its info answered with a leader: rows are sent again
-	asking   bool      // askOutages is asking its info
+	probing  bool      // its info answered with a leader that can store: rows are sent again
+	// lostQuorum: the outage was found to be a lost quorum (logged once, see quorumLost).
+	lostQuorum bool
+	asking     bool // askOutages is asking its info
 	// The rows held back for the outage, left out of the relay's claims while it lasts (see
 	// exclusions), so that they cannot fill every batch and stop the other streams: unkeyed
 	// rows by id, keyed ones by key (a key's later rows must not go before its held row).
@@ -240,14 +243,27 @@ func (r *Relay) askOutages(ctx context.Context) {
 			e.asking = false
 			e.met = time.Now() // its rows are still held here: not an outage to forget
 			switch {
-			case err == nil && hasLeader(info), errors.Is(err, jetstream.ErrStreamNotFound):
+			case err == nil && canStore(info), errors.Is(err, jetstream.ErrStreamNotFound):
 				e.probing = true
 				r.Wake()
 			default:
 				e.checked = time.Now()
+				o.quorumLost(r, name, e, info)
 			}
 		}()
 	}
+}
+
+// quorumLost records, for the outage e of stream name whose info (nil if it did not answer)
+// says it cannot store yet, that it has lost its quorum, logged once per outage; o.mu is
+// held.
+func (o *streamOutages) quorumLost(r *Relay, name string, e *streamOutage, info *jetstream.StreamInfo) {
+	if info == nil || !hasLeader(info) || canStore(info) || e.lostQuorum {
+		return
+	}
+	e.lostQuorum = true
+	e.reason = lostQuorumText("its publishes wait", info)
+	r.log.Warn(fmt.Sprintf("stream %s %s", name, e.reason), "stream", name)
 }
 
 // setGauge sets the stream's unavailable gauge; o.mu is held.
@@ -279,7 +295,13 @@ func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, re
 	}
 	e.reason, e.checked, e.met, e.probing = reason, now, now, false
 	o.setGauge(r, name, 1)
+	lost := strings.HasPrefix(reason, quorumLostReason) && !e.lostQuorum
+	e.lostQuorum = e.lostQuorum || lost
 	o.mu.Unlock()
+	if lost && known {
+		r.log.Warn(fmt.Sprintf("stream %s %s", name, reason), "stream", name, "subject", subj)
+		return
+	}
 	if !known {
 		r.log.Warn("stream unavailable: its messages wait, no attempt counted, until it acknowledges again (the other streams go on)",
 			"stream", name, "subject", subj, "why", reason)
@@ -359,12 +381,13 @@ func (r *Relay) knownOutage(ctx context.Context, subj string) error {
 		cancel()
 		r.outages.mu.Lock()
 		switch {
-		case err == nil && hasLeader(info):
+		case err == nil && canStore(info):
 			e.probing = true
 		case errors.Is(err, jetstream.ErrStreamNotFound):
 			e.probing = true // deleted: the publish will say what is left
 		default:
 			e.checked = time.Now()
+			r.outages.quorumLost(r, name, e, info)
 		}
 		probing = e.probing
 		r.outages.mu.Unlock()
@@ -545,6 +568,54 @@ func hasLeader(info *jetstream.StreamInfo) bool {
 	return info.Cluster == nil || info.Cluster.Leader != ""
 }
 
+// replicaSeenWithin: a replica its stream's leader has not heard from for longer is not
+// counted current. nats-server's raft leader hears from its followers at least every
+// heartbeat (one second), and a follower counts its leader current for two. A leader whose
+// followers are gone still reports them current (their lag is 0: nothing commits) until it
+// steps down for lost quorum, ten seconds later; how long ago it heard from them is what
+// tells.
+const replicaSeenWithin = 2 * time.Second
+
+// quorumOf returns, for the info of a clustered stream that names a leader, how many of its
+// replicas are current (the leader, and each replica the leader reports current, online and
+// heard from within replicaSeenWithin) and how many it has (replicas still joining or
+// leaving not counted), and whether that is fewer than a quorum: such a leader answers the
+// stream's info and takes publishes, and can store none of them. A single server's stream
+// (no cluster info), an R1 stream and a leaderless one have no quorum to lose (lost false).
+func quorumOf(info *jetstream.StreamInfo) (current, of int, lost bool) {
+	if info == nil || info.Cluster == nil || info.Cluster.Leader == "" {
+		return 0, 0, false
+	}
+	of, current = 1, 1
+	for _, p := range info.Cluster.Replicas {
+		if p == nil || p.Pending {
+			continue
+		}
+		of++
+		if p.Current && !p.Offline && p.Active <= replicaSeenWithin {
+			current++
+		}
+	}
+	return current, of, of > 1 && current < of/2+1
+}
+
+// canStore reports whether a stream's info says it can store publishes: it names a leader,
+// and that leader has a quorum of current replicas.
+func canStore(info *jetstream.StreamInfo) bool {
+	_, _, lost := quorumOf(info)
+	return hasLeader(info) && !lost
+}
+
+// quorumLostReason begins the reason of an outage whose stream has lost its quorum.
+const quorumLostReason = "has lost its quorum"
+
+// lostQuorumText says that a stream whose info is info has lost its quorum.
+func lostQuorumText(published string, info *jetstream.StreamInfo) string {
+	current, of, _ := quorumOf(info)
+	return fmt.Sprintf("%s: %d of %d replicas current (its leader %q answers and cannot store: %s); waiting for its replicas",
+		quorumLostReason, current, of, leaderOf(info), published)
+}
+
 // outageReason says why a stream whose publishes failed with err is taken as unavailable,
 // from what its info said (infoErr; info when it answered).
 func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
@@ -565,6 +636,10 @@ func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
 			published, safetext.Text(infoErr.Error(), 200))
 	case info != nil && !hasLeader(info):
 		return fmt.Sprintf("has no leader: %s and its info names none: a leader election under way?", published)
+	case info != nil && !canStore(info):
+		return lostQuorumText(published, info)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10158:
+		return fmt.Sprintf("%s while its info answers with leader %q: an earlier publish of the message is still waiting for the stream's replicas", published, leaderOf(info))
 	}
 	return fmt.Sprintf("%s while its info answers with a leader: its leader just changed?", published)
 }

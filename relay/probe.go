@@ -31,15 +31,18 @@ import (
 //     JetStream answered and said why. The stream is remembered (unusableStreams) so that its
 //     later rows fail at once, unsent;
 //   - otherwise a stream captures the subject and can take publishes: its info does not
-//     answer, answers 10008 or names no leader (an election under way), or answers with a
-//     leader (the leader just changed) → an outage of that stream (ErrStreamUnavailable):
+//     answer, answers 10008 or names no leader (an election under way), names a leader
+//     without a quorum of current replicas (see quorumOf: a leader whose followers are gone
+//     answers, and its publishes time out or get 10158 "duplicate message id is in process"
+//     when sent again), or answers with a leader (the leader just changed) → an outage of
+//     that stream (ErrStreamUnavailable):
 //     nothing counted, its rows left as they are, its keys held, the other streams' rows
 //     going on. The stream is remembered (streamOutages): its rows are not sent until its info
-//     answers with a leader again;
+//     answers with a leader that has its quorum again;
 //   - but "the leader just changed" is allowed leaderGraceWaves waves in a row for one leader
 //     named (see leaderStrikes): past that, publishes that time out (or get no responders)
-//     while the same leader answers are the subject's own failure, with a last_error naming
-//     stream and subject. A leader that keeps answering while the stream's publishes keep
+//     while the same leader answers with its quorum are the subject's own failure, with a
+//     last_error naming stream and subject. A leader that keeps answering while the stream's publishes keep
 //     failing is no election (a single server's stream never has one).
 //
 // A publish the server refused because the relay's NATS user may not publish to its subject
@@ -197,6 +200,11 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 	switch {
 	case p.infoErr != nil || !hasLeader(p.info):
 		r.strikes.reset(p.name) // an election seen: the next leader has its own allowance
+	case !canStore(p.info):
+		// The leader answers without a quorum of current replicas: it can store nothing
+		// (publishes time out, or a republish gets 10158 "in process") until they are back
+		// or it steps down. An outage, never its leader's strike.
+		r.strikes.reset(p.name)
 	case isAckTimeout(err) || isNoResponders(err):
 		// The stream answers with a leader: the leader just changed, at most leaderGraceWaves
 		// waves in a row for one leader; past that, the subject's own failure.

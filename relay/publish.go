@@ -310,6 +310,15 @@ func (r *Relay) jetStreamAnswers(ctx context.Context) bool {
 	return err == nil
 }
 
+// noClientRetry turns off nats.go's own resend of an async publish answered with "no
+// responders" (by default two more sends, 250 ms apart, from a timer): those sends would
+// skip the relay's lease check, so a relay whose lease ended after the hand-off (a release,
+// a pause) could still send the message. The "no responders" comes back as the publish's
+// outcome at once instead; explainFailures makes it an outage wave when the stream has no
+// leader (an election) or a leader without its quorum, and the row is sent again in a
+// later wave, after the lease check (TestNoResendAfterTheLeaseEnded).
+var noClientRetry = []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
+
 // errLeaseEnded: a row was not sent because the relay's lease had ended.
 var errLeaseEnded = errors.New("relay: partition lease ended")
 
@@ -406,7 +415,7 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			continue
 		}
 		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)
-		f, err := r.pub.PublishMsgAsync(msg)
+		f, err := r.pub.PublishMsgAsync(msg, noClientRetry...)
 		if err != nil {
 			outs[j].err = err
 			endPublish(spans[j], outs[j])

@@ -12,11 +12,15 @@ import (
 )
 
 // OutageCodes are the JetStream API errors that are about a stream's (or the cluster's) state
-// right now, not about the request: an election under way, a stream offline.
+// right now, not about the request: an election under way, a stream offline, a publish of
+// the same message id still waiting for its stream's replicas (10158: the stream's leader
+// proposed it and has no quorum to store it; it is stored, or dropped, once the replicas
+// answer or the leader changes).
 var OutageCodes = map[jetstream.ErrorCode]string{
 	10008: "JetStream system temporarily unavailable",
 	10009: "JetStream cluster can not handle request (not the leader)",
 	10118: "stream is offline",
+	10158: "duplicate message id is in process",
 }
 
 // IsOutageCode reports a JetStream API error in OutageCodes.
