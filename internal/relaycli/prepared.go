@@ -142,8 +142,8 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 					next = "due"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, dash(r.Group), r.Mode,
-				r.Subject, dash(r.Key), r.CheckCount, now.Sub(r.CreatedAt).Round(time.Second), next, dash(truncate(r.LastError, 80)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, cell(r.Group, 0), cell(r.Mode, 0),
+				cell(r.Subject, 0), cell(r.Key, 0), r.CheckCount, now.Sub(r.CreatedAt).Round(time.Second), next, cell(r.LastError, 80))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -238,11 +238,4 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
