@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -502,4 +503,83 @@ func TestAdminTextEscapesControlCharacters(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &m) != nil || m.LastError != strings.ReplaceAll(evil, "\x00", "") {
 		t.Errorf("dead show --json: last_error %q, want %q:\n%s", m.LastError, evil, out)
 	}
+}
+
+// relay prepared resume, commit and rollback print with --json one JSON object of what they
+// did, as relay dead requeue --json does: {"action", "message_ids", "failed"}, lists never null;
+// without --json a line per message and a count, "0 resumed" when resume --all finds nothing.
+func TestPreparedSettleJSON(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		Action     string      `json:"action"`
+		MessageIDs []uuid.UUID `json:"message_ids"`
+		Failed     []struct {
+			MessageID uuid.UUID `json:"message_id"`
+			Reason    string    `json:"reason"`
+		} `json:"failed"`
+	}
+	run := func(wantCode int, args ...string) result {
+		t.Helper()
+		code, out, errOut := cliEnv(t, vars, args...)
+		if code != wantCode {
+			t.Fatalf("%s: exit %d, want %d: %s%s", strings.Join(args, " "), code, wantCode, out, errOut)
+		}
+		var r result
+		checkJSONConvention(t, strings.Join(args, " "), out)
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%s: not one JSON object: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return r
+	}
+	// Nothing to resume: an empty list, and "0 resumed" in text.
+	if r := run(0, "prepared", "resume", "--all", "--json"); r.Action != "resume" || r.MessageIDs == nil || len(r.MessageIDs) != 0 || r.Failed == nil {
+		t.Errorf("prepared resume --all --json on nothing: %+v", r)
+	}
+	if code, out, errOut := cliEnv(t, vars, "prepared", "resume", "--all"); code != 0 || out != "0 resumed\n" {
+		t.Errorf("prepared resume --all on nothing: exit %d, %q, want \"0 resumed\\n\" %s", code, out, errOut)
+	}
+
+	var halves []uuid.UUID
+	for range 4 {
+		h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Payload: []byte("x")}, &outbox.PrepareOptions{Group: "payments"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		halves = append(halves, h.ID)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'check_exhausted' WHERE message_id = ANY($1)`, halves[:2]); err != nil {
+		t.Fatal(err)
+	}
+	unknown := uuid.New()
+	if r := run(0, "prepared", "resume", "--all", "--json"); r.Action != "resume" || !sameIDs(r.MessageIDs, halves[:2]) || len(r.Failed) != 0 {
+		t.Errorf("prepared resume --all --json: %+v, want %v resumed", r, halves[:2])
+	}
+	if r := run(1, "prepared", "resume", "--json", halves[0].String(), unknown.String()); r.Action != "resume" || len(r.MessageIDs) != 0 ||
+		len(r.Failed) != 2 || r.Failed[0].MessageID != halves[0] || !strings.Contains(r.Failed[0].Reason, "not check_exhausted") {
+		t.Errorf("prepared resume --json of a prepared and an unknown id: %+v", r)
+	}
+	if r := run(0, "prepared", "commit", "--json", halves[0].String(), halves[1].String()); r.Action != "commit" || !sameIDs(r.MessageIDs, halves[:2]) || len(r.Failed) != 0 {
+		t.Errorf("prepared commit --json: %+v", r)
+	}
+	if r := run(1, "prepared", "commit", "--json", halves[0].String(), halves[2].String(), unknown.String()); r.Action != "commit" ||
+		!sameIDs(r.MessageIDs, halves[2:3]) || len(r.Failed) != 2 || !strings.Contains(r.Failed[0].Reason, "it is ready") || r.Failed[1].Reason != "no such message" {
+		t.Errorf("prepared commit --json of a settled, a prepared and an unknown id: %+v", r)
+	}
+	if r := run(0, "prepared", "rollback", "--json", halves[3].String()); r.Action != "rollback" || !sameIDs(r.MessageIDs, halves[3:]) || len(r.Failed) != 0 {
+		t.Errorf("prepared rollback --json: %+v", r)
+	}
+	if code, out, _ := cliEnv(t, vars, "prepared", "rollback", halves[3].String()); code != 1 || out != "0 rolled back\n" {
+		t.Errorf("prepared rollback of a rolled back message: exit %d, %q", code, out)
+	}
+}
+
+func sameIDs(a, b []uuid.UUID) bool {
+	return len(a) == len(b) && !slices.ContainsFunc(a, func(id uuid.UUID) bool { return !slices.Contains(b, id) })
 }
