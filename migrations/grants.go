@@ -98,8 +98,47 @@ const ProducerRowsRole = "txoutbox_restricted_producers"
 
 // producerRowsComment introduces producerRows in the SQL Grants writes.
 const producerRowsComment = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
--- messages, delayed messages, and ready rows its own transaction inserted or settled): not
--- another service's ready, published, dead or rolled back messages. Other roles see every row.
+-- messages, delayed messages, and ready rows whose current version its own transaction wrote):
+-- not another service's ready, published, dead or rolled back messages. Other roles see every row.
+`
+
+// OwnRowVersionFunc is the function (in the outbox schema, created by the producer grants, not
+// by a migration) that the producer's row-level security calls with a row version's xmin: true
+// when the current transaction, or one of its subtransactions, wrote that version.
+const OwnRowVersionFunc = "txoutbox_row_version_is_mine"
+
+// ownRowVersion creates OwnRowVersionFunc in schema %[1]s (a sanitized identifier). A row
+// version that the caller's snapshot sees and whose xmin is a transaction still in progress
+// was written by the caller's own transaction (or one of its subtransactions: a savepoint):
+// MVCC shows no one another transaction's uncommitted versions. The xmin is a 32-bit xid and
+// pg_xact_status takes a 64-bit xid8 (PostgreSQL 15 has no xid to xid8 cast), so the xid8 is
+// rebuilt from the current transaction's: the caller's own xids are its top-level xid or
+// later, so an xmin that is behind it (modulo 2^32) is someone else's, and one ahead of it
+// is placed in the top-level xid's epoch. pg_xact_status raises an error for an xid in the
+// future, which a frozen version's xmin (kept as written, possibly 2^31 or more transactions
+// old) may appear to be: caught, it is not the caller's. The function runs with the caller's
+// privileges and a fixed search_path (pg_catalog), so a caller's objects cannot stand in for
+// the built-in functions and operators.
+const ownRowVersion = `CREATE OR REPLACE FUNCTION %[1]s.` + OwnRowVersionFunc + `(row_xmin xid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $txoutbox$
+DECLARE
+    top bigint := pg_current_xact_id()::text::bigint;
+    ahead bigint := ((row_xmin::text::bigint - (top & 4294967295)) %% 4294967296 + 4294967296) %% 4294967296;
+BEGIN
+    IF ahead = 0 THEN
+        RETURN true; -- the top-level transaction's own xid
+    ELSIF ahead >= 2147483648 THEN
+        RETURN false; -- before the current transaction's first xid: another transaction's
+    ELSIF top + ahead < pg_snapshot_xmax(pg_current_snapshot())::text::bigint THEN
+        RETURN coalesce(pg_xact_status((top + ahead)::text::xid8) = 'in progress', false);
+    END IF;
+    BEGIN -- a subtransaction's xid since the snapshot, or a frozen version's xmin
+        RETURN coalesce(pg_xact_status((top + ahead)::text::xid8) = 'in progress', false);
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RETURN false; -- "in the future": a frozen version's xmin, not the caller's
+    END;
+END
+$txoutbox$;
 `
 
 // producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s),
@@ -107,10 +146,12 @@ const producerRowsComment = `-- Row-level security: a producer updates only the 
 // creates it and makes the grantee a member). Members may read every row (their column
 // grants say which columns), insert rows in the states a producer writes, and update only the rows a producer settles or moves: half
 // messages (prepared, check_exhausted), delayed ones (scheduled), and ready rows of their own
-// transaction (inserted in it: the SQL functions of migrations 5 and 7 turn a message they
-// just enqueued into a delayed one) or settled since it began (txoutbox_commit turns a
-// committed delayed half message scheduled); the result must be prepared, ready, scheduled or
-// rolled_back. Roles that are not members get every row (one permissive policy, whose
+// transaction, in it or one of its savepoints (the version's xmin is the caller's, tested by
+// OwnRowVersionFunc, %[4]s: the SQL functions of migrations 5 and 7 turn a message they just
+// enqueued into a delayed one, txoutbox_commit turns a committed delayed half message
+// scheduled); the result must be prepared, ready, scheduled or rolled_back. A time test
+// (created_at or settled_at against now(), the start of the caller's transaction) let a
+// transaction held open since before another service's commit roll that message back. Roles that are not members get every row (one permissive policy, whose
 // membership test is evaluated once per statement); the owner and superusers bypass row-level
 // security; relay grantees have a permissive policy of their own (for a login that is both).
 const producerRows = `ALTER TABLE %[1]s ENABLE ROW LEVEL SECURITY;
@@ -124,7 +165,7 @@ CREATE POLICY txoutbox_producer_insert ON %[1]s FOR INSERT TO %[3]s
   WITH CHECK (state IN ('ready', 'prepared', 'scheduled'));
 DROP POLICY IF EXISTS txoutbox_producer_update ON %[1]s;
 CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
-  USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND (created_at = now() OR settled_at >= now())))
+  USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND %[4]s(xmin)))
   WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back'));
 `
 
@@ -233,15 +274,18 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- CancelTx and RescheduleTx (migration 5) withdraw a scheduled row (state rolled_back) or\n")
 		b.WriteString("-- move its delivery time; their business key forms find rows by the Txoutbox-Biz-Key header.\n")
 		fmt.Fprintf(&b, "GRANT SELECT (deliver_at, headers), UPDATE (deliver_at) ON %s TO %s;\n", messages, g)
+		b.WriteString("-- The row-level security below calls this function (created here, not by a migration).\n")
+		fmt.Fprintf(&b, ownRowVersion, s)
 		b.WriteString("-- The SQL contract (migration 4): EXECUTE on the txoutbox_* functions (txoutbox_enqueue,\n")
 		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback,\n")
 		b.WriteString("-- since migration 5 txoutbox_cancel, txoutbox_reschedule and their business key forms, and the\n")
-		b.WriteString("-- helpers they call), when the schema has them. They run with the caller's privileges.\n")
+		b.WriteString("-- helpers they call, and the function above), when the schema has them. They run with the\n")
+		b.WriteString("-- caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
 		b.WriteString(producerRowsComment)
 		fmt.Fprintf(&b, restrictedRoleSQL, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
-		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize())
+		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), t(OwnRowVersionFunc))
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
@@ -256,6 +300,9 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
+		b.WriteString("-- relay run reads the SQL producers' message limit at start (txoutbox_max_message_bytes, migration 9).\n")
+		fmt.Fprintf(&b, "DO $txoutbox$BEGIN\n  IF to_regprocedure(%s) IS NOT NULL THEN\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', to_regprocedure(%s), %s);\n  END IF;\nEND$txoutbox$;\n",
+			lit(t("txoutbox_max_message_bytes")+"()"), lit(t("txoutbox_max_message_bytes")+"()"), lit(grantee))
 		if o.SignalBackend {
 			b.WriteString("-- Fencing a stale relay that logs in as another role (pg_terminate_backend).\n")
 			fmt.Fprintf(&b, "GRANT pg_signal_backend TO %s;\n", g)

@@ -153,3 +153,48 @@ func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 		}
 	}
 }
+
+// Re-running the producer grants on a schema granted by an earlier version replaces its
+// producer update policy, whose time test (created_at = now() OR settled_at >= now()) let a
+// transaction held open since before another service's commit roll that message back: the
+// policy afterwards tests the row version's writer (OwnRowVersionFunc) and no longer now().
+func TestProducerGrantsReplaceTheTimeTestPolicy(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	role := "produp_" + strings.TrimPrefix(db.Schema, "t_")
+	if len(role) > 63 {
+		role = role[:63]
+	}
+	t.Cleanup(func() {
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	grants, err := migrations.Grants(migrations.RoleProducer, db.Schema, role, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	messages := pgx.Identifier{db.Schema, "txoutbox_messages"}.Sanitize()
+	// The earlier version's grants: the same, with the time test and without the function.
+	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(ctx, `ALTER POLICY txoutbox_producer_update ON `+messages+`
+		USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND (created_at = now() OR settled_at >= now())))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(ctx, `DROP FUNCTION `+pgx.Identifier{db.Schema, migrations.OwnRowVersionFunc}.Sanitize()+`(xid)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+		t.Fatalf("re-running the producer grants: %v", err)
+	}
+	var qual string
+	if err := db.AdminPool.QueryRow(ctx, `SELECT pg_get_expr(polqual, polrelid) FROM pg_policy
+		WHERE polrelid = $1::regclass AND polname = 'txoutbox_producer_update'`, messages).Scan(&qual); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(qual, "now()") || !strings.Contains(qual, migrations.OwnRowVersionFunc+"(xmin)") {
+		t.Errorf("the producer update policy after re-running the grants: %s, want the row version test and no now()", qual)
+	}
+}

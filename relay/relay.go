@@ -239,7 +239,8 @@ func (r *Relay) Wake() {
 // JetStream or a stream cannot answer, as during a leader election, it waits and checks
 // again), then publishes until ctx is cancelled. On
 // cancellation it stops claiming, finishes and settles the batch in flight, releases its
-// partitions and returns nil. It returns a *PartitionMismatchError (ErrPartitionMismatch) at
+// partitions and returns nil, within Config.MaxStopTime even when PostgreSQL or NATS stops
+// answering (a batch whose settle does not end in time stays ready, to be published again). It returns a *PartitionMismatchError (ErrPartitionMismatch) at
 // start when a live relay of the same outbox has another partition count, and
 // txoutbox.ErrRunning while another Run of this relay has not returned.
 func (r *Relay) Run(ctx context.Context) error {
@@ -330,7 +331,10 @@ func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, ro
 // sent only after every PubAck of N is in, and N+1 leaves alone the keys that failed in N
 // (the claim after N's settle sees them as blocked).
 func (r *Relay) pipeline(ctx context.Context) error {
-	bctx := context.WithoutCancel(ctx) // a claimed batch is always published and settled
+	// A claimed batch is published and settled after ctx is cancelled too, within the drain
+	// bound: its PubAcks (PublishTimeout) and then DrainSettleTimeout for the database.
+	bctx, stopDrain := drainContext(ctx, r.cfg.PublishTimeout+DrainSettleTimeout)
+	defer stopDrain()
 	poll := r.cfg.PollMin
 	outage := 0
 	streamWait := 0 // batches in a row that only met streams without a leader
@@ -365,7 +369,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 				next = nil // the broker is gone: publish nothing more, leave the rows ready
 			}
 			var nb *inflight
-			if len(next) > 0 {
+			if len(next) > 0 && ctx.Err() == nil { // stopping: claimed rows stay ready, unsent
 				nb = r.startPublish(bctx, conn, gen, next, cur.res.heldKeys)
 			}
 			serr := r.finish(bctx, cur)
@@ -448,6 +452,53 @@ const reconnectCheck = 250 * time.Millisecond
 // claimTimeout bounds a claim (with its lease round): a connection that stops answering must
 // not hang the relay.
 const claimTimeout = 30 * time.Second
+
+// DrainSettleTimeout bounds the stop of Run: once its context is cancelled, the database work
+// of the batch in flight (the claim of the next batch that overlaps its publishes, then its
+// settle) must end within PublishTimeout + DrainSettleTimeout, however long claimTimeout and
+// settleTimeout allow otherwise. A PostgreSQL that stops answering then costs the rows of the
+// batch their settle: they stay ready and are published again (JetStream drops the
+// duplicates within its window), by this relay's successor.
+const DrainSettleTimeout = 5 * time.Second
+
+// ReleaseTimeout bounds the release of the partitions when Run returns: the relay's
+// membership row is deleted and its lease session closed within it (lease.go), or left to the
+// server, which ends the session when it notices the connection gone.
+const ReleaseTimeout = time.Second
+
+// MaxStopTime is the longest Run takes to return once its context is cancelled, with
+// PostgreSQL or NATS not answering: the drain (PublishTimeout + DrainSettleTimeout, see
+// DrainSettleTimeout) and the release of the partitions (ReleaseTimeout). The
+// configuration's defaults apply to unset fields. A supervisor's grace period (Kubernetes'
+// terminationGracePeriodSeconds, systemd's TimeoutStopSec) must be longer, with what the
+// process adds to close its connections.
+func (c *Config) MaxStopTime() time.Duration {
+	return c.WithDefaults().PublishTimeout + DrainSettleTimeout + ReleaseTimeout
+}
+
+// drainContext returns a context that ctx's cancellation does not reach at once: it is
+// cancelled bound after ctx is, or by stop.
+func drainContext(ctx context.Context, bound time.Duration) (dctx context.Context, stop func()) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-dctx.Done():
+			return
+		}
+		t := time.NewTimer(bound)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	return dctx, cancel
+}
+
+// settleTimeout bounds a settle while the relay runs.
+const settleTimeout = 30 * time.Second
 
 // finish runs the fault hook, settles a published batch and reports a broker outage.
 func (r *Relay) finish(ctx context.Context, b *inflight) error {
@@ -581,7 +632,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 	if len(res.published) == 0 && len(res.failed) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	t0 := time.Now()
 	out, err := r.q.Settle(ctx, conn, store.SettleArgs{

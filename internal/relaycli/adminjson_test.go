@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -335,7 +337,7 @@ func TestShowCommands(t *testing.T) {
 		t.Errorf("base64 payload decodes to %q (%v), want %q", got, err, binary)
 	}
 	code, out, _ = cliEnv(t, vars, "dead", "show", ids[1].String())
-	if code != 0 || !strings.Contains(out, "payload:      4 bytes, base64 (not UTF-8 text)\n"+base64.StdEncoding.EncodeToString(binary)+"\n") {
+	if code != 0 || !strings.Contains(out, "payload:      4 bytes, base64 (binary, or text with control characters)\n"+base64.StdEncoding.EncodeToString(binary)+"\n") {
 		t.Errorf("dead show of a binary payload:\n%s", out)
 	}
 
@@ -382,4 +384,202 @@ func TestShowCommands(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q (stdout %q)", c.args, code, errOut, c.code, c.want, out)
 		}
 	}
+}
+
+// The text output of relay dead show/list, prepared show/list and scheduled list writes the
+// control characters of text that comes from outside (a last error, a subject, a key, a
+// header, a producer group, a business key) escaped, \x1b and \n and \r as in a Go string, so
+// that a stored ESC sequence cannot act on the operator's terminal and a stored newline cannot
+// forge a line; the JSON output keeps them (escaped by JSON). A payload is shown as text only
+// when it is UTF-8 without control characters other than tab and newline: one with an ESC or a
+// CR is base64, labelled as what it may be.
+func TestAdminTextEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const evil = "\x1b[2J\x1b[H\nFORGED row\rover\u202eevil\x00\u0085end"
+	const escaped = `\x1b[2J\x1b[H\nFORGED row\rover\u202eevil\x00\u0085end`
+	payloads := [][]byte{[]byte("line one\n\tline two\n"), []byte("clear\x1b[2J"), []byte("over\rwrite")}
+	var ids []uuid.UUID
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		for _, p := range payloads {
+			got, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.paid", Key: "k", Payload: p})
+			if err != nil {
+				return err
+			}
+			ids = append(ids, got...)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The stored texts, written as a hostile writer of the table (or a NATS error text) could.
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', attempts = 3, last_error = $2,
+		subject = 'orders.' || $2, msg_key = $2, headers = jsonb_build_object($2::text, jsonb_build_array($2::text))
+		WHERE message_id = ANY($1)`, ids, strings.ReplaceAll(evil, "\x00", "")); err != nil {
+		t.Fatal(err)
+	}
+	half, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Payload: []byte("charge")}, &outbox.PrepareOptions{Group: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'check_exhausted', last_error = $2, subject = 'payments.' || $2,
+		msg_key = $2, producer_group = $2 WHERE message_id = $1`, half.ID, strings.ReplaceAll(evil, "\x00", "")); err != nil {
+		t.Fatal(err)
+	}
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		sched, err := c.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.later", Payload: []byte("x"), DeliverAt: due})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE txoutbox_messages SET subject = 'orders.' || $2, msg_key = $2,
+			headers = jsonb_build_object('Txoutbox-Biz-Key', jsonb_build_array($2::text)) WHERE message_id = ANY($1)`, sched, strings.ReplaceAll(evil, "\x00", ""))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantEscaped := strings.ReplaceAll(escaped, `\x00`, "")
+	clean := func(what, out string) {
+		t.Helper()
+		for _, bad := range []string{"\x1b", "\r", "\u202e", "\u0085"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%s prints %q raw:\n%s", what, bad, out)
+			}
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "FORGED") {
+				t.Errorf("%s prints a forged line %q:\n%s", what, line, out)
+			}
+		}
+	}
+	for _, args := range [][]string{{"dead", "show", ids[0].String()}, {"prepared", "show", half.ID.String()}} {
+		code, out, errOut := cliEnv(t, vars, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", strings.Join(args, " "), code, errOut)
+		}
+		clean(strings.Join(args[:2], " "), out)
+		for _, want := range []string{"last_error:   " + wantEscaped + "\n", "key:          " + wantEscaped + "\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s lacks %q:\n%s", strings.Join(args[:2], " "), want, out)
+			}
+		}
+	}
+	code, out, _ := cliEnv(t, vars, "dead", "show", ids[0].String())
+	if code != 0 || !strings.Contains(out, "  "+wantEscaped+": "+wantEscaped+"\n") || !strings.Contains(out, "payload:      19 bytes, text\nline one\n\tline two\n") {
+		t.Errorf("dead show: want the header escaped and the payload with a newline and a tab as text:\n%s", out)
+	}
+	for i, p := range payloads[1:] {
+		code, out, _ := cliEnv(t, vars, "dead", "show", ids[i+1].String())
+		want := fmt.Sprintf("payload:      %d bytes, base64 (binary, or text with control characters)\n%s\n", len(p), base64.StdEncoding.EncodeToString(p))
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("dead show of payload %q: want %q in:\n%s", p, want, out)
+		}
+		clean("dead show", out)
+	}
+	for _, args := range [][]string{{"dead", "list"}, {"prepared", "list"}, {"scheduled", "list"}} {
+		code, out, errOut := cliEnv(t, vars, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", strings.Join(args, " "), code, errOut)
+		}
+		clean(strings.Join(args, " "), out)
+		if !strings.Contains(out, `\x1b[2J\x1b[H\nFORGED`) {
+			t.Errorf("%s lacks the escaped text:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	// JSON keeps the text as it is (JSON escapes it).
+	code, out, _ = cliEnv(t, vars, "dead", "show", "--json", ids[0].String())
+	var m struct {
+		LastError string `json:"last_error"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &m) != nil || m.LastError != strings.ReplaceAll(evil, "\x00", "") {
+		t.Errorf("dead show --json: last_error %q, want %q:\n%s", m.LastError, evil, out)
+	}
+}
+
+// relay prepared resume, commit and rollback print with --json one JSON object of what they
+// did, as relay dead requeue --json does: {"action", "message_ids", "failed"}, lists never null;
+// without --json a line per message and a count, "0 resumed" when resume --all finds nothing.
+func TestPreparedSettleJSON(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		Action     string      `json:"action"`
+		MessageIDs []uuid.UUID `json:"message_ids"`
+		Failed     []struct {
+			MessageID uuid.UUID `json:"message_id"`
+			Reason    string    `json:"reason"`
+		} `json:"failed"`
+	}
+	run := func(wantCode int, args ...string) result {
+		t.Helper()
+		code, out, errOut := cliEnv(t, vars, args...)
+		if code != wantCode {
+			t.Fatalf("%s: exit %d, want %d: %s%s", strings.Join(args, " "), code, wantCode, out, errOut)
+		}
+		var r result
+		checkJSONConvention(t, strings.Join(args, " "), out)
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%s: not one JSON object: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return r
+	}
+	// Nothing to resume: an empty list, and "0 resumed" in text.
+	if r := run(0, "prepared", "resume", "--all", "--json"); r.Action != "resume" || r.MessageIDs == nil || len(r.MessageIDs) != 0 || r.Failed == nil {
+		t.Errorf("prepared resume --all --json on nothing: %+v", r)
+	}
+	if code, out, errOut := cliEnv(t, vars, "prepared", "resume", "--all"); code != 0 || out != "0 resumed\n" {
+		t.Errorf("prepared resume --all on nothing: exit %d, %q, want \"0 resumed\\n\" %s", code, out, errOut)
+	}
+
+	var halves []uuid.UUID
+	for range 4 {
+		h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Payload: []byte("x")}, &outbox.PrepareOptions{Group: "payments"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		halves = append(halves, h.ID)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'check_exhausted' WHERE message_id = ANY($1)`, halves[:2]); err != nil {
+		t.Fatal(err)
+	}
+	unknown := uuid.New()
+	if r := run(0, "prepared", "resume", "--all", "--json"); r.Action != "resume" || !sameIDs(r.MessageIDs, halves[:2]) || len(r.Failed) != 0 {
+		t.Errorf("prepared resume --all --json: %+v, want %v resumed", r, halves[:2])
+	}
+	if r := run(1, "prepared", "resume", "--json", halves[0].String(), unknown.String()); r.Action != "resume" || len(r.MessageIDs) != 0 ||
+		len(r.Failed) != 2 || r.Failed[0].MessageID != halves[0] || !strings.Contains(r.Failed[0].Reason, "not check_exhausted") {
+		t.Errorf("prepared resume --json of a prepared and an unknown id: %+v", r)
+	}
+	if r := run(0, "prepared", "commit", "--json", halves[0].String(), halves[1].String()); r.Action != "commit" || !sameIDs(r.MessageIDs, halves[:2]) || len(r.Failed) != 0 {
+		t.Errorf("prepared commit --json: %+v", r)
+	}
+	if r := run(1, "prepared", "commit", "--json", halves[0].String(), halves[2].String(), unknown.String()); r.Action != "commit" ||
+		!sameIDs(r.MessageIDs, halves[2:3]) || len(r.Failed) != 2 || !strings.Contains(r.Failed[0].Reason, "it is ready") || r.Failed[1].Reason != "no such message" {
+		t.Errorf("prepared commit --json of a settled, a prepared and an unknown id: %+v", r)
+	}
+	if r := run(0, "prepared", "rollback", "--json", halves[3].String()); r.Action != "rollback" || !sameIDs(r.MessageIDs, halves[3:]) || len(r.Failed) != 0 {
+		t.Errorf("prepared rollback --json: %+v", r)
+	}
+	if code, out, _ := cliEnv(t, vars, "prepared", "rollback", halves[3].String()); code != 1 || out != "0 rolled back\n" {
+		t.Errorf("prepared rollback of a rolled back message: exit %d, %q", code, out)
+	}
+}
+
+func sameIDs(a, b []uuid.UUID) bool {
+	return len(a) == len(b) && !slices.ContainsFunc(a, func(id uuid.UUID) bool { return !slices.Contains(b, id) })
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/redact"
 	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // DefaultNATSURL is used when neither --nats-url nor NATS_URL is set.
@@ -121,12 +122,46 @@ func (c *conns) Close() {
 		c.NC.Close()
 	}
 	if c.Pool != nil {
-		c.Pool.Close()
+		closePool(c.Pool, poolCloseTimeout)
 	}
 	for i := len(c.cleanup) - 1; i >= 0; i-- {
 		c.cleanup[i]()
 	}
 }
+
+// poolCloseTimeout bounds the close of a command's PostgreSQL pool: pgxpool's Close waits for
+// every connection in use to be returned (a status page request whose query hangs on a
+// database that stopped answering) and gives each connection it closes up to 15 s. A command
+// that exits leaves the rest to the operating system.
+const poolCloseTimeout = 2 * time.Second
+
+// closePool closes pool, waiting at most d.
+func closePool(pool *pgxpool.Pool, d time.Duration) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		pool.Close()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+	}
+}
+
+// runStopBound is the longest relay run takes to exit after SIGTERM with cfg (defaults for
+// its unset fields), PostgreSQL or NATS not answering: the relay's stop
+// (relay.Config.MaxStopTime), the close of the pool (poolCloseTimeout) and stopSlack. A
+// supervisor's grace period must be longer (deploy/: 30 s).
+func runStopBound(cfg *relay.Config) time.Duration {
+	return cfg.MaxStopTime() + poolCloseTimeout + stopSlack
+}
+
+// stopSlack is what relay run does after SIGTERM beyond the timers of runStopBound, which
+// takes milliseconds: stopping the check-back, closing NATS, flushing the traces with the
+// cancelled context, exiting.
+const stopSlack = time.Second
 
 // connectOptions say what a command needs.
 type connectOptions struct {

@@ -148,12 +148,8 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE ID\tSUBJECT\tKEY\tATTEMPTS\tENQUEUED\tLAST ERROR")
 		for _, r := range rows {
-			key := r.Key
-			if key == "" {
-				key = "-"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", r.MessageID, r.Subject, key, r.Attempts,
-				r.CreatedAt.Local().Format("2006-01-02 15:04:05"), oneLine(r.LastError, 80))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", r.MessageID, cell(r.Subject, 0), cell(r.Key, 0), r.Attempts,
+				r.CreatedAt.Local().Format("2006-01-02 15:04:05"), cell(r.LastError, 80))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -227,13 +223,4 @@ func writeJSON(env *Env, v any) error {
 	enc := json.NewEncoder(env.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// oneLine flattens s to one line of at most n runes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
 }

@@ -24,11 +24,12 @@ import (
 
 const deployDir = "../../deploy"
 
-// drainBound is the longest a relay takes to stop after SIGTERM with default settings: the
-// PubAcks of the batch in flight (at most --publish-timeout), its settle and the release of
-// the partitions, which take well under the 10 s of margin added here. Grace periods and stop
-// timeouts must be longer.
-var drainBound = relay.DefaultPublishTimeout + 10*time.Second
+// drainBound is the longest a relay takes to stop after SIGTERM with default settings, the
+// bound the code keeps (runStopBound, TestRelayStopsInTimeWhenPostgresFreezes): the PubAcks
+// of the batch in flight (at most --publish-timeout) and its settle (relay.DrainSettleTimeout),
+// the release of the partitions (relay.ReleaseTimeout), the close of the pool. Grace periods
+// and stop timeouts must be longer.
+var drainBound = runStopBound(&relay.Config{})
 
 // envNames returns the environment variables `relay <cmd> --help` lists.
 func envNames(t *testing.T, cmd ...string) map[string]bool {

@@ -1206,3 +1206,142 @@ func TestConsumerRestrictedToItsNames(t *testing.T) {
 		t.Errorf("the relay role sees %d dedup rows (%v), want all 5", all, err)
 	}
 }
+
+// A producer login cannot roll back (or otherwise settle) another service's message that was
+// committed while the producer's own transaction stood open: the producer's row-level security
+// lets it update a ready row only when its own transaction (or one of its savepoints) wrote the
+// row's current version, not when the row was settled after its transaction began (the time
+// test it replaced let a transaction held open since before txoutbox_commit roll the committed
+// message back before the relay published it). Both with and without an xid of its own before
+// the other commit. Its own paths keep working in savepoints, in READ COMMITTED and in
+// REPEATABLE READ (where a savepoint's xid is newer than the transaction's snapshot).
+func TestProducerOpenTransactionCannotSettleLaterCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateOf := func(id uuid.UUID) string {
+		t.Helper()
+		var st string
+		if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// otherCommits is another service, logged in as a producer too: a half message prepared
+	// and committed (ready, settled now), and a message enqueued (ready, created now).
+	otherCommits := func() []uuid.UUID {
+		t.Helper()
+		half, err := client.Prepare(ctx, producer, outbox.Message{Subject: "payments.charged", Payload: []byte("charged")}, &outbox.PrepareOptions{Group: "payments"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := client.Commit(ctx, producer, half.ID); err != nil {
+			t.Fatal(err)
+		}
+		var ids []uuid.UUID
+		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+			ids, err = client.EnqueueTx(ctx, tx, outbox.Message{Subject: "payments.charged", Payload: []byte("enqueued")})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return append(ids, half.ID)
+	}
+	for _, ownXid := range []bool{false, true} {
+		attacker, err := producer.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine []uuid.UUID
+		if _, err := attacker.Exec(ctx, `SELECT now()`); err != nil {
+			t.Fatal(err)
+		}
+		if ownXid { // the attacker's transaction has written (an xid older than the other commit's)
+			if mine, err = client.EnqueueTx(ctx, attacker, outbox.Message{Subject: "orders.created", Payload: []byte("mine")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		victims := otherCommits()
+		for _, sql := range []string{
+			`UPDATE txoutbox_messages SET state = 'rolled_back', settled_at = now() WHERE state = 'ready' AND message_id = ANY($1)`,
+			`UPDATE txoutbox_messages SET state = 'scheduled', deliver_at = now() + interval '1 year' WHERE state = 'ready' AND message_id = ANY($1)`,
+			`UPDATE txoutbox_messages SET state = 'prepared' WHERE message_id = ANY($1)`,
+		} {
+			tag, err := attacker.Exec(ctx, sql, victims)
+			if err != nil {
+				t.Fatalf("open transaction (own xid %v): %s: %v", ownXid, sql, err)
+			}
+			if tag.RowsAffected() != 0 {
+				t.Errorf("open transaction (own xid %v): %s changed %d rows committed after it began, want 0", ownXid, sql, tag.RowsAffected())
+			}
+		}
+		if ownXid { // its own ready row, which its own transaction wrote: still its to change
+			tag, err := attacker.Exec(ctx, `UPDATE txoutbox_messages SET state = 'rolled_back' WHERE state = 'ready' AND message_id = ANY($1)`, mine)
+			if err != nil || tag.RowsAffected() != 1 {
+				t.Errorf("the open transaction's update of its own ready row: %v, %d rows, want 1", err, tag.RowsAffected())
+			}
+		}
+		if err := attacker.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range victims {
+			if got := stateOf(id); got != "ready" {
+				t.Errorf("another service's message %s is %s after an open producer transaction's updates, want ready", id, got)
+			}
+		}
+	}
+
+	// The function the policy calls answers, without an error, for xids that are not the
+	// caller's: a frozen xid, and one ahead of the caller's (a frozen version's xmin from an
+	// earlier epoch may look so), which pg_xact_status refuses as "in the future".
+	for _, x := range []string{`'2'::xid`, `((pg_current_xact_id()::text::bigint + 1000000000) % 4294967296)::text::xid`} {
+		var mine bool
+		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `SELECT `+migrations.OwnRowVersionFunc+`(`+x+`)`).Scan(&mine)
+		}); err != nil || mine {
+			t.Errorf("%s(%s) as the producer: %v, %v, want false", migrations.OwnRowVersionFunc, x, mine, err)
+		}
+	}
+
+	// The producer's own paths that turn a ready row of their transaction into a delayed one,
+	// in savepoints (pgx nested transactions), in both isolation levels.
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		var ids []uuid.UUID
+		err := pgx.BeginTxFunc(ctx, producer, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT count(*) FROM txoutbox_messages`); err != nil { // the snapshot
+				return err
+			}
+			return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				var enq, half uuid.UUID
+				if err := sp.QueryRow(ctx, `SELECT txoutbox_enqueue('orders.x', 'p', deliver_at => now() + interval '1 hour')`).Scan(&enq); err != nil {
+					return fmt.Errorf("SQL enqueue of a delayed message: %w", err)
+				}
+				return pgx.BeginFunc(ctx, sp, func(sp2 pgx.Tx) error {
+					if err := sp2.QueryRow(ctx, `SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', deliver_at => now() + interval '1 hour')`).Scan(&half); err != nil {
+						return fmt.Errorf("SQL prepare of a delayed half message: %w", err)
+					}
+					if _, err := sp2.Exec(ctx, `SELECT txoutbox_commit($1)`, half); err != nil {
+						return fmt.Errorf("SQL commit of a delayed half message: %w", err)
+					}
+					ids = []uuid.UUID{enq, half}
+					return nil
+				})
+			})
+		})
+		if err != nil {
+			t.Errorf("producer in savepoints (%s): %v", iso, err)
+			continue
+		}
+		for _, id := range ids {
+			if got := stateOf(id); got != "scheduled" {
+				t.Errorf("the producer's delayed message %s, written in savepoints (%s), is %s, want scheduled", id, iso, got)
+			}
+		}
+	}
+}

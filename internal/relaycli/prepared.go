@@ -32,7 +32,8 @@ Usage:
   relay prepared rollback MESSAGE_ID...                        drop them (prepared or check_exhausted)
 
 Only --database-url and --schema are read from the environment: what to select or change is
-always typed. --json prints a JSON array (list) or a JSON object (show).
+always typed. --json prints a JSON array (list) or a JSON object (show, and what resume, commit
+and rollback did: {"action", "message_ids", "failed"}).
 `
 
 func preparedCmd(ctx context.Context, env *Env, args []string) error {
@@ -45,7 +46,7 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&state, "state", "", "all", "list: prepared, check_exhausted or all (both)")
 	s.String(&group, "group", "", "", "list, resume --all: only this producer group")
 	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first")
-	s.Bool(&asJSON, "json", "", false, "list, show: print JSON (list: an array; show: an object)")
+	s.Bool(&asJSON, "json", "", false, "print JSON (list: an array; show: an object; resume, commit, rollback: what changed, an object)")
 	s.Bool(&all, "all", "", false, "resume: every check_exhausted message (of --group, if given)")
 	s.EnvironmentOnlyFor("database-url", "schema")
 	if len(args) == 0 || (args[0] != "list" && args[0] != "show" && args[0] != "resume" && args[0] != "commit" && args[0] != "rollback") {
@@ -142,8 +143,8 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 					next = "due"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, dash(r.Group), r.Mode,
-				r.Subject, dash(r.Key), r.CheckCount, now.Sub(r.CreatedAt).Round(time.Second), next, dash(truncate(r.LastError, 80)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, cell(r.Group, 0), cell(r.Mode, 0),
+				cell(r.Subject, 0), cell(r.Key, 0), r.CheckCount, now.Sub(r.CreatedAt).Round(time.Second), next, cell(r.LastError, 80))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -157,14 +158,15 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return err
 		}
-		for _, id := range done {
-			fmt.Fprintf(env.Stdout, "resumed %s\n", id)
+		res := settleResult{Action: action, MessageIDs: done}
+		for _, id := range notResumed(ids, done) {
+			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "not resumed: no such message, or not check_exhausted"})
 		}
-		return notResumed(env, ids, done)
+		return res.write(env, asJSON, "resumed", "not resumed")
 	}
 
 	commit := action == "commit"
-	var failed []string
+	res := settleResult{Action: action}
 	for _, id := range ids {
 		var ok bool
 		var st string
@@ -175,43 +177,76 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		})
 		switch {
 		case errors.Is(err, store.ErrNoRow):
-			failed = append(failed, fmt.Sprintf("%s: no such message", id))
+			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "no such message"})
 		case err != nil:
 			return fmt.Errorf("%s %s: %w", action, id, err)
 		case !ok:
-			failed = append(failed, fmt.Sprintf("%s: not settled, it is %s", id, st))
-		case commit:
-			fmt.Fprintf(env.Stdout, "committed %s\n", id)
+			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "not settled, it is " + st})
 		default:
-			fmt.Fprintf(env.Stdout, "rolled back %s\n", id)
+			res.MessageIDs = append(res.MessageIDs, id)
 		}
 	}
-	if len(failed) > 0 {
-		for _, f := range failed {
-			fmt.Fprintln(env.Stderr, f)
+	if commit {
+		return res.write(env, asJSON, "committed", "not settled")
+	}
+	return res.write(env, asJSON, "rolled back", "not settled")
+}
+
+// settleResult is what relay prepared resume, commit and rollback did: the ids changed
+// (message_ids, as relay dead requeue --json has them) and those that were not, with why.
+type settleResult struct {
+	Action     string          `json:"action"`
+	MessageIDs []uuid.UUID     `json:"message_ids"`
+	Failed     []settleFailure `json:"failed"`
+}
+
+type settleFailure struct {
+	MessageID uuid.UUID `json:"message_id"`
+	Reason    string    `json:"reason"`
+}
+
+// write prints r as one JSON object, or as text: a line per id changed ("committed ID"), a
+// count ("2 committed", also when it is 0) and, on stderr, a line per id not changed. It
+// returns an error (exit status 1) when an id was not changed.
+func (r settleResult) write(env *Env, asJSON bool, verb, notVerb string) error {
+	if r.MessageIDs == nil {
+		r.MessageIDs = []uuid.UUID{}
+	}
+	if r.Failed == nil {
+		r.Failed = []settleFailure{}
+	}
+	if asJSON {
+		if err := writeJSON(env, r); err != nil {
+			return err
 		}
-		return fmt.Errorf("%d of %d messages not settled", len(failed), len(ids))
+	} else {
+		for _, id := range r.MessageIDs {
+			fmt.Fprintf(env.Stdout, "%s %s\n", verb, id)
+		}
+		fmt.Fprintf(env.Stdout, "%d %s\n", len(r.MessageIDs), verb)
+		for _, f := range r.Failed {
+			fmt.Fprintf(env.Stderr, "%s: %s\n", f.MessageID, f.Reason)
+		}
+	}
+	if len(r.Failed) > 0 {
+		return fmt.Errorf("%d of %d messages %s", len(r.Failed), len(r.Failed)+len(r.MessageIDs), notVerb)
 	}
 	return nil
 }
 
-// notResumed reports the asked ids that were not resumed.
-func notResumed(env *Env, asked, done []uuid.UUID) error {
+// notResumed returns the asked ids that were not resumed.
+func notResumed(asked, done []uuid.UUID) []uuid.UUID {
 	ok := map[uuid.UUID]bool{}
 	for _, id := range done {
 		ok[id] = true
 	}
-	n := 0
+	var not []uuid.UUID
 	for _, id := range asked {
 		if !ok[id] {
-			fmt.Fprintf(env.Stderr, "%s: not resumed: no such message, or not check_exhausted\n", id)
-			n++
+			not = append(not, id)
 		}
 	}
-	if n > 0 {
-		return fmt.Errorf("%d of %d messages not resumed", n, len(asked))
-	}
-	return nil
+	return not
 }
 
 // preparedRow is one element of relay prepared list --json: every field present.
@@ -238,11 +273,4 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -127,7 +127,7 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintln(tw, "MESSAGE_ID\tSUBJECT\tKEY\tBIZ_KEY\tDUE\tDUE_AT\tBYTES")
 		now := time.Now()
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.MessageID, r.Subject, dash(r.Key), dash(truncate(r.BizKey, 60)),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.MessageID, cell(r.Subject, 0), cell(r.Key, 0), cell(r.BizKey, 60),
 				status.Until(r.DeliverAt, now), r.DeliverAt.UTC().Format(time.RFC3339Nano), r.PayloadBytes)
 		}
 		if err := tw.Flush(); err != nil {

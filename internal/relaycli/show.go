@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -38,13 +37,14 @@ type messageJSON struct {
 }
 
 // payloadText reports whether a payload is shown as text: valid UTF-8 without control
-// characters other than tab, newline and carriage return (which a terminal would act on).
+// characters (controlRune: which a terminal would act on) other than tab and newline. A
+// carriage return is one: it moves the cursor back over what the line showed.
 func payloadText(p []byte) bool {
 	if !utf8.Valid(p) {
 		return false
 	}
 	for _, r := range string(p) {
-		if unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' {
+		if controlRune(r) && r != '\t' && r != '\n' {
 			return false
 		}
 	}
@@ -90,17 +90,18 @@ func showMessage(ctx context.Context, env *Env, db store.DBTX, q *store.Queries,
 	return nil
 }
 
+// writeMessage prints m as text; every field that comes from outside goes through printable.
 func writeMessage(w io.Writer, m messageJSON) {
 	line := func(k, v string) { fmt.Fprintf(w, "%-13s %s\n", k+":", v) }
 	line("message_id", m.MessageID.String())
 	line("state", m.State)
-	line("subject", m.Subject)
-	line("key", dash(m.Key))
+	line("subject", printable(m.Subject, false))
+	line("key", dash(printable(m.Key, false)))
 	line("created_at", m.CreatedAt.Local().Format(time.RFC3339))
 	line("attempts", fmt.Sprint(m.Attempts))
 	if m.Group != "" || m.Mode != "" {
-		line("group", dash(m.Group))
-		line("mode", dash(m.Mode))
+		line("group", dash(printable(m.Group, false)))
+		line("mode", dash(printable(m.Mode, false)))
 		line("checks", fmt.Sprint(m.Checks))
 		next := "-"
 		if m.NextCheckAt != nil {
@@ -108,7 +109,7 @@ func writeMessage(w io.Writer, m messageJSON) {
 		}
 		line("next_check_at", next)
 	}
-	line("last_error", dash(m.LastError))
+	line("last_error", dash(printable(m.LastError, false)))
 	if len(m.Headers) == 0 {
 		line("headers", "(none)")
 	} else {
@@ -120,7 +121,7 @@ func writeMessage(w io.Writer, m messageJSON) {
 		sort.Strings(names)
 		for _, k := range names {
 			for _, v := range m.Headers[k] {
-				fmt.Fprintf(w, "  %s: %s\n", k, v)
+				fmt.Fprintf(w, "  %s: %s\n", printable(k, false), printable(v, false))
 			}
 		}
 	}
@@ -132,7 +133,7 @@ func writeMessage(w io.Writer, m messageJSON) {
 		}
 		return
 	}
-	fmt.Fprintf(w, "payload:      %d bytes, base64 (not UTF-8 text)\n", m.PayloadBytes)
+	fmt.Fprintf(w, "payload:      %d bytes, base64 (binary, or text with control characters)\n", m.PayloadBytes)
 	for p := m.Payload; p != ""; {
 		n := min(len(p), 76)
 		fmt.Fprintln(w, p[:n])
