@@ -1,5 +1,5 @@
--- Reverts 010: migration 009's txoutbox_write, 007's txoutbox_partition_keys and 005's
--- txoutbox_raise_not_scheduled; txoutbox_fnv dropped.
+-- Reverts 010: migration 009's txoutbox_write, 008's txoutbox_uuidv7s, 007's
+-- txoutbox_partition_keys and 005's txoutbox_raise_not_scheduled; txoutbox_fnv dropped.
 
 -- 009's txoutbox_write.
 CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
@@ -213,3 +213,19 @@ END
 $fn$;
 
 DROP FUNCTION txoutbox_fnv(bigint, bytea);
+
+-- 008's txoutbox_uuidv7s.
+CREATE OR REPLACE FUNCTION txoutbox_uuidv7s(n bigint) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+    r bytea := uuid_send(gen_random_uuid());
+    -- unix_ts_ms, ver (7) and rand_a.
+    hi bigint := (floor(date_part('epoch', clock_timestamp()) * 1000)::bigint << 16) | 28672
+                 | ((get_byte(r, 6) & 15) << 8) | get_byte(r, 7);
+    -- var (10) and rand_b's 61 random bits.
+    lo bigint := (('x' || encode(substring(r FROM 9 FOR 8), 'hex'))::bit(64)::bigint & 2305843009213693951)
+                 | (-9223372036854775808);
+BEGIN
+    RETURN ARRAY(SELECT encode(int8send(hi) || int8send(lo + g), 'hex')::uuid FROM generate_series(1, n) g ORDER BY g);
+END
+$fn$;

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -463,5 +464,61 @@ func TestSQLHeadersJSONNullAreNone(t *testing.T) {
 	}
 	if want := `NULL | {"Txoutbox-Biz-Key": ["b:1"]} | NULL | NULL | NULL | {"X": ["1"]}`; got != want {
 		t.Fatalf("stored headers %s, want %s", got, want)
+	}
+}
+
+// txoutbox_partition_keys hashes a batch's shared prefix once and each text's rest after it
+// (migration 010): every partition key is still store.KeyHash of the key, or of the id's text
+// for a message without one, whatever the keys share — nothing, a prefix with 0 to 7 bytes
+// left or more, the whole key, multi-byte characters — and with drawn or given ids.
+func TestSQLPartitionKeysOfSharedPrefixes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	batches := [][]outbox.Message{}
+	add := func(keys ...string) {
+		var ms []outbox.Message
+		for i, k := range keys {
+			m := outbox.Message{Subject: "a.b", Key: k}
+			if i%4 == 3 && k == "" {
+				m.ID = uuid.New() // a given id among drawn ones: no shared prefix
+			}
+			ms = append(ms, m)
+		}
+		batches = append(batches, ms)
+	}
+	add("order-1", "order-2", "order-10", "order-100", "order-1000000000", "order-1", "")
+	add("k", "k", "k")
+	add("x", "ключ🔑", "ключ🔒", "ключ", "é", "e", strings.Repeat("p", 1024), strings.Repeat("p", 1023)+"q")
+	add("", "", "", "", "", "", "", "", "")
+	add("same-prefix-then-much-longer-0", "same-prefix-then-much-longer-1-and-more-bytes-than-seven", "")
+	many := make([]string, 300)
+	for i := range many {
+		many[i] = fmt.Sprintf("tenant-7/order-%d", i*37)
+		if i%5 == 0 {
+			many[i] = ""
+		}
+	}
+	add(many...)
+	for _, b := range batches {
+		tx := beginTx(t, db)
+		ids, err := enqueueManySQL(ctx, tx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			var part int32
+			if err := tx.QueryRow(ctx, `SELECT partition_key FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&part); err != nil {
+				t.Fatal(err)
+			}
+			want := store.KeyHash(b[i].Key)
+			if b[i].Key == "" {
+				want = store.KeyHash(id.String())
+			}
+			if part != want {
+				t.Errorf("message %d (key %.40q, id %s): partition %d, want store.KeyHash's %d", i+1, b[i].Key, id, part, want)
+			}
+		}
+		_ = tx.Rollback(ctx)
 	}
 }
