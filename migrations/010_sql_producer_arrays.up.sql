@@ -11,6 +11,11 @@
 --     are no headers, as SQL NULL and {} are; they were refused with TX003.
 --   * txoutbox_cancel and txoutbox_reschedule of an id no message has raise TX202 (message not
 --     found); TX201 stays for a message that is not scheduled, with DETAIL state=<its state>.
+--   * A batch costs less: each distinct subject is checked, and each distinct headers object
+--     sized, once; the prefix a batch's keys (and its ids) share is hashed once, and each
+--     text's rest in the batch's statement (txoutbox_fnv, txoutbox_partition_keys); drawn ids
+--     are written as hex text (txoutbox_uuidv7s). Partitions and ids do not change.
+--     (The function settings plan_cache_mode and jit stay: they cost about 0.7 µs a call.)
 
 -- Checks and writes messages, as migration 009's txoutbox_write, with every array renumbered
 -- from 1 and JSON null headers taken as none.
