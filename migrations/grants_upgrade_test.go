@@ -13,10 +13,11 @@ import (
 )
 
 // A producer role granted at migration 4 (before delayed messages) keeps working after
-// migrations 5, 7, 8 and 9 without a new grant: committing a half message (which now reads
+// migrations 5, 7, 8, 9 and 10 without a new grant: committing a half message (which now reads
 // deliver_at), the new cancel and reschedule functions, and enqueueing (migration 7's
 // txoutbox_partition_keys, migration 8's txoutbox_uuidv7s, migration 9's txoutbox_write with
-// delivery times). Without the grants migration 5 carries over, the commit fails with
+// delivery times, migration 10's replacements of txoutbox_write, txoutbox_partition_keys,
+// txoutbox_uuidv7s and txoutbox_raise_not_scheduled). Without the grants migration 5 carries over, the commit fails with
 // "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
@@ -87,6 +88,8 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	asProducer("enqueue a delayed message with a business key", `SELECT txoutbox_enqueue('orders.z', 'p', biz_key => 'b:1', deliver_at => now() + interval '1 hour')`)
 	asProducer("reschedule by business key", `SELECT txoutbox_reschedule_biz_key('b:1', now() + interval '2 hours')`)
 	asProducer("cancel by business key", `SELECT txoutbox_cancel_biz_key('b:1')`)
+	// Migration 10: arrays numbered from 0, JSON null headers.
+	asProducer("enqueue many of arrays from 0", `SELECT txoutbox_enqueue_many('[0:1]={orders.x,orders.y}', '{p,q}', '[0:1]={k1,""}', '[0:1]={null,"{}"}')`)
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
 }
@@ -95,12 +98,12 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 // operator, a superuser) applies the later migrations, whose new functions the public ones
 // call with the caller's privileges: txoutbox_uuidv7s (008), txoutbox_partition_keys (007,
 // whose own grant passed over txoutbox_write's owner; 008 repairs it) and the txoutbox_write
-// that takes delivery times (009). Migrations 1–8 (then 1–7, then 1–6) run as the owner, the
-// rest as the superuser of the test database.
+// that takes delivery times (009), and the functions 010 replaces. Migrations 1–9 (then 1–8,
+// 1–7, 1–6) run as the owner, the rest as the superuser of the test database.
 func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, keep := range []int{8, 7, 6} {
+	for _, keep := range []int{9, 8, 7, 6} {
 		admin, schema := newSchema(t, "owner"+strconv.Itoa(keep))
 		role := "own_" + strings.TrimPrefix(schema, "owner")
 		if _, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -358,5 +359,166 @@ func TestSQLMaxMessageBytesSetting(t *testing.T) {
 		if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.Contains(pgErr.Message, "txoutbox.max_message_bytes") {
 			t.Errorf("txoutbox.max_message_bytes = %q: %v; want 22023 naming the setting", bad, err)
 		}
+	}
+}
+
+// Arrays numbered from another index than 1 ('[0:1]={k1,k2}', what a PL/pgSQL producer
+// filling s[i] from 0 passes) are taken by position (migration 010): each message is stored
+// with its own key's partition and those keys are locked, as EnqueueTx of the same messages
+// does, and a refused message is named by its position from 1 with its own code. Migration 9
+// paired unnest's positions with subscripts: k1 was stored with k2's hash, and a bad subject
+// at [0] was an internal error (XX000).
+func TestSQLArraysNumberedFrom0(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c := newClient(t, db, nil)
+	msgs := []outbox.Message{
+		{Subject: "a.b", Key: "k1", BizKey: "b:1", Payload: []byte("p"), Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}},
+		{Subject: "a.c", Key: "k2", Payload: []byte("q"), Headers: map[string][]string{"X": {"1", "2"}}},
+		{Subject: "a.d", Payload: []byte("r"), ID: uuid.Must(uuid.NewV7())}, // unkeyed: its partition comes from its id
+	}
+	stored := func(tx pgx.Tx) string {
+		t.Helper()
+		rows, err := tx.Query(ctx, `SELECT concat_ws(' ', subject, msg_key, partition_key, txoutbox_key_hash(coalesce(msg_key, message_id::text)), headers::text, encode(payload, 'escape'))
+FROM txoutbox_messages ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "\n")
+	}
+	tx := beginTx(t, db)
+	if _, err := c.EnqueueTx(ctx, tx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	wantRows, wantLocks := stored(tx), keyLocksHeld(t, ctx, tx)
+	_ = tx.Rollback(ctx)
+	for _, lower := range []int{1, 0} {
+		tx := beginTx(t, db)
+		if _, err := enqueueManySQLFrom(ctx, tx, msgs, false, lower); err != nil {
+			t.Fatalf("arrays from %d: %v", lower, err)
+		}
+		if got := stored(tx); got != wantRows {
+			t.Errorf("arrays from %d: stored\n%s\nwant (EnqueueTx)\n%s", lower, got, wantRows)
+		}
+		if got := keyLocksHeld(t, ctx, tx); got != wantLocks {
+			t.Errorf("arrays from %d: key locks %s, want (EnqueueTx) %s", lower, got, wantLocks)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	// The auditor's statements, as psql runs them.
+	tx = beginTx(t, db)
+	var hashes []bool
+	if _, err := tx.Exec(ctx, `SELECT txoutbox_enqueue_many('{a,b}', '{x,y}', keys => '[0:1]={k1,k2}')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT array_agg(partition_key = txoutbox_key_hash(msg_key) ORDER BY id) FROM txoutbox_messages`).Scan(&hashes); err != nil || fmt.Sprint(hashes) != "[true true]" {
+		t.Errorf("keys => '[0:1]={k1,k2}': partition keys are the keys' hashes: %v, %v", hashes, err)
+	}
+	_ = tx.Rollback(ctx)
+	for _, tc := range []struct{ call, code, msg string }{
+		{`SELECT txoutbox_enqueue_many('[0:1]={"a b",c}', '{x,y}')`, "TX001", "txoutbox_enqueue_many: message 1: subject: invalid subject"},
+		{`SELECT txoutbox_enqueue_many('{a,b}', '[5:6]={x,y}', keys => '[0:1]={k1," k2"}')`, "TX002", "txoutbox_enqueue_many: message 2: key: invalid key"},
+		{`SELECT txoutbox_enqueue_many('{a,b}', '{x,y}', headers => '[-1:0]={"{}","{\"Status\": [\"1\"]}"}')`, "TX003", "txoutbox_enqueue_many: message 2: headers: invalid header"},
+		{`SELECT txoutbox_enqueue_many('{a,b}', '{x,y}', ids => '[0:1]={a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}')`, "TX006", "txoutbox_enqueue_many: message 2: id: duplicate message id: message 1 of this call"},
+		{`SELECT txoutbox_enqueue_many('{a,b}', '{x,y}', deliver_ats => '[0:1]={NULL,"10000-01-01 00:00:00+00"}')`, "TX009", "txoutbox_enqueue_many: message 2: deliver_at: invalid delivery time"},
+	} {
+		tx := beginTx(t, db)
+		_, err := tx.Exec(ctx, tc.call)
+		_ = tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != tc.code || !strings.HasPrefix(pgErr.Message, tc.msg) {
+			t.Errorf("%s: %v; want %s %q", tc.call, err, tc.code, tc.msg)
+		}
+	}
+}
+
+// Headers that are JSON null ('null'::jsonb: psycopg's Jsonb(None), JSON.stringify(null)) are
+// no headers in every function taking headers, as SQL NULL and {} are (migration 010): they
+// were refused with TX003. The agreement table has rows of them for txoutbox_enqueue and
+// txoutbox_enqueue_many; here txoutbox_prepare, and an element of txoutbox_enqueue_many's
+// headers among others.
+func TestSQLHeadersJSONNullAreNone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	tx := beginTx(t, db)
+	for _, call := range []string{
+		`SELECT ARRAY[txoutbox_prepare('a.b', 'p', headers => 'null', producer_group => 'g')]`,
+		`SELECT ARRAY[txoutbox_prepare('a.b', 'p', headers => 'null', biz_key => 'b:1', fence => true)]`,
+		`SELECT ARRAY[txoutbox_enqueue('a.b', 'p', headers => 'null'::jsonb)]`,
+		`SELECT txoutbox_enqueue_many('{a.b,a.c,a.d}', '{p,q,r}', headers => ARRAY['null', NULL, '{"X": ["1"]}']::jsonb[])`,
+	} {
+		var ids []uuid.UUID
+		if err := tx.QueryRow(ctx, call).Scan(&ids); err != nil {
+			t.Fatalf("%s: %v", call, err)
+		}
+	}
+	var got string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(coalesce(headers::text, 'NULL'), ' | ' ORDER BY id) FROM txoutbox_messages`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := `NULL | {"Txoutbox-Biz-Key": ["b:1"]} | NULL | NULL | NULL | {"X": ["1"]}`; got != want {
+		t.Fatalf("stored headers %s, want %s", got, want)
+	}
+}
+
+// txoutbox_partition_keys hashes a batch's shared prefix once and each text's rest after it
+// (migration 010): every partition key is still store.KeyHash of the key, or of the id's text
+// for a message without one, whatever the keys share — nothing, a prefix with 0 to 7 bytes
+// left or more, the whole key, multi-byte characters — and with drawn or given ids.
+func TestSQLPartitionKeysOfSharedPrefixes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	batches := [][]outbox.Message{}
+	add := func(keys ...string) {
+		var ms []outbox.Message
+		for i, k := range keys {
+			m := outbox.Message{Subject: "a.b", Key: k}
+			if i%4 == 3 && k == "" {
+				m.ID = uuid.New() // a given id among drawn ones: no shared prefix
+			}
+			ms = append(ms, m)
+		}
+		batches = append(batches, ms)
+	}
+	add("order-1", "order-2", "order-10", "order-100", "order-1000000000", "order-1", "")
+	add("k", "k", "k")
+	add("x", "ключ🔑", "ключ🔒", "ключ", "é", "e", strings.Repeat("p", 1024), strings.Repeat("p", 1023)+"q")
+	add("", "", "", "", "", "", "", "", "")
+	add("same-prefix-then-much-longer-0", "same-prefix-then-much-longer-1-and-more-bytes-than-seven", "")
+	many := make([]string, 300)
+	for i := range many {
+		many[i] = fmt.Sprintf("tenant-7/order-%d", i*37)
+		if i%5 == 0 {
+			many[i] = ""
+		}
+	}
+	add(many...)
+	for _, b := range batches {
+		tx := beginTx(t, db)
+		ids, err := enqueueManySQL(ctx, tx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			var part int32
+			if err := tx.QueryRow(ctx, `SELECT partition_key FROM txoutbox_messages WHERE message_id = $1`, id).Scan(&part); err != nil {
+				t.Fatal(err)
+			}
+			want := store.KeyHash(b[i].Key)
+			if b[i].Key == "" {
+				want = store.KeyHash(id.String())
+			}
+			if part != want {
+				t.Errorf("message %d (key %.40q, id %s): partition %d, want store.KeyHash's %d", i+1, b[i].Key, id, part, want)
+			}
+		}
+		_ = tx.Rollback(ctx)
 	}
 }

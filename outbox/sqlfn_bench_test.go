@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"strconv"
 	"strings"
@@ -19,7 +20,8 @@ import (
 // BenchmarkProducers compares, in one run, the ways to write the same keyed message (a
 // subject, a key of its own, one header, 100 bytes of payload): EnqueueTx, the SQL function
 // txoutbox_enqueue (one call per message), its batch form txoutbox_enqueue_many, and a plain
-// INSERT of the same row without validation or key lock. Each op runs 50 transactions of 1 or
+// INSERT of the same row without validation or key lock (EnqueueTx's statement and argument
+// encoding, store.InsertMessagesUnlocked: a lower bound). Each op runs 50 transactions of 1 or
 // 100 messages of every way, in turns; ns/msg is per message. Each way runs on a connection
 // of its own, and server-µs/tx is its backend's CPU time per transaction (utime+stime from
 // /proc, when the server runs on this machine): the load of a shared machine moves it far
@@ -34,6 +36,7 @@ func BenchmarkProducers(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	q := store.New(db.Schema)
 	payload := make([]byte, 100)
 	msgs := func(n, round int) []outbox.Message {
 		out := make([]outbox.Message, n)
@@ -68,16 +71,17 @@ func BenchmarkProducers(b *testing.B) {
 			return err
 		}},
 		{"plain_INSERT", func(tx pgx.Tx, ms []outbox.Message) error {
-			n := len(ms)
-			ids, subjects, payloads, keys, parts, hdrs := make([]uuid.UUID, n), make([]string, n), make([][]byte, n), make([]string, n), make([]int32, n), make([]any, n)
+			// EnqueueTx's own statement and argument encoding, without its checks and key
+			// locks: a lower bound of a write.
+			rows := make([]store.NewRow, len(ms))
 			for i, m := range ms {
-				ids[i] = uuid.Must(uuid.NewV7())
-				subjects[i], payloads[i], keys[i], parts[i], hdrs[i] = m.Subject, m.Payload, m.Key, store.KeyHash(m.Key), headersJSON(m.Headers)
+				hdr, err := json.Marshal(m.Headers)
+				if err != nil {
+					return err
+				}
+				rows[i] = store.NewRow{MessageID: uuid.Must(uuid.NewV7()), Subject: m.Subject, Key: m.Key, Headers: hdr, Payload: m.Payload}
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at)
-SELECT * , 'ready', clock_timestamp() FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[]::jsonb[], $6::bytea[])`,
-				ids, subjects, keys, parts, hdrs, payloads)
-			return err
+			return q.InsertMessagesUnlocked(ctx, tx, rows)
 		}},
 	}
 	// The ways run in turns, in a rotating order, inside each op, each on a connection of its

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -15,7 +16,7 @@ import (
 // The SQL contract's delayed messages: txoutbox_enqueue, txoutbox_prepare (then
 // txoutbox_commit) with a delivery time store scheduled rows; txoutbox_cancel,
 // txoutbox_reschedule and their business key forms behave as CancelTx and RescheduleTx, with
-// TX201 where those return ErrNotScheduled.
+// TX201 where those return ErrNotScheduled and TX202 where the message does not exist.
 func TestSQLScheduledFunctions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -63,17 +64,29 @@ func TestSQLScheduledFunctions(t *testing.T) {
 	if got := exec(`SELECT txoutbox_cancel($1)`, id); got != "ok" {
 		t.Fatalf("txoutbox_cancel: %s", got)
 	}
+	// A message that is not scheduled is TX201 with its state in DETAIL; one that does not
+	// exist is TX202 (migration 010; it was TX201), as CancelTx's and RescheduleTx's
+	// *ScheduleError then also matches ErrNotFound.
+	unknown := uuid.New()
 	for _, sql := range []string{`SELECT txoutbox_cancel($1)`, `SELECT txoutbox_reschedule($1, now())`} {
-		if got := exec(sql, id); got != "TX201" {
-			t.Fatalf("%s of a cancelled message: %s, want TX201", sql, got)
+		_, err := db.Pool.Exec(ctx, sql, id)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "TX201" || pgErr.Detail != "state=rolled_back" {
+			t.Fatalf("%s of a cancelled message: %v (detail %q), want TX201 with DETAIL state=rolled_back", sql, err, detailOf(err))
 		}
-		if got := exec(sql, uuid.New()); got != "TX201" {
-			t.Fatalf("%s of no message: %s, want TX201", sql, got)
+		if got := exec(sql, unknown); got != "TX202" {
+			t.Fatalf("%s of no message: %s, want TX202", sql, got)
 		}
 	}
-	// The Go client sees the SQL cancel as its own.
+	// The Go client sees the SQL cancel as its own, and agrees on the codes.
 	if err := c.CancelTx(ctx, db.Pool, id); !errors.Is(err, outbox.ErrNotScheduled) || goOutcome(err) != "TX201" {
 		t.Fatalf("CancelTx after txoutbox_cancel: %v", err)
+	}
+	if err := c.CancelTx(ctx, db.Pool, unknown); !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || goOutcome(err) != "TX202" {
+		t.Fatalf("CancelTx of no message: %v; want ErrNotScheduled and ErrNotFound (TX202)", err)
+	}
+	if err := c.RescheduleTx(ctx, db.Pool, unknown, later); !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || goOutcome(err) != "TX202" {
+		t.Fatalf("RescheduleTx of no message: %v; want ErrNotScheduled and ErrNotFound (TX202)", err)
 	}
 	// Business key forms.
 	var ids []uuid.UUID
@@ -117,4 +130,13 @@ func TestSQLScheduledFunctions(t *testing.T) {
 	if got := exec(`SELECT txoutbox_enqueue_many(ARRAY['a.b', 'a.c'], ARRAY['x', 'y']::bytea[], deliver_ats => ARRAY[$1]::timestamptz[])`, due); got != "TX008" {
 		t.Fatalf("batch with one delivery time for two messages: %s, want TX008", got)
 	}
+}
+
+// detailOf is err's DETAIL, when it is a server error.
+func detailOf(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Detail
+	}
+	return ""
 }

@@ -50,10 +50,16 @@ var sqlStates = []struct {
 	{txoutbox.ErrInvalidConfig, "TX008"},
 }
 
-// goOutcome is "ok" or the SQLSTATE code of err's sentinel.
+// goOutcome is "ok" or the SQLSTATE code of err's sentinel. A *ScheduleError for a message
+// that does not exist matches ErrNotScheduled and ErrNotFound: TX202 (migration 010), the
+// code of neither alone (ErrNotFound alone is a half message's TX103).
 func goOutcome(err error) string {
 	if err == nil {
 		return "ok"
+	}
+	var se *outbox.ScheduleError
+	if errors.As(err, &se) && errors.Is(err, outbox.ErrNotScheduled) && errors.Is(err, outbox.ErrNotFound) {
+		return "TX202"
 	}
 	for _, s := range sqlStates {
 		if errors.Is(err, s.err) {
@@ -85,6 +91,9 @@ func headersJSON(h map[string][]string) any {
 	if h == nil {
 		return nil
 	}
+	if _, ok := h[jsonNullKey]; ok {
+		return "null"
+	}
 	str := func(s string) string {
 		if !utf8.ValidString(s) {
 			return `"` + s + `"`
@@ -112,6 +121,12 @@ func headersJSON(h map[string][]string) any {
 	b.WriteString("}")
 	return b.String()
 }
+
+// jsonNullKey marks jsonNullHeaders, which headersJSON passes as JSON null ('null'::jsonb,
+// psycopg's Jsonb(None)): no headers, as nil is for EnqueueTx (migration 010).
+const jsonNullKey = "\x00json null"
+
+var jsonNullHeaders = map[string][]string{jsonNullKey: nil}
 
 // nilIfEmpty is s, or NULL when s is empty.
 func nilIfEmpty(s string) any {
@@ -165,6 +180,22 @@ func enqueueManySQL(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) ([]uu
 // enqueueManySQLWith is enqueueManySQL, passing the all-zero UUID for the messages without an
 // id when zeroID is set.
 func enqueueManySQLWith(ctx context.Context, tx pgx.Tx, msgs []outbox.Message, zeroID bool) ([]uuid.UUID, error) {
+	return enqueueManySQLFrom(ctx, tx, msgs, zeroID, 1)
+}
+
+// from0 renumbers the array argument $n of type typ from 0 ('[0:1]={a,b}', what a PL/pgSQL
+// producer filling s[i] from 0 passes); NULL stays NULL.
+func from0(n int, typ string) string {
+	a := fmt.Sprintf("$%d::%s", n, typ)
+	if typ == "jsonb[]" {
+		a = fmt.Sprintf("$%d::text[]::jsonb[]", n)
+	}
+	return fmt.Sprintf("(CASE WHEN cardinality(%[1]s) > 0 THEN ('[0:' || cardinality(%[1]s) - 1 || ']=' || %[1]s::text)::%[2]s ELSE %[1]s END)", a, typ)
+}
+
+// enqueueManySQLFrom is enqueueManySQLWith with every array argument numbered from lower (1,
+// as pgx sends arrays, or 0).
+func enqueueManySQLFrom(ctx context.Context, tx pgx.Tx, msgs []outbox.Message, zeroID bool, lower int) ([]uuid.UUID, error) {
 	n := len(msgs)
 	subjects, payloads := make([]string, n), make([][]byte, n)
 	keys, bizKeys := make([]*string, n), make([]*string, n)
@@ -192,8 +223,12 @@ func enqueueManySQLWith(ctx context.Context, tx pgx.Tx, msgs []outbox.Message, z
 	if !delayed {
 		dues = nil // the argument left NULL, as a caller without delayed messages passes it
 	}
-	err := tx.QueryRow(ctx, `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[], $7::timestamptz[])`,
-		subjects, payloads, keys, hdrs, bizKeys, ids, dues).Scan(&out)
+	call := `SELECT txoutbox_enqueue_many($1::text[], $2::bytea[], $3::text[], $4::text[]::jsonb[], $5::text[], $6::uuid[], $7::timestamptz[])`
+	if lower == 0 {
+		call = `SELECT txoutbox_enqueue_many(` + from0(1, "text[]") + `, ` + from0(2, "bytea[]") + `, ` + from0(3, "text[]") + `, ` +
+			from0(4, "jsonb[]") + `, ` + from0(5, "text[]") + `, ` + from0(6, "uuid[]") + `, ` + from0(7, "timestamptz[]") + `)`
+	}
+	err := tx.QueryRow(ctx, call, subjects, payloads, keys, hdrs, bizKeys, ids, dues).Scan(&out)
 	return out, err
 }
 
@@ -210,6 +245,8 @@ type agreementRow struct {
 	// zeroID: the message has no id; the SQL side passes the all-zero UUID (uuid.Nil) for it,
 	// and both sides must draw one.
 	zeroID bool
+	// jsonNull: the message has no headers; the SQL side passes JSON null for them.
+	jsonNull bool
 }
 
 // sized returns m with one header "X" whose value makes HeaderBlockSize(m) == block.
@@ -400,6 +437,11 @@ func agreementRows() []agreementRow {
 		{name: "zero id, delayed", m: outbox.Message{Subject: "s.v", Key: "z", DeliverAt: ahead}, want: "ok", zeroID: true},
 		{name: "zero id and bad delivery time", m: outbox.Message{Subject: "s.v", Key: "z", DeliverAt: tooLate}, want: "TX009", zeroID: true},
 		{name: "zero id and bad subject", m: outbox.Message{Subject: "s..v", Key: "z"}, want: "TX001", zeroID: true},
+		// Headers that are JSON null are none, as NULL is (migration 010).
+		{name: "headers JSON null", m: msg("h.v"), want: "ok", jsonNull: true},
+		{name: "headers JSON null, keyed, with a business key", m: outbox.Message{Subject: "h.v", Key: "k", BizKey: "b:1", Payload: []byte("x")}, want: "ok", jsonNull: true},
+		{name: "headers JSON null, delayed", m: withDue(msg("h.v"), ahead), want: "ok", jsonNull: true},
+		{name: "headers JSON null and a bad key", m: outbox.Message{Subject: "h.v", Key: "k "}, want: "TX002", jsonNull: true},
 	}
 	return rows
 }
@@ -439,6 +481,18 @@ FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'`).Scan(&n, 
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("%d advisory locks, txoutbox.key_locks %s", n, budget)
+}
+
+// keyLocksHeld is keyLocks with the locks themselves: class/key hash/mode of each advisory
+// lock the transaction holds, so that the keys locked compare, not only their number.
+func keyLocksHeld(t *testing.T, ctx context.Context, tx pgx.Tx) string {
+	t.Helper()
+	var which string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s/%s/%s', classid, objid, mode), ' ' ORDER BY classid, objid, mode), '')
+FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'`).Scan(&which); err != nil {
+		t.Fatal(err)
+	}
+	return keyLocks(t, ctx, tx) + " (" + which + ")"
 }
 
 // storedRow is what a message became in the outbox.
@@ -497,7 +551,11 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 				t.Errorf("%s: %s returned %s, want the given id %s", row.name, side, id, m.ID)
 			}
 		}
-		var locks [3]string
+		sqlM := m // what the SQL calls pass: JSON null for no headers, for a jsonNull row
+		if row.jsonNull {
+			sqlM.Headers = jsonNullHeaders
+		}
+		var locks [4]string
 		run := func(side int, enqueue func(tx pgx.Tx) (string, *storedRow)) (string, *storedRow) {
 			tx, err := db.Pool.Begin(ctx)
 			if err != nil {
@@ -513,7 +571,7 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 			}
 			got, r := enqueue(tx)
 			if r != nil {
-				locks[side] = keyLocks(t, ctx, tx)
+				locks[side] = keyLocksHeld(t, ctx, tx)
 			}
 			return got, r
 		}
@@ -527,7 +585,7 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 			return "ok", &r
 		})
 		sqlGot, sqlRow := run(1, func(tx pgx.Tx) (string, *storedRow) {
-			id, err := enqueueSQLWith(ctx, tx, m, row.zeroID)
+			id, err := enqueueSQLWith(ctx, tx, sqlM, row.zeroID)
 			if err != nil {
 				return sqlOutcome(err), nil
 			}
@@ -536,7 +594,7 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 			return "ok", &r
 		})
 		manyGot, manyRow := run(2, func(tx pgx.Tx) (string, *storedRow) {
-			ids, err := enqueueManySQLWith(ctx, tx, []outbox.Message{m}, row.zeroID)
+			ids, err := enqueueManySQLWith(ctx, tx, []outbox.Message{sqlM}, row.zeroID)
 			if err != nil {
 				return sqlOutcome(err), nil
 			}
@@ -544,8 +602,31 @@ func TestSQLEnqueueAgreesWithEnqueueTx(t *testing.T) {
 			r := readStored(t, ctx, tx, ids[0])
 			return "ok", &r
 		})
+		// The same call with every array numbered from 0 ('[0:0]={...}'): the same outcome,
+		// row and key locks (migration 010).
+		from0Got, from0Row := run(3, func(tx pgx.Tx) (string, *storedRow) {
+			ids, err := enqueueManySQLFrom(ctx, tx, []outbox.Message{sqlM}, row.zeroID, 0)
+			if err != nil {
+				return sqlOutcome(err), nil
+			}
+			checkID("txoutbox_enqueue_many of arrays from 0", ids[0])
+			r := readStored(t, ctx, tx, ids[0])
+			return "ok", &r
+		})
 		if row.server && serverRefused(manyGot) {
 			manyGot = sqlGot
+		}
+		if row.server && serverRefused(from0Got) {
+			from0Got = sqlGot
+		}
+		if from0Got != manyGot {
+			t.Errorf("%s: txoutbox_enqueue_many of arrays numbered from 0: %s, from 1: %s: they must agree", row.name, from0Got, manyGot)
+		}
+		if from0Row != nil && manyRow != nil && (fmt.Sprintf("%+v", *from0Row) != fmt.Sprintf("%+v", *manyRow) || !bytes.Equal(from0Row.Payload, manyRow.Payload)) {
+			t.Errorf("%s: txoutbox_enqueue_many of arrays numbered from 0 stored it differently", row.name)
+		}
+		if goRow != nil && from0Row != nil && locks[3] != locks[0] {
+			t.Errorf("%s: key locks held after the enqueue: EnqueueTx %s, txoutbox_enqueue_many of arrays from 0 %s: they must agree", row.name, locks[0], locks[3])
 		}
 		if manyGot != sqlGot {
 			t.Errorf("%s: txoutbox_enqueue_many: %s, txoutbox_enqueue: %s: they must agree", row.name, manyGot, sqlGot)

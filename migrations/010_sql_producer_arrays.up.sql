@@ -1,0 +1,362 @@
+-- txoutbox 010: the SQL producer functions take arrays numbered from any index, and JSON
+-- null headers; a cancel or reschedule of a message that does not exist has a code of its own;
+-- and a batch costs less server CPU.
+--   * Arrays whose lower bound is not 1 ('[0:1]={k1,k2}', what a PL/pgSQL producer filling
+--     s[i] from 0 makes): txoutbox_write paired unnest's positions with subscripts, so it
+--     stored a key with another message's partition key, locked the wrong keys, and raised an
+--     internal error (XX000) for a bad message instead of its own code. Every array is
+--     renumbered from 1 on entry; messages are numbered by position in errors, from 1.
+--   * Headers that are JSON null ('null'::jsonb, psycopg's Jsonb(None), JSON.stringify(null)),
+--     in txoutbox_enqueue, txoutbox_enqueue_many (an element of headers) and txoutbox_prepare,
+--     are no headers, as SQL NULL and {} are; they were refused with TX003.
+--   * txoutbox_cancel and txoutbox_reschedule of an id no message has raise TX202 (message not
+--     found); TX201 stays for a message that is not scheduled, with DETAIL state=<its state>.
+--   * A batch costs less: each distinct subject is checked, and each distinct headers object
+--     sized, once; the prefix a batch's keys (and its ids) share is hashed once, and each
+--     text's rest in the batch's statement (txoutbox_fnv, txoutbox_partition_keys); drawn ids
+--     are written as hex text (txoutbox_uuidv7s). Partitions and ids do not change.
+--     (The function settings plan_cache_mode and jit stay: they cost about 0.7 µs a call.)
+
+-- Checks and writes messages, as migration 009's txoutbox_write, with every array renumbered
+-- from 1 and JSON null headers taken as none.
+CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
+    headers jsonb[], biz_keys text[], ids uuid[], deliver_ats timestamptz[], producer_group text, check_mode text,
+    check_immunity interval)
+RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $fn$
+DECLARE
+    n int := cardinality(subjects);
+    given_ids boolean;
+    bad int;
+    dup int;
+    first int;
+    bad_hsizes int[];
+    out_ids uuid[];
+    out_parts int4[];
+    keyed boolean;
+    done uuid[];
+    ctx text;
+    drawn uuid[];
+    max_bytes int := txoutbox_max_message_bytes();
+BEGIN
+    -- Every array numbered from 1: the statements below pair unnest's positions with
+    -- subscripts (subjects[bad], ids[first]), and a PL/pgSQL producer that fills s[i] from 0
+    -- passes '[0:1]={...}'. (A slice renumbers; it is taken only when needed.)
+    IF array_lower(subjects, 1) <> 1 THEN subjects := subjects[:]; END IF;
+    IF array_lower(payloads, 1) <> 1 THEN payloads := payloads[:]; END IF;
+    IF array_lower(keys, 1) <> 1 THEN keys := keys[:]; END IF;
+    IF array_lower(headers, 1) <> 1 THEN headers := headers[:]; END IF;
+    IF array_lower(biz_keys, 1) <> 1 THEN biz_keys := biz_keys[:]; END IF;
+    IF array_lower(ids, 1) <> 1 THEN ids := ids[:]; END IF;
+    IF array_lower(deliver_ats, 1) <> 1 THEN deliver_ats := deliver_ats[:]; END IF;
+    -- Headers that are JSON null are none, as SQL NULL and {} are (psycopg's Jsonb(None),
+    -- JSON.stringify(null)).
+    IF 'null'::jsonb = ANY (headers) THEN
+        headers := array_replace(headers, 'null'::jsonb, NULL);
+    END IF;
+    -- The all-zero UUID is no id, as uuid.Nil is for EnqueueTx: one is drawn for it.
+    ids := array_replace(ids, '00000000-0000-0000-0000-000000000000'::uuid, NULL);
+    given_ids := coalesce(cardinality(array_remove(ids, NULL)), 0) > 0;
+    -- Ids for the messages without one, drawn for the whole call.
+    IF ids IS NULL OR cardinality(ids) < n OR array_position(ids, NULL) IS NOT NULL THEN
+        drawn := txoutbox_uuidv7s(greatest(n, coalesce(cardinality(ids), 0)));
+    END IF;
+    out_ids := CASE WHEN given_ids
+                    THEN ARRAY(SELECT coalesce(u.id, drawn[u.ord]) FROM unnest(subjects, ids) WITH ORDINALITY AS u(s, id, ord) ORDER BY u.ord)
+                    ELSE drawn END;
+    -- The first message refused, and the sizes of the headers of the messages refused (the
+    -- first's is bad_hsizes[1]): nothing is sorted or collected for a batch without one.
+    -- keyed: a message to lock a key for (keyed, not delayed).
+    SELECT min(c.ord) FILTER (WHERE c.ok IS NOT TRUE), array_agg(c.hsize ORDER BY c.ord) FILTER (WHERE c.ok IS NOT TRUE),
+           bool_or(c.k IS NOT NULL AND c.d IS NULL)
+      INTO bad, bad_hsizes, keyed
+    FROM (SELECT m.ord, m.k, m.d, m.hsize,
+                 m.subject_ok AND txoutbox_key_ok(m.k) AND txoutbox_key_ok(m.bk) AND m.hsize >= 0
+                 AND txoutbox_header_block(m.hsize, m.k, m.bk) <= 61439
+                 AND coalesce(octet_length(m.payload), 0) + txoutbox_header_block(m.hsize, m.k, m.bk) <= max_bytes
+                 AND txoutbox_deliver_at_ok(m.d) AS ok
+          FROM (SELECT u.ord, u.payload, nullif(u.key, '') AS k, nullif(u.biz_key, '') AS bk, u.d,
+                       s.ok IS TRUE AS subject_ok, CASE WHEN u.hdr IS NULL THEN 0 ELSE h.hsize END AS hsize
+                FROM unnest(subjects, payloads, keys, headers, biz_keys, ids, deliver_ats) WITH ORDINALITY
+                     AS u(subject, payload, key, hdr, biz_key, id, d, ord)
+                -- Each distinct subject checked once, and each distinct headers sized once (a
+                -- batch's messages often share them: one traceparent for the call).
+                LEFT JOIN (SELECT x.subject, txoutbox_subject_ok(x.subject) AS ok
+                           FROM (SELECT DISTINCT v.subject FROM unnest(subjects) AS v(subject) OFFSET 0) x) s
+                       ON s.subject = u.subject
+                LEFT JOIN (SELECT y.hdr,
+                                  -- The size of the headers' lines, -1 when they are invalid: from
+                                  -- their text when it is simple, else header by header, value by value.
+                                  CASE WHEN y.hdr_text IS NULL THEN -1
+                                       ELSE coalesce(txoutbox_simple_headers_size(y.hdr_text), (
+                                           SELECT CASE WHEN bool_and(txoutbox_header_name_ok(e.key) AND jsonb_typeof(e.value) = 'array'
+                                                                     AND jsonb_array_length(e.value) > 0 AND txoutbox_header_value_ok(v.value)) IS NOT FALSE
+                                                       THEN coalesce(sum(octet_length(e.key) + 4 + octet_length(v.value #>> '{}')), 0)::int
+                                                       ELSE -1 END
+                                           FROM jsonb_each(y.hdr) e
+                                           LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.value) = 'array' THEN e.value END) v(value) ON true))
+                                  END AS hsize
+                           FROM (SELECT z.hdr, CASE WHEN jsonb_typeof(z.hdr) = 'object' THEN z.hdr::text END AS hdr_text
+                                 FROM (SELECT DISTINCT v.hdr FROM unnest(headers) AS v(hdr) WHERE v.hdr IS NOT NULL) z
+                                 OFFSET 0) y) h
+                       ON h.hdr = u.hdr
+                OFFSET 0) m) c;
+    IF given_ids THEN
+        SELECT min(d.ord) INTO dup
+        FROM (SELECT u.ord, row_number() OVER (PARTITION BY u.id ORDER BY u.ord) AS seen
+              FROM unnest(ids) WITH ORDINALITY AS u(id, ord) WHERE u.id IS NOT NULL) d
+        WHERE d.seen > 1;
+    END IF;
+    IF bad IS NOT NULL OR dup IS NOT NULL THEN
+        first := least(bad, dup);
+        ctx := fn || CASE WHEN numbered THEN format(': message %s', first) ELSE '' END;
+        -- The first message refused: its content, then its delivery time, then its id (which an
+        -- earlier message of the call has), as EnqueueTx checks them.
+        IF first = bad THEN
+            PERFORM txoutbox_check_message(ctx || ': ', subjects[bad], payloads[bad], nullif(keys[bad], ''), headers[bad],
+                                           nullif(biz_keys[bad], ''), bad_hsizes[1]);
+            IF deliver_ats[bad] IS NOT NULL THEN
+                PERFORM txoutbox_check_deliver_at(ctx, deliver_ats[bad]);
+            END IF;
+        END IF;
+        IF first = dup THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX006',
+                MESSAGE = format('%s: id: duplicate message id: message %s of this call has the same id %s', ctx, array_position(ids, ids[first]), ids[first]);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'XX000',
+            MESSAGE = format('%s: txoutbox internal error: the batch check refused the message and txoutbox_check_message found nothing wrong', ctx);
+    END IF;
+    out_parts := txoutbox_partition_keys(keys, out_ids);
+    IF check_mode IS NULL AND keyed THEN
+        -- The keys of the ready messages: a delayed one is locked when it falls due.
+        PERFORM txoutbox_lock_key_hashes(ARRAY(SELECT u.p FROM unnest(keys, out_parts, deliver_ats) AS u(k, p, d)
+                                               WHERE u.k <> '' AND u.d IS NULL));
+    END IF;
+    IF check_mode IS NULL AND NOT given_ids THEN
+        -- Messages with ids drawn here (UUIDv7, no collision): EnqueueTx's statement.
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at, deliver_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               CASE WHEN u.d IS NULL THEN 'ready' ELSE 'scheduled' END,
+               CASE WHEN u.d IS NULL THEN clock_timestamp() END, u.d
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads, deliver_ats) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, d, ord)
+        ORDER BY u.ord;
+        RETURN out_ids;
+    END IF;
+    -- A caller's id may already be in the outbox: skip the conflict, then say which.
+    WITH ins AS (
+        INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, state, ready_at,
+            producer_group, check_mode, next_check_at, deliver_at)
+        SELECT u.message_id, u.subject, nullif(u.msg_key, ''), u.partition_key,
+               txoutbox_stored_headers(u.headers, nullif(u.biz_key, '')), coalesce(u.payload, '\x'::bytea),
+               CASE WHEN check_mode IS NOT NULL THEN 'prepared' WHEN u.d IS NULL THEN 'ready' ELSE 'scheduled' END,
+               CASE WHEN check_mode IS NULL AND u.d IS NULL THEN clock_timestamp() END,
+               producer_group, check_mode,
+               CASE WHEN check_mode IS NOT NULL THEN now() + greatest(coalesce(check_immunity, interval '0'), interval '0') END,
+               u.d
+        FROM unnest(out_ids, subjects, keys, out_parts, headers, biz_keys, payloads, deliver_ats) WITH ORDINALITY
+             AS u(message_id, subject, msg_key, partition_key, headers, biz_key, payload, d, ord)
+        ORDER BY u.ord
+        ON CONFLICT ON CONSTRAINT txoutbox_messages_message_id_key DO NOTHING
+        RETURNING message_id
+    )
+    SELECT array_agg(message_id) INTO done FROM ins;
+    IF coalesce(cardinality(done), 0) <> n THEN
+        FOR i IN 1 .. n LOOP
+            IF NOT (out_ids[i] = ANY(coalesce(done, '{}'))) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX006',
+                    MESSAGE = format('%s: %sid: duplicate message id: a message with id %s is already in the outbox',
+                                     fn, CASE WHEN numbered THEN format('message %s: ', i) ELSE '' END, out_ids[i]);
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN out_ids;
+END
+$fn$;
+
+-- txoutbox_cancel and txoutbox_reschedule (by id) of a message that is not scheduled: TX202
+-- when there is no such message (never enqueued, or published and deleted, or purged: as the
+-- Go client's *ScheduleError then matches outbox.ErrNotFound), TX201 with DETAIL
+-- state=<state> when it exists in another state.
+CREATE OR REPLACE FUNCTION txoutbox_raise_not_scheduled(fn text, p_id uuid, st text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+BEGIN
+    IF st = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX202',
+            MESSAGE = format('%s: id: message %s: message not found (never enqueued, or published and deleted, or purged)', fn, p_id);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'TX201',
+        MESSAGE = format('%s: id: message %s is %s: message is not scheduled', fn, p_id, st),
+        DETAIL = format('state=%s', st);
+END
+$fn$;
+
+-- FNV-1a (32 bits) of the bytes b continued from the state h (2166136261 to start), unmasked:
+-- txoutbox_key_hash and store.KeyHash are txoutbox_fnv(2166136261, the key's UTF-8 bytes) &
+-- 2147483647. Eight bytes a statement, then the last 0 to 7 in one (as migration 007's
+-- txoutbox_partition_keys hashed). NULL for NULL.
+CREATE FUNCTION txoutbox_fnv(h bigint, b bytea) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+    j int := 0;
+BEGIN
+    WHILE j + 8 <= length(b) LOOP
+        h := ((((((((((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 3)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 4)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 5)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 6)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 7)) * 16777619 & 4294967295);
+        j := j + 8;
+    END LOOP;
+    h := CASE length(b) - j
+             WHEN 1 THEN ((h # get_byte(b, j)) * 16777619 & 4294967295)
+             WHEN 2 THEN ((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                          # get_byte(b, j + 1)) * 16777619 & 4294967295)
+             WHEN 3 THEN ((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 2)) * 16777619 & 4294967295)
+             WHEN 4 THEN ((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                              # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                              # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                              # get_byte(b, j + 3)) * 16777619 & 4294967295)
+             WHEN 5 THEN ((((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                                # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                                # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                                # get_byte(b, j + 3)) * 16777619 & 4294967295)
+                                # get_byte(b, j + 4)) * 16777619 & 4294967295)
+             WHEN 6 THEN ((((((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                                  # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                                  # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                                  # get_byte(b, j + 3)) * 16777619 & 4294967295)
+                                  # get_byte(b, j + 4)) * 16777619 & 4294967295)
+                                  # get_byte(b, j + 5)) * 16777619 & 4294967295)
+             WHEN 7 THEN ((((((((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 3)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 4)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 5)) * 16777619 & 4294967295)
+                                    # get_byte(b, j + 6)) * 16777619 & 4294967295)
+             ELSE h END;
+    RETURN h;
+END
+$fn$;
+
+-- The partition keys of a batch, as migration 007's (FNV-1a of each key's UTF-8 bytes, or of
+-- the message id's text for a message without a key, masked to 31 bits), each key paired with
+-- its id by position (007 paired keys[i] with ids[i], so that keys numbered from another index
+-- than the ids took another message's hash). The texts of a batch share a prefix, most often:
+-- ids drawn by one txoutbox_uuidv7s call share their first 30 or so characters, and keys are
+-- often of one pattern (order-1041, order-1042). The longest prefix the keys share, and the
+-- one the ids share, is hashed once (txoutbox_fnv), and each text's remaining 0 to 7 bytes in
+-- one expression of the batch's statement; a text with more left is hashed on from the
+-- prefix's state by txoutbox_fnv. (Byte by byte in PL/pgSQL, an id's 36 characters cost about
+-- 2.8 µs a message.)
+CREATE OR REPLACE FUNCTION txoutbox_partition_keys(keys text[], ids uuid[]) RETURNS int4[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+    kmin bytea;
+    kmax bytea;
+    imin bytea;
+    imax bytea;
+    kp int := 0;
+    ip int := 0;
+    lo int;
+    hi int;
+    mid int;
+    kh bigint; -- the FNV state after the keys' prefix
+    ih bigint; -- after the ids'
+BEGIN
+    -- The longest common prefix of a group's texts is that of its least and greatest, in byte
+    -- order (COLLATE "C" compares UTF-8 bytes; uuids compare as their text does): found by
+    -- halving.
+    SELECT convert_to(min(u.k COLLATE "C") FILTER (WHERE u.k <> ''), 'UTF8'), convert_to(max(u.k COLLATE "C") FILTER (WHERE u.k <> ''), 'UTF8'),
+           convert_to(min(u.id::text COLLATE "C") FILTER (WHERE u.k = '' OR u.k IS NULL), 'UTF8'), convert_to(max(u.id::text COLLATE "C") FILTER (WHERE u.k = '' OR u.k IS NULL), 'UTF8')
+      INTO kmin, kmax, imin, imax
+    FROM unnest(keys, ids) WITH ORDINALITY AS u(k, id, ord)
+    WHERE u.ord <= cardinality(ids);
+    lo := 0;
+    hi := coalesce(least(length(kmin), length(kmax)), 0);
+    WHILE lo < hi LOOP
+        mid := (lo + hi + 1) / 2;
+        IF substring(kmin FROM 1 FOR mid) = substring(kmax FROM 1 FOR mid) THEN lo := mid; ELSE hi := mid - 1; END IF;
+    END LOOP;
+    kp := lo;
+    lo := 0;
+    hi := coalesce(least(length(imin), length(imax)), 0);
+    WHILE lo < hi LOOP
+        mid := (lo + hi + 1) / 2;
+        IF substring(imin FROM 1 FOR mid) = substring(imax FROM 1 FOR mid) THEN lo := mid; ELSE hi := mid - 1; END IF;
+    END LOOP;
+    ip := lo;
+    kh := txoutbox_fnv(2166136261, substring(kmin FROM 1 FOR kp));
+    ih := txoutbox_fnv(2166136261, substring(imin FROM 1 FOR ip));
+    RETURN ARRAY(
+        SELECT ((CASE length(t.b) - t.p
+                      WHEN 0 THEN t.h
+                          WHEN 1 THEN ((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295)
+                          WHEN 2 THEN ((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295)
+                          WHEN 3 THEN ((((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 2)) * 16777619 & 4294967295)
+                          WHEN 4 THEN ((((((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 2)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 3)) * 16777619 & 4294967295)
+                          WHEN 5 THEN ((((((((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 2)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 3)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 4)) * 16777619 & 4294967295)
+                          WHEN 6 THEN ((((((((((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 2)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 3)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 4)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 5)) * 16777619 & 4294967295)
+                          WHEN 7 THEN ((((((((((((((t.h # get_byte(t.b, t.p)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 1)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 2)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 3)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 4)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 5)) * 16777619 & 4294967295) # get_byte(t.b, t.p + 6)) * 16777619 & 4294967295)
+                      ELSE txoutbox_fnv(t.h, substring(t.b FROM t.p + 1)) END) & 2147483647)::int4
+        FROM (SELECT u.ord, u.b, CASE WHEN u.keyed THEN kp ELSE ip END AS p,
+                     CASE WHEN u.keyed THEN kh ELSE ih END AS h
+              FROM (SELECT v.ord, v.k <> '' IS TRUE AS keyed, convert_to(coalesce(nullif(v.k, ''), v.id::text), 'UTF8') AS b
+                    FROM unnest(keys, ids) WITH ORDINALITY AS v(k, id, ord)
+                    WHERE v.ord <= cardinality(ids)) u
+              OFFSET 0) t
+        ORDER BY t.ord);
+END
+$fn$;
+
+-- EXECUTE on txoutbox_fnv, which txoutbox_partition_keys calls with the caller's privileges,
+-- not to PUBLIC (004), goes to whoever may execute txoutbox_partition_keys: its grantees (the
+-- producer roles granted before this migration) and its owner (the owner of the earlier
+-- migrations' functions, when another role runs this one), so that they keep enqueueing.
+REVOKE EXECUTE ON FUNCTION txoutbox_fnv(bigint, bytea) FROM PUBLIC;
+DO $do$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT g.grantee FROM pg_proc o
+             CROSS JOIN LATERAL (SELECT a.grantee FROM aclexplode(o.proacl) a WHERE a.privilege_type = 'EXECUTE'
+                                 UNION ALL SELECT o.proowner) g
+             WHERE o.oid = 'txoutbox_partition_keys(text[], uuid[])'::regprocedure
+               AND g.grantee <> (SELECT f.proowner FROM pg_proc f WHERE f.oid = 'txoutbox_fnv(bigint, bytea)'::regprocedure) LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION txoutbox_fnv(bigint, bytea) TO %s',
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+    END LOOP;
+END
+$do$;
+
+-- txoutbox_uuidv7s as migration 008's (the same ids: RFC 9562 monotonic random UUIDv7s of one
+-- random draw), each written as 32 hex digits from the call's first 16 and its own last 16,
+-- instead of encoding 16 bytes per id and sorting them.
+CREATE OR REPLACE FUNCTION txoutbox_uuidv7s(n bigint) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+    r bytea := uuid_send(gen_random_uuid());
+    -- unix_ts_ms, ver (7) and rand_a.
+    hi bigint := (floor(date_part('epoch', clock_timestamp()) * 1000)::bigint << 16) | 28672
+                 | ((get_byte(r, 6) & 15) << 8) | get_byte(r, 7);
+    -- var (10) and rand_b's 61 random bits.
+    lo bigint := (('x' || encode(substring(r FROM 9 FOR 8), 'hex'))::bit(64)::bigint & 2305843009213693951)
+                 | (-9223372036854775808);
+    -- The first 16 hex digits, the same for the whole call.
+    p text := lpad(to_hex(hi), 16, '0');
+BEGIN
+    -- lo + g keeps its top bit (var): to_hex writes its 16 digits. generate_series yields g in
+    -- order, and so does the array.
+    RETURN ARRAY(SELECT (p || to_hex(lo + g))::uuid FROM generate_series(1, n) g);
+END
+$fn$;
