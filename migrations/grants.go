@@ -300,9 +300,6 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
-		b.WriteString("-- relay run reads the SQL producers' message limit at start (txoutbox_max_message_bytes, migration 9).\n")
-		fmt.Fprintf(&b, "DO $txoutbox$BEGIN\n  IF to_regprocedure(%s) IS NOT NULL THEN\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', to_regprocedure(%s), %s);\n  END IF;\nEND$txoutbox$;\n",
-			lit(t("txoutbox_max_message_bytes")+"()"), lit(t("txoutbox_max_message_bytes")+"()"), lit(grantee))
 		if o.SignalBackend {
 			b.WriteString("-- Fencing a stale relay that logs in as another role (pg_terminate_backend).\n")
 			fmt.Fprintf(&b, "GRANT pg_signal_backend TO %s;\n", g)
