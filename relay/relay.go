@@ -455,8 +455,8 @@ const claimTimeout = 30 * time.Second
 
 // DrainSettleTimeout bounds the stop of Run: once its context is cancelled, the database work
 // of the batch in flight (the claim of the next batch that overlaps its publishes, then its
-// settle) must end within PublishTimeout + DrainSettleTimeout, however long claimTimeout and
-// settleTimeout allow otherwise. A PostgreSQL that stops answering then costs the rows of the
+// settle) must end within PublishTimeout + DrainSettleTimeout, however long a claim or a
+// settle may take while the relay runs (30 s each). A PostgreSQL that stops answering then costs the rows of the
 // batch their settle: they stay ready and are published again (JetStream drops the
 // duplicates within its window), by this relay's successor.
 const DrainSettleTimeout = 5 * time.Second
@@ -469,9 +469,9 @@ const ReleaseTimeout = time.Second
 // MaxStopTime is the longest Run takes to return once its context is cancelled, with
 // PostgreSQL or NATS not answering: the drain (PublishTimeout + DrainSettleTimeout, see
 // DrainSettleTimeout) and the release of the partitions (ReleaseTimeout). The
-// configuration's defaults apply to unset fields. A supervisor's grace period (Kubernetes'
-// terminationGracePeriodSeconds, systemd's TimeoutStopSec) must be longer, with what the
-// process adds to close its connections.
+// configuration's defaults apply to unset fields. A supervisor's grace period (a
+// Kubernetes pod's termination grace period, a systemd unit's stop timeout) must be longer,
+// with what the process adds to close its connections.
 func (c *Config) MaxStopTime() time.Duration {
 	return c.WithDefaults().PublishTimeout + DrainSettleTimeout + ReleaseTimeout
 }
