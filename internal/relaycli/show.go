@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"io"
 	"slices"
 	"sort"
@@ -37,14 +38,14 @@ type messageJSON struct {
 }
 
 // payloadText reports whether a payload is shown as text: valid UTF-8 without control
-// characters (controlRune: which a terminal would act on) other than tab and newline. A
+// characters (safetext.ControlRune: which a terminal would act on) other than tab and newline. A
 // carriage return is one: it moves the cursor back over what the line showed.
 func payloadText(p []byte) bool {
 	if !utf8.Valid(p) {
 		return false
 	}
 	for _, r := range string(p) {
-		if controlRune(r) && r != '\t' && r != '\n' {
+		if safetext.ControlRune(r) && r != '\t' && r != '\n' {
 			return false
 		}
 	}

@@ -9,6 +9,8 @@
 package safetext
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -71,4 +73,44 @@ func Cut(s string, maxBytes int) string {
 		return s[:i]
 	}
 	return s[:i] + Ellipsis
+}
+
+// ControlRune reports whether a terminal acts on r rather than showing it: Unicode's control
+// characters (C0, DEL, C1), the line and paragraph separators, and the bidirectional
+// embedding, override and isolate characters (which reorder what follows them on the line).
+func ControlRune(r rune) bool {
+	return unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || ('\u202a' <= r && r <= '\u202e') || ('\u2066' <= r && r <= '\u2069')
+}
+
+// Printable returns s with every control rune but tab (and tab too when escapeTab) written
+// as Go writes it in a quoted string (\n, \r, \x1b, \u0085, \u202e), and every byte that is
+// not UTF-8 as \xNN. A backslash is left as it is. Text from outside the process goes through
+// it before a terminal shows it: it cannot act on the terminal (an ESC sequence) or forge
+// lines (a CR or LF followed by a fake row).
+func Printable(s string, escapeTab bool) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || (ControlRune(r) && (r != '\t' || escapeTab)) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case ControlRune(r) && (r != '\t' || escapeTab):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }

@@ -7,19 +7,24 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
-// WriteText prints s as readable tables.
+// WriteText prints s as readable tables. Text from outside the relay (subjects, keys, last
+// errors, relay ids, versions, panel cells, problems) is printed through safetext.Printable,
+// tabs escaped in table cells, so that it cannot act on the operator's terminal or forge rows.
 func WriteText(w io.Writer, s *Snapshot) error {
+	c := func(v string) string { return safetext.Printable(v, true) }
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
 	p("outbox %q at %s: %d ready (%d due, %d retrying), oldest %s, %d dead (holding back %d ready), %d prepared; relays publish %.1f/s\n\n",
-		s.Schema, s.At.Format(time.RFC3339), s.Totals.Ready, s.Totals.Due, s.Totals.Retrying,
+		c(s.Schema), s.At.Format(time.RFC3339), s.Totals.Ready, s.Totals.Due, s.Totals.Retrying,
 		Age(s.Totals.OldestReadySeconds, s.Totals.Ready), s.Totals.Dead, s.Totals.Blocked, s.Totals.Prepared, s.Totals.PublishRate)
 
 	p("SUBJECT\tREADY\tDUE\tRETRYING\tOLDEST READY\tDEAD\tPREPARED\tCHECK EXHAUSTED\n")
 	for _, x := range s.Subjects {
-		p("%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n", x.Subject, x.Ready, x.Due, x.Retrying, Age(x.OldestReadySeconds, x.Ready), x.Dead, x.Prepared, x.CheckExhausted)
+		p("%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n", c(x.Subject), x.Ready, x.Due, x.Retrying, Age(x.OldestReadySeconds, x.Ready), x.Dead, x.Prepared, x.CheckExhausted)
 	}
 	if len(s.Subjects) == 0 {
 		p("(no unpublished rows)\t\t\t\t\t\t\t\n")
@@ -30,7 +35,7 @@ func WriteText(w io.Writer, s *Snapshot) error {
 	if len(s.Blocked) > 0 {
 		p("BLOCKED KEY\tREADY HELD BACK\tBY DEAD ROW\tSUBJECT\tATTEMPTS\tLAST ERROR\n")
 		for _, b := range s.Blocked {
-			p("%s\t%d\t%s\t%s\t%d\t%s\n", b.Key, b.Ready, b.DeadMessageID, b.DeadSubject, b.DeadAttempts, oneLine(b.DeadLastError, 80))
+			p("%s\t%d\t%s\t%s\t%d\t%s\n", c(b.Key), b.Ready, b.DeadMessageID, c(b.DeadSubject), b.DeadAttempts, c(oneLine(b.DeadLastError, 80)))
 		}
 		p("\n")
 	}
@@ -41,7 +46,7 @@ func WriteText(w io.Writer, s *Snapshot) error {
 		if !r.Alive {
 			state = "gone"
 		}
-		p("%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s ago\t%s\n", r.RelayID, state, dash(r.Health), dash(r.NATS), r.PublishRate, dash(r.Version),
+		p("%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s ago\t%s\n", c(r.RelayID), state, c(dash(r.Health)), c(dash(r.NATS)), r.PublishRate, c(dash(r.Version)),
 			r.StartedAt.Local().Format("2006-01-02 15:04:05"), Age(r.LastSeenSeconds, 1), Ranges(r.Held))
 	}
 	if len(s.Relays) == 0 {
@@ -49,7 +54,7 @@ func WriteText(w io.Writer, s *Snapshot) error {
 	}
 	p("\nPARTITION\tHOLDER\tREADY\tOLDEST READY\n")
 	for _, x := range s.Partition {
-		h := x.Holder
+		h := c(x.Holder)
 		if h == "" {
 			h = "-"
 		}
@@ -59,10 +64,14 @@ func WriteText(w io.Writer, s *Snapshot) error {
 		p("\n%s\n", strings.ToUpper(t.Title))
 		p("%s\n", strings.Join(t.Columns, "\t"))
 		for _, row := range t.Rows {
-			p("%s\n", strings.Join(row, "\t"))
+			cells := make([]string, len(row))
+			for i, v := range row {
+				cells[i] = c(v)
+			}
+			p("%s\n", strings.Join(cells, "\t"))
 		}
 		if t.Note != "" {
-			p("%s\n", t.Note)
+			p("%s\n", safetext.Printable(t.Note, false))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -71,7 +80,7 @@ func WriteText(w io.Writer, s *Snapshot) error {
 	if len(s.Problems) > 0 {
 		fmt.Fprintln(w)
 		for _, pr := range s.Problems {
-			fmt.Fprintf(w, "! %s\n", pr)
+			fmt.Fprintf(w, "! %s\n", safetext.Printable(pr, false))
 		}
 	}
 	return nil
