@@ -1,5 +1,6 @@
--- Reverts 010: migration 009's txoutbox_write, 008's txoutbox_uuidv7s, 007's
--- txoutbox_partition_keys and 005's txoutbox_raise_not_scheduled; txoutbox_fnv dropped.
+-- Reverts 010: migration 009's txoutbox_write, txoutbox_cancel_biz_key and
+-- txoutbox_reschedule_biz_key, 008's txoutbox_uuidv7s, 007's txoutbox_partition_keys and 005's
+-- txoutbox_raise_not_scheduled; txoutbox_fnv dropped.
 
 -- 009's txoutbox_write.
 CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
@@ -227,5 +228,77 @@ DECLARE
                  | (-9223372036854775808);
 BEGIN
     RETURN ARRAY(SELECT encode(int8send(hi) || int8send(lo + g), 'hex')::uuid FROM generate_series(1, n) g ORDER BY g);
+END
+$fn$;
+
+-- 009's txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key.
+CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    WITH d AS (
+        UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(d.message_id) INTO ids FROM d;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message of business key %L is scheduled: message is not scheduled', biz_key);
+    END IF;
+    RETURN ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_reschedule_biz_key(biz_key text, deliver_at timestamptz) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
+    WITH u AS (
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(u.message_id) INTO ids FROM u;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message of business key %L is scheduled: message is not scheduled', biz_key);
+    END IF;
+    RETURN ids;
 END
 $fn$;

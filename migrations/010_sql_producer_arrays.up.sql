@@ -11,6 +11,9 @@
 --     are no headers, as SQL NULL and {} are; they were refused with TX003.
 --   * txoutbox_cancel and txoutbox_reschedule of an id no message has raise TX202 (message not
 --     found); TX201 stays for a message that is not scheduled, with DETAIL state=<its state>.
+--     Their business key forms, when no message of the key is scheduled, look up the key's
+--     latest message as CancelBizKeyTx does: none, TX202; else TX201 with DETAIL state=<its
+--     state> (they raised TX201 for both).
 --   * A batch costs less: each distinct subject is checked, and each distinct headers object
 --     sized, once; the prefix a batch's keys (and its ids) share is hashed once, and each
 --     text's rest in the batch's statement (txoutbox_fnv, txoutbox_partition_keys); drawn ids
@@ -192,6 +195,106 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'TX201',
         MESSAGE = format('%s: id: message %s is %s: message is not scheduled', fn, p_id, st),
         DETAIL = format('state=%s', st);
+END
+$fn$;
+
+-- txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key as migration 009's, that tell, when
+-- no message of the key is scheduled, what CancelBizKeyTx and RescheduleBizKeyTx tell: TX202
+-- when no message has the key (never enqueued, or published and deleted, or purged: the Go
+-- client's *ScheduleError then matches outbox.ErrNotFound too), else TX201 with DETAIL
+-- state=<state> of the key's latest message (ready: it fell due and goes out). The lookup
+-- reads the outbox's rows (the business key index covers only scheduled ones); it runs only
+-- on a miss.
+CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+    st text;
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    WITH d AS (
+        UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(d.message_id) INTO ids FROM d;
+    IF ids IS NULL THEN
+        -- None scheduled: the state of the key's latest message, as CancelBizKeyTx and
+        -- RescheduleBizKeyTx read it (store's ScheduledBizKeyState).
+        SELECT m.state INTO st FROM txoutbox_messages m
+        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key AND m.state <> 'scheduled'
+        ORDER BY m.id DESC LIMIT 1;
+        IF st IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX202',
+                MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message has business key %L: message not found (never enqueued, or published and deleted, or purged)', biz_key);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message of business key %L is scheduled, the latest is %s: message is not scheduled', biz_key, st),
+            DETAIL = format('state=%s', st);
+    END IF;
+    RETURN ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_reschedule_biz_key(biz_key text, deliver_at timestamptz) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+    st text;
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
+    WITH u AS (
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(u.message_id) INTO ids FROM u;
+    IF ids IS NULL THEN
+        -- None scheduled: the state of the key's latest message, as CancelBizKeyTx and
+        -- RescheduleBizKeyTx read it (store's ScheduledBizKeyState).
+        SELECT m.state INTO st FROM txoutbox_messages m
+        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key AND m.state <> 'scheduled'
+        ORDER BY m.id DESC LIMIT 1;
+        IF st IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX202',
+                MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message has business key %L: message not found (never enqueued, or published and deleted, or purged)', biz_key);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message of business key %L is scheduled, the latest is %s: message is not scheduled', biz_key, st),
+            DETAIL = format('state=%s', st);
+    END IF;
+    RETURN ids;
 END
 $fn$;
 

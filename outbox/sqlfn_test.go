@@ -40,8 +40,8 @@ var sqlStates = []struct {
 	{outbox.ErrInvalidGroup, "TX007"},
 	{outbox.ErrRolledBack, "TX101"},
 	{outbox.ErrAlreadyCommitted, "TX102"},
-	// Before ErrNotFound: a *ScheduleError of a message or business key with no row wraps
-	// both, and the SQL functions raise TX201 for it (their message says "message not found").
+	// Before ErrNotFound: a message or business key that is not scheduled. (A *ScheduleError
+	// of a message or business key with no row wraps both: TX202, see goOutcome.)
 	{outbox.ErrNotScheduled, "TX201"},
 	{outbox.ErrNotFound, "TX103"},
 	{outbox.ErrInvalidDeliverAt, "TX009"},
