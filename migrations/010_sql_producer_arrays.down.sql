@@ -352,7 +352,6 @@ END
 $fn$;
 
 DROP FUNCTION txoutbox_traceparent_problem(text);
-DROP FUNCTION txoutbox_traceparent_ok(jsonb);
 DROP FUNCTION txoutbox_traceparent_value_ok(text);
 
 -- 009's txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key.

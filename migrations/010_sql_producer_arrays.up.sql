@@ -18,8 +18,8 @@
 --     hex version-traceid-spanid-flags, ids not all zero, version not ff, version 00 exactly 55
 --     characters; one value) is refused with TX003, as EnqueueTx refuses it
 --     (outbox.ErrInvalidTraceparent): it was stored and published as given, and consumers'
---     propagators dropped it. New: txoutbox_traceparent_value_ok, txoutbox_traceparent_ok
---     (the batch checks only headers whose text names a traceparent) and
+--     propagators dropped it. New: txoutbox_traceparent_value_ok (inlined in the batch check,
+--     which looks only at distinct headers whose text names a traceparent) and
 --     txoutbox_traceparent_problem (what txoutbox_check_message says).
 --   * A batch costs less: each distinct subject is checked, and each distinct headers object
 --     sized, once; the prefix a batch's keys (and its ids) share is hashed once, and each
@@ -33,23 +33,11 @@
 -- characters, a later version 55 or more with a "-" after the flags. NULL for NULL.
 CREATE FUNCTION txoutbox_traceparent_value_ok(v text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
-SELECT v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$'
-   AND left(v, 2) <> 'ff'
-   AND substr(v, 4, 32) <> '00000000000000000000000000000000'
-   AND substr(v, 37, 16) <> '0000000000000000'
-   AND (left(v, 2) <> '00' OR octet_length(v) = 55)
-$fn$;
-
--- Whether the traceparent headers of headers (a JSON object; names compared without regard to
--- case) are none, or one valid value (txoutbox_traceparent_value_ok), as EnqueueTx requires
--- (outbox.ErrInvalidTraceparent).
-CREATE FUNCTION txoutbox_traceparent_ok(headers jsonb) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
-SELECT count(*) <= 1
-   AND coalesce(bool_and(jsonb_typeof(v.value) = 'string' AND txoutbox_traceparent_value_ok(v.value #>> '{}')), true)
-FROM jsonb_each(headers) e
-CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.value) = 'array' THEN e.value END) v(value)
-WHERE lower(e.key COLLATE "C") = 'traceparent'
+SELECT v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)'
+   AND left(v, 2) COLLATE "C" <> 'ff'
+   AND substr(v, 4, 32) COLLATE "C" <> '00000000000000000000000000000000'
+   AND substr(v, 37, 16) COLLATE "C" <> '0000000000000000'
+   AND (left(v, 2) COLLATE "C" <> '00' OR octet_length(v) = 55)
 $fn$;
 
 -- What is wrong with the traceparent value v, in outbox.ValidateTraceparent's words and order,
@@ -100,7 +88,7 @@ END
 $fn$;
 
 -- txoutbox_check_message as migration 009's, which also says what is wrong with a traceparent
--- header (any case) that txoutbox_write's batch check refused (txoutbox_traceparent_ok), after
+-- header (any case) that txoutbox_write's batch check refused, after
 -- the other header checks and before the sizes, as EnqueueTx checks it.
 CREATE OR REPLACE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
     hsize int)
@@ -216,8 +204,7 @@ BEGIN
                                  ctx, to_jsonb(name), to_jsonb(CASE WHEN octet_length(what) > 80 THEN left(what, 80) || '…' ELSE what END),
                                  txoutbox_traceparent_problem(what));
         END IF;
-        -- Not reached: txoutbox_header_name_ok, txoutbox_header_value_ok and
-        -- txoutbox_traceparent_ok refuse nothing the checks above accept.
+        -- Not reached: txoutbox_write's batch check refuses nothing the checks above accept.
         RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';
     END IF;
     -- Sizes as NATS counts them: the block at most outbox.MaxHeaderBytes (61439), the whole
@@ -309,7 +296,17 @@ BEGIN
                            FROM (SELECT DISTINCT v.subject FROM unnest(subjects) AS v(subject) OFFSET 0) x) s
                        ON s.subject = u.subject
                 LEFT JOIN (SELECT w.hdr,
-                                  CASE WHEN w.hsize >= 0 AND w.hdr_text ILIKE '%"traceparent"%' AND NOT txoutbox_traceparent_ok(w.hdr)
+                                  CASE WHEN w.hsize >= 0 AND w.hdr_text COLLATE "C" ILIKE '%"traceparent"%'
+                                            AND NOT CASE
+                                                -- "traceparent" and no other case of it: its one value.
+                                                WHEN w.hdr ? 'traceparent' AND w.hdr_text COLLATE "C" NOT ILIKE '%"traceparent"%"traceparent"%'
+                                                THEN jsonb_array_length(w.hdr -> 'traceparent') = 1
+                                                     AND txoutbox_traceparent_value_ok(w.hdr -> 'traceparent' ->> 0)
+                                                -- Else every header named traceparent in any case: one value in all.
+                                                ELSE (SELECT count(*) <= 1 AND coalesce(bool_and(txoutbox_traceparent_value_ok(v.value #>> '{}')), true)
+                                                      FROM jsonb_each(w.hdr) e
+                                                      CROSS JOIN LATERAL jsonb_array_elements(e.value) v(value)
+                                                      WHERE lower(e.key COLLATE "C") = 'traceparent') END
                                        THEN -1 ELSE w.hsize END AS hsize
                            FROM (SELECT y.hdr, y.hdr_text,
                                   -- The size of the headers' lines, -1 when they are invalid: from
@@ -690,8 +687,7 @@ $fn$;
 -- the caller's privileges, not to PUBLIC (004), goes to whoever may execute txoutbox_write: its
 -- grantees (the producer roles granted before this migration) and its owner (the owner of the
 -- earlier migrations' functions, when another role runs this one), so that they keep enqueueing.
-REVOKE EXECUTE ON FUNCTION txoutbox_traceparent_value_ok(text), txoutbox_traceparent_ok(jsonb),
-    txoutbox_traceparent_problem(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION txoutbox_traceparent_value_ok(text), txoutbox_traceparent_problem(text) FROM PUBLIC;
 DO $do$
 DECLARE
     r record;
@@ -702,7 +698,6 @@ BEGIN
              CROSS JOIN pg_proc f
              WHERE o.oid = 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[], text, text, interval)'::regprocedure
                AND f.oid IN ('txoutbox_traceparent_value_ok(text)'::regprocedure,
-                             'txoutbox_traceparent_ok(jsonb)'::regprocedure,
                              'txoutbox_traceparent_problem(text)'::regprocedure)
                AND g.grantee <> f.proowner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn,
