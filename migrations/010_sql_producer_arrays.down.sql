@@ -1,5 +1,6 @@
--- Reverts 010: migration 009's txoutbox_write, 008's txoutbox_uuidv7s, 007's
--- txoutbox_partition_keys and 005's txoutbox_raise_not_scheduled; txoutbox_fnv dropped.
+-- Reverts 010: migration 009's txoutbox_write, txoutbox_check_message, txoutbox_cancel_biz_key
+-- and txoutbox_reschedule_biz_key, 008's txoutbox_uuidv7s, 007's txoutbox_partition_keys and
+-- 005's txoutbox_raise_not_scheduled; txoutbox_fnv and the traceparent checks dropped.
 
 -- 009's txoutbox_write.
 CREATE OR REPLACE FUNCTION txoutbox_write(fn text, numbered boolean, subjects text[], payloads bytea[], keys text[],
@@ -227,5 +228,200 @@ DECLARE
                  | (-9223372036854775808);
 BEGIN
     RETURN ARRAY(SELECT encode(int8send(hi) || int8send(lo + g), 'hex')::uuid FROM generate_series(1, n) g ORDER BY g);
+END
+$fn$;
+
+-- 009's txoutbox_check_message.
+CREATE OR REPLACE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
+    hsize int)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    what text;
+    name text;
+    vals jsonb;
+    v jsonb;
+    j int;
+    block int;
+    total bigint;
+BEGIN
+    -- Subject: outbox.ValidateSubject.
+    IF subject IS NULL OR subject = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: subject is empty';
+    END IF;
+    IF octet_length(subject) > 1024 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subject is %s bytes, the limit is 1024', ctx, octet_length(subject));
+    END IF;
+    IF subject ~ '[\u0001-\u0020\u007f-\u009f]' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: white space or a control character (C0, DEL, C1)';
+    END IF;
+    IF subject ~ '(^|\.)(\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: a token is empty';
+    END IF;
+    IF subject ~ '(^|\.)[*>](\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: a token is a wildcard (* or >); publish subjects must be literal';
+    END IF;
+    IF split_part(subject, '.', 1) IN ('$JS', '$JSC', '$SYS', '$NRG') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server',
+                             ctx, split_part(subject, '.', 1));
+    END IF;
+    -- Key and business key: outbox.ValidateKey.
+    IF key IS NOT NULL THEN
+        what := CASE WHEN octet_length(key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(key))
+                     ELSE txoutbox_text_problem(key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'key: invalid key: key ' || what;
+        END IF;
+    END IF;
+    IF biz_key IS NOT NULL THEN
+        what := CASE WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                     ELSE txoutbox_text_problem(biz_key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'biz_key: invalid key: biz_key ' || what;
+        END IF;
+    END IF;
+    -- Headers: a JSON object of name: [values], names valid (txoutbox_header_name_ok), each
+    -- with at least one value, values valid (txoutbox_header_value_ok). Names in byte order,
+    -- values in array order: the first problem found is the one reported.
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX003',
+            MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
+    END IF;
+    IF hsize < 0 THEN
+        FOR name, vals IN SELECT e.key, e.value FROM jsonb_each(headers) e ORDER BY e.key COLLATE "C" LOOP
+            IF name !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: name %s is not a valid header name (letters, digits and !#$%%&''*+-.^_`|~ only)', ctx, to_jsonb(name));
+            END IF;
+            what := CASE
+                WHEN lower(name COLLATE "C") = 'nats-msg-id' THEN 'Nats-Msg-Id is set by the relay to the message id; pass the id argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-key' THEN 'Txoutbox-Key is set by the relay; pass the key argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-biz-key' THEN 'Txoutbox-Biz-Key is set from the biz_key argument; pass that instead'
+                WHEN lower(name COLLATE "C") LIKE 'nats-%' THEN 'Nats-* headers are reserved for NATS (the server acts on them at publish); use a name of your own'
+                WHEN lower(name COLLATE "C") LIKE 'txoutbox-%' THEN 'Txoutbox-* headers are reserved for txoutbox; use a name of your own'
+                WHEN lower(name COLLATE "C") IN ('status', 'description') THEN 'Status and Description are NATS status headers; use another name'
+            END;
+            IF what IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s is reserved: %s', ctx, to_jsonb(name), what);
+            END IF;
+            IF jsonb_typeof(vals) <> 'array' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s: want an array of string values, got a JSON %s', ctx, to_jsonb(name), jsonb_typeof(vals));
+            END IF;
+            IF jsonb_array_length(vals) = 0 THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s has no value and would not arrive; give it one ("" if need be) or leave it out', ctx, to_jsonb(name));
+            END IF;
+            j := 0;
+            FOR v IN SELECT jsonb_array_elements(vals) LOOP
+                j := j + 1;
+                IF jsonb_typeof(v) <> 'string' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s is a JSON %s, want a string', ctx, j, to_jsonb(name), jsonb_typeof(v));
+                END IF;
+                what := txoutbox_text_problem(v #>> '{}', true);
+                IF what IS NOT NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s %s', ctx, j, to_jsonb(name), what);
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- Not reached: txoutbox_header_name_ok and txoutbox_header_value_ok refuse nothing
+        -- the loop above accepts.
+        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';
+    END IF;
+    -- Sizes as NATS counts them: the block at most outbox.MaxHeaderBytes (61439), the whole
+    -- message at most txoutbox_max_message_bytes().
+    block := txoutbox_header_block(coalesce(hsize, 0), key, biz_key);
+    IF block > 61439 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX004',
+            MESSAGE = format('%sheaders: header block too large: the header block NATS stores (the headers, the relay''s Nats-Msg-Id, Txoutbox-Key and Txoutbox-Biz-Key, and framing) is %s bytes, the limit is 61439 bytes (nats-server stores at most 65535 whatever the payload, and a consumer''s dead letter of the message adds up to 4096)', ctx, block);
+    END IF;
+    total := coalesce(octet_length(payload), 0)::bigint + block;
+    IF total > txoutbox_max_message_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX005',
+            MESSAGE = format('%spayload: message too large: payload %s bytes + headers = %s bytes, over the limit of %s bytes (NATS counts headers, including the relay''s; the setting txoutbox.max_message_bytes)',
+                             ctx, coalesce(octet_length(payload), 0), total, txoutbox_max_message_bytes());
+    END IF;
+END
+$fn$;
+
+DROP FUNCTION txoutbox_traceparent_problem(text);
+DROP FUNCTION txoutbox_traceparent_value_ok(text);
+
+-- 009's txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key.
+CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    WITH d AS (
+        UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(d.message_id) INTO ids FROM d;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message of business key %L is scheduled: message is not scheduled', biz_key);
+    END IF;
+    RETURN ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_reschedule_biz_key(biz_key text, deliver_at timestamptz) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
+    WITH u AS (
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(u.message_id) INTO ids FROM u;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message of business key %L is scheduled: message is not scheduled', biz_key);
+    END IF;
+    RETURN ids;
 END
 $fn$;

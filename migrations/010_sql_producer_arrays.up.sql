@@ -1,6 +1,6 @@
 -- txoutbox 010: the SQL producer functions take arrays numbered from any index, and JSON
 -- null headers; a cancel or reschedule of a message that does not exist has a code of its own;
--- and a batch costs less server CPU.
+-- a traceparent that is not a W3C trace context is refused; and a batch costs less server CPU.
 --   * Arrays whose lower bound is not 1 ('[0:1]={k1,k2}', what a PL/pgSQL producer filling
 --     s[i] from 0 makes): txoutbox_write paired unnest's positions with subscripts, so it
 --     stored a key with another message's partition key, locked the wrong keys, and raised an
@@ -11,11 +11,217 @@
 --     are no headers, as SQL NULL and {} are; they were refused with TX003.
 --   * txoutbox_cancel and txoutbox_reschedule of an id no message has raise TX202 (message not
 --     found); TX201 stays for a message that is not scheduled, with DETAIL state=<its state>.
+--     Their business key forms, when no message of the key is scheduled, look up the key's
+--     latest message as CancelBizKeyTx does: none, TX202; else TX201 with DETAIL state=<its
+--     state> (they raised TX201 for both).
+--   * A traceparent header (name in any case) whose value is not a W3C trace context (lower-case
+--     hex version-traceid-spanid-flags, ids not all zero, version not ff, version 00 exactly 55
+--     characters; one value) is refused with TX003, as EnqueueTx refuses it
+--     (outbox.ErrInvalidTraceparent): it was stored and published as given, and consumers'
+--     propagators dropped it. New: txoutbox_traceparent_value_ok (inlined in the batch check,
+--     which looks only at distinct headers whose text names a traceparent) and
+--     txoutbox_traceparent_problem (what txoutbox_check_message says).
 --   * A batch costs less: each distinct subject is checked, and each distinct headers object
 --     sized, once; the prefix a batch's keys (and its ids) share is hashed once, and each
 --     text's rest in the batch's statement (txoutbox_fnv, txoutbox_partition_keys); drawn ids
 --     are written as hex text (txoutbox_uuidv7s). Partitions and ids do not change.
 --     (The function settings plan_cache_mode and jit stay: they cost about 0.7 µs a call.)
+
+-- Whether v is a W3C trace context traceparent value consumers' propagators accept
+-- (outbox.ValidateTraceparent): version "-" trace-id "-" parent-id "-" trace-flags, 2, 32, 16
+-- and 2 lower-case hex digits, the ids not all zero, the version not ff; version 00 exactly 55
+-- characters, a later version 55 or more with a "-" after the flags. NULL for NULL.
+CREATE FUNCTION txoutbox_traceparent_value_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)'
+   AND left(v, 2) COLLATE "C" <> 'ff'
+   AND substr(v, 4, 32) COLLATE "C" <> '00000000000000000000000000000000'
+   AND substr(v, 37, 16) COLLATE "C" <> '0000000000000000'
+   AND (left(v, 2) COLLATE "C" <> '00' OR octet_length(v) = 55)
+$fn$;
+
+-- What is wrong with the traceparent value v, in outbox.ValidateTraceparent's words and order,
+-- or NULL when it is valid. ValidateTraceparent reads bytes: a character beyond ASCII is read
+-- here as that many bytes, none of them a hex digit or '-'.
+CREATE FUNCTION txoutbox_traceparent_problem(v text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+    f record;
+BEGIN
+    IF v ~ '[^\u0001-\u007f]' THEN
+        v := (SELECT string_agg(CASE WHEN octet_length(t.c) = 1 THEN t.c ELSE repeat('?', octet_length(t.c)) END, '' ORDER BY t.o)
+              FROM regexp_split_to_table(v, '') WITH ORDINALITY AS t(c, o));
+    END IF;
+    IF octet_length(v) < 55 THEN
+        RETURN format('is %s characters, a traceparent has at least 55 (version-traceid-spanid-flags)', octet_length(v));
+    END IF;
+    IF substr(v, 3, 1) <> '-' OR substr(v, 36, 1) <> '-' OR substr(v, 53, 1) <> '-' THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 hex digits separated by -)';
+    END IF;
+    FOR f IN SELECT * FROM (VALUES (1, 'version', substr(v, 1, 2)), (2, 'trace id', substr(v, 4, 32)),
+                                   (3, 'span id', substr(v, 37, 16)), (4, 'flags', substr(v, 54, 2))) AS x(ord, what, s)
+             ORDER BY x.ord LOOP
+        IF f.s !~ '^[0-9a-f]+$' THEN
+            RETURN format('has a %s that is not lower-case hex', f.what);
+        END IF;
+    END LOOP;
+    IF left(v, 2) = 'ff' THEN
+        RETURN 'has version ff, which is invalid';
+    END IF;
+    IF substr(v, 4, 32) = '00000000000000000000000000000000' THEN
+        RETURN 'has an all-zero trace id';
+    END IF;
+    IF substr(v, 37, 16) = '0000000000000000' THEN
+        RETURN 'has an all-zero span id';
+    END IF;
+    IF left(v, 2) = '00' AND octet_length(v) <> 55 THEN
+        RETURN format('is %s characters, a version 00 traceparent has exactly 55', octet_length(v));
+    END IF;
+    IF octet_length(v) > 55 AND substr(v, 56, 1) <> '-' THEN
+        RETURN 'has more after the flags without a - between';
+    END IF;
+    IF NOT txoutbox_traceparent_value_ok(v) THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 lower-case hex digits separated by -)';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- txoutbox_check_message as migration 009's, which also says what is wrong with a traceparent
+-- header (any case) that txoutbox_write's batch check refused, after
+-- the other header checks and before the sizes, as EnqueueTx checks it.
+CREATE OR REPLACE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
+    hsize int)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    what text;
+    name text;
+    vals jsonb;
+    v jsonb;
+    j int;
+    block int;
+    total bigint;
+BEGIN
+    -- Subject: outbox.ValidateSubject.
+    IF subject IS NULL OR subject = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: subject is empty';
+    END IF;
+    IF octet_length(subject) > 1024 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subject is %s bytes, the limit is 1024', ctx, octet_length(subject));
+    END IF;
+    IF subject ~ '[\u0001-\u0020\u007f-\u009f]' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: white space or a control character (C0, DEL, C1)';
+    END IF;
+    IF subject ~ '(^|\.)(\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001', MESSAGE = ctx || 'subject: invalid subject: a token is empty';
+    END IF;
+    IF subject ~ '(^|\.)[*>](\.|$)' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = ctx || 'subject: invalid subject: a token is a wildcard (* or >); publish subjects must be literal';
+    END IF;
+    IF split_part(subject, '.', 1) IN ('$JS', '$JSC', '$SYS', '$NRG') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX001',
+            MESSAGE = format('%ssubject: invalid subject: subjects starting with %s are reserved for NATS (the JetStream API, the system account, Raft): a message there would act on the server',
+                             ctx, split_part(subject, '.', 1));
+    END IF;
+    -- Key and business key: outbox.ValidateKey.
+    IF key IS NOT NULL THEN
+        what := CASE WHEN octet_length(key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(key))
+                     ELSE txoutbox_text_problem(key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'key: invalid key: key ' || what;
+        END IF;
+    END IF;
+    IF biz_key IS NOT NULL THEN
+        what := CASE WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                     ELSE txoutbox_text_problem(biz_key, false) END;
+        IF what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX002', MESSAGE = ctx || 'biz_key: invalid key: biz_key ' || what;
+        END IF;
+    END IF;
+    -- Headers: a JSON object of name: [values], names valid (txoutbox_header_name_ok), each
+    -- with at least one value, values valid (txoutbox_header_value_ok). Names in byte order,
+    -- values in array order: the first problem found is the one reported.
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX003',
+            MESSAGE = format('%sheaders: invalid header: want a JSON object of name: [values], got a JSON %s', ctx, jsonb_typeof(headers));
+    END IF;
+    IF hsize < 0 THEN
+        FOR name, vals IN SELECT e.key, e.value FROM jsonb_each(headers) e ORDER BY e.key COLLATE "C" LOOP
+            IF name !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: name %s is not a valid header name (letters, digits and !#$%%&''*+-.^_`|~ only)', ctx, to_jsonb(name));
+            END IF;
+            what := CASE
+                WHEN lower(name COLLATE "C") = 'nats-msg-id' THEN 'Nats-Msg-Id is set by the relay to the message id; pass the id argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-key' THEN 'Txoutbox-Key is set by the relay; pass the key argument instead'
+                WHEN lower(name COLLATE "C") = 'txoutbox-biz-key' THEN 'Txoutbox-Biz-Key is set from the biz_key argument; pass that instead'
+                WHEN lower(name COLLATE "C") LIKE 'nats-%' THEN 'Nats-* headers are reserved for NATS (the server acts on them at publish); use a name of your own'
+                WHEN lower(name COLLATE "C") LIKE 'txoutbox-%' THEN 'Txoutbox-* headers are reserved for txoutbox; use a name of your own'
+                WHEN lower(name COLLATE "C") IN ('status', 'description') THEN 'Status and Description are NATS status headers; use another name'
+            END;
+            IF what IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s is reserved: %s', ctx, to_jsonb(name), what);
+            END IF;
+            IF jsonb_typeof(vals) <> 'array' THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s: want an array of string values, got a JSON %s', ctx, to_jsonb(name), jsonb_typeof(vals));
+            END IF;
+            IF jsonb_array_length(vals) = 0 THEN
+                RAISE EXCEPTION USING ERRCODE = 'TX003',
+                    MESSAGE = format('%sheaders: invalid header: %s has no value and would not arrive; give it one ("" if need be) or leave it out', ctx, to_jsonb(name));
+            END IF;
+            j := 0;
+            FOR v IN SELECT jsonb_array_elements(vals) LOOP
+                j := j + 1;
+                IF jsonb_typeof(v) <> 'string' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s is a JSON %s, want a string', ctx, j, to_jsonb(name), jsonb_typeof(v));
+                END IF;
+                what := txoutbox_text_problem(v #>> '{}', true);
+                IF what IS NOT NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TX003',
+                        MESSAGE = format('%sheaders: invalid header: value %s of %s %s', ctx, j, to_jsonb(name), what);
+                END IF;
+            END LOOP;
+        END LOOP;
+        -- The traceparent (any case): one value, a W3C trace context (outbox.ErrInvalidTraceparent).
+        SELECT count(*), min(e.key COLLATE "C"), min(v.value #>> '{}') INTO j, name, what
+        FROM jsonb_each(headers) e
+        CROSS JOIN LATERAL jsonb_array_elements(e.value) v(value)
+        WHERE lower(e.key COLLATE "C") = 'traceparent';
+        IF j > 1 THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX003',
+                MESSAGE = format('%sheaders: invalid header: traceparent is not a W3C trace context: %s traceparent values: a message carries one trace context', ctx, j);
+        END IF;
+        IF j = 1 AND NOT txoutbox_traceparent_value_ok(what) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX003',
+                MESSAGE = format('%sheaders: invalid header: traceparent is not a W3C trace context: %s %s %s; the consumer''s propagator would drop it and the trace would end at the producer',
+                                 ctx, to_jsonb(name), to_jsonb(CASE WHEN octet_length(what) > 80 THEN left(what, 80) || '…' ELSE what END),
+                                 txoutbox_traceparent_problem(what));
+        END IF;
+        -- Not reached: txoutbox_write's batch check refuses nothing the checks above accept.
+        RAISE EXCEPTION USING ERRCODE = 'TX003', MESSAGE = ctx || 'headers: invalid header';
+    END IF;
+    -- Sizes as NATS counts them: the block at most outbox.MaxHeaderBytes (61439), the whole
+    -- message at most txoutbox_max_message_bytes().
+    block := txoutbox_header_block(coalesce(hsize, 0), key, biz_key);
+    IF block > 61439 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX004',
+            MESSAGE = format('%sheaders: header block too large: the header block NATS stores (the headers, the relay''s Nats-Msg-Id, Txoutbox-Key and Txoutbox-Biz-Key, and framing) is %s bytes, the limit is 61439 bytes (nats-server stores at most 65535 whatever the payload, and a consumer''s dead letter of the message adds up to 4096)', ctx, block);
+    END IF;
+    total := coalesce(octet_length(payload), 0)::bigint + block;
+    IF total > txoutbox_max_message_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX005',
+            MESSAGE = format('%spayload: message too large: payload %s bytes + headers = %s bytes, over the limit of %s bytes (NATS counts headers, including the relay''s; the setting txoutbox.max_message_bytes)',
+                             ctx, coalesce(octet_length(payload), 0), total, txoutbox_max_message_bytes());
+    END IF;
+END
+$fn$;
 
 -- Checks and writes messages, as migration 009's txoutbox_write, with every array renumbered
 -- from 1 and JSON null headers taken as none.
@@ -83,11 +289,26 @@ BEGIN
                 FROM unnest(subjects, payloads, keys, headers, biz_keys, ids, deliver_ats) WITH ORDINALITY
                      AS u(subject, payload, key, hdr, biz_key, id, d, ord)
                 -- Each distinct subject checked once, and each distinct headers sized once (a
-                -- batch's messages often share them: one traceparent for the call).
+                -- batch's messages often share them: one traceparent for the call). Valid
+                -- headers whose text names a traceparent (in any case: names are ASCII tokens,
+                -- never escaped in jsonb's text) have it checked too; -1 when it is invalid.
                 LEFT JOIN (SELECT x.subject, txoutbox_subject_ok(x.subject) AS ok
                            FROM (SELECT DISTINCT v.subject FROM unnest(subjects) AS v(subject) OFFSET 0) x) s
                        ON s.subject = u.subject
-                LEFT JOIN (SELECT y.hdr,
+                LEFT JOIN (SELECT w.hdr,
+                                  CASE WHEN w.hsize >= 0 AND w.hdr_text COLLATE "C" ILIKE '%"traceparent"%'
+                                            AND NOT CASE
+                                                -- "traceparent" and no other case of it: its one value.
+                                                WHEN w.hdr ? 'traceparent' AND w.hdr_text COLLATE "C" NOT ILIKE '%"traceparent"%"traceparent"%'
+                                                THEN jsonb_array_length(w.hdr -> 'traceparent') = 1
+                                                     AND txoutbox_traceparent_value_ok(w.hdr -> 'traceparent' ->> 0)
+                                                -- Else every header named traceparent in any case: one value in all.
+                                                ELSE (SELECT count(*) <= 1 AND coalesce(bool_and(txoutbox_traceparent_value_ok(v.value #>> '{}')), true)
+                                                      FROM jsonb_each(w.hdr) e
+                                                      CROSS JOIN LATERAL jsonb_array_elements(e.value) v(value)
+                                                      WHERE lower(e.key COLLATE "C") = 'traceparent') END
+                                       THEN -1 ELSE w.hsize END AS hsize
+                           FROM (SELECT y.hdr, y.hdr_text,
                                   -- The size of the headers' lines, -1 when they are invalid: from
                                   -- their text when it is simple, else header by header, value by value.
                                   CASE WHEN y.hdr_text IS NULL THEN -1
@@ -101,7 +322,8 @@ BEGIN
                                   END AS hsize
                            FROM (SELECT z.hdr, CASE WHEN jsonb_typeof(z.hdr) = 'object' THEN z.hdr::text END AS hdr_text
                                  FROM (SELECT DISTINCT v.hdr FROM unnest(headers) AS v(hdr) WHERE v.hdr IS NOT NULL) z
-                                 OFFSET 0) y) h
+                                 OFFSET 0) y
+                                 OFFSET 0) w) h
                        ON h.hdr = u.hdr
                 OFFSET 0) m) c;
     IF given_ids THEN
@@ -192,6 +414,106 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'TX201',
         MESSAGE = format('%s: id: message %s is %s: message is not scheduled', fn, p_id, st),
         DETAIL = format('state=%s', st);
+END
+$fn$;
+
+-- txoutbox_cancel_biz_key and txoutbox_reschedule_biz_key as migration 009's, that tell, when
+-- no message of the key is scheduled, what CancelBizKeyTx and RescheduleBizKeyTx tell: TX202
+-- when no message has the key (never enqueued, or published and deleted, or purged: the Go
+-- client's *ScheduleError then matches outbox.ErrNotFound too), else TX201 with DETAIL
+-- state=<state> of the key's latest message (ready: it fell due and goes out). The lookup
+-- reads the outbox's rows (the business key index covers only scheduled ones); it runs only
+-- on a miss.
+CREATE OR REPLACE FUNCTION txoutbox_cancel_biz_key(biz_key text) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+    st text;
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_cancel_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    WITH d AS (
+        UPDATE txoutbox_messages m SET state = 'rolled_back', settled_by = 'cancel', settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(d.message_id) INTO ids FROM d;
+    IF ids IS NULL THEN
+        -- None scheduled: the state of the key's latest message, as CancelBizKeyTx and
+        -- RescheduleBizKeyTx read it (store's ScheduledBizKeyState).
+        SELECT m.state INTO st FROM txoutbox_messages m
+        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_cancel_biz_key.biz_key AND m.state <> 'scheduled'
+        ORDER BY m.id DESC LIMIT 1;
+        IF st IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX202',
+                MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message has business key %L: message not found (never enqueued, or published and deleted, or purged)', biz_key);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_cancel_biz_key: biz_key: no message of business key %L is scheduled, the latest is %s: message is not scheduled', biz_key, st),
+            DETAIL = format('state=%s', st);
+    END IF;
+    RETURN ids;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_reschedule_biz_key(biz_key text, deliver_at timestamptz) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    ids uuid[];
+    st text;
+BEGIN
+    IF biz_key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX008',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid argument: biz_key is NULL: pass the business key of the scheduled messages';
+    END IF;
+    IF biz_key = '' OR NOT txoutbox_key_ok(biz_key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TX002',
+            MESSAGE = 'txoutbox_reschedule_biz_key: biz_key: invalid key: biz_key '
+                      || CASE WHEN biz_key = '' THEN 'is empty: pass the business key of the scheduled messages'
+                              WHEN octet_length(biz_key) > 1024 THEN format('is %s bytes, the limit is 1024', octet_length(biz_key))
+                              ELSE txoutbox_text_problem(biz_key, false) END;
+    END IF;
+    PERFORM txoutbox_check_deliver_at('txoutbox_reschedule_biz_key', deliver_at);
+    WITH u AS (
+        UPDATE txoutbox_messages m SET deliver_at = txoutbox_reschedule_biz_key.deliver_at, settled_at = clock_timestamp()
+        WHERE m.message_id = ANY (ARRAY(SELECT s.message_id FROM txoutbox_messages s
+                                        WHERE (s.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key
+                                          AND s.state = 'scheduled'))
+          AND m.state = 'scheduled'
+        RETURNING m.message_id
+    )
+    SELECT array_agg(u.message_id) INTO ids FROM u;
+    IF ids IS NULL THEN
+        -- None scheduled: the state of the key's latest message, as CancelBizKeyTx and
+        -- RescheduleBizKeyTx read it (store's ScheduledBizKeyState).
+        SELECT m.state INTO st FROM txoutbox_messages m
+        WHERE (m.headers -> 'Txoutbox-Biz-Key' ->> 0) = txoutbox_reschedule_biz_key.biz_key AND m.state <> 'scheduled'
+        ORDER BY m.id DESC LIMIT 1;
+        IF st IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TX202',
+                MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message has business key %L: message not found (never enqueued, or published and deleted, or purged)', biz_key);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'TX201',
+            MESSAGE = format('txoutbox_reschedule_biz_key: biz_key: no message of business key %L is scheduled, the latest is %s: message is not scheduled', biz_key, st),
+            DETAIL = format('state=%s', st);
+    END IF;
+    RETURN ids;
 END
 $fn$;
 
@@ -360,3 +682,26 @@ BEGIN
     RETURN ARRAY(SELECT (p || to_hex(lo + g))::uuid FROM generate_series(1, n) g);
 END
 $fn$;
+
+-- EXECUTE on the traceparent checks, which txoutbox_write and txoutbox_check_message call with
+-- the caller's privileges, not to PUBLIC (004), goes to whoever may execute txoutbox_write: its
+-- grantees (the producer roles granted before this migration) and its owner (the owner of the
+-- earlier migrations' functions, when another role runs this one), so that they keep enqueueing.
+REVOKE EXECUTE ON FUNCTION txoutbox_traceparent_value_ok(text), txoutbox_traceparent_problem(text) FROM PUBLIC;
+DO $do$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT g.grantee, f.oid::regprocedure AS fn FROM pg_proc o
+             CROSS JOIN LATERAL (SELECT a.grantee FROM aclexplode(o.proacl) a WHERE a.privilege_type = 'EXECUTE'
+                                 UNION ALL SELECT o.proowner) g
+             CROSS JOIN pg_proc f
+             WHERE o.oid = 'txoutbox_write(text, boolean, text[], bytea[], text[], jsonb[], text[], uuid[], timestamptz[], text, text, interval)'::regprocedure
+               AND f.oid IN ('txoutbox_traceparent_value_ok(text)'::regprocedure,
+                             'txoutbox_traceparent_problem(text)'::regprocedure)
+               AND g.grantee <> f.proowner LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn,
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+    END LOOP;
+END
+$do$;

@@ -2,11 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
@@ -90,6 +92,26 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	asProducer("cancel by business key", `SELECT txoutbox_cancel_biz_key('b:1')`)
 	// Migration 10: arrays numbered from 0, JSON null headers.
 	asProducer("enqueue many of arrays from 0", `SELECT txoutbox_enqueue_many('[0:1]={orders.x,orders.y}', '{p,q}', '[0:1]={k1,""}', '[0:1]={null,"{}"}')`)
+	// Migration 10's traceparent checks, which txoutbox_write and txoutbox_check_message call
+	// with the caller's rights, and the business key forms' lookup of the key's latest message.
+	asProducer("enqueue with a traceparent", `SELECT txoutbox_enqueue_many('{orders.x,orders.y}', '{p,q}', headers => ARRAY['{"Traceparent": ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]}', NULL]::jsonb[])`)
+	asProducerRefused := func(what, sql, code string) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != code {
+			t.Fatalf("%s as the producer granted at migration 4: %v, want SQLSTATE %s", what, err, code)
+		}
+	}
+	asProducerRefused("enqueue with a bad traceparent", `SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"traceparent": ["00-00000000000000000000000000000000-00f067aa0ba902b7-01"]}')`, "TX003")
+	asProducerRefused("cancel by business key, none scheduled", `SELECT txoutbox_cancel_biz_key('b:1')`, "TX201")
+	asProducerRefused("reschedule by business key, no message", `SELECT txoutbox_reschedule_biz_key('b:none', now())`, "TX202")
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
 }
@@ -145,6 +167,7 @@ func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 			`SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], ARRAY['k1', ''])`,
 			`SELECT txoutbox_enqueue_many(ARRAY['orders.x', 'orders.y'], ARRAY['p', 'q']::bytea[], deliver_ats => ARRAY[now() + interval '1 hour', NULL])`,
 			`SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', deliver_at => now() + interval '1 hour')`,
+			`SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"traceparent": ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]}')`,
 		} {
 			err := pgx.BeginFunc(ctx, asOwner, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+"; "+sql)
@@ -153,6 +176,15 @@ func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 			if err != nil {
 				t.Errorf("migrations 1-%d by the owner, the rest by a superuser: %s as the owner: %v", keep, sql, err)
 			}
+		}
+		// A bad traceparent is the message's error (TX003), not a permission the owner lacks
+		// on migration 10's checks.
+		err = pgx.BeginFunc(ctx, asOwner, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+`; SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"traceparent": ["ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]}')`)
+			return err
+		})
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "TX003" {
+			t.Errorf("migrations 1-%d by the owner, the rest by a superuser: a bad traceparent as the owner: %v, want TX003", keep, err)
 		}
 	}
 }

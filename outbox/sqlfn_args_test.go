@@ -522,3 +522,65 @@ func TestSQLPartitionKeysOfSharedPrefixes(t *testing.T) {
 		_ = tx.Rollback(ctx)
 	}
 }
+
+// A traceparent header (name in any case) that is not a W3C trace context is refused by the
+// SQL functions as EnqueueTx refuses it (migration 010; the agreement table has the rows):
+// TX003, the message named, the value's problem in outbox.ValidateTraceparent's words.
+// txoutbox_traceparent_value_ok and txoutbox_traceparent_problem agree with
+// ValidateTraceparent on every value here, and txoutbox_prepare refuses as Prepare does.
+func TestSQLTraceparentRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	values := []string{
+		tp, "01" + tp[2:], "cc" + tp[2:] + "-more", strings.ToUpper(tp), "ff" + tp[2:],
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+		tp[:54], tp + "-x", tp + "x", "01" + tp[2:] + "x", "", "garbage", tp[:53] + "0g", "0g" + tp[2:],
+		"00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b7-01", "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01é",
+	}
+	for _, v := range values {
+		var ok *bool
+		var problem *string
+		if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_traceparent_value_ok($1), txoutbox_traceparent_problem($1)`, v).Scan(&ok, &problem); err != nil {
+			t.Fatal(err)
+		}
+		goErr := outbox.ValidateTraceparent(v)
+		if ok == nil || *ok != (goErr == nil) {
+			t.Errorf("%q: txoutbox_traceparent_value_ok %v, ValidateTraceparent %v: they must agree", v, ok, goErr)
+		}
+		if goErr == nil && problem != nil || goErr != nil && (problem == nil || *problem != goErr.Error()) {
+			t.Errorf("%q: txoutbox_traceparent_problem %v, ValidateTraceparent %v: they must agree", v, problem, goErr)
+		}
+	}
+	tx := beginTx(t, db)
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, tc := range []struct{ call, want string }{
+		{`SELECT txoutbox_enqueue_many('{a.b,a.c,a.d}', '{p,q,r}', headers => ARRAY['{"traceparent": ["` + tp + `"]}', '{"Traceparent": ["00-00000000000000000000000000000000-00f067aa0ba902b7-01"]}', NULL]::jsonb[])`,
+			`txoutbox_enqueue_many: message 2: headers: invalid header: traceparent is not a W3C trace context: "Traceparent" "00-00000000000000000000000000000000-00f067aa0ba902b7-01" has an all-zero trace id; the consumer's propagator would drop it`},
+		{`SELECT txoutbox_enqueue('a.b', 'p', headers => '{"traceparent": ["` + tp + `"], "TRACEPARENT": ["` + tp + `"]}')`,
+			`txoutbox_enqueue: headers: invalid header: traceparent is not a W3C trace context: 2 traceparent values: a message carries one trace context`},
+		{`SELECT txoutbox_prepare('a.b', 'p', headers => '{"traceparent": ["` + strings.ToUpper(tp) + `"]}', producer_group => 'g')`,
+			`txoutbox_prepare: headers: invalid header: traceparent is not a W3C trace context: "traceparent" "` + strings.ToUpper(tp) + `" has a trace id that is not lower-case hex`},
+	} {
+		_, err := tx.Exec(ctx, "SAVEPOINT s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx, tc.call)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "TX003" || !strings.HasPrefix(pgErr.Message, tc.want) {
+			t.Errorf("%s: %v; want TX003 %q", tc.call, err, tc.want)
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Prepare refuses what txoutbox_prepare refuses.
+	c := newClient(t, db, nil)
+	_, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "a.b", Headers: map[string][]string{"traceparent": {strings.ToUpper(tp)}}}, &outbox.PrepareOptions{Group: "g"})
+	if !errors.Is(err, outbox.ErrInvalidTraceparent) || goOutcome(err) != "TX003" {
+		t.Errorf("Prepare of an upper-case traceparent: %v; want ErrInvalidTraceparent (TX003)", err)
+	}
+}

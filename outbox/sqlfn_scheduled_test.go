@@ -96,8 +96,32 @@ func TestSQLScheduledFunctions(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT txoutbox_cancel_biz_key('order:1:remind')`).Scan(&ids); err != nil || len(ids) != 1 || ids[0] != other {
 		t.Fatalf("txoutbox_cancel_biz_key = %v, %v", ids, err)
 	}
-	if got := exec(`SELECT txoutbox_cancel_biz_key('order:1:remind')`); got != "TX201" {
-		t.Fatalf("second txoutbox_cancel_biz_key: %s, want TX201", got)
+	// None of the key scheduled: TX201 with the state of the key's latest message in DETAIL;
+	// no message of the key: TX202 (migration 010; both were TX201), as CancelBizKeyTx's and
+	// RescheduleBizKeyTx's *ScheduleError says (its State; ErrNotFound too for none).
+	if _, err := db.Pool.Exec(ctx, `SELECT txoutbox_enqueue('orders.remind', 'x', biz_key => 'order:2:remind')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ key, code, detail string }{
+		{"order:1:remind", "TX201", "state=rolled_back"},
+		{"order:2:remind", "TX201", "state=ready"},
+		{"order:3:remind", "TX202", ""},
+	} {
+		for _, sql := range []string{`SELECT txoutbox_cancel_biz_key($1)`, `SELECT txoutbox_reschedule_biz_key($1, now())`} {
+			_, err := db.Pool.Exec(ctx, sql, tc.key)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != tc.code || pgErr.Detail != tc.detail {
+				t.Fatalf("%s of %s: %v (detail %q), want %s with DETAIL %q", sql, tc.key, err, detailOf(err), tc.code, tc.detail)
+			}
+		}
+		_, cancelErr := c.CancelBizKeyTx(ctx, db.Pool, tc.key)
+		_, moveErr := c.RescheduleBizKeyTx(ctx, db.Pool, tc.key, later)
+		for _, err := range []error{cancelErr, moveErr} {
+			var se *outbox.ScheduleError
+			if goOutcome(err) != tc.code || !errors.As(err, &se) || "state="+se.State != tc.detail && se.State != "" {
+				t.Fatalf("Go business key form of %s: %v (%s), want %s with %s", tc.key, err, goOutcome(err), tc.code, tc.detail)
+			}
+		}
 	}
 	// A half message with a delivery time: prepared, then scheduled when committed.
 	var half uuid.UUID

@@ -40,8 +40,8 @@ var sqlStates = []struct {
 	{outbox.ErrInvalidGroup, "TX007"},
 	{outbox.ErrRolledBack, "TX101"},
 	{outbox.ErrAlreadyCommitted, "TX102"},
-	// Before ErrNotFound: a *ScheduleError of a message or business key with no row wraps
-	// both, and the SQL functions raise TX201 for it (their message says "message not found").
+	// Before ErrNotFound: a message or business key that is not scheduled. (A *ScheduleError
+	// of a message or business key with no row wraps both: TX202, see goOutcome.)
 	{outbox.ErrNotScheduled, "TX201"},
 	{outbox.ErrNotFound, "TX103"},
 	{outbox.ErrInvalidDeliverAt, "TX009"},
@@ -274,6 +274,7 @@ func agreementRows() []agreementRow {
 	withBiz := func(k string) outbox.Message { m := msg("k.v"); m.BizKey = k; return m }
 	withHdr := func(h map[string][]string) outbox.Message { m := msg("h.v"); m.Headers = h; return m }
 	one := func(name, value string) outbox.Message { return withHdr(map[string][]string{name: {value}}) }
+	const tp00 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	full := outbox.Message{Subject: "s.v", Key: "order-1", BizKey: "order:1:created", Headers: map[string][]string{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	rows := []agreementRow{
 		// Subjects.
@@ -392,6 +393,34 @@ func agreementRows() []agreementRow {
 		{name: "header value NUL", m: one("a", "a\x00b"), want: "TX003", server: true},
 		{name: "header value not UTF-8", m: one("a", "a\xffb"), want: "TX003", server: true},
 		{name: "header name not UTF-8", m: one("a\xff", "v"), want: "TX003", server: true},
+		// traceparent (name in any case): one W3C trace context (outbox.ValidateTraceparent,
+		// ErrInvalidTraceparent; migration 010 for the SQL functions).
+		{name: "traceparent version 00", m: one("traceparent", tp00), want: "ok"},
+		{name: "traceparent future version, longer", m: one("traceparent", "cc"+tp00[2:]+"-what-comes-later"), want: "ok"},
+		{name: "traceparent future version, 55 characters", m: one("traceparent", "01"+tp00[2:]), want: "ok"},
+		{name: "traceparent Traceparent, valid", m: one("Traceparent", tp00), want: "ok"},
+		{name: "traceparent TRACEPARENT, valid, with other headers", m: withHdr(map[string][]string{"TRACEPARENT": {tp00}, "tracestate": {"a=b"}, "x": {`v\w`}}), want: "ok"},
+		{name: "traceparent named in another header's value", m: one("a", `"traceparent": ["x"]`), want: "ok"},
+		{name: "traceparent uppercase hex", m: one("traceparent", strings.ToUpper(tp00)), want: "TX003"},
+		{name: "traceparent uppercase trace id", m: one("traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"), want: "TX003"},
+		{name: "traceparent all-zero trace id", m: one("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"), want: "TX003"},
+		{name: "traceparent all-zero span id", m: one("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"), want: "TX003"},
+		{name: "traceparent version ff", m: one("traceparent", "ff"+tp00[2:]), want: "TX003"},
+		{name: "traceparent version ff, longer", m: one("traceparent", "ff"+tp00[2:]+"-x"), want: "TX003"},
+		{name: "traceparent one short", m: one("traceparent", tp00[:54]), want: "TX003"},
+		{name: "traceparent version 00, longer", m: one("traceparent", tp00+"-x"), want: "TX003"},
+		{name: "traceparent future version, more without a dash", m: one("traceparent", "01"+tp00[2:]+"x"), want: "TX003"},
+		{name: "traceparent dashes misplaced", m: one("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01"), want: "TX003"},
+		{name: "traceparent non-hex flags", m: one("traceparent", tp00[:53]+"0g"), want: "TX003"},
+		{name: "traceparent with a 2-byte character", m: one("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b7-01"), want: "TX003"},
+		{name: "traceparent empty", m: one("traceparent", ""), want: "TX003"},
+		{name: "traceparent two values", m: withHdr(map[string][]string{"traceparent": {tp00, tp00}}), want: "TX003"},
+		{name: "traceparent two headers of two cases", m: withHdr(map[string][]string{"traceparent": {tp00}, "Traceparent": {tp00}}), want: "TX003"},
+		{name: "traceparent Traceparent, bad", m: one("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"), want: "TX003"},
+		{name: "traceparent TRACEPARENT, bad, with other headers", m: withHdr(map[string][]string{"TRACEPARENT": {"garbage"}, "x": {`v\w`}}), want: "TX003"},
+		{name: "traceparent bad and header block too large", m: sized(one("traceparent", "garbage"), outbox.MaxHeaderBytes+1), want: "TX003"},
+		{name: "traceparent bad and a bad key", m: outbox.Message{Subject: "s.v", Key: " k", Headers: map[string][]string{"traceparent": {"garbage"}}}, want: "TX002"},
+		{name: "traceparent bad and bad delivery time", m: withDue(one("traceparent", "garbage"), tooLate), want: "TX003"},
 		// Sizes, as NATS counts them with the relay's headers.
 		{name: "header block at the limit", m: sized(msg("s.v"), outbox.MaxHeaderBytes), want: "ok"},
 		{name: "header block one over", m: sized(msg("s.v"), outbox.MaxHeaderBytes+1), want: "TX004"},
