@@ -569,11 +569,14 @@ func hasLeader(info *jetstream.StreamInfo) bool {
 }
 
 // replicaSeenWithin: a replica its stream's leader has not heard from for longer is not
-// counted current. nats-server's raft leader hears from its followers at least every
-// heartbeat (one second), and a follower counts its leader current for two. A leader whose
-// followers are gone still reports them current (their lag is 0: nothing commits) until it
-// steps down for lost quorum, ten seconds later; how long ago it heard from them is what
-// tells.
+// counted current. A leader whose followers are gone still reports them current (their lag
+// is 0: nothing commits) until it steps down for lost quorum, ten seconds later; how long ago
+// it heard from them is what tells. nats-server's raft leader heartbeats on a one-second
+// ticker when it has sent nothing else, so an idle stream's followers may answer nearly two
+// seconds apart: such a stream can be read as without quorum for a moment. That errs on the
+// safe side (its failed publishes are an outage: waited for, no attempt counted), while a
+// longer bound would let a real quorum loss spend the leader's strikes (leaderGraceWaves)
+// before it is seen, and count attempts.
 const replicaSeenWithin = 2 * time.Second
 
 // quorumOf returns, for the info of a clustered stream that names a leader, how many of its

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/natsname"
@@ -153,7 +154,12 @@ func (r *Relay) producersLimit(ctx context.Context) (limit int64, setting string
 	// calling the function, which the relay's role need not be granted.
 	var v *string
 	if err := r.pool.QueryRow(ctx, "SELECT current_setting('txoutbox.max_message_bytes', true)").Scan(&v); err != nil {
-		return 0, "", fmt.Errorf("relay: reading the SQL producers' message limit: %w", err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && !strings.HasPrefix(pgErr.Code, "08") && !strings.HasPrefix(pgErr.Code, "57P") {
+			return 0, "", fmt.Errorf("relay: reading the SQL producers' message limit: %w", err)
+		}
+		// No answer (refused, reset, timed out, the server starting or shutting down): wait.
+		return 0, "", &postgresUnavailableError{err: err}
 	}
 	sqlLimit := int64(outbox.DefaultMaxMessageBytes)
 	if v != nil && strings.TrimSpace(*v) != "" {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -370,5 +372,43 @@ func TestCheckStreamsReadsTheSQLProducersLimit(t *testing.T) {
 	var ce *txoutbox.ConfigError
 	if err := relayWith("lots").CheckStreams(ctx); !errors.As(err, &ce) || ce.Field != "txoutbox.max_message_bytes" {
 		t.Fatalf("CheckStreams with txoutbox.max_message_bytes = lots: %v, want a ConfigError naming the setting", err)
+	}
+}
+
+// Run started while PostgreSQL does not answer waits (the start-up check's read of the SQL
+// producers' message limit is waited for, saying so once, like an unanswered JetStream)
+// instead of returning an error.
+func TestRunWaitsForPostgresAtTheStreamCheck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	port, err := embedded.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?connect_timeout=1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	logs := &testsvc.LogBuffer{}
+	r, err := New(pool, e.nats.JS, &Config{Schema: e.db.Schema, Subjects: []string{"orders.>"}, Logger: logs.LoggerAt(slog.LevelInfo)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testsvc.Eventually(t, 20*time.Second, "the relay to say it waits for PostgreSQL", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned %v while PostgreSQL did not answer, want it to wait", err)
+		default:
+		}
+		return strings.Contains(logs.String(), "waiting for PostgreSQL to answer the start-up stream check")
+	})
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run after cancel = %v", err)
 	}
 }

@@ -49,8 +49,14 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 			return err
 		case !waited:
 			waited = true
-			r.log.Warn("waiting for JetStream to answer the start-up stream check", "err", err,
-				"why", "a stream or the cluster electing a leader, JetStream starting or out of reach; checked again until it answers")
+			var pe *postgresUnavailableError
+			if errors.As(err, &pe) {
+				r.log.Warn("waiting for PostgreSQL to answer the start-up stream check", "err", err,
+					"why", "PostgreSQL starting or out of reach; checked again until it answers")
+			} else {
+				r.log.Warn("waiting for JetStream to answer the start-up stream check", "err", err,
+					"why", "a stream or the cluster electing a leader, JetStream starting or out of reach; checked again until it answers")
+			}
 		default:
 			r.log.Debug("still waiting for JetStream to answer the start-up stream check", "err", err)
 		}
@@ -77,5 +83,18 @@ func streamCheckWaitable(err error) bool {
 	if errors.As(err, &se) {
 		return false
 	}
+	var pe *postgresUnavailableError
+	if errors.As(err, &pe) {
+		return true
+	}
 	return jserr.Waitable(err)
 }
+
+// postgresUnavailableError is the start-up check's read of the SQL producers' message limit
+// (producersLimit) failing for want of an answer from PostgreSQL: waited for, like JetStream.
+type postgresUnavailableError struct{ err error }
+
+func (e *postgresUnavailableError) Error() string {
+	return "PostgreSQL did not answer the read of the SQL producers' message limit: " + e.err.Error()
+}
+func (e *postgresUnavailableError) Unwrap() error { return e.err }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -158,6 +159,41 @@ func TestRelayStopsInTimeWhenPostgresFreezes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A half message whose check is in flight when PostgreSQL freezes: its checker answers
+	// once the proxy is paused, so that the check-back's record of the answer (and its giving
+	// back of the claimed row) wait on the frozen database with timeouts of their own.
+	if _, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.paid"}, &outbox.PrepareOptions{Group: "payments"}); err != nil {
+		t.Fatal(err)
+	}
+	outboxID, err := checker.OutboxIdentity(ctx, db.Pool, db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked, answer := make(chan struct{}, 1), make(chan struct{})
+	srv, err := checker.Serve(n.Conn, "payments", func(ctx context.Context, _ checker.Request) (outbox.LocalState, error) {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		select {
+		case <-answer:
+		case <-ctx.Done():
+		}
+		return outbox.StateCommit, nil
+	}, &checker.Config{Outbox: outboxID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	p := startRelay(t, "relay", "run", "--database-url", u.String(), "--nats-url", n.URL(), "--schema", db.Schema,
+		"--subjects", "orders.>", "--log-format", "json", "--log-level", "debug", "--fault-settle-delay", "300ms",
+		"--metrics-addr", "127.0.0.1:0", "--check-transaction-timeout", "1ms", "--check-request-timeout", "30s")
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the check-back did not ask the checker:\n%s", p.output())
+	}
+	// Then the batch: published, and PostgreSQL frozen before its settle.
 	const msgs = 20
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		for i := range msgs {
@@ -169,12 +205,10 @@ func TestRelayStopsInTimeWhenPostgresFreezes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	p := startRelay(t, "relay", "run", "--database-url", u.String(), "--nats-url", n.URL(), "--schema", db.Schema,
-		"--subjects", "orders.>", "--log-format", "json", "--log-level", "debug", "--fault-settle-delay", "300ms",
-		"--metrics-addr", "127.0.0.1:0")
 	p.waitLog(t, "fault injection: pausing before settle", 30*time.Second)
 	addr, _ := p.waitLog(t, "serving metrics, health and the status page", time.Second).Fields["addr"].(string)
 	proxy.Pause()
+	close(answer)
 	// A scrape of the status page (which reads the outbox) hangs on the frozen database.
 	go func() {
 		resp, err := http.Get("http://" + addr + "/status.json")
@@ -210,7 +244,7 @@ func TestRelayStopsInTimeWhenPostgresFreezes(t *testing.T) {
 		"--subjects", "orders.>", "--log-format", "json", "--no-checkback")
 	testsvc.Eventually(t, 30*time.Second, "the outbox to drain", func() bool {
 		var left int
-		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM txoutbox_messages").Scan(&left); err != nil {
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM txoutbox_messages WHERE state <> 'prepared'").Scan(&left); err != nil {
 			t.Fatal(err)
 		}
 		return left == 0

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"log/slog"
@@ -144,6 +145,9 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
 		}
+	}
+	if f.cfg.MaxMessageBytes == 0 {
+		return usageErr("invalid --max-message-bytes: must be positive, or off (-1)")
 	}
 	log, err := newLogger(env.Stderr, f.logFormat, f.level)
 	if err != nil {
@@ -286,10 +290,30 @@ func runRelay(ctx context.Context, c *conns, f *runFlags, cfg relay.Config, reg 
 		}
 		cbErr <- err
 	}()
+	// Both stop when ctx ends (SIGTERM). The check-back's work in flight (recording a check,
+	// giving claimed rows back) has its own timeouts, which a PostgreSQL that stops answering
+	// could spend past the relay's stop bound: relay run waits for it only until the relay's
+	// own bound (relay.Config.MaxStopTime from the stop), so that it exits within
+	// runStopBound. Rows it leaves claimed stay prepared and are checked again later.
+	var stoppedAt atomic.Pointer[time.Time]
+	unwatch := context.AfterFunc(ctx, func() { now := time.Now(); stoppedAt.Store(&now) })
+	defer unwatch()
 	err = r.Run(rctx)
 	stopCheckback()
-	if cerr := <-cbErr; cerr != nil {
-		return errors.Join(fmt.Errorf("check-back: %w", cerr), err)
+	from := time.Now()
+	if at := stoppedAt.Load(); at != nil {
+		from = *at
+	}
+	wait := time.NewTimer(max(time.Until(from.Add(f.cfg.MaxStopTime())), 0))
+	defer wait.Stop()
+	select {
+	case cerr := <-cbErr:
+		if cerr != nil {
+			return errors.Join(fmt.Errorf("check-back: %w", cerr), err)
+		}
+	case <-wait.C:
+		log.Warn("the check-back did not stop within the relay's stop bound; exiting without it (half messages it was checking stay prepared and are checked again)",
+			"bound", f.cfg.MaxStopTime())
 	}
 	return err
 }
