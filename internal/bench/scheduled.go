@@ -28,6 +28,7 @@ type scheduledOpts struct {
 	window, lead  time.Duration
 	drainMsgs     int
 	far, farBytes int
+	lateFar       int
 	size, perTx   int
 	skipLateness  bool
 	skipDrain     bool
@@ -42,6 +43,7 @@ func scheduledFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 	fs.DurationVar(&o.lead, "lead", 5*time.Second, "lateness: the first message falls due this long after the enqueueing ends")
 	fs.IntVar(&o.drainMsgs, "drain-msgs", DefaultDrainMsgs, "drain: due (immediate) messages in each backlog")
 	fs.IntVar(&o.far, "far", DefaultFarRows, "drain: scheduled rows due a day or more ahead in the second outbox")
+	fs.IntVar(&o.lateFar, "late-far", 0, "lateness: also hold this many scheduled rows due a day or more ahead in the lateness outbox (0: none), to measure lateness beside a large far-future backlog")
 	fs.IntVar(&o.farBytes, "far-payload", 16, "drain: payload bytes of each far-future row (they are never published; small keeps the table in memory on a shared machine)")
 	fs.IntVar(&o.size, "payload", DefaultPayload, "payload bytes per published message (random)")
 	fs.IntVar(&o.perTx, "per-tx", DefaultPerTx, "messages per enqueueing transaction (each also inserts one business row)")
@@ -53,8 +55,8 @@ func scheduledFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 }
 
 func scheduledBench(ctx context.Context, r *run, o *scheduledOpts) error {
-	if o.msgs < 1 || o.window <= 0 || o.lead < 0 || o.drainMsgs < 1 || o.far < 0 || o.farBytes < 0 || o.size < 0 || o.perTx < 1 || o.rounds < 1 {
-		return usageErr("--msgs, --window, --drain-msgs, --per-tx and --rounds must be positive; --lead, --far, --far-payload and --payload not negative")
+	if o.msgs < 1 || o.window <= 0 || o.lead < 0 || o.drainMsgs < 1 || o.far < 0 || o.lateFar < 0 || o.farBytes < 0 || o.size < 0 || o.perTx < 1 || o.rounds < 1 {
+		return usageErr("--msgs, --window, --drain-msgs, --per-tx and --rounds must be positive; --lead, --far, --late-far, --far-payload and --payload not negative")
 	}
 	if err := r.start(ctx); err != nil {
 		return err
@@ -114,6 +116,11 @@ func schedLateness(ctx context.Context, r *run, o *scheduledOpts) (partResult, e
 	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
 	if err != nil {
 		return out, err
+	}
+	if o.lateFar > 0 {
+		if err := insertFarRows(ctx, r, pool, schema, "lateness", o.lateFar, o.farBytes); err != nil {
+			return out, err
+		}
 	}
 	rl, err := r.newRelay(ctx, schema, subjects)
 	if err != nil {
@@ -189,7 +196,7 @@ func schedLateness(ctx context.Context, r *run, o *scheduledOpts) (partResult, e
 	sortDurations(late)
 	p50, p99, pmax := percentile(late, 0.50), percentile(late, 0.99), late[len(late)-1]
 	r.logf("lateness: %s; due → stored p50 %s p99 %s max %s; stored before due: %d", res, ms(p50), ms(p99), ms(pmax), early)
-	out.kv = []any{"late_msgs", o.msgs, "late_window_s", o.window.Seconds(),
+	out.kv = []any{"late_msgs", o.msgs, "late_far_rows", o.lateFar, "late_window_s", o.window.Seconds(),
 		"late_p50_ms", p50.Seconds() * 1000, "late_p99_ms", p99.Seconds() * 1000, "late_max_ms", pmax.Seconds() * 1000,
 		"late_early", early, "late_lost", res.Lost, "late_duplicates", res.Duplicates}
 	if !res.ok() {
@@ -227,15 +234,9 @@ func schedDrain(ctx context.Context, r *run, o *scheduledOpts) (partResult, erro
 		if x.far == 0 {
 			continue
 		}
-		r.logf("drain %s: inserting %d scheduled rows due 1 to 2 days ahead (%d B payloads) in %s", x.name, x.far, o.farBytes, x.schema)
-		t0 := time.Now()
-		if _, err := pool.Exec(ctx, `INSERT INTO `+outboxTable(x.schema)+` (message_id, subject, partition_key, payload, state, deliver_at)
-SELECT gen_random_uuid(), 'bench.scheddrain.far', (g % 2147483647)::int4, convert_to(repeat('x', $2), 'UTF8'), 'scheduled',
-       now() + interval '1 day' + g * (interval '1 day' / $1)
-FROM generate_series(1, $1) g`, x.far, o.farBytes); err != nil {
-			return out, fmt.Errorf("insert far-future rows: %w", err)
+		if err := insertFarRows(ctx, r, pool, x.schema, "drain "+x.name, x.far, o.farBytes); err != nil {
+			return out, err
 		}
-		r.logf("drain %s: inserted in %s", x.name, time.Since(t0).Round(time.Millisecond))
 	}
 	for round := 0; round < o.rounds; round++ {
 		order := []*outboxRun{runs[0], runs[1]}
@@ -339,4 +340,19 @@ func waitForReadyEmpty(ctx context.Context, pool *pgxpool.Pool, schema string, t
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// insertFarRows inserts n scheduled rows due 1 to 2 days ahead (never published by a run)
+// into schema's outbox, as a large far-future backlog.
+func insertFarRows(ctx context.Context, r *run, pool *pgxpool.Pool, schema, what string, n, payloadBytes int) error {
+	r.logf("%s: inserting %d scheduled rows due 1 to 2 days ahead (%d B payloads) in %s", what, n, payloadBytes, schema)
+	t0 := time.Now()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+outboxTable(schema)+` (message_id, subject, partition_key, payload, state, deliver_at)
+SELECT gen_random_uuid(), 'bench.scheddrain.far', (g % 2147483647)::int4, convert_to(repeat('x', $2), 'UTF8'), 'scheduled',
+       now() + interval '1 day' + g * (interval '1 day' / $1)
+FROM generate_series(1, $1) g`, n, payloadBytes); err != nil {
+		return fmt.Errorf("insert far-future rows: %w", err)
+	}
+	r.logf("%s: inserted in %s", what, time.Since(t0).Round(time.Millisecond))
+	return nil
 }
