@@ -205,9 +205,12 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		// (publishes time out, or a republish gets 10158 "in process") until they are back
 		// or it steps down. An outage, never its leader's strike.
 		r.strikes.reset(p.name)
-	case isAckTimeout(err) || isNoResponders(err):
-		// The stream answers with a leader: the leader just changed, at most leaderGraceWaves
-		// waves in a row for one leader; past that, the subject's own failure.
+	case isAckTimeout(err) || isNoResponders(err) || isOutageCode(err):
+		// The stream answers with a leader (and a quorum): the leader just changed, at most
+		// leaderGraceWaves waves in a row for one leader; past that, the subject's own
+		// failure. An outage code (10158: a copy of the message "in process" at the leader)
+		// that the stream's info contradicts is bounded the same way, so that a copy stuck
+		// there costs attempts and backoff instead of holding its key for ever.
 		if !p.struck {
 			p.struck = true
 			p.waves = r.strikes.strike(p.name, leaderOf(p.info), subj)
@@ -232,8 +235,11 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 // leaderGraceWaves waves in a row: the subject's own failure, naming stream and subject.
 func (r *Relay) notAnElection(subj string, p *streamProbe, err error) error {
 	what := fmt.Sprintf(" within %s", r.cfg.PublishTimeout)
-	if isNoResponders(err) {
+	switch {
+	case isNoResponders(err):
 		what = fmt.Sprintf(": no responders (%v)", err)
+	case isOutageCode(err):
+		what = fmt.Sprintf(": %v", err)
 	}
 	// errNoPubAck is wrapped, never the publish's own error: a timeout would read as a
 	// broker outage, and "no responders" as no stream capturing the subject (describe).

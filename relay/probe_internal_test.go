@@ -1,0 +1,39 @@
+package relay
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A publish answered with an outage code (10158, "duplicate message id is in process") while
+// the stream's info answers with a leader and a quorum is an outage for leaderGraceWaves waves
+// of that leader, then the subject's own failure (errNoPubAck: an attempt is counted), so that
+// a copy stuck at the leader never holds its key for ever. Without a quorum it stays an outage.
+func TestOutageCodeWithAHealthyLeaderIsBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	inProcess := &jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}
+	healthy := &jetstream.StreamInfo{Config: jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Cluster: &jetstream.ClusterInfo{Leader: "n1", Replicas: []*jetstream.PeerInfo{{Name: "n2", Current: true}, {Name: "n3", Current: true}}}}
+	for wave := 1; wave <= leaderGraceWaves+1; wave++ {
+		err := r.verdict("orders.x", &streamProbe{name: "ORDERS", info: healthy}, inProcess)
+		var so *streamOutageError
+		switch {
+		case wave <= leaderGraceWaves && !errors.As(err, &so):
+			t.Fatalf("wave %d: %v, want a stream outage", wave, err)
+		case wave > leaderGraceWaves && !errors.Is(err, errNoPubAck):
+			t.Fatalf("wave %d: %v, want the subject's own failure (errNoPubAck)", wave, err)
+		}
+	}
+	noQuorum := &jetstream.StreamInfo{Config: healthy.Config,
+		Cluster: &jetstream.ClusterInfo{Leader: "n1", Replicas: []*jetstream.PeerInfo{{Name: "n2", Offline: true}, {Name: "n3", Offline: true}}}}
+	for wave := 1; wave <= 2*leaderGraceWaves; wave++ {
+		var so *streamOutageError
+		if err := r.verdict("orders.y", &streamProbe{name: "ORDERS", info: noQuorum}, inProcess); !errors.As(err, &so) {
+			t.Fatalf("wave %d without a quorum: %v, want a stream outage", wave, err)
+		}
+	}
+}
