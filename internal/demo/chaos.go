@@ -764,9 +764,23 @@ func (c *chaos) inject(ctx context.Context) {
 				d = chaosDuplicateWindow + time.Duration(500+rnd.IntN(1500))*time.Millisecond
 			}
 			c.nextPublish(ctx, rnd)
-			retry(ctx, func() bool { return c.freeze(ctx, randomRelay(), d) })
+			// A relay that holds partitions: one still starting (just restarted after a
+			// kill) has nothing for the others to take, which is not the case this is for.
+			retry(ctx, func() bool { r := randomRelay(); return c.holdsPartitions(ctx, r) && c.freeze(ctx, r, d) })
 		}
 	}
+}
+
+// holdsPartitions reports whether relay p's current incarnation holds partition leases
+// (advisory locks of its lease session, named "txoutbox-relay <relay id>").
+func (c *chaos) holdsPartitions(ctx context.Context, p *proc) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	err := c.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() AND a.application_name LIKE $1`,
+		chaosRelayApp+" chaos-relay-"+strconv.Itoa(relayIndex(p))+"-%").Scan(&n)
+	return err == nil && n > 0
 }
 
 // nextPublish waits, half of the times, for the next message a relay publishes to the stream
