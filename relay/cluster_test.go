@@ -330,7 +330,7 @@ func leaderLoss(t *testing.T, killed bool, fault func(e *clusterEnv) *embedded.C
 		}
 	}()
 	p := e.produce(8, 20*time.Millisecond)
-	testsvc.Eventually(t, 20*time.Second, "publishing before the fault", func() bool { return r.Stats().Published >= 100 })
+	testsvc.Eventually(t, 60*time.Second, "publishing before the fault", func() bool { return r.Stats().Published >= 100 })
 
 	old := fault(e)
 	at := time.Now()
@@ -433,7 +433,7 @@ func TestClusterQuorumLossIsAnOutage(t *testing.T) {
 		}
 	}()
 	p := e.produce(8, 20*time.Millisecond)
-	testsvc.Eventually(t, 20*time.Second, "publishing before the fault", func() bool { return r.Stats().Published >= 100 })
+	testsvc.Eventually(t, 60*time.Second, "publishing before the fault", func() bool { return r.Stats().Published >= 100 })
 
 	leader := e.cluster.StreamLeader("ACC")
 	if leader == nil {

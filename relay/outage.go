@@ -569,15 +569,18 @@ func hasLeader(info *jetstream.StreamInfo) bool {
 }
 
 // replicaSeenWithin: a replica its stream's leader has not heard from for longer is not
-// counted current. A leader whose followers are gone still reports them current (their lag
-// is 0: nothing commits) until it steps down for lost quorum, ten seconds later; how long ago
-// it heard from them is what tells. nats-server's raft leader heartbeats on a one-second
-// ticker when it has sent nothing else, so an idle stream's followers may answer nearly two
-// seconds apart: such a stream can be read as without quorum for a moment. That errs on the
-// safe side (its failed publishes are an outage: waited for, no attempt counted), while a
-// longer bound would let a real quorum loss spend the leader's strikes (leaderGraceWaves)
-// before it is seen, and count attempts.
-const replicaSeenWithin = 2 * time.Second
+// counted current (canStore). A leader whose followers are gone still reports them current
+// (their lag is 0: nothing commits) until it steps down for lost quorum, ten seconds later;
+// how long ago it heard from them is what tells. nats-server's raft leader heartbeats on a
+// one-second ticker when it has sent nothing else, so an idle stream's followers may answer
+// nearly two seconds apart, more on a loaded machine: four seconds leaves that margin before
+// a healthy stream is taken as unable to store (and its rows held back).
+const replicaSeenWithin = 4 * time.Second
+
+// replicaSuspectAfter: a publish that failed while a replica has not been heard from for
+// longer counts no strike of its leader (leaderGraceWaves): the quorum may be going, and
+// must not be taken for the subject's own failure before replicaSeenWithin says so.
+const replicaSuspectAfter = 2 * time.Second
 
 // quorumOf returns, for the info of a clustered stream that names a leader, how many of its
 // replicas are current (the leader, and each replica the leader reports current, online and
@@ -586,6 +589,11 @@ const replicaSeenWithin = 2 * time.Second
 // stream's info and takes publishes, and can store none of them. A single server's stream
 // (no cluster info), an R1 stream and a leaderless one have no quorum to lose (lost false).
 func quorumOf(info *jetstream.StreamInfo) (current, of int, lost bool) {
+	return quorumWithin(info, replicaSeenWithin)
+}
+
+// quorumWithin is quorumOf with replicas counted current when heard from within seen.
+func quorumWithin(info *jetstream.StreamInfo, seen time.Duration) (current, of int, lost bool) {
 	if info == nil || info.Cluster == nil || info.Cluster.Leader == "" {
 		return 0, 0, false
 	}
@@ -595,7 +603,7 @@ func quorumOf(info *jetstream.StreamInfo) (current, of int, lost bool) {
 			continue
 		}
 		of++
-		if p.Current && !p.Offline && p.Active <= replicaSeenWithin {
+		if p.Current && !p.Offline && p.Active <= seen {
 			current++
 		}
 	}
@@ -607,6 +615,13 @@ func quorumOf(info *jetstream.StreamInfo) (current, of int, lost bool) {
 func canStore(info *jetstream.StreamInfo) bool {
 	_, _, lost := quorumOf(info)
 	return hasLeader(info) && !lost
+}
+
+// mayLackQuorum reports whether a stream's leader has not heard from a quorum of its
+// replicas for replicaSuspectAfter: its failed publishes count no strike (see verdict).
+func mayLackQuorum(info *jetstream.StreamInfo) bool {
+	_, _, lost := quorumWithin(info, replicaSuspectAfter)
+	return hasLeader(info) && lost
 }
 
 // quorumLostReason begins the reason of an outage whose stream has lost its quorum.

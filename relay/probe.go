@@ -205,6 +205,9 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		// (publishes time out, or a republish gets 10158 "in process") until they are back
 		// or it steps down. An outage, never its leader's strike.
 		r.strikes.reset(p.name)
+	case mayLackQuorum(p.info):
+		// Not heard from a quorum of its replicas for a while, not yet long enough to say
+		// it lost it: an outage wave that counts no strike (nor forgets those counted).
 	case isAckTimeout(err) || isNoResponders(err) || isOutageCode(err):
 		// The stream answers with a leader (and a quorum): the leader just changed, at most
 		// leaderGraceWaves waves in a row for one leader; past that, the subject's own

@@ -37,3 +37,24 @@ func TestOutageCodeWithAHealthyLeaderIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// A publish that times out while the leader has not heard from a quorum of its replicas for
+// replicaSuspectAfter (not yet replicaSeenWithin: the stream still counts as able to store)
+// is an outage wave that counts no strike, however many there are: the quorum may be going.
+func TestSuspectQuorumCountsNoStrike(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	slow := replicaSuspectAfter + (replicaSeenWithin-replicaSuspectAfter)/2
+	info := &jetstream.StreamInfo{Config: jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Cluster: &jetstream.ClusterInfo{Leader: "n1", Replicas: []*jetstream.PeerInfo{{Name: "n2", Current: true, Active: slow}, {Name: "n3", Current: true, Active: slow}}}}
+	if !canStore(info) || !mayLackQuorum(info) {
+		t.Fatalf("replicas heard from %s ago: canStore %v, mayLackQuorum %v; want true, true", slow, canStore(info), mayLackQuorum(info))
+	}
+	for wave := 1; wave <= 3*leaderGraceWaves; wave++ {
+		var so *streamOutageError
+		if err := r.verdict("orders.x", &streamProbe{name: "ORDERS", info: info}, jetstream.ErrAsyncPublishTimeout); !errors.As(err, &so) {
+			t.Fatalf("wave %d: %v, want a stream outage (no strike)", wave, err)
+		}
+	}
+}
