@@ -852,10 +852,14 @@ func (l *leaser) close() {
 
 // Close releases the relay's partitions and its lease connection, as Run does when it
 // returns, and stops watching the NATS connection's errors for permission violations (see
-// ErrPublishDenied), which Run leaves in place for a later Run. Call it once the relay is no
+// ErrPublishDenied), which Run leaves in place for a later Run, and leaves the connection's
+// WriteFence, if it has one. Call it once the relay is no
 // longer needed (running or not): until then, the relay's error handler stays chained onto
 // the connection's.
 func (r *Relay) Close() {
 	r.lease.close()
 	r.unwatch()
+	if r.fenceOwner != nil {
+		r.fenceOwner.unbind(r.fence)
+	}
 }

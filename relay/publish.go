@@ -415,7 +415,13 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 			continue
 		}
 		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)
+		if r.fence != nil {
+			r.fence.handing(gen)
+		}
 		f, err := r.pub.PublishMsgAsync(msg, noClientRetry...)
+		if r.fence != nil {
+			r.fence.handedOff()
+		}
 		if err != nil {
 			outs[j].err = err
 			endPublish(spans[j], outs[j])
@@ -429,6 +435,21 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	}
 	for _, j := range queue {
 		await(j)
+	}
+	if r.fence != nil {
+		// Every message the server answered has left the client's buffer; one without an
+		// answer (a PubAck timeout: a pause?) may still be in it, and the write fence keeps
+		// watching the lease it was handed under.
+		answered := true
+		for j := range idxs {
+			if futs[j] != nil && !serverAnswered(outs[j].err) {
+				answered = false
+				break
+			}
+		}
+		if answered {
+			r.fence.written(r.fence.handedSoFar())
+		}
 	}
 	if r.denied.n.Load() > 0 {
 		// A timeout whose violation came in before it was awaited.

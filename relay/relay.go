@@ -88,7 +88,9 @@ type Relay struct {
 	outages       streamOutages
 	strikes       leaderStrikes
 	denied        deniedSubjects
-	unwatch       func() // stops watching the connection's permission violations (see denied.go)
+	unwatch       func()      // stops watching the connection's permission violations (see denied.go)
+	fence         *fenceState // this relay's side of the connection's WriteFence, or nil
+	fenceOwner    *WriteFence
 	hooks         hooks
 	stats         counters
 	// lastWork is when a claim last returned rows (unix ns; 0: never): the membership watch
@@ -145,6 +147,7 @@ type Stats struct {
 	Dead       int64 // rows that became dead
 	Batches    int64 // non-empty batches
 	Withheld   int64 // rows of a claimed batch not sent because the relay's lease had ended
+	Fenced     int64 // writes the WriteFence refused (messages handed under a lease that ended before they left)
 }
 
 // counters are the running totals behind Stats.
@@ -155,6 +158,7 @@ type counters struct {
 	Dead       atomic.Int64
 	Batches    atomic.Int64
 	Withheld   atomic.Int64
+	Fenced     atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -165,6 +169,7 @@ func (c *counters) snapshot() Stats {
 		Dead:       c.Dead.Load(),
 		Batches:    c.Batches.Load(),
 		Withheld:   c.Withheld.Load(),
+		Fenced:     c.Fenced.Load(),
 	}
 }
 
@@ -215,6 +220,14 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		r.log.Info("handover off: the NATS connection buffers publishes while it reconnects (connect with nats.ReconnectBufSize(-1) to turn it on)")
 	}
 	r.lease = newLeaser(r)
+	if wf, ok := js.Conn().Opts.CustomDialer.(*WriteFence); ok {
+		if js.Conn().Opts.ReconnectBufSize != -1 {
+			r.log.Info("write fence off: the NATS connection buffers publishes while it reconnects, and sends them later unchecked (connect with nats.ReconnectBufSize(-1) to turn it on)")
+		} else {
+			r.fenceOwner = wf
+			r.fence = wf.bind(r.lease.valid, r.log, func() { r.stats.Fenced.Add(1) })
+		}
+	}
 	r.denied.inbox = inboxPrefix(js.Conn())
 	r.unwatch = watchPermissions(js.Conn(), &r.denied)
 	return r, nil

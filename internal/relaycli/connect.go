@@ -273,6 +273,10 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		// Publishes fail while the connection is down instead of waiting in a buffer to go out
 		// late: the relay retries them itself, and may hand its partitions over meanwhile.
 		nats.ReconnectBufSize(-1),
+		// Every write to the socket checks that it carries no message handed to the client
+		// under a partition lease that has ended since (a relay paused between the hand-off
+		// and the client's write): see relay.WriteFence.
+		nats.SetCustomDialer(relay.NewWriteFence(nil)),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)

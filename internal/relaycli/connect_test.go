@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // The relay binary's pool turns JIT compilation off after connecting (never as a startup
@@ -48,4 +49,25 @@ func withOptions(dsn, options string) string {
 		return dsn + "&options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
 	}
 	return dsn + "?options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
+}
+
+// The commands' NATS connection is dialled through a relay.WriteFence and buffers nothing
+// while it reconnects, so that relay.New binds the fence: a relay paused between handing a
+// message to the client and the client's write never sends it after its lease ended.
+func TestNATSConnectionIsWriteFenced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testsvc.NewNATS(t)
+	c, err := connect(ctx, connectOptions{DSN: testsvc.PostgresDSN(t), NATSURL: n.URL(), NeedNATS: true,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.NC.Opts.CustomDialer.(*relay.WriteFence); !ok || c.NC.Opts.ReconnectBufSize != -1 {
+		t.Fatalf("NATS connection dialer %T, reconnect buffer %d; want a *relay.WriteFence and -1", c.NC.Opts.CustomDialer, c.NC.Opts.ReconnectBufSize)
+	}
+	if !c.NC.IsConnected() {
+		t.Fatal("the fenced connection is not connected")
+	}
 }
