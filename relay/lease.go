@@ -281,6 +281,13 @@ func (l *leaser) valid(gen uint64) bool {
 	return s.gen == gen && time.Now().Before(s.until)
 }
 
+// expiry returns when the lease of generation gen expires on the monotonic clock, and false
+// once a partition was released or lost since gen (its batches may send nothing more).
+func (l *leaser) expiry(gen uint64) (time.Time, bool) {
+	s := l.snap.Load()
+	return s.until, s.gen == gen
+}
+
 // publishSnapLocked makes the lease state visible to the publisher.
 func (l *leaser) publishSnapLocked() {
 	l.snap.Store(&leaseSnap{until: l.validUntil, gen: l.gen})

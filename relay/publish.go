@@ -333,7 +333,11 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	outs := make([]outcome, len(idxs))
 	futs := make([]jetstream.PubAckFuture, len(idxs))
 	spans := make([]trace.Span, len(idxs)) // publish spans (see trace.go)
-	var queue []int                        // positions in idxs with a future not yet awaited
+	var seqs []uint64                      // the write fence's numbers of the messages handed (see writefence.go)
+	if r.fence != nil {
+		seqs = make([]uint64, len(idxs))
+	}
+	var queue []int // positions in idxs with a future not yet awaited
 	await := func(j int) {
 		f := futs[j]
 		select { // most PubAcks are in by the time they are awaited: no timer for those
@@ -416,7 +420,7 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		}
 		spans[j] = r.trace.startPublish(ctx, &rows[i], msg)
 		if r.fence != nil {
-			r.fence.handing(gen)
+			seqs[j] = r.fence.handing(gen)
 		}
 		f, err := r.pub.PublishMsgAsync(msg, noClientRetry...)
 		if r.fence != nil {
@@ -437,18 +441,17 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		await(j)
 	}
 	if r.fence != nil {
-		// Every message the server answered has left the client's buffer; one without an
-		// answer (a PubAck timeout: a pause?) may still be in it, and the write fence keeps
-		// watching the lease it was handed under.
-		answered := true
+		// A message the server answered has left the client's buffer, and every message
+		// handed before it; one without an answer (a PubAck timeout: a pause?) may still be
+		// in it, and the write fence keeps watching the lease it was handed under.
+		var last uint64
 		for j := range idxs {
-			if futs[j] != nil && !serverAnswered(outs[j].err) {
-				answered = false
-				break
+			if futs[j] != nil && serverAnswered(outs[j].err) {
+				last = max(last, seqs[j])
 			}
 		}
-		if answered {
-			r.fence.written(r.fence.handedSoFar())
+		if last > 0 {
+			r.fence.answered(last)
 		}
 	}
 	if r.denied.n.Load() > 0 {

@@ -225,7 +225,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 			r.log.Info("write fence off: the NATS connection buffers publishes while it reconnects, and sends them later unchecked (connect with nats.ReconnectBufSize(-1) to turn it on)")
 		} else {
 			r.fenceOwner = wf
-			r.fence = wf.bind(r.lease.valid, r.log, func() { r.stats.Fenced.Add(1) })
+			r.fence = wf.bind(r.lease.expiry, r.log, func() { r.stats.Fenced.Add(1) })
 		}
 	}
 	r.denied.inbox = inboxPrefix(js.Conn())

@@ -2,6 +2,9 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,13 +113,12 @@ func TestWriteFenceStopsBytesWrittenAfterTheLeaseEnded(t *testing.T) {
 			r.lease.publishSnapLocked()
 			r.lease.mu.Unlock()
 			close(expired)
-			close(resume)
+			close(resume) // the client wakes and writes
 			res := <-done
 			r.hooks.afterLeaseCheck = nil
-			// Whatever reached the server is stored by now: the relay awaited its PubAck.
-			stored := len(e.streamMsgs("ORDERS"))
 			if !fenced {
-				if len(res.published) != 1 || stored != 1 || r.Stats().Fenced != 0 {
+				// The relay got the late message's PubAck: it is stored.
+				if stored := len(e.streamMsgs("ORDERS")); len(res.published) != 1 || stored != 1 || r.Stats().Fenced != 0 {
 					t.Fatalf("without the fence: published %d, the stream holds %d messages, fenced writes %d; "+
 						"want the 1 written after the lease ended (the gap the fence closes)", len(res.published), stored, r.Stats().Fenced)
 				}
@@ -126,18 +128,26 @@ func TestWriteFenceStopsBytesWrittenAfterTheLeaseEnded(t *testing.T) {
 				t.Fatalf("published %d, withheld %d, broker error %v; want none published, the other 2 withheld, the first's PubAck missing",
 					len(res.published), res.withheld, res.brokerErr)
 			}
-			if stored != 0 {
-				t.Fatalf("the stream holds %d messages; want none: the write after the lease ended must not happen", stored)
-			}
 			if got := r.Stats().Fenced; got != 1 {
 				t.Fatalf("Stats().Fenced = %d, want 1", got)
+			}
+			// The write was refused before any byte left, and the relay awaited the PubAck
+			// until its timeout: nothing is on its way.
+			if stored := len(e.streamMsgs("ORDERS")); stored != 0 {
+				t.Fatalf("the stream holds %d messages; want none: the write after the lease ended must not happen", stored)
 			}
 			testsvc.Eventually(t, 10*time.Second, "the fenced connection to reconnect", nc.IsConnected)
 			// A relay with a valid lease (a claim renews it) publishes every row once.
 			drain(t, r)
 			msgs := e.streamMsgs("ORDERS")
-			if len(msgs) != 3 || string(msgs[0].Data) != "1" && string(msgs[1].Data) != "1" {
-				t.Fatalf("after a drain the stream holds %d messages, want 3, key a's in order", len(msgs))
+			var order []string
+			for _, m := range msgs {
+				if m.Header.Get(outbox.HeaderKey) == "a" {
+					order = append(order, string(m.Data))
+				}
+			}
+			if len(msgs) != 3 || len(order) != 2 || order[0] != "1" || order[1] != "2" {
+				t.Fatalf("after a drain the stream holds %d messages, key a's %v; want 3, key a's [1 2]", len(msgs), order)
 			}
 			if got := r.Stats().Fenced; got != 1 {
 				t.Fatalf("Stats().Fenced = %d after the drain, want still 1", got)
@@ -188,3 +198,152 @@ func TestWriteFenceQuietInNormalWork(t *testing.T) {
 		t.Fatalf("fenced writes %d, reconnects %d; want none", st.Fenced, nc.Stats().Reconnects)
 	}
 }
+
+// A fence serves one connection at a time: a second dial while the first connection is open
+// is refused (closing one connection drops what every bound relay had in its buffer), and
+// a dial after it closed (a reconnect) is not.
+func TestWriteFenceServesOneConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wf := NewWriteFence(nil)
+	c1, err := wf.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wf.Dial("tcp", ln.Addr().String()); !errors.Is(err, ErrFenceInUse) {
+		t.Fatalf("second dial while the first connection is open: %v, want ErrFenceInUse", err)
+	}
+	if err := c1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := wf.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial after the first connection closed: %v", err)
+	}
+	_ = c2.Close()
+}
+
+// A write that may carry a message handed under a lease gets that lease's expiry as its
+// deadline: one stalled on a full socket buffer (a peer that does not read) fails when the
+// lease expires, sending nothing more, and closes the connection; a write with nothing
+// pending is not bounded.
+func TestWriteFenceBoundsAStalledWriteByTheLease(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c // never read: the client's socket buffer fills up
+		}
+	}()
+	wf := NewWriteFence(nil)
+	until := time.Now().Add(300 * time.Millisecond)
+	s := wf.bind(func(gen uint64) (time.Time, bool) { return until, gen == 1 }, quietLogger(), nil)
+	c, err := wf.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer := <-accepted
+	defer peer.Close()
+	if _, err := c.Write([]byte("nothing pending\r\n")); err != nil {
+		t.Fatalf("a write with nothing pending: %v", err)
+	}
+	s.handing(1)
+	s.handedOff()
+	big := make([]byte, 64<<20)
+	n, err := c.Write(big)
+	if !errors.Is(err, ErrStaleWrite) || n >= len(big) {
+		t.Fatalf("a write stalled past the lease's expiry wrote %d of %d bytes: %v; want ErrStaleWrite before the end", n, len(big), err)
+	}
+	if time.Now().Before(until) {
+		t.Fatal("the stalled write ended before the lease expired")
+	}
+	wf.mu.Lock()
+	open := wf.open
+	wf.mu.Unlock()
+	if open {
+		t.Fatal("the connection is still open after a fenced write")
+	}
+}
+
+// The fence's bookkeeping: a message stays pending until the server answers it or a later
+// message, whatever waves without an answer come between (a wave whose rows were all
+// withheld, or timed out, proves nothing was written); the oldest pending message's lease
+// generation is the one checked; a closed connection drops what it held, except a hand-off
+// still under way.
+func TestWriteFenceBookkeeping(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	current, until := uint64(1), time.Now().Add(time.Hour)
+	expiry := func(gen uint64) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return until, gen == current
+	}
+	setGen := func(g uint64) { mu.Lock(); current = g; mu.Unlock() }
+	wf := NewWriteFence(nil)
+	s := wf.bind(expiry, quietLogger(), nil)
+	stale := func() bool { st, _ := wf.check(); return len(st) > 0 }
+
+	// Wave 1 under generation 1: message 1 answered, message 2 timed out.
+	s.handing(1)
+	s.handedOff()
+	m2 := s.handing(1)
+	s.handedOff()
+	s.answered(m2 - 1)
+	// Wave 2: every row withheld (nothing handed, nothing answered). The lease moves on.
+	setGen(2)
+	if !stale() {
+		t.Fatal("message 2 (handed under generation 1, never answered) is not checked after the generation changed")
+	}
+	// Generation 2 hands message 3, which the server answers: 2 went before it on the same
+	// connection, so both have left.
+	m3 := s.handing(2)
+	s.handedOff()
+	s.answered(m3)
+	if stale() {
+		t.Fatal("still stale after a later message was answered")
+	}
+	// Two generations pending: the oldest one is checked.
+	s.handing(2)
+	s.handedOff()
+	setGen(3)
+	m5 := s.handing(3)
+	s.handedOff()
+	if !stale() {
+		t.Fatal("message 4 (generation 2) is not checked while generation 3 is current")
+	}
+	s.answered(m5)
+	if stale() {
+		t.Fatal("stale after the newest message was answered")
+	}
+	// A hand-off under way when the connection closes stays pending; the rest is dropped.
+	s.handing(3)
+	s.handedOff()
+	s.handing(3) // not returned yet
+	(&fencedConn{Conn: nopConn{}, f: wf}).Close()
+	setGen(4)
+	if !stale() {
+		t.Fatal("the hand-off under way at the close is not checked")
+	}
+	s.handedOff()
+	s.answered(s.handing(4))
+	if stale() {
+		t.Fatal("stale with everything answered")
+	}
+}
+
+// nopConn is a net.Conn that is already gone.
+type nopConn struct{ net.Conn }
+
+func (nopConn) Close() error { return nil }
