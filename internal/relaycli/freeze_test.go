@@ -170,7 +170,12 @@ func TestStoppedRelayProcessStoresNothingStale(t *testing.T) {
 	}
 	withheld := len(victim.find("this relay's partition lease ended before it could publish its whole batch (a pause, or partitions released or lost): " +
 		"the rest is left to the relay that holds the partitions now"))
+	// Messages the woken relay had handed to its NATS client before the stop and that were
+	// still in the client's buffer: the write fence refused them (see relay.WriteFence).
+	refused := len(victim.find("write fence: the NATS client was about to send messages handed to it under a partition lease that has ended since " +
+		"(a pause of the relay between the hand-off and the write, or PubAcks that never came); " +
+		"the connection is closed instead and reconnects, and the rows are left to the relay that holds the partitions now"))
 	t.Logf("stopped for %s (duplicate window %s); fenced and taken over %s after the stop; %d messages, each once, in order; "+
-		"batches the woken relay stopped sending: %d", (window + 2*time.Second).Round(time.Millisecond), window,
-		fencedAfter.Round(time.Millisecond), len(msgs), withheld)
+		"batches the woken relay stopped sending: %d; writes its write fence refused: %d", (window + 2*time.Second).Round(time.Millisecond), window,
+		fencedAfter.Round(time.Millisecond), len(msgs), withheld, refused)
 }
