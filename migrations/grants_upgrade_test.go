@@ -19,7 +19,8 @@ import (
 // deliver_at), the new cancel and reschedule functions, and enqueueing (migration 7's
 // txoutbox_partition_keys, migration 8's txoutbox_uuidv7s, migration 9's txoutbox_write with
 // delivery times, migration 10's replacements of txoutbox_write, txoutbox_partition_keys,
-// txoutbox_uuidv7s and txoutbox_raise_not_scheduled). Without the grants migration 5 carries over, the commit fails with
+// txoutbox_uuidv7s and txoutbox_raise_not_scheduled, migration 11's txoutbox_holds_msg_id_text
+// in the checks). Without the grants migration 5 carries over, the commit fails with
 // "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
@@ -110,6 +111,11 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 		}
 	}
 	asProducerRefused("enqueue with a bad traceparent", `SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"traceparent": ["00-00000000000000000000000000000000-00f067aa0ba902b7-01"]}')`, "TX003")
+	// Migration 11's txoutbox_holds_msg_id_text, which the checks call with the caller's
+	// rights: a key or header holding Nats-Msg-Id is the message's error, not a permission.
+	asProducerRefused("enqueue with a key holding Nats-Msg-Id", `SELECT txoutbox_enqueue('orders.x', 'p', 'k-Nats-Msg-Id')`, "TX002")
+	asProducerRefused("enqueue with a header value holding Nats-Msg-Id", `SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"a": ["Nats-Msg-Id"]}')`, "TX003")
+	asProducerRefused("cancel by a business key holding Nats-Msg-Id", `SELECT txoutbox_cancel_biz_key('b:Nats-Msg-Id')`, "TX002")
 	asProducerRefused("cancel by business key, none scheduled", `SELECT txoutbox_cancel_biz_key('b:1')`, "TX201")
 	asProducerRefused("reschedule by business key, no message", `SELECT txoutbox_reschedule_biz_key('b:none', now())`, "TX202")
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
@@ -120,12 +126,13 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 // operator, a superuser) applies the later migrations, whose new functions the public ones
 // call with the caller's privileges: txoutbox_uuidv7s (008), txoutbox_partition_keys (007,
 // whose own grant passed over txoutbox_write's owner; 008 repairs it) and the txoutbox_write
-// that takes delivery times (009), and the functions 010 replaces. Migrations 1–9 (then 1–8,
-// 1–7, 1–6) run as the owner, the rest as the superuser of the test database.
+// that takes delivery times (009), the functions 010 replaces, and 011's
+// txoutbox_holds_msg_id_text. Migrations 1–10 (then 1–9, 1–8, 1–7, 1–6) run as the owner, the
+// rest as the superuser of the test database.
 func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, keep := range []int{9, 8, 7, 6} {
+	for _, keep := range []int{10, 9, 8, 7, 6} {
 		admin, schema := newSchema(t, "owner"+strconv.Itoa(keep))
 		role := "own_" + strings.TrimPrefix(schema, "owner")
 		if _, err := admin.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
@@ -185,6 +192,14 @@ func TestOwnerOfEarlierMigrationsKeepsEnqueueing(t *testing.T) {
 		})
 		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "TX003" {
 			t.Errorf("migrations 1-%d by the owner, the rest by a superuser: a bad traceparent as the owner: %v, want TX003", keep, err)
+		}
+		// Nor is a header value holding Nats-Msg-Id (migration 11's check).
+		err = pgx.BeginFunc(ctx, asOwner, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()+`; SELECT txoutbox_enqueue('orders.x', 'p', headers => '{"a": ["Nats-Msg-Id"]}')`)
+			return err
+		})
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "TX003" {
+			t.Errorf("migrations 1-%d by the owner, the rest by a superuser: a header value holding Nats-Msg-Id as the owner: %v, want TX003", keep, err)
 		}
 	}
 }

@@ -186,8 +186,8 @@ type Message struct {
 	// cannot be published holds back k's later messages on every subject, since one
 	// aggregate's events often go to several subjects and their order is the aggregate's (put
 	// the subject in the key, "orders.created:42", for order per subject only). Sent as the
-	// Txoutbox-Key header. It must pass ValidateKey
-	// (no control characters, no white space at either end, at most MaxKeyLength bytes).
+	// Txoutbox-Key header. It must pass ValidateKey (no control characters, no white space at
+	// either end, at most MaxKeyLength bytes, not the text Nats-Msg-Id: see HeaderMsgID).
 	Key string
 	// BizKey is an optional business idempotency key (for example "order:42:created"). When
 	// set, idempotent consumers deduplicate on it instead of the message id, byte for byte:
@@ -198,7 +198,8 @@ type Message struct {
 	// (names differing only in case are distinct headers), every value of a name in order, an
 	// empty value as empty. Names must be RFC 7230 tokens, not reserved (IsReservedHeader:
 	// Nats-*, Txoutbox-*, Status, Description), with at least one value each; values must pass
-	// ValidateHeaderValue. A traceparent header (any case) must be a valid W3C trace context
+	// ValidateHeaderValue; neither a name nor a value may hold the text Nats-Msg-Id (see
+	// HeaderMsgID: nats-server would take it for the message id). A traceparent header (any case) must be a valid W3C trace context
 	// (ValidateTraceparent; else ErrInvalidTraceparent) and travels as it is: when Headers
 	// carry no valid trace context, EnqueueTx and Prepare add the trace context of their ctx
 	// (the propagator's headers Headers lacks, to a copy: Headers itself is never changed).

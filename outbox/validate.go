@@ -31,21 +31,23 @@ var (
 	// ErrMessageTooLarge, so errors.Is(err, ErrMessageTooLarge) holds for it too.
 	ErrHeadersTooLarge = fmt.Errorf("%w: header block too large", ErrMessageTooLarge)
 	// ErrInvalidHeader: a header name that is not an RFC 7230 token or is reserved (see
-	// IsReservedHeader), a name with no value, or a value that is not valid UTF-8, holds a
+	// IsReservedHeader), a name with no value, a value that is not valid UTF-8, holds a
 	// control character other than a tab inside it, or begins or ends with white space or a
-	// zero-width character (see ValidateHeaderValue).
+	// zero-width character (see ValidateHeaderValue), or a name or value that holds the text
+	// Nats-Msg-Id (see HeaderMsgID).
 	ErrInvalidHeader = errors.New("invalid header")
 	// ErrInvalidTraceparent: a traceparent header (any case) that is not a W3C trace context
 	// (version-traceid-spanid-flags in lower-case hex, trace and span id not all zero,
-	// version not ff; one value, one such header): it would be published as given and
+	// version not ff, version 00 with flags 00 to 03 and nothing after them; one value, one
+	// such header; see ValidateTraceparent): it would be published as given and
 	// dropped by the consumer's propagator, and the trace would silently end at the
 	// producer. It wraps ErrInvalidHeader, so errors.Is(err, ErrInvalidHeader) holds too.
 	ErrInvalidTraceparent = fmt.Errorf("%w: traceparent is not a W3C trace context", ErrInvalidHeader)
 	// ErrDuplicateID: two messages of one call share an id, or the id is already in the outbox.
 	ErrDuplicateID = errors.New("duplicate message id")
 	// ErrInvalidKey: a Key or BizKey that is too long, not valid UTF-8, holds a control
-	// character, or begins or ends with white space or a zero-width character (see
-	// ValidateKey).
+	// character or the text Nats-Msg-Id (see HeaderMsgID), or begins or ends with white space
+	// or a zero-width character (see ValidateKey).
 	ErrInvalidKey = errors.New("invalid key")
 )
 
@@ -76,12 +78,28 @@ func (e *MessageError) Unwrap() error { return e.Err }
 // Header names the relay sets on every published message; callers cannot set them.
 const (
 	// HeaderMsgID is JetStream's deduplication header; the relay sets it to the message id.
+	//
+	// No key, business key, header name or header value may hold this text, in this case
+	// (in another, "x-nats-msg-id", it is fine): nats-server finds a message's id by
+	// searching the raw header block for it, case-sensitively, and Txoutbox-Key,
+	// Txoutbox-Biz-Key and the message's own headers go into that block in map order, some
+	// before the relay's Nats-Msg-Id. nats-server 2.9 looks only at the first occurrence, and
+	// later versions miss the real header when the text occurs twice close together
+	// ("Nats-Msg-IdNats-Msg-Id"): the server would take such a text for the message id
+	// header and store the message without its id, and a republish of it (after a relay's
+	// crash or a lost PubAck) would be stored again instead of dropped by the stream's
+	// duplicate window. EnqueueTx and Prepare refuse it (ErrInvalidKey, ErrInvalidHeader).
 	HeaderMsgID = "Nats-Msg-Id"
 	// HeaderKey carries the message's ordering key, for consumers that order by key.
 	HeaderKey = "Txoutbox-Key"
 	// HeaderBizKey carries Message.BizKey, the business idempotency key consumers dedup on.
 	HeaderBizKey = "Txoutbox-Biz-Key"
 )
+
+// msgIDTextProblem is what checkText and the header name checks say of a text holding
+// HeaderMsgID.
+const msgIDTextProblem = `holds the text "` + HeaderMsgID + `": nats-server would mistake it for the ` + HeaderMsgID +
+	` header (it finds the message id by searching the header block for that text) and store the message without deduplication`
 
 // MaxSubjectLength and MaxKeyLength bound subjects and keys (Key and BizKey), in bytes.
 const (
@@ -208,15 +226,27 @@ func ValidateSubjectFilter(s string) error {
 
 // ValidateHeaderName reports whether name can be the name of a header a producer sets: an RFC
 // 7230 token (letters, digits and !#$%&'*+-.^_`|~; what NATS and HTTP accept) that is not
-// reserved (see IsReservedHeader). Errors wrap ErrInvalidHeader.
+// reserved (see IsReservedHeader) and does not hold the text Nats-Msg-Id in that case
+// ("X-Orig-Nats-Msg-Id": see HeaderMsgID). Errors wrap ErrInvalidHeader.
 func ValidateHeaderName(name string) error {
-	if !validHeaderName(name) {
-		return fmt.Errorf("%w: name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, name)
-	}
-	if what := reservedHeader(name); what != "" {
-		return fmt.Errorf("%w: %q is reserved: %s", ErrInvalidHeader, name, what)
+	if what := headerNameProblem(name); what != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidHeader, what)
 	}
 	return nil
+}
+
+// headerNameProblem says what ValidateHeaderName refuses in name, or "".
+func headerNameProblem(name string) string {
+	if !validHeaderName(name) {
+		return fmt.Sprintf("name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+	}
+	if what := reservedHeader(name); what != "" {
+		return fmt.Sprintf("%q is reserved: %s", name, what)
+	}
+	if strings.Contains(name, HeaderMsgID) {
+		return fmt.Sprintf("name %q %s", name, msgIDTextProblem)
+	}
+	return ""
 }
 
 // validHeaderName reports whether name is an RFC 7230 token (what NATS and HTTP accept).
@@ -284,7 +314,8 @@ func edgeSpace(r rune) bool {
 }
 
 // checkText returns what is wrong with s as a key (tabInside false) or header value
-// (tabInside true), or "" when nothing is.
+// (tabInside true), or "" when nothing is: invalid UTF-8, white space at an end, a control
+// character, the text Nats-Msg-Id (HeaderMsgID), in that order.
 func checkText(s string, tabInside bool) string {
 	if !utf8.ValidString(s) {
 		return "is not valid UTF-8"
@@ -300,14 +331,18 @@ func checkText(s string, tabInside bool) string {
 			return fmt.Sprintf("holds the control character %U at byte %d", r, i)
 		}
 	}
+	if strings.Contains(s, HeaderMsgID) {
+		return msgIDTextProblem
+	}
 	return ""
 }
 
 // ValidateKey reports whether k can be a Message.Key or Message.BizKey: at most MaxKeyLength
-// bytes, valid UTF-8, no control character at all (unicode.IsControl: C0, DEL, C1), and no
+// bytes, valid UTF-8, no control character at all (unicode.IsControl: C0, DEL, C1), no
 // white space or zero-width character at its start or end (see ValidateHeaderValue for the
-// characters). White space inside a key is fine. The empty key is valid (no key); a key of
-// white space only is not. Errors wrap ErrInvalidKey.
+// characters), and not the text Nats-Msg-Id anywhere in it, in that case (keys travel as
+// headers: see HeaderMsgID). White space inside a key is fine. The empty key is valid (no
+// key); a key of white space only is not. Errors wrap ErrInvalidKey.
 func ValidateKey(k string) error {
 	if what := checkKey(k); what != "" {
 		return fmt.Errorf("%w: key %s", ErrInvalidKey, what)
@@ -329,8 +364,10 @@ func checkKey(k string) string {
 // VT, FF, and U+0085, U+00A0, U+1680, U+2000–U+200A, U+2028, U+2029, U+202F, U+205F, U+3000)
 // or a zero-width character (U+200B, U+200C, U+200D, U+2060, U+FEFF). NATS drops ASCII white
 // space at the edges of a value and turns CR and LF into spaces; the rest is refused so that
-// values differing only in invisible edges are never confused. The empty value is valid and
-// arrives empty. Errors wrap ErrInvalidHeader.
+// values differing only in invisible edges are never confused. A value must not hold the text
+// Nats-Msg-Id, in that case: nats-server would take it for the message id header and store
+// the message without deduplication (see HeaderMsgID). The empty value is valid and arrives
+// empty. Errors wrap ErrInvalidHeader.
 func ValidateHeaderValue(v string) error {
 	if what := checkText(v, true); what != "" {
 		return fmt.Errorf("%w: value %s", ErrInvalidHeader, what)
@@ -349,11 +386,8 @@ func validateHeaders(h map[string][]string) (size int, problem string) {
 	sort.Strings(names)
 	for _, name := range names {
 		values := h[name]
-		if !validHeaderName(name) {
-			return 0, fmt.Sprintf("name %q is not a valid header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
-		}
-		if what := reservedHeader(name); what != "" {
-			return 0, fmt.Sprintf("%q is reserved: %s", name, what)
+		if what := headerNameProblem(name); what != "" {
+			return 0, what
 		}
 		if len(values) == 0 {
 			return 0, fmt.Sprintf("%q has no value and would not arrive; give it one (\"\" if need be) or leave it out", name)

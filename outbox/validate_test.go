@@ -53,6 +53,12 @@ func badMessages() []badCase {
 		{"VT inside", "a\vb", "control character U+000B"},
 		{"ESC inside", "a\x1b[0mb", "control character U+001B"},
 		{"invalid UTF-8", "a\xffb", "not valid UTF-8"},
+		// The text nats-server searches the header block for to find the message id: it
+		// would take it for the relay's Nats-Msg-Id and store the message without it.
+		{"message id header's text inside", "copy of Nats-Msg-Id 7", `holds the text "Nats-Msg-Id"|store the message without deduplication`},
+		{"message id header's text twice", "Nats-Msg-IdNats-Msg-Id", `holds the text "Nats-Msg-Id"`},
+		{"message id header's text at the start", "Nats-Msg-Id: 1", `holds the text "Nats-Msg-Id"`},
+		{"message id header's text at the end", "x-Nats-Msg-Id", `holds the text "Nats-Msg-Id"`},
 	}
 	for _, c := range anywhere {
 		cases = append(cases,
@@ -85,6 +91,11 @@ func badMessages() []badCase {
 		badCase{"header name with colon", outbox.Message{Subject: "a.b", Headers: map[string][]string{"X:Y": {"v"}}}, outbox.ErrInvalidHeader, "not a valid header name"},
 		badCase{"header name non-ASCII", outbox.Message{Subject: "a.b", Headers: map[string][]string{"X-Ä": {"v"}}}, outbox.ErrInvalidHeader, "not a valid header name"},
 	)
+	// Names that hold the message id header's text, in its case, without being reserved.
+	for _, name := range []string{"X-Orig-Nats-Msg-Id", "XNats-Msg-Id", "a.Nats-Msg-Id.b", "X-Nats-Msg-IdNats-Msg-Id"} {
+		cases = append(cases, badCase{"header name holding Nats-Msg-Id " + name, outbox.Message{Subject: "a.b", Headers: map[string][]string{name: {"1"}}},
+			outbox.ErrInvalidHeader, strconv.Quote(name) + `|holds the text "Nats-Msg-Id"|without deduplication`})
+	}
 	// Subjects of NATS itself.
 	for _, s := range []string{"$JS.API.STREAM.DELETE.ORDERS", "$JS.API.x", "$JS", "$JSC.R.x", "$SYS.REQ.SERVER.PING", "$NRG.AE.x"} {
 		cases = append(cases, badCase{"subject " + s, outbox.Message{Subject: s}, outbox.ErrInvalidSubject, "reserved for NATS"})
@@ -357,14 +368,25 @@ func TestValidateKeyAndHeaderValue(t *testing.T) {
 			}
 		}
 	}
-	for _, s := range []string{"", "a b", "order:1", "a\u00a0b", "注文", "🙂"} {
+	for _, s := range []string{"", "a b", "order:1", "a\u00a0b", "注文", "🙂", "nats-msg-id", "NATS-MSG-ID", "Nats-Msg-ID", "Nats-Msg", "Msg-Id"} {
 		if err := outbox.ValidateKey(s); err != nil {
 			t.Errorf("ValidateKey(%q) = %v", s, err)
 		}
 	}
-	for _, s := range []string{"", "a\tb", "a  b", "x"} {
+	for _, s := range []string{"", "a\tb", "a  b", "x", "nats-msg-id", "Nats-Msg-ID"} {
 		if err := outbox.ValidateHeaderValue(s); err != nil {
 			t.Errorf("ValidateHeaderValue(%q) = %v", s, err)
+		}
+	}
+	// Header names: the message id header's text in its case is refused anywhere in a name;
+	// in another case it is an ordinary name, and not reserved.
+	for name, ok := range map[string]bool{
+		"X-Orig-Nats-Msg-Id": false, "Nats-Msg-IdX": false, "XNats-Msg-Id": false, "Nats-Msg-Id": false,
+		"x-orig-nats-msg-id": true, "X-Orig-NATS-MSG-ID": true, "X-Msg-Id": true,
+	} {
+		err := outbox.ValidateHeaderName(name)
+		if ok != (err == nil) || err != nil && !errors.Is(err, outbox.ErrInvalidHeader) {
+			t.Errorf("ValidateHeaderName(%q) = %v, want ok %v", name, err, ok)
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -98,6 +101,13 @@ func TestStoredRowThatWouldBeAlteredIsDead(t *testing.T) {
 		{"orders..created", "k15", `{}`, "empty"},
 		{"orders.a\u0085b", "k16", `{}`, "control character"},
 		{"", "k17", `{}`, "empty"},
+		// The text Nats-Msg-Id in a key, business key, header name or value: nats-server
+		// would take it for the message id header and store the message without its id.
+		{"orders.created", "k18 Nats-Msg-Id", `{}`, `key holds the text "Nats-Msg-Id"`},
+		{"orders.created", "k19", `{"X-V": ["Nats-Msg-IdNats-Msg-Id"]}`, "store the message without deduplication"},
+		{"orders.created", "k20", `{"X-Orig-Nats-Msg-Id": ["v"]}`, `name "X-Orig-Nats-Msg-Id" holds the text "Nats-Msg-Id"`},
+		{"orders.created", "k21", `{"Txoutbox-Biz-Key": ["b:Nats-Msg-Id"]}`, `key holds the text "Nats-Msg-Id"`},
+		{"orders.created", "k22", `{"a": ["x", "copy of Nats-Msg-Id 1"]}`, "store the message without deduplication"},
 	}
 	for i, b := range bad {
 		_, err := e.db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, msg_key, partition_key, headers, payload, ready_at)
@@ -123,6 +133,92 @@ VALUES ($1, $2, $3, 0, $4::jsonb, $5, now())`, uuid.New(), b.subject, b.key, b.h
 	}
 	if row := e.row("held"); row.state != "ready" || row.attempts != 0 {
 		t.Fatalf("the row behind a dead one of its key: %+v, want ready, held back", row)
+	}
+}
+
+// The reason EnqueueTx, the SQL functions and checkStored refuse the text Nats-Msg-Id in keys,
+// business keys, header names and values (outbox.HeaderMsgID), shown on the nats-server this
+// module builds against: the server finds a message's id by searching the raw header block
+// for that text, and a name or value holding it twice ("Nats-Msg-IdNats-Msg-Id") before the
+// real Nats-Msg-Id line makes it miss the id: a republish is stored again, outside the
+// duplicate window. nats.go writes a message's headers in map order, so either order happens;
+// here each header block is written as it is, through the client protocol. (nats-server 2.9,
+// the oldest the relay supports, looks only at the first occurrence: a single one before the
+// id is enough there.) Should a later nats-server find the id in every case, the rule stays,
+// for the older servers.
+func TestMsgIDTextInAHeaderDefeatsDeduplication(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	inbox := nats.NewInbox()
+	acks, err := n.Conn.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(n.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "INFO ") {
+		t.Fatalf("read the server's INFO: %q, %v", line, err)
+	}
+	if _, err := fmt.Fprint(conn, "CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// publish sends the header block and a payload, and returns whether JetStream took the
+	// message for a duplicate.
+	publish := func(block string) bool {
+		t.Helper()
+		const payload = "x"
+		if _, err := fmt.Fprintf(conn, "HPUB orders.created %s %d %d\r\n%s%s\r\n", inbox, len(block), len(block)+len(payload), block, payload); err != nil {
+			t.Fatal(err)
+		}
+		m, err := acks.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no PubAck: %v", err)
+		}
+		var ack struct {
+			Seq       uint64          `json:"seq"`
+			Duplicate bool            `json:"duplicate"`
+			Error     json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &ack); err != nil || ack.Seq == 0 || ack.Error != nil {
+			t.Fatalf("PubAck %s: %v", m.Data, err)
+		}
+		return ack.Duplicate
+	}
+	for i, c := range []struct {
+		name, line string // line: one header line (the text in a name or a value)
+		before     bool   // the line before the Nats-Msg-Id line, else after it
+		dedup      bool   // the republish is dropped as a duplicate
+	}{
+		{"no other header", "", false, true},
+		{"an ordinary header before the id", "X-V: v", true, true},
+		{"the text twice in a value after the id", "X-V: Nats-Msg-IdNats-Msg-Id", false, true},
+		{"the text twice in a value before the id", "X-V: Nats-Msg-IdNats-Msg-Id", true, false},
+		{"the text twice in a key before the id", outbox.HeaderKey + ": Nats-Msg-IdNats-Msg-Id", true, false},
+		{"the text twice in a name before the id", "X-Nats-Msg-IdNats-Msg-Id: v", true, false},
+	} {
+		id := fmt.Sprintf("%s: %d-%s", outbox.HeaderMsgID, i, uuid.NewString())
+		lines := []string{id}
+		if c.line != "" {
+			lines = append(lines, c.line)
+			if c.before {
+				lines[0], lines[1] = lines[1], lines[0]
+			}
+		}
+		block := "NATS/1.0\r\n" + strings.Join(lines, "\r\n") + "\r\n\r\n"
+		if publish(block) {
+			t.Fatalf("%s: the first publish was taken for a duplicate", c.name)
+		}
+		if got := publish(block); got != c.dedup {
+			t.Errorf("%s: the republish was a duplicate: %v, want %v (header block %q)", c.name, got, c.dedup, block)
+		}
 	}
 }
 
