@@ -1,6 +1,7 @@
--- Reverts 011: migration 010's txoutbox_check_message, 007's txoutbox_simple_headers_size and
--- 004's txoutbox_key_ok, txoutbox_header_name_ok, txoutbox_header_value_ok and
--- txoutbox_text_problem; txoutbox_holds_msg_id_text dropped.
+-- Reverts 011: migration 010's txoutbox_check_message, txoutbox_traceparent_value_ok and
+-- txoutbox_traceparent_problem, 007's txoutbox_simple_headers_size and 004's txoutbox_key_ok,
+-- txoutbox_header_name_ok, txoutbox_header_value_ok and txoutbox_text_problem;
+-- txoutbox_holds_msg_id_text dropped.
 
 -- 010's txoutbox_check_message.
 CREATE OR REPLACE FUNCTION txoutbox_check_message(ctx text, subject text, payload bytea, key text, headers jsonb, biz_key text,
@@ -189,6 +190,60 @@ BEGIN
     IF s ~ ('[' || txoutbox_control_chars(tab_inside) || ']') THEN
         RETURN CASE WHEN tab_inside THEN 'holds a control character (C0 other than a tab inside it, DEL or C1)'
                     ELSE 'holds a control character (C0, DEL or C1)' END;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- 010's txoutbox_traceparent_value_ok and txoutbox_traceparent_problem.
+CREATE OR REPLACE FUNCTION txoutbox_traceparent_value_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)'
+   AND left(v, 2) COLLATE "C" <> 'ff'
+   AND substr(v, 4, 32) COLLATE "C" <> '00000000000000000000000000000000'
+   AND substr(v, 37, 16) COLLATE "C" <> '0000000000000000'
+   AND (left(v, 2) COLLATE "C" <> '00' OR octet_length(v) = 55)
+$fn$;
+
+CREATE OR REPLACE FUNCTION txoutbox_traceparent_problem(v text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+    f record;
+BEGIN
+    IF v ~ '[^\u0001-\u007f]' THEN
+        v := (SELECT string_agg(CASE WHEN octet_length(t.c) = 1 THEN t.c ELSE repeat('?', octet_length(t.c)) END, '' ORDER BY t.o)
+              FROM regexp_split_to_table(v, '') WITH ORDINALITY AS t(c, o));
+    END IF;
+    IF octet_length(v) < 55 THEN
+        RETURN format('is %s characters, a traceparent has at least 55 (version-traceid-spanid-flags)', octet_length(v));
+    END IF;
+    IF substr(v, 3, 1) <> '-' OR substr(v, 36, 1) <> '-' OR substr(v, 53, 1) <> '-' THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 hex digits separated by -)';
+    END IF;
+    FOR f IN SELECT * FROM (VALUES (1, 'version', substr(v, 1, 2)), (2, 'trace id', substr(v, 4, 32)),
+                                   (3, 'span id', substr(v, 37, 16)), (4, 'flags', substr(v, 54, 2))) AS x(ord, what, s)
+             ORDER BY x.ord LOOP
+        IF f.s !~ '^[0-9a-f]+$' THEN
+            RETURN format('has a %s that is not lower-case hex', f.what);
+        END IF;
+    END LOOP;
+    IF left(v, 2) = 'ff' THEN
+        RETURN 'has version ff, which is invalid';
+    END IF;
+    IF substr(v, 4, 32) = '00000000000000000000000000000000' THEN
+        RETURN 'has an all-zero trace id';
+    END IF;
+    IF substr(v, 37, 16) = '0000000000000000' THEN
+        RETURN 'has an all-zero span id';
+    END IF;
+    IF left(v, 2) = '00' AND octet_length(v) <> 55 THEN
+        RETURN format('is %s characters, a version 00 traceparent has exactly 55', octet_length(v));
+    END IF;
+    IF octet_length(v) > 55 AND substr(v, 56, 1) <> '-' THEN
+        RETURN 'has more after the flags without a - between';
+    END IF;
+    IF NOT txoutbox_traceparent_value_ok(v) THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 lower-case hex digits separated by -)';
     END IF;
     RETURN NULL;
 END

@@ -1,5 +1,5 @@
 -- txoutbox 011: the SQL producer functions refuse, as EnqueueTx now does, what would cost a
--- message its deduplication.
+-- message its deduplication or its trace.
 --   * The text Nats-Msg-Id, in that case, anywhere in a key or business key (TX002), a header
 --     name or a header value (TX003; outbox.HeaderMsgID): nats-server finds a message's id by
 --     searching its raw header block for that text, and the relay's Txoutbox-Key,
@@ -11,6 +11,12 @@
 --     CancelBizKeyTx does (TX002). New: txoutbox_holds_msg_id_text; the batch check looks for
 --     the text once in each distinct headers object's JSON text (txoutbox_simple_headers_size)
 --     and checks such headers one by one.
+--   * A version-00 traceparent whose flags are above 03 (TX003, "traceparent is not a W3C trace
+--     context"; outbox.ValidateTraceparent): version 00 defines only the sampled (01) and
+--     random (02) bits, and OpenTelemetry's propagator (go.opentelemetry.io/otel 1.47,
+--     TraceContext.extract) drops such a traceparent, so the trace ended at the producer.
+--     txoutbox_traceparent_value_ok (inlined in the batch check) and
+--     txoutbox_traceparent_problem as 010's, with that rule.
 
 -- Whether s holds the text nats-server searches a message's header block for to find its
 -- Nats-Msg-Id, in that case (outbox.HeaderMsgID): no key, business key, header name or header
@@ -231,6 +237,66 @@ BEGIN
             MESSAGE = format('%spayload: message too large: payload %s bytes + headers = %s bytes, over the limit of %s bytes (NATS counts headers, including the relay''s; the setting txoutbox.max_message_bytes)',
                              ctx, coalesce(octet_length(payload), 0), total, txoutbox_max_message_bytes());
     END IF;
+END
+$fn$;
+
+-- Whether v is a traceparent value consumers' propagators accept, as in 010, a version 00 one
+-- only with flags 00 to 03 (OpenTelemetry's drops one with another bit set).
+CREATE OR REPLACE FUNCTION txoutbox_traceparent_value_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)'
+   AND left(v, 2) COLLATE "C" <> 'ff'
+   AND substr(v, 4, 32) COLLATE "C" <> '00000000000000000000000000000000'
+   AND substr(v, 37, 16) COLLATE "C" <> '0000000000000000'
+   AND (left(v, 2) COLLATE "C" <> '00' OR (octet_length(v) = 55 AND substr(v, 54, 2) COLLATE "C" <= '03'))
+$fn$;
+
+-- What is wrong with the traceparent value v, as in 010, and a version 00 one's flags above 03
+-- (outbox.ValidateTraceparent's words and order).
+CREATE OR REPLACE FUNCTION txoutbox_traceparent_problem(v text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+    f record;
+BEGIN
+    IF v ~ '[^\u0001-\u007f]' THEN
+        v := (SELECT string_agg(CASE WHEN octet_length(t.c) = 1 THEN t.c ELSE repeat('?', octet_length(t.c)) END, '' ORDER BY t.o)
+              FROM regexp_split_to_table(v, '') WITH ORDINALITY AS t(c, o));
+    END IF;
+    IF octet_length(v) < 55 THEN
+        RETURN format('is %s characters, a traceparent has at least 55 (version-traceid-spanid-flags)', octet_length(v));
+    END IF;
+    IF substr(v, 3, 1) <> '-' OR substr(v, 36, 1) <> '-' OR substr(v, 53, 1) <> '-' THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 hex digits separated by -)';
+    END IF;
+    FOR f IN SELECT * FROM (VALUES (1, 'version', substr(v, 1, 2)), (2, 'trace id', substr(v, 4, 32)),
+                                   (3, 'span id', substr(v, 37, 16)), (4, 'flags', substr(v, 54, 2))) AS x(ord, what, s)
+             ORDER BY x.ord LOOP
+        IF f.s !~ '^[0-9a-f]+$' THEN
+            RETURN format('has a %s that is not lower-case hex', f.what);
+        END IF;
+    END LOOP;
+    IF left(v, 2) = 'ff' THEN
+        RETURN 'has version ff, which is invalid';
+    END IF;
+    IF substr(v, 4, 32) = '00000000000000000000000000000000' THEN
+        RETURN 'has an all-zero trace id';
+    END IF;
+    IF substr(v, 37, 16) = '0000000000000000' THEN
+        RETURN 'has an all-zero span id';
+    END IF;
+    IF left(v, 2) = '00' AND octet_length(v) <> 55 THEN
+        RETURN format('is %s characters, a version 00 traceparent has exactly 55', octet_length(v));
+    END IF;
+    IF left(v, 2) = '00' AND substr(v, 54, 2) COLLATE "C" > '03' THEN
+        RETURN format('has version 00 and flags %s: version 00 defines only the sampled (01) and random (02) bits, and propagators drop a version 00 traceparent with another bit set', substr(v, 54, 2));
+    END IF;
+    IF octet_length(v) > 55 AND substr(v, 56, 1) <> '-' THEN
+        RETURN 'has more after the flags without a - between';
+    END IF;
+    IF NOT txoutbox_traceparent_value_ok(v) THEN
+        RETURN 'is not version-traceid-spanid-flags (fields of 2, 32, 16 and 2 lower-case hex digits separated by -)';
+    END IF;
+    RETURN NULL;
 END
 $fn$;
 

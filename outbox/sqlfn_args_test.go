@@ -539,6 +539,9 @@ func TestSQLTraceparentRefused(t *testing.T) {
 		tp[:54], tp + "-x", tp + "x", "01" + tp[2:] + "x", "", "garbage", tp[:53] + "0g", "0g" + tp[2:],
 		"00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b7-01", "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01é",
+		// Version 00's flags: 00 to 03 (migration 011); a later version's: any.
+		tp[:53] + "00", tp[:53] + "03", tp[:53] + "04", tp[:53] + "0f", tp[:53] + "10", tp[:53] + "ff", tp[:53] + "ff-x",
+		"01" + tp[2:53] + "ff", "fe" + tp[2:53] + "04-x",
 	}
 	for _, v := range values {
 		var ok *bool

@@ -427,6 +427,18 @@ func agreementRows() []agreementRow {
 		{name: "traceparent Traceparent, valid", m: one("Traceparent", tp00), want: "ok"},
 		{name: "traceparent TRACEPARENT, valid, with other headers", m: withHdr(map[string][]string{"TRACEPARENT": {tp00}, "tracestate": {"a=b"}, "x": {`v\w`}}), want: "ok"},
 		{name: "traceparent named in another header's value", m: one("a", `"traceparent": ["x"]`), want: "ok"},
+		// Version 00 defines the flags 01 (sampled) and 02 (random) only: OpenTelemetry's
+		// propagator drops a version 00 traceparent with another bit set (migration 011).
+		{name: "traceparent version 00, flags 00", m: one("traceparent", tp00[:53]+"00"), want: "ok"},
+		{name: "traceparent version 00, flags 02", m: one("traceparent", tp00[:53]+"02"), want: "ok"},
+		{name: "traceparent version 00, flags 03", m: one("traceparent", tp00[:53]+"03"), want: "ok"},
+		{name: "traceparent version 00, flags 04", m: one("traceparent", tp00[:53]+"04"), want: "TX003"},
+		{name: "traceparent version 00, flags 0a", m: one("traceparent", tp00[:53]+"0a"), want: "TX003"},
+		{name: "traceparent version 00, flags 10", m: one("traceparent", tp00[:53]+"10"), want: "TX003"},
+		{name: "traceparent version 00, flags ff", m: one("traceparent", tp00[:53]+"ff"), want: "TX003"},
+		{name: "traceparent Traceparent, version 00, flags ff, with other headers", m: withHdr(map[string][]string{"Traceparent": {tp00[:53] + "ff"}, "x": {`v\w`}}), want: "TX003"},
+		{name: "traceparent future version, flags ff", m: one("traceparent", "01"+tp00[2:53]+"ff"), want: "ok"},
+		{name: "traceparent future version, flags ff, longer", m: one("traceparent", "fe"+tp00[2:53]+"ff-later"), want: "ok"},
 		{name: "traceparent uppercase hex", m: one("traceparent", strings.ToUpper(tp00)), want: "TX003"},
 		{name: "traceparent uppercase trace id", m: one("traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"), want: "TX003"},
 		{name: "traceparent all-zero trace id", m: one("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"), want: "TX003"},

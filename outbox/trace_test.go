@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -274,6 +276,10 @@ func TestInvalidTraceparentRefused(t *testing.T) {
 		"short ids":        {"00-abc-def-01"},
 		"two values":       {valid, valid},
 		"later version no": {"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x"},
+		// Flags above 03 in version 00: OpenTelemetry's propagator drops it. With the traced
+		// client the caller's traceparent is not replaced by ctx's either: it is refused.
+		"00 flags 04": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-04"},
+		"00 flags ff": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-ff"},
 	}
 	sdb := openSQL(t, db, "pgx")
 	for name, v := range bad {
@@ -365,5 +371,63 @@ func TestPartialTraceHeadersStillCaptured(t *testing.T) {
 		if len(h) != len(want)+1 {
 			t.Fatalf("message %d: stored %v, want %v and the traceparent only", i, h, want)
 		}
+	}
+}
+
+// ValidateTraceparent and OpenTelemetry's W3C propagator, extracting through the carrier
+// consumers use (names in any case), agree: every traceparent the agreement table accepts is
+// extracted as a valid remote span context, and so is every value of a generated set (versions,
+// ids, all 256 flags, what follows the flags) that ValidateTraceparent accepts; a value it
+// refuses is dropped by the propagator, but for a version 00 value with a "-" and nothing after
+// its flags, which the W3C format does not allow and the propagator lets pass.
+func TestValidTraceparentsAreExtracted(t *testing.T) {
+	t.Parallel()
+	p := propagation.TraceContext{}
+	n := 0
+	for _, row := range agreementRows() {
+		for name, v := range row.m.Headers {
+			if row.want != "ok" || !strings.EqualFold(name, outbox.TraceparentHeader) {
+				continue
+			}
+			n++
+			if sc := tracing.Extract(p, row.m.Headers); !sc.IsValid() || !sc.IsRemote() {
+				t.Errorf("%s: %q accepted, and the propagator extracts no valid span context from it", row.name, v)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("%d accepted agreement rows carry a traceparent, want at least 10", n)
+	}
+	const traceID, spanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	flags := []string{"FF", "0g", "1", "000"}
+	for f := range 256 {
+		flags = append(flags, fmt.Sprintf("%02x", f))
+	}
+	accepted, refused := 0, 0
+	for _, version := range []string{"00", "01", "7f", "fe", "ff", "0A", "0g", "0"} {
+		for _, tid := range []string{traceID, strings.Repeat("0", 32), strings.ToUpper(traceID), traceID[1:]} {
+			for _, sid := range []string{spanID, strings.Repeat("0", 16), spanID + "0"} {
+				for _, fl := range flags {
+					for _, rest := range []string{"", "-", "-x", "x", "-x-y", "--"} {
+						v := version + "-" + tid + "-" + sid + "-" + fl + rest
+						ok := outbox.ValidateTraceparent(v) == nil
+						extracted := tracing.Extract(p, map[string][]string{"Traceparent": {v}}).IsValid()
+						switch {
+						case ok && !extracted:
+							t.Errorf("ValidateTraceparent accepts %q, which the propagator drops", v)
+						case !ok && extracted && !(version == "00" && rest == "-"):
+							t.Errorf("ValidateTraceparent refuses %q, which the propagator extracts", v)
+						case ok:
+							accepted++
+						default:
+							refused++
+						}
+					}
+				}
+			}
+		}
+	}
+	if accepted == 0 || refused == 0 {
+		t.Fatalf("%d values accepted, %d refused: the set must hold both", accepted, refused)
 	}
 }

@@ -436,8 +436,13 @@ func traceparentProblem(h map[string][]string) string {
 // ValidateTraceparent reports whether v is a W3C trace context traceparent value that
 // consumers' propagators accept: version "-" trace-id "-" parent-id "-" trace-flags, 2, 32, 16
 // and 2 lower-case hex digits, the ids not all zero, the version not ff; version 00 exactly 55
-// characters, a later version 55 or more with a "-" after the flags. EnqueueTx, Prepare and
-// their database/sql twins refuse a message whose traceparent header fails it
+// characters with flags 00 to 03 (the sampled and random bits: OpenTelemetry's propagator
+// drops a version 00 traceparent with another bit set), a later version (01 to fe) 55
+// characters or more with a "-" after the flags, and any flags. Every rule OpenTelemetry's
+// propagation.TraceContext applies when it extracts a traceparent is here; this is stricter
+// only in refusing a version 00 value with a "-" after its flags and nothing more, which the
+// W3C format does not allow and OpenTelemetry's Go propagator lets pass. EnqueueTx, Prepare
+// and their database/sql twins refuse a message whose traceparent header fails it
 // (ErrInvalidTraceparent).
 func ValidateTraceparent(v string) error {
 	const n = 55 // 2+1+32+1+16+1+2
@@ -462,6 +467,8 @@ func ValidateTraceparent(v string) error {
 		return errors.New("has an all-zero span id")
 	case version == "00" && len(v) != n:
 		return fmt.Errorf("is %d characters, a version 00 traceparent has exactly %d", len(v), n)
+	case version == "00" && flags > "03": // lower-case hex of one length: ordered as numbers
+		return fmt.Errorf("has version 00 and flags %s: version 00 defines only the sampled (01) and random (02) bits, and propagators drop a version 00 traceparent with another bit set", flags)
 	case len(v) > n && v[n] != '-':
 		return errors.New("has more after the flags without a - between")
 	}
