@@ -18,10 +18,6 @@ import (
 // ready for the relay that holds the partitions now.
 var ErrStaleWrite = errors.New("relay: write fence: the bytes to send may hold messages handed to the NATS client under a partition lease that has ended since; the connection is closed instead")
 
-// ErrFenceInUse is what WriteFence.Dial returns while the connection it dialled before is
-// still open: a fence serves one NATS connection (which may reconnect through it).
-var ErrFenceInUse = errors.New("relay: write fence: it already serves an open NATS connection; dial each connection through a WriteFence of its own")
-
 // WriteFence is a nats.CustomDialer for the NATS connection a relay publishes on. It closes
 // the gap the relay's lease check leaves (see the README's "Paused relays"): the check runs
 // before a message is handed to the NATS client, and the client writes the message's bytes
@@ -41,7 +37,8 @@ var ErrFenceInUse = errors.New("relay: write fence: it already serves an open NA
 // server answers a later one, a write once that lease ended or changed (a partition released,
 // handed over) closes the connection, once, even if those bytes had left.
 //
-// Dial one connection through each fence, with nats.SetCustomDialer(relay.NewWriteFence(nil))
+// Dial one connection through each fence (each dial is taken for that connection's
+// reconnect: what the previous one held is gone), with nats.SetCustomDialer(relay.NewWriteFence(nil))
 // and nats.ReconnectBufSize(-1) (a connection that buffers publishes while it reconnects sends
 // them later, unchecked: New leaves the fence off for it and says so), and pass it to New,
 // which finds the fence in the connection's options. relay run does this. Every relay
@@ -49,9 +46,9 @@ var ErrFenceInUse = errors.New("relay: write fence: it already serves an open NA
 type WriteFence struct {
 	dialer nats.CustomDialer
 
-	mu     sync.Mutex
-	relays []*fenceState
-	open   bool // a connection dialled through the fence is open
+	mu      sync.Mutex
+	relays  []*fenceState
+	dialled uint64 // connections dialled: the latest is the connection's current one
 
 	// beforeWrite, in tests, runs before each write is checked: blocking in it is a pause of
 	// the client between the hand-off and the write.
@@ -67,24 +64,21 @@ func NewWriteFence(d nats.CustomDialer) *WriteFence {
 	return &WriteFence{dialer: d}
 }
 
-// Dial implements nats.CustomDialer. It returns ErrFenceInUse while the connection it dialled
-// before is open.
+// Dial implements nats.CustomDialer. nats.go dials when its connection has none that works
+// (a connect, a reconnect), and a new connection starts with an empty buffer: whatever the
+// previous one held and did not write is gone.
 func (f *WriteFence) Dial(network, address string) (net.Conn, error) {
-	f.mu.Lock()
-	if f.open {
-		f.mu.Unlock()
-		return nil, ErrFenceInUse
-	}
-	f.open = true // taken while dialling
-	f.mu.Unlock()
 	c, err := f.dialer.Dial(network, address)
 	if err != nil {
-		f.mu.Lock()
-		f.open = false
-		f.mu.Unlock()
 		return nil, err
 	}
-	return &fencedConn{Conn: c, f: f}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dialled++
+	for _, s := range f.relays {
+		s.dropped()
+	}
+	return &fencedConn{Conn: c, f: f, n: f.dialled}, nil
 }
 
 // fenceSeg: the messages handed from the first-th on (counting from 1) were handed under
@@ -216,10 +210,14 @@ func (f *WriteFence) check() (stale []*fenceState, deadline time.Time) {
 	return stale, deadline
 }
 
-func (f *WriteFence) closed() {
+// closed records that connection n closed: if it is the current one, what its buffer held
+// is gone. (One closed after a later dial holds nothing of the current connection's.)
+func (f *WriteFence) closed(n uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.open = false
+	if n != f.dialled {
+		return
+	}
 	for _, s := range f.relays {
 		s.dropped()
 	}
@@ -229,6 +227,7 @@ func (f *WriteFence) closed() {
 type fencedConn struct {
 	net.Conn
 	f         *WriteFence
+	n         uint64 // the fence's count of dials when this connection was dialled
 	closeOnce sync.Once
 	// userDeadline is the write deadline the client set (nats.go's FlusherTimeout); a write
 	// the fence bounds by a lease's expiry gets the earlier of the two.
@@ -298,7 +297,7 @@ func (c *fencedConn) Close() error {
 	err := net.ErrClosed
 	c.closeOnce.Do(func() {
 		err = c.Conn.Close()
-		c.f.closed()
+		c.f.closed(c.n)
 	})
 	return err
 }

@@ -199,10 +199,11 @@ func TestWriteFenceQuietInNormalWork(t *testing.T) {
 	}
 }
 
-// A fence serves one connection at a time: a second dial while the first connection is open
-// is refused (closing one connection drops what every bound relay had in its buffer), and
-// a dial after it closed (a reconnect) is not.
-func TestWriteFenceServesOneConnection(t *testing.T) {
+// nats.go dials again when its connection failed, sometimes without closing the one that
+// failed (a handshake the server refused): a dial is always allowed and starts from an empty
+// buffer, and closing an earlier connection afterwards leaves the current one's pending
+// messages checked.
+func TestWriteFenceDialSupersedesTheLastConnection(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -210,21 +211,28 @@ func TestWriteFenceServesOneConnection(t *testing.T) {
 	}
 	defer ln.Close()
 	wf := NewWriteFence(nil)
+	s := wf.bind(func(gen uint64) (time.Time, bool) { return time.Time{}, false }, quietLogger(), nil) // every lease ended
+	stale := func() bool { st, _ := wf.check(); return len(st) > 0 }
 	c1, err := wf.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := wf.Dial("tcp", ln.Addr().String()); !errors.Is(err, ErrFenceInUse) {
-		t.Fatalf("second dial while the first connection is open: %v, want ErrFenceInUse", err)
-	}
-	if err := c1.Close(); err != nil {
-		t.Fatal(err)
-	}
+	s.handing(1)
+	s.handedOff()
 	c2, err := wf.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		t.Fatalf("dial after the first connection closed: %v", err)
+		t.Fatalf("a second dial with the first connection not closed: %v", err)
 	}
-	_ = c2.Close()
+	defer c2.Close()
+	if stale() {
+		t.Fatal("a message handed before the new connection was dialled is still checked: its bytes were in the old buffer")
+	}
+	s.handing(1)
+	s.handedOff()
+	_ = c1.Close()
+	if !stale() {
+		t.Fatal("closing the old connection marked the new connection's pending message as gone")
+	}
 }
 
 // A write that may carry a message handed under a lease gets that lease's expiry as its
@@ -268,11 +276,8 @@ func TestWriteFenceBoundsAStalledWriteByTheLease(t *testing.T) {
 	if time.Now().Before(until) {
 		t.Fatal("the stalled write ended before the lease expired")
 	}
-	wf.mu.Lock()
-	open := wf.open
-	wf.mu.Unlock()
-	if open {
-		t.Fatal("the connection is still open after a fenced write")
+	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a write after the fenced one: %v, want net.ErrClosed (the connection is closed)", err)
 	}
 }
 
