@@ -401,8 +401,11 @@ func firstLine(b []byte) string {
 }
 
 // The systemd unit runs relay run as a throwaway non-root user with the hardening options,
-// stops it with SIGTERM and gives it longer than its drain, sets only variables the relay
-// reads, and passes systemd-analyze verify (where it is installed) without a warning.
+// stops it with SIGTERM and gives it longer than its drain, restarts it after any exit (a Go
+// panic or runtime fatal error exits with status 2, as a configuration error does: with
+// RestartPreventExitStatus=2 a crashed relay stayed down) at a bounded rate and without a start
+// limit that gives up, sets only variables the relay reads, and passes systemd-analyze verify
+// (where it is installed) without a warning.
 func TestSystemdUnit(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(deployDir, "systemd")
@@ -425,7 +428,7 @@ func TestSystemdUnit(t *testing.T) {
 		kv[k] = append(kv[k], v)
 	}
 	want := map[string]string{
-		"ExecStart": "/usr/local/bin/relay run", "KillSignal": "SIGTERM", "Restart": "always", "RestartPreventExitStatus": "2",
+		"ExecStart": "/usr/local/bin/relay run", "KillSignal": "SIGTERM", "Restart": "always", "StartLimitIntervalSec": "0",
 		"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"PrivateDevices": "yes", "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
 		"MemoryDenyWriteExecute": "yes", "SystemCallFilter": "@system-service",
@@ -434,6 +437,14 @@ func TestSystemdUnit(t *testing.T) {
 		if !slices.Contains(kv[k], v) {
 			t.Errorf("%s=%v, want %q", k, kv[k], v)
 		}
+	}
+	for _, k := range []string{"RestartPreventExitStatus", "SuccessExitStatus", "StartLimitBurst", "StartLimitAction"} {
+		if len(kv[k]) > 0 {
+			t.Errorf("%s=%v: want it unset, or a relay that crashes (a Go panic exits with status 2) may stay down", k, kv[k])
+		}
+	}
+	if every, err := time.ParseDuration(strings.Join(kv["RestartSec"], "") + "s"); err != nil || every < time.Second {
+		t.Errorf("RestartSec=%v, want a second or more: a misconfigured relay must not restart in a tight loop", kv["RestartSec"])
 	}
 	stop, err := time.ParseDuration(strings.Join(kv["TimeoutStopSec"], "") + "s")
 	if err != nil || stop <= drainBound {
