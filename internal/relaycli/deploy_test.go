@@ -266,6 +266,15 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("the Job's DATABASE_URL is the Secret's %q, want admin-database-url (relay migrate up needs the admin role)", keys["DATABASE_URL"])
 	}
 	checkSecurity("the Job", job.Spec.Template.Spec, jc)
+	// A Job's template is immutable: an apply with a new image fails while the finished Job
+	// exists (ttlSecondsAfterFinished), so its manifest says how to upgrade, by its name.
+	jobText, err := os.ReadFile(filepath.Join(dir, "migrate-job.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del := "kubectl delete job " + job.Metadata.Name + " --ignore-not-found"; job.Metadata.Name == "" || !strings.Contains(string(jobText), del) {
+		t.Errorf("migrate-job.yaml does not say to run %q before applying an upgrade", del)
+	}
 
 	dep := objs["Deployment"][0]
 	pod := dep.Spec.Template.Spec
