@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -210,6 +212,9 @@ func TestKubernetesManifests(t *testing.T) {
 	if userOf("database-url") == userOf("admin-database-url") {
 		t.Errorf("database-url and admin-database-url log in as the same role %s: the relays need the relay role, the migration the admin role", userOf("database-url"))
 	}
+	for _, key := range []string{"database-url", "admin-database-url"} {
+		checkLoginName(t, "the Secret's "+key, userOf(key))
+	}
 	kust := objs["Kustomization"][0]
 	for _, f := range files {
 		if f != "kustomization.yaml" && !slices.Contains(kust.Resources, f) {
@@ -397,6 +402,30 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 }
 
+// checkLoginName fails when a deploy example logs in as one of the NOLOGIN group roles that
+// `relay migrate grants` creates by default (txoutbox_<role>): a URL with it fails with "role
+// is not permitted to log in". The examples use login roles granted the group role.
+func checkLoginName(t *testing.T, what, user string) {
+	t.Helper()
+	for _, r := range migrations.Roles {
+		if user == "txoutbox_"+r {
+			t.Errorf("%s logs in as %s, the NOLOGIN group role `relay migrate grants --role %s` creates: use a login role granted it", what, user, r)
+		}
+	}
+	if user == "" {
+		t.Errorf("%s: no user", what)
+	}
+}
+
+// urlUsers returns the user of each postgres:// URL in text.
+func urlUsers(text string) []string {
+	var users []string
+	for _, m := range regexp.MustCompile(`postgres(?:ql)?://([^:@/\s]+)[:@]`).FindAllStringSubmatch(text, -1) {
+		users = append(users, m[1])
+	}
+	return users
+}
+
 func fmtPtr(p *int) string {
 	if p == nil {
 		return "(unset)"
@@ -490,6 +519,15 @@ func TestSystemdUnit(t *testing.T) {
 	envFile, err := os.ReadFile(filepath.Join(dir, "relay.env"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for what, text := range map[string]string{"relay.service": string(unit), "relay.env": string(envFile)} {
+		users := urlUsers(text)
+		if len(users) == 0 {
+			t.Errorf("%s has no postgres:// URL", what)
+		}
+		for _, u := range users {
+			checkLoginName(t, what, u)
+		}
 	}
 	for _, l := range strings.Split(string(envFile), "\n") {
 		if l = strings.TrimSpace(l); l == "" || l[0] == '#' {
