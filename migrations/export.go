@@ -3,6 +3,7 @@ package migrations
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,12 +22,21 @@ const (
 // versions (1, 2, …) would collide with the application's, or be counted in its version.
 var ErrSharedDir = errors.New("migrations: the export directory holds other migration files")
 
+// ErrExportDiffers means an export's directory holds a file of one of txoutbox's migration
+// names whose contents are not that migration's (edited, or exported by a build whose
+// migration differed): Export never overwrites it.
+var ErrExportDiffers = errors.New("migrations: an exported migration file differs from txoutbox's")
+
 // Export writes the migrations into dir (created if needed) in format, for deploy tools that
-// keep their own copy. It refuses to overwrite an existing file, and to write into a
-// directory holding any other .sql file (ErrSharedDir): txoutbox's migrations go in a
-// directory of their own, applied with a version table of their own (goose -table
-// txoutbox_goose_db_version; golang-migrate x-migrations-table=txoutbox_golang_migrate) or in a
-// schema of their own, so that they never mix with the application's.
+// keep their own copy, and returns the paths of the files it wrote. Run again on the same
+// directory (after an upgrade that adds migrations, say), it writes the files that are
+// missing and leaves those whose contents are already the migration's; a file of one of the
+// migrations' names with other contents is never overwritten (ErrExportDiffers, naming it,
+// and nothing is written). It refuses a directory holding any other .sql file (ErrSharedDir):
+// txoutbox's migrations go in a directory of their own, applied with a version table of their
+// own (goose -table txoutbox_goose_db_version; golang-migrate
+// x-migrations-table=txoutbox_golang_migrate) or in a schema of their own, so that they never
+// mix with the application's.
 func Export(dir, format string) ([]string, error) {
 	ms, err := Load(FS)
 	if err != nil {
@@ -50,16 +60,43 @@ func Export(dir, format string) ([]string, error) {
 			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
 		}
 	}
-	if others, _ := filepath.Glob(filepath.Join(dir, "*.sql")); len(others) > 0 {
-		return nil, fmt.Errorf("%w: %s holds %s: export into a directory of its own and apply it with a version table of its own "+
-			"(goose -dir DIR -table %s; golang-migrate -path DIR with x-migrations-table=%s in the database URL) or into a schema of its own",
-			ErrSharedDir, dir, filepath.Base(others[0]), OwnGooseTable, OwnGolangMigrateTable)
+	// Every .sql file already there must be one of ours, with our contents, before anything
+	// is written.
+	present := map[string]bool{}
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		body, ours := files[name]
+		if !ours {
+			return nil, fmt.Errorf("%w: %s holds %s, not one of txoutbox's %s migration files: export into a directory of its own and apply it "+
+				"with a version table of its own (goose -dir DIR -table %s; golang-migrate -path DIR with x-migrations-table=%s in the "+
+				"database URL) or into a schema of its own", ErrSharedDir, dir, name, format, OwnGooseTable, OwnGolangMigrateTable)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
+		}
+		if string(got) != body {
+			return nil, fmt.Errorf("%w: %s is not txoutbox's %s (edited, or exported by another txoutbox version): "+
+				"nothing written; move it away to export this version's, or compare them", ErrExportDiffers, path, name)
+		}
+		present[name] = true
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	var written []string
 	for _, name := range order {
+		if present[name] {
+			continue // already there, as it is
+		}
 		path := filepath.Join(dir, name)
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {

@@ -17,7 +17,10 @@ const (
 	// CommitTx, Rollback) and cancels or moves its delayed messages (CancelTx, RescheduleTx and
 	// their business key forms, which find rows by header: so it can read every message's
 	// headers and delivery time, since migration 5). It cannot delete outbox rows, read their
-	// payloads, change a payload, headers or subject, or touch consumers' dedup rows.
+	// payloads, change a payload, headers or subject, or touch consumers' dedup rows; it inserts
+	// only the columns a producer writes, and row-level security holds its rows to what the
+	// clients write: never failed or due later (which would hold back the message's key), in
+	// the partition of the message's key.
 	RoleProducer = "producer"
 	// RoleRelay claims, publishes and settles rows, keeps its membership row and partition
 	// leases, and runs the check-back (resolve, stale report, purge of published, rolled back
@@ -99,7 +102,10 @@ const ProducerRowsRole = "txoutbox_restricted_producers"
 // producerRowsComment introduces producerRows in the SQL Grants writes.
 const producerRowsComment = `-- Row-level security: a producer updates only the rows a producer settles or moves (half
 -- messages, delayed messages, and ready rows whose current version its own transaction wrote):
--- not another service's ready, published, dead or rolled back messages. Other roles see every row.
+-- not another service's ready, published, dead or rolled back messages. It inserts and leaves
+-- rows as a producer writes them: never failed (attempts 0) nor due later (next_attempt_at), which
+-- would hold back every later message of the key, and in the partition of their key (or id).
+-- Other roles see every row.
 `
 
 // OwnRowVersionFunc is the function (in the outbox schema, created by the producer grants, not
@@ -141,15 +147,62 @@ END
 $txoutbox$;
 `
 
+// PartitionKeyFunc is the function (in the outbox schema, created by the producer grants, not
+// by a migration) that the producer's row-level security calls to test a new row's
+// partition_key: the partition key of a message of key msg_key (NULL for none) and id
+// message_id, as the Go client (store.KeyHash) and the SQL functions (txoutbox_key_hash,
+// txoutbox_partition_keys) compute it.
+const PartitionKeyFunc = "txoutbox_producer_partition_key"
+
+// partitionKey creates PartitionKeyFunc in schema %[1]s (a sanitized identifier): FNV-1a
+// (32 bits) of the UTF-8 bytes of the key, or of the id's text without a key, masked to 31
+// bits. Eight bytes a statement, then one at a time, as migration 10's txoutbox_fnv (which a
+// schema below migration 10 does not have: the grants do not depend on the migration version).
+// It runs with the caller's privileges and a fixed search_path (pg_catalog), so a caller's
+// operators cannot stand in for the built-in ones and make a forged partition_key pass.
+const partitionKey = `CREATE OR REPLACE FUNCTION %[1]s.` + PartitionKeyFunc + `(msg_key text, message_id uuid) RETURNS int4
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $txoutbox$
+DECLARE
+    b bytea := convert_to(coalesce(msg_key, message_id::text), 'UTF8');
+    n int := length(b);
+    h bigint := 2166136261;
+    j int := 0;
+BEGIN
+    WHILE j + 8 <= n LOOP
+        h := ((((((((((((((((h # get_byte(b, j)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 1)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 2)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 3)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 4)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 5)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 6)) * 16777619 & 4294967295)
+                            # get_byte(b, j + 7)) * 16777619 & 4294967295);
+        j := j + 8;
+    END LOOP;
+    WHILE j < n LOOP
+        h := (h # get_byte(b, j)) * 16777619 & 4294967295;
+        j := j + 1;
+    END LOOP;
+    RETURN (h & 2147483647)::int4;
+END
+$txoutbox$;
+`
+
 // producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s),
 // for the members of ProducerRowsRole (%[3]s, named by the literal %[2]s; restrictedRoleSQL
 // creates it and makes the grantee a member). Members may read every row (their column
-// grants say which columns), insert rows in the states a producer writes, and update only the rows a producer settles or moves: half
+// grants say which columns), insert rows as a producer writes them (in the states a producer
+// writes, never failed nor due later: attempts 0 and next_attempt_at its default, now(); in the
+// partition of their key, PartitionKeyFunc, %[5]s: a row with attempts > 0 held back every later
+// message of its key, and one in another partition broke its key's order), and update only the rows a producer settles or moves: half
 // messages (prepared, check_exhausted), delayed ones (scheduled), and ready rows of their own
 // transaction, in it or one of its savepoints (the version's xmin is the caller's, tested by
 // OwnRowVersionFunc, %[4]s: the SQL functions of migrations 5 and 7 turn a message they just
 // enqueued into a delayed one, txoutbox_commit turns a committed delayed half message
-// scheduled); the result must be prepared, ready, scheduled or rolled_back. A time test
+// scheduled); the result must be prepared, ready, scheduled or rolled_back, never failed
+// (attempts 0) nor due later than its writer's transaction began (next_attempt_at at most
+// created_at, the writer's now(), or the caller's now(): a commit sets it to now(); another
+// service's half message given attempts or a retry time in the future held back its key). A time test
 // (created_at or settled_at against now(), the start of the caller's transaction) let a
 // transaction held open since before another service's commit roll that message back. Roles that are not members get every row (one permissive policy, whose
 // membership test is evaluated once per statement); the owner and superusers bypass row-level
@@ -162,11 +215,13 @@ DROP POLICY IF EXISTS txoutbox_producer_select ON %[1]s;
 CREATE POLICY txoutbox_producer_select ON %[1]s FOR SELECT TO %[3]s USING (true);
 DROP POLICY IF EXISTS txoutbox_producer_insert ON %[1]s;
 CREATE POLICY txoutbox_producer_insert ON %[1]s FOR INSERT TO %[3]s
-  WITH CHECK (state IN ('ready', 'prepared', 'scheduled'));
+  WITH CHECK (state IN ('ready', 'prepared', 'scheduled') AND attempts = 0 AND next_attempt_at <= now()
+              AND partition_key = %[5]s(msg_key, message_id));
 DROP POLICY IF EXISTS txoutbox_producer_update ON %[1]s;
 CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
   USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND %[4]s(xmin)))
-  WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back'));
+  WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back') AND attempts = 0
+              AND next_attempt_at <= greatest(now(), created_at));
 `
 
 // ConsumerRowsRole is the NOLOGIN role (one per cluster) that consumer grantees restricted to
@@ -231,6 +286,12 @@ func policySQL(b *strings.Builder, prefix, table, grantee, rest string) {
 	fmt.Fprintf(b, "CREATE POLICY %s ON %s %s\n", name, table, rest) // rest is text, never a format
 }
 
+// producerInsertColumns are the columns of txoutbox_messages the producer inserts, but
+// deliver_at (migration 5, granted on its own line): those the Go client (internal/store's
+// insertMessages and insertPrepared) and the SQL functions (txoutbox_write) write.
+var producerInsertColumns = []string{"message_id", "subject", "msg_key", "partition_key", "headers", "payload", "state",
+	"ready_at", "producer_group", "check_mode", "next_check_at"}
+
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Grants returns SQL that gives grantee (created NOLOGIN if it does not exist; grant it to
@@ -265,27 +326,34 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 	switch role {
 	case RoleProducer:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
-		b.WriteString("-- EnqueueTx and Prepare insert rows (the id is drawn from the table's identity).\n")
-		fmt.Fprintf(&b, "GRANT INSERT ON %s TO %s;\n", messages, g)
+		b.WriteString("-- EnqueueTx, Prepare and the SQL functions insert rows: the columns they write, no others (the\n")
+		b.WriteString("-- id is drawn from the table's identity; attempts, next_attempt_at and created_at take their\n")
+		b.WriteString("-- defaults). INSERT on every column, which earlier versions granted, is taken back first.\n")
+		fmt.Fprintf(&b, "REVOKE INSERT ON %s FROM %s;\n", messages, g)
+		fmt.Fprintf(&b, "GRANT INSERT (%s) ON %s TO %s;\n", strings.Join(producerInsertColumns, ", "), messages, g)
 		b.WriteString("-- Commit, CommitTx and Rollback find their message, take its key's lock and settle it:\n")
-		b.WriteString("-- the columns they read and write, not payloads or headers.\n")
+		b.WriteString("-- the columns they read and write, not payloads or headers (a commit resets attempts and\n")
+		b.WriteString("-- next_attempt_at, as migration 4's txoutbox_settle_half does: the row-level security below\n")
+		b.WriteString("-- allows attempts 0 and no retry time in the future only).\n")
 		fmt.Fprintf(&b, "GRANT SELECT (id, message_id, msg_key, partition_key, state, check_count) ON %s TO %s;\n", messages, g)
 		fmt.Fprintf(&b, "GRANT UPDATE (id, state, ready_at, next_attempt_at, attempts, next_check_at, settled_by, settled_at, check_count) ON %s TO %s;\n", messages, g)
-		b.WriteString("-- CancelTx and RescheduleTx (migration 5) withdraw a scheduled row (state rolled_back) or\n")
-		b.WriteString("-- move its delivery time; their business key forms find rows by the Txoutbox-Biz-Key header.\n")
-		fmt.Fprintf(&b, "GRANT SELECT (deliver_at, headers), UPDATE (deliver_at) ON %s TO %s;\n", messages, g)
-		b.WriteString("-- The row-level security below calls this function (created here, not by a migration).\n")
+		b.WriteString("-- Delayed messages (migration 5) are inserted with their delivery time; CancelTx and\n")
+		b.WriteString("-- RescheduleTx withdraw a scheduled row (state rolled_back) or move its delivery time; their\n")
+		b.WriteString("-- business key forms find rows by the Txoutbox-Biz-Key header.\n")
+		fmt.Fprintf(&b, "GRANT SELECT (deliver_at, headers), INSERT (deliver_at), UPDATE (deliver_at) ON %s TO %s;\n", messages, g)
+		b.WriteString("-- The row-level security below calls these functions (created here, not by a migration).\n")
 		fmt.Fprintf(&b, ownRowVersion, s)
+		fmt.Fprintf(&b, partitionKey, s)
 		b.WriteString("-- The SQL contract (migration 4): EXECUTE on the txoutbox_* functions (txoutbox_enqueue,\n")
 		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback,\n")
 		b.WriteString("-- since migration 5 txoutbox_cancel, txoutbox_reschedule and their business key forms, and the\n")
-		b.WriteString("-- helpers they call, and the function above), when the schema has them. They run with the\n")
+		b.WriteString("-- helpers they call, and the functions above), when the schema has them. They run with the\n")
 		b.WriteString("-- caller's privileges.\n")
 		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%' LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
 			lit(schema), lit(grantee))
 		b.WriteString(producerRowsComment)
 		fmt.Fprintf(&b, restrictedRoleSQL, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
-		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), t(OwnRowVersionFunc))
+		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), t(OwnRowVersionFunc), t(PartitionKeyFunc))
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")

@@ -185,8 +185,42 @@ func TestExport(t *testing.T) {
 		!strings.Contains(up, "CREATE TABLE txoutbox_messages") || !strings.Contains(down, "DROP TABLE txoutbox_messages") {
 		t.Fatalf("goose file:\n%s", body)
 	}
-	if _, err := migrations.Export(dir, migrations.FormatGoose); err == nil {
-		t.Fatal("a second export into the same directory must refuse to overwrite")
+	// Exported again (as after an upgrade): the files already there are left alone, the
+	// missing ones written; one of our names with other contents is refused, naming it, and
+	// nothing is written.
+	if again, err := migrations.Export(dir, migrations.FormatGoose); err != nil || len(again) != 0 {
+		t.Fatalf("a second export into the same directory: wrote %v, %v; want nothing written and no error", again, err)
+	}
+	last := written[len(written)-1]
+	if err := os.Remove(last); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := migrations.Export(dir, migrations.FormatGoose); err != nil || len(again) != 1 || again[0] != last {
+		t.Fatalf("an export into a directory missing the newest migration: wrote %v, %v; want %s only", again, err, last)
+	}
+	if got, err := os.ReadFile(last); err != nil || !strings.Contains(string(got), "-- +goose Up") {
+		t.Fatalf("the rewritten %s: %v\n%s", last, err, got)
+	}
+	edited := append(body, []byte("-- a local edit\n")...)
+	if err := os.WriteFile(written[0], edited, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(last); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := migrations.Export(dir, migrations.FormatGoose); !errors.Is(err, migrations.ErrExportDiffers) || len(again) != 0 ||
+		!strings.Contains(err.Error(), written[0]) {
+		t.Fatalf("an export over an edited file: wrote %v, %v; want ErrExportDiffers naming %s and nothing written", again, err, written[0])
+	}
+	if got, _ := os.ReadFile(written[0]); string(got) != string(edited) {
+		t.Fatal("the refused export overwrote the edited file")
+	}
+	if _, err := os.Stat(last); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused export wrote the missing %s: %v", last, err)
+	}
+	// The other format's files are not ours in this format.
+	if again, err := migrations.Export(dir, migrations.FormatGolangMigrate); !errors.Is(err, migrations.ErrSharedDir) || len(again) != 0 {
+		t.Fatalf("a golang-migrate export into a goose export's directory: wrote %v, %v; want ErrSharedDir", again, err)
 	}
 	// The application's own goose directory: versions 1 and 2 would collide with its own.
 	app := t.TempDir()
@@ -199,6 +233,18 @@ func TestExport(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(app); len(entries) != 1 {
 		t.Fatalf("the refused export wrote into the directory: %v", entries)
+	}
+	// Ours beside the application's: still refused.
+	mixed := t.TempDir()
+	if _, err := migrations.Export(mixed, migrations.FormatGoose); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mixed, "00001_users.sql"), []byte("-- +goose Up\nCREATE TABLE users (id int);\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if written, err := migrations.Export(mixed, migrations.FormatGoose); !errors.Is(err, migrations.ErrSharedDir) || len(written) != 0 ||
+		!strings.Contains(err.Error(), "00001_users.sql") {
+		t.Fatalf("export into a directory of txoutbox's files and the application's: %v, %v; want ErrSharedDir naming 00001_users.sql", written, err)
 	}
 	gm := t.TempDir()
 	written, err = migrations.Export(gm, migrations.FormatGolangMigrate)

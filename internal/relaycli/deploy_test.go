@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
 )
 
@@ -210,6 +212,9 @@ func TestKubernetesManifests(t *testing.T) {
 	if userOf("database-url") == userOf("admin-database-url") {
 		t.Errorf("database-url and admin-database-url log in as the same role %s: the relays need the relay role, the migration the admin role", userOf("database-url"))
 	}
+	for _, key := range []string{"database-url", "admin-database-url"} {
+		checkLoginName(t, "the Secret's "+key, userOf(key))
+	}
 	kust := objs["Kustomization"][0]
 	for _, f := range files {
 		if f != "kustomization.yaml" && !slices.Contains(kust.Resources, f) {
@@ -266,6 +271,15 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("the Job's DATABASE_URL is the Secret's %q, want admin-database-url (relay migrate up needs the admin role)", keys["DATABASE_URL"])
 	}
 	checkSecurity("the Job", job.Spec.Template.Spec, jc)
+	// A Job's template is immutable: an apply with a new image fails while the finished Job
+	// exists (ttlSecondsAfterFinished), so its manifest says how to upgrade, by its name.
+	jobText, err := os.ReadFile(filepath.Join(dir, "migrate-job.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del := "kubectl delete job " + job.Metadata.Name + " --ignore-not-found"; job.Metadata.Name == "" || !strings.Contains(string(jobText), del) {
+		t.Errorf("migrate-job.yaml does not say to run %q before applying an upgrade", del)
+	}
 
 	dep := objs["Deployment"][0]
 	pod := dep.Spec.Template.Spec
@@ -388,6 +402,30 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 }
 
+// checkLoginName fails when a deploy example logs in as one of the NOLOGIN group roles that
+// `relay migrate grants` creates by default (txoutbox_<role>): a URL with it fails with "role
+// is not permitted to log in". The examples use login roles granted the group role.
+func checkLoginName(t *testing.T, what, user string) {
+	t.Helper()
+	for _, r := range migrations.Roles {
+		if user == "txoutbox_"+r {
+			t.Errorf("%s logs in as %s, the NOLOGIN group role `relay migrate grants --role %s` creates: use a login role granted it", what, user, r)
+		}
+	}
+	if user == "" {
+		t.Errorf("%s: no user", what)
+	}
+}
+
+// urlUsers returns the user of each postgres:// URL in text.
+func urlUsers(text string) []string {
+	var users []string
+	for _, m := range regexp.MustCompile(`postgres(?:ql)?://([^:@/\s]+)[:@]`).FindAllStringSubmatch(text, -1) {
+		users = append(users, m[1])
+	}
+	return users
+}
+
 func fmtPtr(p *int) string {
 	if p == nil {
 		return "(unset)"
@@ -401,8 +439,11 @@ func firstLine(b []byte) string {
 }
 
 // The systemd unit runs relay run as a throwaway non-root user with the hardening options,
-// stops it with SIGTERM and gives it longer than its drain, sets only variables the relay
-// reads, and passes systemd-analyze verify (where it is installed) without a warning.
+// stops it with SIGTERM and gives it longer than its drain, restarts it after any exit (a Go
+// panic or runtime fatal error exits with status 2, as a configuration error does: with
+// RestartPreventExitStatus=2 a crashed relay stayed down) at a bounded rate and without a start
+// limit that gives up, sets only variables the relay reads, and passes systemd-analyze verify
+// (where it is installed) without a warning.
 func TestSystemdUnit(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(deployDir, "systemd")
@@ -425,7 +466,7 @@ func TestSystemdUnit(t *testing.T) {
 		kv[k] = append(kv[k], v)
 	}
 	want := map[string]string{
-		"ExecStart": "/usr/local/bin/relay run", "KillSignal": "SIGTERM", "Restart": "always", "RestartPreventExitStatus": "2",
+		"ExecStart": "/usr/local/bin/relay run", "KillSignal": "SIGTERM", "Restart": "always", "StartLimitIntervalSec": "0",
 		"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"PrivateDevices": "yes", "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
 		"MemoryDenyWriteExecute": "yes", "SystemCallFilter": "@system-service",
@@ -434,6 +475,14 @@ func TestSystemdUnit(t *testing.T) {
 		if !slices.Contains(kv[k], v) {
 			t.Errorf("%s=%v, want %q", k, kv[k], v)
 		}
+	}
+	for _, k := range []string{"RestartPreventExitStatus", "SuccessExitStatus", "StartLimitBurst", "StartLimitAction"} {
+		if len(kv[k]) > 0 {
+			t.Errorf("%s=%v: want it unset, or a relay that crashes (a Go panic exits with status 2) may stay down", k, kv[k])
+		}
+	}
+	if every, err := time.ParseDuration(strings.Join(kv["RestartSec"], "") + "s"); err != nil || every < time.Second {
+		t.Errorf("RestartSec=%v, want a second or more: a misconfigured relay must not restart in a tight loop", kv["RestartSec"])
 	}
 	stop, err := time.ParseDuration(strings.Join(kv["TimeoutStopSec"], "") + "s")
 	if err != nil || stop <= drainBound {
@@ -470,6 +519,15 @@ func TestSystemdUnit(t *testing.T) {
 	envFile, err := os.ReadFile(filepath.Join(dir, "relay.env"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for what, text := range map[string]string{"relay.service": string(unit), "relay.env": string(envFile)} {
+		users := urlUsers(text)
+		if len(users) == 0 {
+			t.Errorf("%s has no postgres:// URL", what)
+		}
+		for _, u := range users {
+			checkLoginName(t, what, u)
+		}
 	}
 	for _, l := range strings.Split(string(envFile), "\n") {
 		if l = strings.TrimSpace(l); l == "" || l[0] == '#' {

@@ -1345,3 +1345,168 @@ func TestProducerOpenTransactionCannotSettleLaterCommits(t *testing.T) {
 		}
 	}
 }
+
+// A producer login cannot write a row that holds back a key, nor one in the wrong partition:
+// its INSERT is limited to the columns the Go client and the SQL functions write (not
+// attempts, next_attempt_at, created_at, the settle or publish columns), and the row-level
+// security refuses a row whose partition_key is not its key's hash (its id's, without a key),
+// a row that failed already (attempts > 0) or is not due, and an UPDATE that gives a half or
+// delayed message attempts or a retry time in the future. The audit's forged row (attempts 5,
+// next attempt at infinity, key victimkey) held back every later message of the key forever.
+// The rows the producer writes as the clients do still pass, and so does a settle by a
+// transaction older than the message it settles. A login granted INSERT on every column (as
+// the grants of earlier versions did) is held to the same rows by the row-level security,
+// until re-running the grants takes that INSERT back.
+func TestProducerCannotForgeHoldBackOrPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	producer := lp.poolOf(migrations.RoleProducer)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, state, attempts, next_attempt_at, msg_key)
+		VALUES (gen_random_uuid(), 'orders.forged', 'p', 0, 'ready', 5, 'infinity', 'victimkey')`
+	insert := func(key *string, id uuid.UUID, part int32) error {
+		_, err := producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, payload, msg_key, partition_key)
+			VALUES ($1, 'orders.manual', 'p', $2, $3)`, id, key, part)
+		return err
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		wantDenied(t, "producer "+what, err)
+	}
+	refused("inserts the audit's forged row", func() error { _, err := producer.Exec(ctx, forged); return err }())
+	for what, sql := range map[string]string{
+		"inserts a row with attempts":              `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, attempts) VALUES (gen_random_uuid(), 'x', '', 0, 1)`,
+		"inserts a row due later":                  `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, next_attempt_at) VALUES (gen_random_uuid(), 'x', '', 0, 'infinity')`,
+		"inserts a row with a created_at":          `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, created_at) VALUES (gen_random_uuid(), 'x', '', 0, now())`,
+		"inserts a row with a last error":          `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, last_error) VALUES (gen_random_uuid(), 'x', '', 0, 'e')`,
+		"inserts a row with a stream sequence":     `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, stream_seq) VALUES (gen_random_uuid(), 'x', '', 0, 1)`,
+		"inserts a row with a check count":         `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, check_count) VALUES (gen_random_uuid(), 'x', '', 0, 9)`,
+		"inserts a row with a settled_by":          `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, settled_by) VALUES (gen_random_uuid(), 'x', '', 0, 'producer')`,
+		"inserts a row with a published time":      `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, published_at) VALUES (gen_random_uuid(), 'x', '', 0, now())`,
+		"inserts a keyed row in another partition": `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, msg_key) VALUES (gen_random_uuid(), 'x', '', 0, 'victimkey')`,
+	} {
+		_, err := producer.Exec(ctx, sql)
+		refused(what, err)
+	}
+	victim := "victimkey"
+	refused("inserts a keyed row with another key's partition", insert(&victim, uuid.New(), store.KeyHash("otherkey")))
+	id := uuid.New()
+	refused("inserts an unkeyed row with another partition", insert(nil, id, store.KeyHash(id.String())^1))
+	// The rows the clients write: partition_key is the key's hash (store.KeyHash: FNV-1a of the
+	// UTF-8 bytes, 31 bits), the id's text's without a key; keys of 0 to 20 bytes and more,
+	// multi-byte characters included, hash as the Go client hashes them.
+	for _, key := range []string{"k", "victimkey", "order-1041", "ключ-42/ü", strings.Repeat("x", 7), strings.Repeat("y", 8),
+		strings.Repeat("z", 9), strings.Repeat("é", 15), strings.Repeat("order:", 30)} {
+		if err := insert(&key, uuid.New(), store.KeyHash(key)); err != nil {
+			t.Errorf("producer inserts a row of key %q in its partition: %v", key, err)
+		}
+	}
+	id = uuid.New()
+	if err := insert(nil, id, store.KeyHash(id.String())); err != nil {
+		t.Errorf("producer inserts an unkeyed row in its id's partition: %v", err)
+	}
+
+	// Another service's half message of the key: the producer may settle it (by design of the
+	// half-message API), not give it attempts or a later retry.
+	half, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Key: victim, Payload: []byte("half")},
+		&outbox.PrepareOptions{Group: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`UPDATE txoutbox_messages SET attempts = 5, next_attempt_at = 'infinity' WHERE message_id = $1`,
+		`UPDATE txoutbox_messages SET state = 'ready', attempts = 5, next_attempt_at = 'infinity' WHERE message_id = $1`,
+		`UPDATE txoutbox_messages SET attempts = 1 WHERE message_id = $1`,
+		`UPDATE txoutbox_messages SET next_attempt_at = now() + interval '1 hour' WHERE message_id = $1`,
+	} {
+		_, err := producer.Exec(ctx, sql, half.ID)
+		refused(sql, err)
+	}
+	var attempts int
+	var late bool
+	if err := db.Pool.QueryRow(ctx, `SELECT attempts, next_attempt_at > now() FROM txoutbox_messages WHERE message_id = $1`, half.ID).Scan(&attempts, &late); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || late {
+		t.Errorf("the half message after the producer's forged updates: attempts %d, retry in the future %v", attempts, late)
+	}
+	if err := client.Commit(ctx, producer, half.ID); err != nil {
+		t.Errorf("producer Commit of the half message: %v", err)
+	}
+	if _, err := producer.Exec(ctx, `SELECT txoutbox_commit(txoutbox_prepare('orders.sql', 'p', $1, producer_group => 'g1'))`, victim); err != nil {
+		t.Errorf("producer txoutbox_prepare and txoutbox_commit: %v", err)
+	}
+
+	// A transaction that began before a message was written still settles it: the message's
+	// next_attempt_at (its writer's now()) is later than this transaction's now().
+	tx, err := producer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT now()`); err != nil {
+		t.Fatal(err)
+	}
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT now() + interval '1 hour'`).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	var later []uuid.UUID
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		later, err = client.EnqueueTx(ctx, tx, outbox.Message{Subject: "payments.expire", Key: victim, Payload: []byte("later"), DeliverAt: due})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	laterHalf, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.charged", Key: victim, Payload: []byte("later half")},
+		&outbox.PrepareOptions{Group: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CancelTx(ctx, tx, later[0]); err != nil {
+		t.Errorf("producer CancelTx of a message written after its transaction began: %v", err)
+	}
+	if err := client.Rollback(ctx, tx, laterHalf.ID); err != nil {
+		t.Errorf("producer Rollback of a half message prepared after its transaction began: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Errorf("commit: %v", err)
+	}
+
+	// INSERT on every column, as the grants of earlier versions gave it: the row-level security
+	// still refuses the forged rows; re-running the grants takes that INSERT back.
+	login := lp.login[migrations.RoleProducer]
+	if _, err := db.Pool.Exec(ctx, `GRANT INSERT ON txoutbox_messages TO `+login); err != nil {
+		t.Fatal(err)
+	}
+	refused("with INSERT on every column inserts the audit's forged row", func() error { _, err := producer.Exec(ctx, forged); return err }())
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, msg_key, attempts) VALUES (gen_random_uuid(), 'x', '', $1, 'victimkey', 5)`, store.KeyHash(victim))
+	refused("with INSERT on every column inserts a row with attempts", err)
+	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, payload, partition_key, msg_key, next_attempt_at) VALUES (gen_random_uuid(), 'x', '', $1, 'victimkey', 'infinity')`, store.KeyHash(victim))
+	refused("with INSERT on every column inserts a row due later", err)
+	code, grants, stderr := cli(t, "migrate", "grants", "--role", migrations.RoleProducer, "--schema", db.Schema, "--grantee", login)
+	if code != 0 {
+		t.Fatalf("grants: exit %d: %s", code, stderr)
+	}
+	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+		t.Fatalf("re-running the producer grants: %v", err)
+	}
+	var canInsert bool
+	if err := db.Pool.QueryRow(ctx, `SELECT has_column_privilege($1, 'txoutbox_messages', 'attempts', 'INSERT')`, login).Scan(&canInsert); err != nil || canInsert {
+		t.Errorf("after re-running the grants the producer may insert attempts: %v (%v)", canInsert, err)
+	}
+
+	var held int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages
+		WHERE attempts > 0 OR next_attempt_at > now() OR (msg_key = 'victimkey' AND partition_key <> $1)`, store.KeyHash(victim)).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Errorf("%d rows the producer wrote hold back a key or sit in another partition", held)
+	}
+}

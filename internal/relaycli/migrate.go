@@ -22,7 +22,8 @@ Usage:
   relay migrate down [settings]        revert the newest migration (--steps N, or --all)
   relay migrate status [settings]      list migrations and whether each is applied
   relay migrate export --dir D [--format golang-migrate|goose]
-                                       write the migration files for another tool (no database)
+                                       write the migration files for another tool (no database);
+                                       again after an upgrade: writes the new ones, leaves the rest
   relay migrate grants --role producer|relay|consumer|admin [--schema S]
                                        print the SQL of a least-privilege role (no database)
 `
@@ -66,6 +67,9 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 		written, err := migrations.Export(dir, format)
 		for _, p := range written {
 			fmt.Fprintln(env.Stdout, "wrote", p)
+		}
+		if err == nil && len(written) == 0 {
+			fmt.Fprintln(env.Stdout, dir, "already holds every migration: nothing written")
 		}
 		return err
 	}

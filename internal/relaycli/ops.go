@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 
 	"github.com/google/uuid"
@@ -24,13 +25,19 @@ func defineMetricsAddr(s *settings, p *string) {
 	sec("metrics-addr")
 }
 
-// checkMetricsAddr validates --metrics-addr (empty is off).
+// checkMetricsAddr validates --metrics-addr (empty is off): host:port, the port a number from
+// 0 to 65535 (0: any free port). Only SplitHostPort was checked, so a port out of range (or
+// not a number) failed at listen time, with exit status 1, instead of as a setting.
 func checkMetricsAddr(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
 		return usageErr("invalid --metrics-addr %q: %v", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return usageErr("invalid --metrics-addr %q: port %q: want a number from 0 to 65535", addr, port)
 	}
 	return nil
 }

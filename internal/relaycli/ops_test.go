@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"syscall"
@@ -160,5 +161,41 @@ func TestCheckbackServesMetricsAndHealth(t *testing.T) {
 	// A bad address is a usage error, as for relay run.
 	if code, _, errOut := cliEnv(t, nil, "checkback", "--database-url", db.DSN, "--metrics-addr", "9090"); code != 2 || !strings.Contains(errOut, "--metrics-addr") {
 		t.Errorf("checkback --metrics-addr 9090: exit %d: %s", code, errOut)
+	}
+}
+
+// A --metrics-addr (or TXOUTBOX_METRICS_ADDR) whose port is not a number from 0 to 65535 is a
+// usage error naming the setting (exit status 2), for relay run and relay checkback alike,
+// before anything connects: 127.0.0.1:99999 passed the check (SplitHostPort only) and exited 1
+// at listen time ("ops: listen on …: invalid port").
+func TestMetricsAddrPortIsChecked(t *testing.T) {
+	t.Parallel()
+	dsn := "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	// Bounded: a command that took the address would wait for that database until stopped.
+	cliEnv := func(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var out, errOut bytes.Buffer
+		code := Main(ctx, args, &Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return vars[k] }})
+		return code, out.String(), errOut.String()
+	}
+	for _, addr := range []string{"127.0.0.1:99999", "127.0.0.1:65536", ":-1", "127.0.0.1:", "127.0.0.1:http", "9090", "[::1]:1e3"} {
+		for _, cmd := range [][]string{{"run", "--nats-url", "nats://127.0.0.1:1"}, {"checkback", "--nats-url", "nats://127.0.0.1:1"}} {
+			args := append(append([]string{}, cmd...), "--database-url", dsn)
+			code, _, errOut := cliEnv(t, nil, append(args, "--metrics-addr", addr)...)
+			if code != 2 || !strings.Contains(errOut, "--metrics-addr") || !strings.Contains(errOut, addr) {
+				t.Errorf("relay %s --metrics-addr %s: exit %d: %s; want exit 2 naming the setting", cmd[0], addr, code, errOut)
+			}
+			code, _, errOut = cliEnv(t, map[string]string{"TXOUTBOX_METRICS_ADDR": addr}, args...)
+			if code != 2 || !strings.Contains(errOut, "metrics-addr") {
+				t.Errorf("relay %s with TXOUTBOX_METRICS_ADDR=%s: exit %d: %s; want exit 2 naming the setting", cmd[0], addr, code, errOut)
+			}
+		}
+	}
+	for _, addr := range []string{"", "127.0.0.1:0", ":9090", "[::1]:65535", "localhost:09090"} {
+		if err := checkMetricsAddr(addr); err != nil {
+			t.Errorf("checkMetricsAddr(%q): %v", addr, err)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -98,5 +100,44 @@ func TestCheckSchemaAdviceNamesTheToolThatKeepsTheVersions(t *testing.T) {
 				t.Fatalf("relay migrate up on a %s schema: %v, want ErrManagedElsewhere", tc.tool, upErr)
 			}
 		})
+	}
+}
+
+// relay migrate export run again on its own directory (as after an upgrade) succeeds: it
+// leaves the files already there and writes the missing ones; a file of one of txoutbox's
+// names with other contents makes it exit 1 naming the file, and nothing is written. It
+// exited 1 on any second run ("holds 001_outbox.down.sql").
+func TestMigrateExportAgain(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "txoutbox")
+	code, out, stderr := cli(t, "migrate", "export", "--dir", dir)
+	if code != 0 || !strings.Contains(out, "wrote "+filepath.Join(dir, "001_outbox.up.sql")) {
+		t.Fatalf("migrate export: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = cli(t, "migrate", "export", "--dir", dir)
+	if code != 0 || strings.Contains(out, "wrote") || !strings.Contains(out, "nothing written") {
+		t.Fatalf("migrate export again: exit %d\n%s%s", code, out, stderr)
+	}
+	missing := filepath.Join(dir, "001_outbox.down.sql")
+	if err := os.Remove(missing); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = cli(t, "migrate", "export", "--dir", dir)
+	if code != 0 || strings.TrimSpace(out) != "wrote "+missing {
+		t.Fatalf("migrate export into a directory missing a file: exit %d\n%s%s", code, out, stderr)
+	}
+	edited := filepath.Join(dir, "002_relays.up.sql")
+	if err := os.WriteFile(edited, []byte("-- edited\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(missing); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = cli(t, "migrate", "export", "--dir", dir)
+	if code != 1 || out != "" || !strings.Contains(stderr, edited) {
+		t.Fatalf("migrate export over an edited file: exit %d\n%s%s; want exit 1 naming %s", code, out, stderr, edited)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused export wrote %s: %v", missing, err)
 	}
 }

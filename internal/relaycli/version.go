@@ -30,11 +30,12 @@ type BuildInfo struct {
 	// or "(devel)".
 	Module  string `json:"module"`
 	Version string `json:"version"`
-	// Revision, Time and Modified come from the VCS (builds from a checkout); "" and false when
-	// the binary was built without them (go install module@version, -buildvcs=false).
+	// Revision, Time and Modified come from the VCS (builds from a checkout); "", "" and nil
+	// (JSON null: unknown, not false) when the binary was built without them (go install
+	// module@version, -buildvcs=false, a build in a git worktree).
 	Revision string `json:"revision"`
 	Time     string `json:"time"`
-	Modified bool   `json:"modified"`
+	Modified *bool  `json:"modified"`
 	// GoVersion is the toolchain that built the binary; Platform its GOOS/GOARCH.
 	GoVersion string `json:"go_version"`
 	Platform  string `json:"platform"`
@@ -42,10 +43,18 @@ type BuildInfo struct {
 
 // ReadBuildInfo returns this binary's build information (runtime/debug.ReadBuildInfo).
 func ReadBuildInfo() BuildInfo {
-	b := BuildInfo{Module: "github.com/txoutbox/txoutbox", Version: "(unknown)", GoVersion: runtime.Version(),
-		Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
+		info = nil
+	}
+	return buildInfoFrom(info)
+}
+
+// buildInfoFrom is ReadBuildInfo of the information Go recorded (nil: none).
+func buildInfoFrom(info *debug.BuildInfo) BuildInfo {
+	b := BuildInfo{Module: "github.com/txoutbox/txoutbox", Version: "(unknown)", GoVersion: runtime.Version(),
+		Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if info == nil {
 		return b
 	}
 	if info.Main.Path != "" {
@@ -64,16 +73,23 @@ func ReadBuildInfo() BuildInfo {
 		case "vcs.time":
 			b.Time = s.Value
 		case "vcs.modified":
-			b.Modified = s.Value == "true"
+			m := s.Value == "true"
+			b.Modified = &m
 		}
 	}
 	return b
 }
 
 func (b BuildInfo) write(w io.Writer) {
-	rev, when, mod := b.Revision, b.Time, fmt.Sprint(b.Modified)
+	rev, when, mod := b.Revision, b.Time, "unknown"
 	if rev == "" {
-		rev, when, mod = "unknown (built without VCS information)", "unknown", "unknown"
+		rev = "unknown (built without VCS information)"
+	}
+	if when == "" {
+		when = "unknown"
+	}
+	if b.Modified != nil {
+		mod = fmt.Sprint(*b.Modified)
 	}
 	fmt.Fprintf(w, "relay %s\n", b.Version)
 	fmt.Fprintf(w, "  module:   %s\n", b.Module)

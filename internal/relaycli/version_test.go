@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -57,11 +58,14 @@ func TestVersionBinary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if dirty := len(bytes.TrimSpace(st)) > 0; dirty && !b.Modified {
+		if b.Modified == nil {
+			t.Fatalf("modified null, with revision %s", b.Revision)
+		}
+		if dirty := len(bytes.TrimSpace(st)) > 0; dirty && !*b.Modified {
 			t.Errorf("modified false, and tracked files are changed (git status --porcelain: %q)", st)
-		} else if b.Modified != dirty {
+		} else if *b.Modified != dirty {
 			all, _ := exec.Command("git", "status", "--porcelain").Output()
-			t.Logf("modified %v; tracked files changed: %v; git status --porcelain: %q", b.Modified, dirty, all)
+			t.Logf("modified %v; tracked files changed: %v; git status --porcelain: %q", *b.Modified, dirty, all)
 		}
 		// A stamped build from a checkout has a pseudo-version naming the revision.
 		if !strings.Contains(b.Version, b.Revision[:12]) {
@@ -69,6 +73,10 @@ func TestVersionBinary(t *testing.T) {
 		}
 	default:
 		t.Logf("the binary carries no VCS information (go build stamps none in a git worktree or without git); checked the rest")
+		// Unknown is null, not false (the text form says unknown).
+		if b.Modified != nil || !strings.Contains(string(out), `"modified": null`) {
+			t.Errorf("relay version --json of a binary without VCS information: modified %v, want null:\n%s", b.Modified, out)
+		}
 	}
 
 	// The text form says the same, and --version is the same command.
@@ -90,5 +98,51 @@ func TestVersionBinary(t *testing.T) {
 	}
 	if b.Revision != "" && !strings.Contains(string(text), "revision: "+b.Revision) {
 		t.Errorf("relay version lacks the revision:\n%s", text)
+	}
+}
+
+// Without VCS information (go install module@version, -buildvcs=false, a git worktree) the
+// revision, time and modified flag are unknown: null in the JSON (it said "modified": false),
+// unknown in the text; with it, the recorded values, modified false included.
+func TestVersionWithoutVCSIsUnknown(t *testing.T) {
+	t.Parallel()
+	render := func(info *debug.BuildInfo) (map[string]any, string) {
+		t.Helper()
+		b := buildInfoFrom(info)
+		raw, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj map[string]any
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			t.Fatal(err)
+		}
+		var text bytes.Buffer
+		b.write(&text)
+		return obj, text.String()
+	}
+	main := debug.Module{Path: "github.com/txoutbox/txoutbox", Version: "v1.2.0"}
+	for what, info := range map[string]*debug.BuildInfo{
+		"no build information": nil,
+		"go install @v1.2.0":   {GoVersion: "go1.26.0", Main: main, Settings: []debug.BuildSetting{{Key: "-buildmode", Value: "exe"}}},
+	} {
+		obj, text := render(info)
+		if v, ok := obj["modified"]; !ok || v != nil {
+			t.Errorf("%s: JSON modified %v (present %v), want null", what, v, ok)
+		}
+		if !strings.Contains(text, "modified: unknown") || !strings.Contains(text, "time:     unknown") {
+			t.Errorf("%s: text\n%s\nwant modified and time unknown", what, text)
+		}
+	}
+	stamped := &debug.BuildInfo{GoVersion: "go1.26.0", Main: main, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "4ef381428bf98c034a3eb91184ab9aaae37d4f41"}, {Key: "vcs.time", Value: "2026-12-02T19:11:00Z"},
+		{Key: "vcs.modified", Value: "false"},
+	}}
+	obj, text := render(stamped)
+	if v, ok := obj["modified"].(bool); !ok || v {
+		t.Errorf("stamped build: JSON modified %v, want false", obj["modified"])
+	}
+	if !strings.Contains(text, "modified: false") || !strings.Contains(text, "revision: 4ef381428bf9") {
+		t.Errorf("stamped build: text\n%s", text)
 	}
 }
