@@ -1025,3 +1025,53 @@ func TestDeadLetterErrorTextIsAlwaysSendable(t *testing.T) {
 		}
 	}
 }
+
+// A dead letter carries what it copies from outside (the original's headers from any
+// publisher, the handler's error, the subject) with the text Nats-Msg-Id written as
+// Nats-Msg-ID: nats-server finds a message's id by searching the header block for that text
+// and could miss the dead letter's own id behind it (then a dead letter published twice is
+// stored twice). Its own Nats-Msg-Id is the one occurrence left.
+func TestDeadLetterHoldsNoOtherMsgIDText(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
+		return errors.New("refused: the order's Nats-Msg-Id was reused")
+	}
+	e.publish("orders.Nats-Msg-Id", map[string][]string{
+		outbox.HeaderMsgID:   {newID()},
+		"X-Orig-Nats-Msg-Id": {"abc"},
+		"X-Note":             {"copy of Nats-Msg-IdNats-Msg-Id"},
+	}, "poison")
+	c := e.newConsumer(nil, &Config{MaxDeliveries: 1}, h)
+	e.run(c)
+	testsvc.Eventually(t, 10*time.Second, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 })
+	dead := e.deadLetters()
+	if len(dead) != 1 {
+		t.Fatalf("dead letters: %d, want 1", len(dead))
+	}
+	d := dead[0]
+	for k, vs := range d.Header {
+		if k != outbox.HeaderMsgID && strings.Contains(k, outbox.HeaderMsgID) {
+			t.Errorf("header name %q holds the text %s", k, outbox.HeaderMsgID)
+		}
+		for _, v := range vs {
+			if k != outbox.HeaderMsgID && strings.Contains(v, outbox.HeaderMsgID) {
+				t.Errorf("header %s: value %q holds the text %s", k, v, outbox.HeaderMsgID)
+			}
+		}
+	}
+	want := map[string]string{
+		"X-Orig-Nats-Msg-ID": "abc",
+		"X-Note":             "copy of Nats-Msg-IDNats-Msg-ID",
+		HeaderDeadSubject:    "orders.Nats-Msg-ID",
+		HeaderDeadError:      "refused: the order's Nats-Msg-ID was reused",
+	}
+	for k, v := range want {
+		if got := d.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if d.Header.Get(outbox.HeaderMsgID) == "" {
+		t.Error("the dead letter has no Nats-Msg-Id of its own")
+	}
+}

@@ -555,7 +555,8 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		if strings.HasPrefix(strings.ToLower(k), "nats-") {
 			continue
 		}
-		out.Header[k] = append([]string(nil), v...)
+		k = escapeMsgIDText(k)
+		out.Header[k] = append(out.Header[k], v...)
 		copied = append(copied, k)
 	}
 	c.traceDeadLetter(ctx, it, out.Header)
@@ -572,6 +573,11 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 		out.Header.Set(HeaderDeadMsgID, headerValue(id))
 	}
 	out.Header.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
+	for _, vs := range out.Header {
+		for i, v := range vs {
+			vs[i] = escapeMsgIDText(v)
+		}
+	}
 	out.Data = it.raw.Data()
 	if it.msg.Stream != "" {
 		// The dead letter's own id, so that a dead letter published twice is stored once.
@@ -708,6 +714,20 @@ func isHeaderTooLarge(err error) bool {
 // headerValue makes s, which may quote a handler or the server, a header value that arrives
 // as sent: valid UTF-8, one line, at most maxErrorHeader bytes cut on a character boundary.
 func headerValue(s string) string { return safetext.Header(s, maxErrorHeader) }
+
+// escapeMsgIDText writes the text Nats-Msg-Id as Nats-Msg-ID in a dead letter's header names
+// and values (the original's headers from any publisher, the handler's error, the subject):
+// nats-server finds a message's id by searching the raw header block for that text, case
+// for case, and may miss the dead letter's own Nats-Msg-Id behind an earlier occurrence
+// (nats-server 2.9 looks at the first only), storing a dead letter published twice twice.
+// The producer refuses the text in what it accepts (outbox.ValidateHeaderValue); messages
+// from other publishers may hold it.
+func escapeMsgIDText(s string) string {
+	if !strings.Contains(s, outbox.HeaderMsgID) {
+		return s
+	}
+	return strings.ReplaceAll(s, outbox.HeaderMsgID, "Nats-Msg-ID")
+}
 
 func (it *item) dedupRow(consumer string) store.DedupRow {
 	return store.DedupRow{
