@@ -221,7 +221,7 @@ DROP POLICY IF EXISTS txoutbox_producer_update ON %[1]s;
 CREATE POLICY txoutbox_producer_update ON %[1]s FOR UPDATE TO %[3]s
   USING (state IN ('prepared', 'check_exhausted', 'scheduled') OR (state = 'ready' AND %[4]s(xmin)))
   WITH CHECK (state IN ('prepared', 'ready', 'scheduled', 'rolled_back') AND attempts = 0
-              AND next_attempt_at <= greatest(now(), created_at));
+              AND (state <> 'ready' OR next_attempt_at <= greatest(now(), created_at)));
 `
 
 // ConsumerRowsRole is the NOLOGIN role (one per cluster) that consumer grantees restricted to

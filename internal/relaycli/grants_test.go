@@ -1422,7 +1422,7 @@ func TestProducerCannotForgeHoldBackOrPartition(t *testing.T) {
 		`UPDATE txoutbox_messages SET attempts = 5, next_attempt_at = 'infinity' WHERE message_id = $1`,
 		`UPDATE txoutbox_messages SET state = 'ready', attempts = 5, next_attempt_at = 'infinity' WHERE message_id = $1`,
 		`UPDATE txoutbox_messages SET attempts = 1 WHERE message_id = $1`,
-		`UPDATE txoutbox_messages SET next_attempt_at = now() + interval '1 hour' WHERE message_id = $1`,
+		`UPDATE txoutbox_messages SET state = 'ready', next_attempt_at = now() + interval '1 hour' WHERE message_id = $1`,
 	} {
 		_, err := producer.Exec(ctx, sql, half.ID)
 		refused(sql, err)
@@ -1435,8 +1435,16 @@ func TestProducerCannotForgeHoldBackOrPartition(t *testing.T) {
 	if attempts != 0 || late {
 		t.Errorf("the half message after the producer's forged updates: attempts %d, retry in the future %v", attempts, late)
 	}
+	// A later retry time on a row that is not ready holds nothing back, and every commit
+	// (client, SQL function, check-back) sets it to the commit's time.
+	if _, err := producer.Exec(ctx, `UPDATE txoutbox_messages SET next_attempt_at = now() + interval '1 hour' WHERE message_id = $1`, half.ID); err != nil {
+		t.Errorf("producer moves a prepared message's retry time: %v", err)
+	}
 	if err := client.Commit(ctx, producer, half.ID); err != nil {
 		t.Errorf("producer Commit of the half message: %v", err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT next_attempt_at > now() FROM txoutbox_messages WHERE message_id = $1`, half.ID).Scan(&late); err != nil || late {
+		t.Errorf("the committed half message's retry time is in the future (%v): it would hold back its key", err)
 	}
 	if _, err := producer.Exec(ctx, `SELECT txoutbox_commit(txoutbox_prepare('orders.sql', 'p', $1, producer_group => 'g1'))`, victim); err != nil {
 		t.Errorf("producer txoutbox_prepare and txoutbox_commit: %v", err)
@@ -1468,8 +1476,28 @@ func TestProducerCannotForgeHoldBackOrPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Half messages with a delivery time, committed by another session after tx began: the
+	// commit set their next_attempt_at to that session's now(), later than tx's.
+	var timers []uuid.UUID
+	for range 2 {
+		h, err := client.Prepare(ctx, db.Pool, outbox.Message{Subject: "payments.expire", Key: victim, Payload: []byte("timer half"), DeliverAt: due},
+			&outbox.PrepareOptions{Group: "payments"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := client.Commit(ctx, db.Pool, h.ID); err != nil {
+			t.Fatal(err)
+		}
+		timers = append(timers, h.ID)
+	}
 	if err := client.CancelTx(ctx, tx, later[0]); err != nil {
 		t.Errorf("producer CancelTx of a message written after its transaction began: %v", err)
+	}
+	if err := client.CancelTx(ctx, tx, timers[0]); err != nil {
+		t.Errorf("producer CancelTx of a half message with a delivery time committed after its transaction began: %v", err)
+	}
+	if err := client.RescheduleTx(ctx, tx, timers[1], due.Add(time.Hour)); err != nil {
+		t.Errorf("producer RescheduleTx of a half message with a delivery time committed after its transaction began: %v", err)
 	}
 	if err := client.Rollback(ctx, tx, laterHalf.ID); err != nil {
 		t.Errorf("producer Rollback of a half message prepared after its transaction began: %v", err)
