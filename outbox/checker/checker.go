@@ -267,7 +267,7 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.sem }()
-			s.answer(req, check, c.Timeout, log, tr)
+			s.answer(req, replier{nc: nc, subject: req.Reply()}, check, c.Timeout, log, tr)
 		}()
 	})
 	svc, err := micro.AddService(nc, micro.Config{
@@ -290,13 +290,35 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 	return s, nil
 }
 
-func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *slog.Logger, tr *checkerTracer) {
+// replier answers a check request from the goroutine that checks it. micro.Request's
+// Respond and Error record the outcome in the request for the service's statistics, which
+// micro reads as soon as the handler returns: called from another goroutine they race with
+// it. The answer is the same message they would send.
+type replier struct {
+	nc      *nats.Conn
+	subject string
+}
+
+func (r replier) Respond(data []byte) error {
+	return r.nc.PublishMsg(&nats.Msg{Subject: r.subject, Data: data})
+}
+
+func (r replier) Error(code, description string) error {
+	return r.nc.PublishMsg(&nats.Msg{Subject: r.subject, Header: nats.Header{
+		micro.ErrorHeader:     []string{description},
+		micro.ErrorCodeHeader: []string{code},
+	}})
+}
+
+// answer checks req and answers through rep; it reads req (its data and headers, which
+// nothing changes) but never answers through it (see replier).
+func (s *Server) answer(req micro.Request, rep replier, check Func, def time.Duration, log *slog.Logger, tr *checkerTracer) {
 	ctx, span := tr.start(context.Background(), req)
 	defer span.End()
 	var cr Request
 	if err := json.Unmarshal(req.Data(), &cr); err != nil {
 		tracing.Fail(span, err, "malformed")
-		_ = req.Error("400", oneLine("malformed check request: "+err.Error()), nil)
+		_ = rep.Error("400", oneLine("malformed check request: "+err.Error()))
 		return
 	}
 	if cr.Outbox != s.outbox {
@@ -331,11 +353,11 @@ func (s *Server) answer(req micro.Request, check Func, def time.Duration, log *s
 		if !errors.Is(err, context.Canceled) {
 			log.Warn("checker failed; the check-back will ask again", "message_id", cr.MessageID.String(), "err", err)
 		}
-		_ = req.Error("500", oneLine(err.Error()), nil)
+		_ = rep.Error("500", oneLine(err.Error()))
 		return
 	}
 	span.SetAttributes(tracing.Outcome.String(strings.ToLower(st.String())))
-	if err := req.Respond([]byte(st.String())); err != nil {
+	if err := rep.Respond([]byte(st.String())); err != nil {
 		log.Warn("checker could not reply", "message_id", cr.MessageID.String(), "err", err)
 	}
 }
