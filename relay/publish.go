@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -278,8 +281,17 @@ func isNoResponders(err error) bool {
 }
 
 // isBrokerError reports errors about the connection or the broker rather than the message.
+// They include the errors of the socket write nats.go makes inside a publish when its buffer
+// is full (a connection reset, a write deadline, the write fence's ErrStaleWrite, the closed
+// connection after it): never an attempt of the row being handed off.
 func isBrokerError(err error) bool {
-	return errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+	var opErr *net.OpError
+	return errors.Is(err, ErrStaleWrite) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, io.ErrShortWrite) ||
+		errors.As(err, &opErr) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
 		errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, context.Canceled) ||
@@ -424,7 +436,11 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 		}
 		f, err := r.pub.PublishMsgAsync(msg, noClientRetry...)
 		if r.fence != nil {
-			r.fence.handedOff()
+			if err != nil {
+				r.fence.handFailed(seqs[j]) // its bytes are not in the client's buffer
+			} else {
+				r.fence.handedOff()
+			}
 		}
 		if err != nil {
 			outs[j].err = err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -30,15 +31,21 @@ var ErrStaleWrite = errors.New("relay: write fence: the bytes to send may hold m
 // server has not answered yet (every message that left is answered, with a PubAck or an
 // error). If so, the connection is closed instead (ErrStaleWrite). A write that may carry
 // such messages also gets a deadline at their lease's expiry, so that one stalled on a full
-// socket buffer cannot finish after it. What is left is the few instructions between the
-// check and the system call that hands the bytes to the kernel.
+// socket buffer cannot finish after it (if the lease was renewed meanwhile, the write goes on
+// under the new expiry). Bytes that did reach the kernel may still wait in its send queue (a
+// network cut off, TCP retransmitting): while messages are pending, the connection is checked
+// again at their lease's expiry, and a fenced connection is aborted (closed with SO_LINGER 0:
+// the kernel discards what it has not sent, and resets the connection). What is left is the
+// few instructions between the check and the system call that hands the bytes to the kernel,
+// and bytes the kernel sent before the abort that are still on the wire.
 //
 // The fence is conservative: after a publish whose PubAck never came (a timeout), until the
 // server answers a later one, a write once that lease ended or changed (a partition released,
 // handed over) closes the connection, once, even if those bytes had left.
 //
 // Dial one connection through each fence (each dial is taken for that connection's
-// reconnect: what the previous one held is gone), with nats.SetCustomDialer(relay.NewWriteFence(nil))
+// reconnect: what the previous one held is gone, so a second connection dialled through the
+// same fence would turn the first one's check off), with nats.SetCustomDialer(relay.NewWriteFence(nil))
 // and nats.ReconnectBufSize(-1) (a connection that buffers publishes while it reconnects sends
 // them later, unchecked: New leaves the fence off for it and says so), and pass it to New,
 // which finds the fence in the connection's options. relay run does this. Every relay
@@ -75,10 +82,21 @@ func (f *WriteFence) Dial(network, address string) (net.Conn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dialled++
-	for _, s := range f.relays {
-		s.dropped()
-	}
+	f.droppedLocked()
 	return &fencedConn{Conn: c, f: f, n: f.dialled}, nil
+}
+
+// droppedLocked records, for every relay, that the connection's buffer is gone, and stops
+// checking the relays closed since whose messages were all in it.
+func (f *WriteFence) droppedLocked() {
+	kept := f.relays[:0]
+	for _, s := range f.relays {
+		if !s.dropped() {
+			kept = append(kept, s)
+		}
+	}
+	clear(f.relays[len(kept):])
+	f.relays = kept
 }
 
 // fenceSeg: the messages handed from the first-th on (counting from 1) were handed under
@@ -93,8 +111,9 @@ type fenceState struct {
 	onFence func()
 
 	mu       sync.Mutex
-	handed   uint64     // messages handed to the client (counted just before each hand-off)
-	returned uint64     // hand-offs that returned (PublishMsgAsync appended the message, or failed)
+	unbound  bool       // the relay closed with messages pending: stop checking once they are gone
+	handed   uint64     // messages handed to the client (counted just before each hand-off; a failed hand-off takes its number back)
+	returned uint64     // hand-offs that returned with the message appended to the client's buffer
 	clean    uint64     // the first clean handed messages are known to have left, or were dropped with their connection
 	segs     []fenceSeg // from the segment holding message clean+1 on; empty when clean == handed
 }
@@ -112,9 +131,10 @@ func (f *WriteFence) bind(expiry func(uint64) (time.Time, bool), log *slog.Logge
 func (f *WriteFence) unbind(s *fenceState) {
 	s.mu.Lock()
 	pending := s.clean != s.handed
+	s.unbound = pending
 	s.mu.Unlock()
 	if pending {
-		return
+		return // until the connection drops its buffer (droppedLocked)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -144,6 +164,28 @@ func (s *fenceState) handedOff() {
 	s.mu.Lock()
 	s.returned++
 	s.mu.Unlock()
+}
+
+// handFailed records that hand-off n, the latest, returned an error: nats.go refused the
+// message before appending it to its buffer (too large, too many PubAcks awaited, the
+// connection closed or reconnecting), or dropped its buffer with the message in it when the
+// write it made to flush a full buffer failed (a partial write closes the connection, and a
+// protocol operation cut short is never processed). Its bytes will not be written: n is taken
+// back, for the next hand-off. (Kept pending, it would fence a healthy connection at the next
+// write once its lease ended.)
+func (s *fenceState) handFailed(n uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n != s.handed {
+		panic("relay: write fence: a failed hand-off that is not the latest") // one goroutine hands off
+	}
+	s.handed--
+	if k := len(s.segs); k > 0 && s.segs[k-1].first == n {
+		s.segs = s.segs[:k-1]
+	}
+	if s.clean >= s.handed {
+		s.segs = s.segs[:0]
+	}
 }
 
 // answered records that the server answered message n: it and every message handed before
@@ -183,10 +225,12 @@ func (s *fenceState) pendingLocked() (pending bool, until time.Time, ok bool) {
 // carry the buffer of a closed connection over to the next one (and, with ReconnectBufSize
 // -1, buffers nothing while it reconnects). A hand-off still under way may append its message
 // to the next connection's buffer: it stays to be checked.
-func (s *fenceState) dropped() {
+// It reports whether s can be forgotten: its relay closed and nothing of it is pending.
+func (s *fenceState) dropped() (forget bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.markLocked(s.returned)
-	s.mu.Unlock()
+	return s.unbound && s.clean == s.handed
 }
 
 // check returns the relays whose handed messages a write now may carry under an ended lease,
@@ -218,9 +262,7 @@ func (f *WriteFence) closed(n uint64) {
 	if n != f.dialled {
 		return
 	}
-	for _, s := range f.relays {
-		s.dropped()
-	}
+	f.droppedLocked()
 }
 
 // fencedConn checks every write (see WriteFence).
@@ -230,55 +272,131 @@ type fencedConn struct {
 	n         uint64 // the fence's count of dials when this connection was dialled
 	closeOnce sync.Once
 	// userDeadline is the write deadline the client set (nats.go's FlusherTimeout); a write
-	// the fence bounds by a lease's expiry gets the earlier of the two.
+	// the fence bounds by a lease's expiry gets the earlier of the two. Only the client's
+	// writer (under its lock) sets it and writes.
 	userDeadline time.Time
+
+	mu     sync.Mutex
+	fenced bool        // the fence closed the connection: later writes fail without a word
+	abort  *time.Timer // the check at the pending messages' lease expiry (see armLocked)
+	armed  time.Time   // when abort fires (zero: stopped)
 }
 
 func (c *fencedConn) Write(b []byte) (int, error) {
 	if h := c.f.beforeWrite; h != nil {
 		h()
 	}
-	stale, deadline := c.f.check()
-	if len(stale) > 0 {
-		c.fence(stale, len(b))
-		return 0, ErrStaleWrite
+	written := 0
+	for {
+		if c.isFenced() {
+			return written, net.ErrClosed
+		}
+		stale, deadline := c.f.check()
+		if len(stale) > 0 {
+			c.fence(stale, len(b)-written, false)
+			return written, ErrStaleWrite
+		}
+		if deadline.IsZero() {
+			n, err := c.Conn.Write(b[written:])
+			return written + n, err
+		}
+		// The bytes may hold messages whose lease expires at deadline: they must be with the
+		// kernel by then, and the connection is checked again then (see check).
+		c.arm(deadline)
+		d, ours := deadline, true
+		if !c.userDeadline.IsZero() && !deadline.Before(c.userDeadline) {
+			d, ours = c.userDeadline, false
+		}
+		if err := c.Conn.SetWriteDeadline(d); err != nil {
+			return written, err
+		}
+		n, err := c.Conn.Write(b[written:])
+		written += n
+		if err != nil && c.isFenced() {
+			return written, ErrStaleWrite // aborted meanwhile, at the lease's expiry (checkQueued)
+		}
+		if rerr := c.Conn.SetWriteDeadline(c.userDeadline); err == nil && rerr != nil {
+			err = rerr
+		}
+		if err == nil || !ours || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return written, err
+		}
+		// The lease's expiry came with the write unfinished: check again. A renewed lease
+		// lets the write go on under its new expiry; an ended one fences the rest.
 	}
-	if deadline.IsZero() {
-		return c.Conn.Write(b)
-	}
-	// The bytes may hold messages whose lease expires at deadline: they must be with the
-	// kernel by then.
-	d := deadline
-	if !c.userDeadline.IsZero() && c.userDeadline.Before(d) {
-		d = c.userDeadline
-	}
-	if err := c.Conn.SetWriteDeadline(d); err != nil {
-		return 0, err
-	}
-	n, err := c.Conn.Write(b)
-	if rerr := c.Conn.SetWriteDeadline(c.userDeadline); err == nil && rerr != nil {
-		err = rerr
-	}
-	if err != nil && !time.Now().Before(deadline) {
-		// The lease expired with the write unfinished: send nothing more of it.
-		stale, _ := c.f.check()
-		c.fence(stale, len(b)-n)
-		return n, ErrStaleWrite
-	}
-	return n, err
 }
 
-// fence closes the connection instead of a write, and says so for each relay concerned.
-func (c *fencedConn) fence(stale []*fenceState, bytes int) {
+func (c *fencedConn) isFenced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fenced
+}
+
+// arm makes sure the connection is checked at deadline, the expiry of the lease of messages
+// its writes may have carried, even if nothing is written then: bytes handed to the kernel may
+// wait in its send queue (a network cut off) and leave after the lease ended.
+func (c *fencedConn) arm(deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armLocked(deadline)
+}
+
+func (c *fencedConn) armLocked(deadline time.Time) {
+	if c.fenced || (!c.armed.IsZero() && !c.armed.After(deadline)) {
+		return // a check comes earlier
+	}
+	c.armed = deadline
+	if c.abort == nil {
+		c.abort = time.AfterFunc(time.Until(deadline), c.checkQueued)
+	} else {
+		c.abort.Reset(time.Until(deadline))
+	}
+}
+
+// checkQueued runs at the lease expiry of messages the connection's writes may have carried:
+// if the server has answered none of them since and the lease has ended, what the kernel has
+// not sent of them must not leave: the connection is aborted.
+func (c *fencedConn) checkQueued() {
+	c.mu.Lock()
+	c.armed = time.Time{}
+	c.mu.Unlock()
+	stale, deadline := c.f.check()
+	if len(stale) > 0 {
+		c.fence(stale, 0, true)
+		return
+	}
+	if !deadline.IsZero() {
+		c.arm(deadline) // renewed: check at the new expiry
+	}
+}
+
+// fence closes the connection instead of a write (bytes, the size of the refused write) or
+// because its writes may wait in the kernel's send queue (queued), and says so for each relay
+// concerned. The close discards what the kernel has not sent (SO_LINGER 0).
+func (c *fencedConn) fence(stale []*fenceState, bytes int, queued bool) {
+	c.mu.Lock()
+	first := !c.fenced
+	c.fenced = true
+	c.mu.Unlock()
+	if !first {
+		return
+	}
+	if tc, ok := c.Conn.(interface{ SetLinger(int) error }); ok {
+		_ = tc.SetLinger(0)
+	}
 	_ = c.Close()
+	what := "the NATS client was about to send messages handed to it under a partition lease that has ended since"
+	if queued {
+		what = "messages written to the NATS connection under a partition lease that has ended since have no answer from the server, and may still wait in the kernel's send queue"
+	}
 	for _, s := range stale {
 		if s.onFence != nil {
 			s.onFence()
 		}
 		// Not under the client's lock (Write runs under it): a slow log must not stall the
 		// connection.
-		go s.log.Warn("write fence: the NATS client was about to send messages handed to it under a partition lease that has ended since "+
-			"(a pause of the relay between the hand-off and the write, or PubAcks that never came); "+
+		go s.log.Warn("write fence: "+what+
+			" (a pause of the relay between the hand-off and the write, a network cut off, or PubAcks that never came); "+
 			"the connection is closed instead and reconnects, and the rows are left to the relay that holds the partitions now", "bytes", bytes)
 	}
 }
@@ -296,15 +414,23 @@ func (c *fencedConn) SetDeadline(t time.Time) error {
 func (c *fencedConn) Close() error {
 	err := net.ErrClosed
 	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		if c.abort != nil {
+			c.abort.Stop()
+		}
+		c.armed = time.Time{}
+		c.mu.Unlock()
 		err = c.Conn.Close()
 		c.f.closed(c.n)
 	})
 	return err
 }
 
-// serverAnswered reports whether a publish's outcome came from the server, which then had
-// the message's bytes: a PubAck, an API error, "no responders", a permission violation.
+// serverAnswered reports whether a publish's outcome came from the server about that very
+// message, which it then had: a PubAck, an API error, "no responders". A permission violation
+// is not one: the server names the subject, not the message, and the relay matches it to
+// publishes by subject and time (denied.go), which may pick a message the server never got.
 func serverAnswered(err error) bool {
 	var apiErr *jetstream.APIError
-	return err == nil || errors.As(err, &apiErr) || isNoResponders(err) || errors.Is(err, ErrPublishDenied)
+	return err == nil || errors.As(err, &apiErr) || isNoResponders(err)
 }

@@ -3,14 +3,20 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -24,7 +30,7 @@ func fencedRelay(t *testing.T, e *env, wf *WriteFence, buffering bool, cfg *Conf
 	if !buffering {
 		opts = append(opts, nats.ReconnectBufSize(-1))
 	}
-	nc, err := nats.Connect(e.nats.URL(), opts...)
+	nc, err := nats.Connect(e.nats.Conn.ConnectedUrl(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,9 +352,330 @@ func TestWriteFenceBookkeeping(t *testing.T) {
 	if stale() {
 		t.Fatal("stale with everything answered")
 	}
+	// A hand-off that failed (nats.go refused the message, or dropped its buffer with it)
+	// left nothing to write: it is not pending, and the number is taken back.
+	n := s.handing(4)
+	s.handFailed(n)
+	setGen(5)
+	if stale() {
+		t.Fatal("a failed hand-off is checked as if its bytes were in the client's buffer")
+	}
+	if again := s.handing(5); again != n {
+		t.Fatalf("the hand-off after a failed one got number %d, want %d (taken back)", again, n)
+	}
+	s.handedOff()
+	// A failed hand-off after a pending one leaves that one pending.
+	s.handFailed(s.handing(5))
+	setGen(6)
+	if !stale() {
+		t.Fatal("a message handed before a failed hand-off is no longer checked")
+	}
+	s.answered(n)
+
+	// A relay closed with messages pending stays checked until the connection drops its
+	// buffer, then is forgotten.
+	s2 := wf.bind(expiry, quietLogger(), nil)
+	s2.handing(6)
+	s2.handedOff()
+	wf.unbind(s2)
+	if !wf.bound(s2) {
+		t.Fatal("a relay closed with a message pending is no longer checked")
+	}
+	(&fencedConn{Conn: nopConn{}, f: wf}).Close()
+	if wf.bound(s2) || !wf.bound(s) {
+		t.Fatalf("after the connection dropped its buffer: closed relay bound %v (want false), open relay bound %v (want true)", wf.bound(s2), wf.bound(s))
+	}
+}
+
+// bound reports whether the fence checks s.
+func (f *WriteFence) bound(s *fenceState) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Contains(f.relays, s)
+}
+
+// A hand-off nats.go refuses (here a message over the server's max_payload, which the relay
+// makes dead at once) puts no bytes in the client's buffer: a release of the partitions
+// afterwards does not make the next write close a healthy connection.
+func TestWriteFenceIgnoresFailedHandOffs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	client, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxPayload = 64 << 10
+	e := &env{t: t, db: db, nats: startSmallNATS(t, maxPayload), client: client}
+	r, nc := fencedRelay(t, e, NewWriteFence(nil), false, &Config{Partitions: 2, LeaseInterval: time.Second, MaxMessageBytes: txoutbox.Off})
+	e.enqueue(outbox.Message{Subject: "orders.created", Payload: []byte("fits")},
+		outbox.Message{Subject: "orders.created", Payload: make([]byte, maxPayload+1)})
+	if _, err := r.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("state = 'dead'"); n != 1 {
+		t.Fatalf("%d dead rows, want the one over max_payload (its hand-off failed)", n)
+	}
+	r.lease.mu.Lock()
+	r.lease.lostLocked() // a release: the generation the failed hand-off was made under ends
+	r.lease.mu.Unlock()
+	if _, err := r.pub.AccountInfo(ctx); err != nil {
+		t.Fatalf("a JetStream request after the release: %v", err)
+	}
+	if st := r.Stats(); st.Fenced != 0 || nc.Stats().Reconnects != 0 {
+		t.Fatalf("fenced writes %d, reconnects %d; want none: the failed hand-off wrote nothing", st.Fenced, nc.Stats().Reconnects)
+	}
+}
+
+// A publish can write to the socket itself: nats.go flushes its buffer inside the publish
+// when the buffer is full (a message of 32 KiB or more). A fenced write there (the lease
+// ended between the hand-off and the flush) is the connection's failure, not the message's:
+// the row gets no attempt and no last_error, stays ready, and is published once later.
+func TestFencedWriteInsideAPublishIsNoAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	wf := NewWriteFence(nil)
+	var arm atomic.Bool
+	var r *Relay
+	wf.beforeWrite = func() {
+		if arm.CompareAndSwap(true, false) { // the lease ends just before the flush's write
+			r.lease.mu.Lock()
+			r.lease.validUntil = time.Now().Add(-time.Millisecond)
+			r.lease.publishSnapLocked()
+			r.lease.mu.Unlock()
+		}
+	}
+	r, nc := fencedRelay(t, e, wf, false, &Config{Partitions: 2, LeaseInterval: time.Second, PublishTimeout: 300 * time.Millisecond})
+	big := make([]byte, nats.DefaultWriteBufSize+1024)
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "a", Payload: big},
+		outbox.Message{Subject: "orders.created", Key: "a", Payload: []byte("after")})
+	warm, err := r.pub.PublishAsync("warmup.none", nil, jetstream.WithRetryAttempts(0)) // the PubAck subscription, written before the test
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-warm.Ok():
+	case <-warm.Err():
+	}
+	_, gen, rows, err := r.claim(ctx, nil)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("claim = %d rows, %v", len(rows), err)
+	}
+	arm.Store(true)
+	res := r.publish(ctx, rows, nil, gen)
+	if len(res.failed) != 0 || len(res.published) != 0 || !errors.Is(res.brokerErr, ErrStaleWrite) {
+		t.Fatalf("failed %d, published %d, broker error %v; want no row failed, none published, the broker error ErrStaleWrite",
+			len(res.failed), len(res.published), res.brokerErr)
+	}
+	if got := r.Stats().Fenced; got != 1 {
+		t.Fatalf("Stats().Fenced = %d, want 1", got)
+	}
+	testsvc.Eventually(t, 10*time.Second, "the fenced connection to reconnect", func() bool {
+		return nc.Stats().Reconnects > 0 && nc.IsConnected()
+	})
+	drain(t, r)
+	msgs := e.streamMsgs("ORDERS")
+	if len(msgs) != 2 || len(msgs[0].Data) != len(big) || string(msgs[1].Data) != "after" {
+		t.Fatalf("the stream holds %d messages; want the big one, then \"after\"", len(msgs))
+	}
+	var attempts int
+	if err := e.db.Pool.QueryRow(ctx, "SELECT coalesce(max(attempts), 0) FROM txoutbox_messages").Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("a row left holds %d attempts, want 0", attempts)
+	}
+}
+
+// A write that stalls past the lease's expiry (a peer that stopped reading) while the lease
+// was renewed meanwhile goes on under the new expiry: only an ended lease fences it.
+func TestWriteFenceLetsAStalledWriteGoOnUnderARenewedLease(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	first := time.Now().Add(300 * time.Millisecond)
+	read := make(chan struct{})
+	var renewOnce sync.Once
+	expiry := func(gen uint64) (time.Time, bool) {
+		if time.Now().Before(first) {
+			return first, true
+		}
+		// Asked after the first expiry: the lease was renewed, and the peer reads again.
+		renewOnce.Do(func() { close(read) })
+		return time.Now().Add(time.Hour), true
+	}
+	wf := NewWriteFence(nil)
+	fenced := 0
+	s := wf.bind(expiry, quietLogger(), func() { fenced++ })
+	c, err := wf.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer := <-accepted
+	defer peer.Close()
+	go func() {
+		<-read
+		_, _ = io.Copy(io.Discard, peer)
+	}()
+	s.handing(1)
+	s.handedOff()
+	big := make([]byte, 64<<20)
+	n, err := c.Write(big)
+	if err != nil || n != len(big) || fenced != 0 {
+		t.Fatalf("a write stalled past an expiry the lease was renewed beyond: %d of %d bytes, %v, fenced %d; want all written", n, len(big), err, fenced)
+	}
+	select {
+	case <-read:
+	default:
+		t.Fatal("the write never stalled past the first expiry: the test proves nothing")
+	}
+}
+
+// Bytes the client wrote may wait in the kernel's send queue (a network cut off): while
+// messages have no answer, the connection is checked at their lease's expiry even if
+// nothing more is written, and aborted if the lease has ended; a renewed lease moves the
+// check to its new expiry, and an answer ends it.
+func TestWriteFenceAbortsAConnectionWithUnansweredBytesWhenTheLeaseEnds(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	// The lease: expiring at first, renewed (an hour on) when asked after first; then, in
+	// phase two, expiring at until2 and ended once the test says so.
+	var mu sync.Mutex
+	first := time.Now().Add(200 * time.Millisecond)
+	var phase2, ended bool
+	var until2 time.Time
+	renewed := make(chan struct{})
+	var renewOnce sync.Once
+	expiry := func(gen uint64) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case phase2:
+			return until2, !ended
+		case time.Now().Before(first):
+			return first, true
+		}
+		renewOnce.Do(func() { close(renewed) })
+		return time.Now().Add(time.Hour), true
+	}
+	wf := NewWriteFence(nil)
+	fences := make(chan struct{}, 10)
+	s := wf.bind(expiry, quietLogger(), func() { fences <- struct{}{} })
+	c, err := wf.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// Renewed at the first expiry, then answered: never aborted.
+	s.handing(1)
+	s.handedOff()
+	if _, err := c.Write([]byte("PUB a 1\r\n1\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-renewed: // the check at the first expiry, with nothing else written
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection holding an unanswered message was not checked at its lease's expiry")
+	}
+	select {
+	case <-fences:
+		t.Fatal("aborted at the first expiry though the lease was renewed")
+	default:
+	}
+	s.answered(1)
+
+	// Unanswered when the lease ends: aborted once, and later writes fail quietly.
+	s.handing(1)
+	s.handedOff()
+	mu.Lock()
+	phase2, until2 = true, time.Now().Add(time.Second)
+	mu.Unlock()
+	if _, err := c.Write([]byte("PUB a 1\r\n2\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	ended = true // a release, or the lease expiring unrenewed
+	mu.Unlock()
+	select {
+	case <-fences:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection holding an unanswered message was not aborted when its lease ended")
+	}
+	if _, err := c.Write([]byte("PING\r\n")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a write after the abort: %v, want net.ErrClosed", err)
+	}
+	select {
+	case <-fences:
+		t.Fatal("the same connection fenced twice")
+	default:
+	}
 }
 
 // nopConn is a net.Conn that is already gone.
 type nopConn struct{ net.Conn }
 
 func (nopConn) Close() error { return nil }
+
+// The errors of a socket write nats.go makes inside a publish (its buffer full) are the
+// connection's, never the message's: the row being handed off gets no attempt. A permission
+// violation, which the relay matches to publishes by subject and time, does not prove that
+// the server had a message's bytes; a PubAck, an API error or "no responders" does.
+func TestWriteErrorsAreTheConnectionsAndOnlyServerRepliesAnswer(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{
+		ErrStaleWrite,
+		fmt.Errorf("nats: %w", ErrStaleWrite),
+		net.ErrClosed,
+		&net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE},
+		&net.OpError{Op: "write", Net: "tcp", Err: syscall.ECONNRESET},
+		fmt.Errorf("write: %w", os.ErrDeadlineExceeded),
+		io.ErrShortWrite,
+	} {
+		if !isBrokerError(err) {
+			t.Errorf("isBrokerError(%v) = false, want true: a failed socket write is the connection's failure", err)
+		}
+	}
+	for _, err := range []error{nats.ErrMaxPayload, &jetstream.APIError{ErrorCode: 10054}, errBadHeaders} {
+		if isBrokerError(err) {
+			t.Errorf("isBrokerError(%v) = true, want false: the message's own failure", err)
+		}
+	}
+	for err, want := range map[error]bool{
+		nil:                            true,
+		&jetstream.APIError{Code: 503}: true,
+		nats.ErrNoResponders:           true,
+		ErrPublishDenied:               false,
+		fmt.Errorf("%w: orders.created", ErrPublishDenied): false,
+		jetstream.ErrAsyncPublishTimeout:                   false,
+	} {
+		if got := serverAnswered(err); got != want {
+			t.Errorf("serverAnswered(%v) = %v, want %v", err, got, want)
+		}
+	}
+}
