@@ -113,6 +113,7 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	fs := flag.NewFlagSet(sc.name, flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	r := &run{env: env, name: sc.name}
+	fs.BoolVar(&r.noWriteFence, "no-write-fence", false, "connect the relays to NATS without the write fence that relay run dials through (relay.WriteFence; on by default, as deployed), to measure what it costs")
 	if !sc.hidden {
 		fs.BoolVar(&r.keep, "keep", false, "keep the schema and streams after the run (for inspection)")
 		fs.BoolVar(&r.natsInProcess, "nats-in-process", false, "without NATS_URL, run the embedded nats-server in this process instead of a child process")

@@ -107,7 +107,7 @@ func relayFlags(fs *flag.FlagSet) func(context.Context, *run) error {
 			return err
 		}
 		defer pool.Close()
-		nc, err := nats.Connect(url, nats.Name("outbox-bench relay"), nats.MaxReconnects(-1))
+		nc, err := nats.Connect(url, append([]nats.Option{nats.Name("outbox-bench relay"), nats.MaxReconnects(-1)}, r.relayNATSOptions()...)...)
 		if err != nil {
 			return err
 		}

@@ -44,6 +44,7 @@ type run struct {
 	natsInProcess bool
 	natsCluster   bool // a three-node cluster and R3 streams
 	ownPostgres   bool // a throwaway cluster even when DATABASE_URL or the local server is there
+	noWriteFence  bool // relays connect without relay.WriteFence (relay run dials through it)
 	began         time.Time
 
 	mu      sync.Mutex
@@ -243,6 +244,26 @@ func (r *run) ConnectNATS(name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// relayNATSOptions are the NATS options of a relay's connection as relay run makes it: dialled
+// through a relay.WriteFence, with no reconnect buffer (without the fence, with --no-write-fence).
+func (r *run) relayNATSOptions() []nats.Option {
+	if r.noWriteFence {
+		return nil
+	}
+	return []nats.Option{nats.SetCustomDialer(relay.NewWriteFence(nil)), nats.ReconnectBufSize(-1)}
+}
+
+// ConnectRelayNATS connects a relay to NATS as relay run does (see relayNATSOptions).
+func (r *run) ConnectRelayNATS(name string) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, r.relayNATSOptions()...)
+	nc, err := nats.Connect(r.NATSURL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.DSN(r.NATSURL), err)
+	}
+	r.atExit(nc.Close)
+	return nc, nil
+}
+
 // NewSchema creates and migrates a fresh schema for the scenario, plus its business table
 // bench_business, and drops it at exit unless --keep.
 func (r *run) NewSchema(ctx context.Context) (string, error) {
@@ -369,6 +390,9 @@ func (r *run) startChild(args []string, extraEnv ...string) (*child, error) {
 	if r.env.Exe == "" {
 		return nil, errors.New("cannot find this program's executable to start a child process")
 	}
+	if r.noWriteFence && len(args) > 0 && args[0] == relayMode {
+		args = append([]string{relayMode, "--no-write-fence"}, args[1:]...)
+	}
 	cmd := exec.Command(r.env.Exe, args...)
 	cmd.Env = append(append(os.Environ(), r.env.ExeEnv...), extraEnv...)
 	cmd.Stderr = r.stderr()
@@ -489,7 +513,7 @@ func (r *run) newRelay(ctx context.Context, schema, subjects string, tracer ...p
 	if err != nil {
 		return nil, err
 	}
-	nc, err := r.ConnectNATS("outbox-bench relay")
+	nc, err := r.ConnectRelayNATS("outbox-bench relay")
 	if err != nil {
 		return nil, err
 	}

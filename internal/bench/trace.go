@@ -79,7 +79,7 @@ func drainTraced(ctx context.Context, r *run, set *msgSet, o *drainOpts) (*trace
 	if err != nil {
 		return nil, err
 	}
-	nc, err := r.ConnectNATS("outbox-bench traced relay")
+	nc, err := r.ConnectRelayNATS("outbox-bench traced relay")
 	if err != nil {
 		return nil, err
 	}
