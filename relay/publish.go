@@ -352,6 +352,16 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	var queue []int // positions in idxs with a future not yet awaited
 	await := func(j int) {
 		f := futs[j]
+		if r.fence != nil {
+			// A message the server answered has left the client's buffer, and every message
+			// handed before it; one without an answer (a PubAck timeout: a pause?) may still
+			// be in it, and the write fence keeps watching the lease it was handed under.
+			defer func() {
+				if serverAnswered(outs[j].err) {
+					r.fence.answered(seqs[j])
+				}
+			}()
+		}
 		select { // most PubAcks are in by the time they are awaited: no timer for those
 		case ack := <-f.Ok():
 			outs[j].ack = ack
@@ -455,20 +465,6 @@ func (r *Relay) publishWave(ctx context.Context, rows []store.Claimed, idxs []in
 	}
 	for _, j := range queue {
 		await(j)
-	}
-	if r.fence != nil {
-		// A message the server answered has left the client's buffer, and every message
-		// handed before it; one without an answer (a PubAck timeout: a pause?) may still be
-		// in it, and the write fence keeps watching the lease it was handed under.
-		var last uint64
-		for j := range idxs {
-			if futs[j] != nil && serverAnswered(outs[j].err) {
-				last = max(last, seqs[j])
-			}
-		}
-		if last > 0 {
-			r.fence.answered(last)
-		}
 	}
 	if r.denied.n.Load() > 0 {
 		// A timeout whose violation came in before it was awaited.

@@ -265,6 +265,13 @@ func (f *WriteFence) closed(n uint64) {
 	f.droppedLocked()
 }
 
+// current reports whether connection n is the latest dialled.
+func (f *WriteFence) current(n uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return n == f.dialled
+}
+
 // fencedConn checks every write (see WriteFence).
 type fencedConn struct {
 	net.Conn
@@ -278,6 +285,7 @@ type fencedConn struct {
 
 	mu     sync.Mutex
 	fenced bool        // the fence closed the connection: later writes fail without a word
+	closed bool        // closed (by the client or the fence): its timer is off for good
 	abort  *time.Timer // the check at the pending messages' lease expiry (see armLocked)
 	armed  time.Time   // when abort fires (zero: stopped)
 }
@@ -342,7 +350,7 @@ func (c *fencedConn) arm(deadline time.Time) {
 }
 
 func (c *fencedConn) armLocked(deadline time.Time) {
-	if c.fenced || (!c.armed.IsZero() && !c.armed.After(deadline)) {
+	if c.closed || (!c.armed.IsZero() && !c.armed.After(deadline)) {
 		return // a check comes earlier
 	}
 	c.armed = deadline
@@ -359,7 +367,13 @@ func (c *fencedConn) armLocked(deadline time.Time) {
 func (c *fencedConn) checkQueued() {
 	c.mu.Lock()
 	c.armed = time.Time{}
+	closed := c.closed
 	c.mu.Unlock()
+	if closed || !c.f.current(c.n) {
+		// Closed, or superseded by a later dial (nats.go may leave a connection whose
+		// handshake failed open): what is pending now is the current connection's.
+		return
+	}
 	stale, deadline := c.f.check()
 	if len(stale) > 0 {
 		c.fence(stale, 0, true)
@@ -415,6 +429,7 @@ func (c *fencedConn) Close() error {
 	err := net.ErrClosed
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
+		c.closed = true
 		if c.abort != nil {
 			c.abort.Stop()
 		}

@@ -504,20 +504,34 @@ func TestWriteFenceLetsAStalledWriteGoOnUnderARenewedLease(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	first := time.Now().Add(300 * time.Millisecond)
+	// The lease expires 300 ms after the write's first check, and is renewed (an hour on)
+	// when asked after that.
+	var mu sync.Mutex
+	var first time.Time
 	read := make(chan struct{})
-	var renewOnce sync.Once
 	expiry := func(gen uint64) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = time.Now().Add(300 * time.Millisecond)
+		}
 		if time.Now().Before(first) {
 			return first, true
 		}
-		// Asked after the first expiry: the lease was renewed, and the peer reads again.
-		renewOnce.Do(func() { close(read) })
+		select { // asked after the first expiry: renewed, and the peer reads again
+		case <-read:
+		default:
+			close(read)
+		}
 		return time.Now().Add(time.Hour), true
 	}
-	wf := NewWriteFence(nil)
-	fenced := 0
-	s := wf.bind(expiry, quietLogger(), func() { fenced++ })
+	var deadlineHits atomic.Int32 // the socket writes that ended at a deadline
+	wf := NewWriteFence(dialFunc(func(network, address string) (net.Conn, error) {
+		c, err := net.Dial(network, address)
+		return &deadlineCounter{Conn: c, hits: &deadlineHits}, err
+	}))
+	var fenced atomic.Int32
+	s := wf.bind(expiry, quietLogger(), func() { fenced.Add(1) })
 	c, err := wf.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -531,16 +545,32 @@ func TestWriteFenceLetsAStalledWriteGoOnUnderARenewedLease(t *testing.T) {
 	}()
 	s.handing(1)
 	s.handedOff()
-	big := make([]byte, 64<<20)
+	big := make([]byte, 64<<20) // far more than the sockets' buffers hold
 	n, err := c.Write(big)
-	if err != nil || n != len(big) || fenced != 0 {
-		t.Fatalf("a write stalled past an expiry the lease was renewed beyond: %d of %d bytes, %v, fenced %d; want all written", n, len(big), err, fenced)
+	if err != nil || n != len(big) || fenced.Load() != 0 {
+		t.Fatalf("a write stalled past an expiry the lease was renewed beyond: %d of %d bytes, %v, fenced %d; want all written", n, len(big), err, fenced.Load())
 	}
-	select {
-	case <-read:
-	default:
-		t.Fatal("the write never stalled past the first expiry: the test proves nothing")
+	if deadlineHits.Load() == 0 {
+		t.Fatal("no socket write stalled until the lease's first expiry: the test proves nothing")
 	}
+}
+
+type dialFunc func(network, address string) (net.Conn, error)
+
+func (f dialFunc) Dial(network, address string) (net.Conn, error) { return f(network, address) }
+
+// deadlineCounter counts the writes that end at their deadline.
+type deadlineCounter struct {
+	net.Conn
+	hits *atomic.Int32
+}
+
+func (c *deadlineCounter) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.hits.Add(1)
+	}
+	return n, err
 }
 
 // Bytes the client wrote may wait in the kernel's send queue (a network cut off): while
@@ -565,19 +595,26 @@ func TestWriteFenceAbortsAConnectionWithUnansweredBytesWhenTheLeaseEnds(t *testi
 	}()
 	// The lease: expiring at first, renewed (an hour on) when asked after first; then, in
 	// phase two, expiring at until2 and ended once the test says so.
+	// (Each expiry starts at the first question about it: a slow machine cannot let it pass
+	// before the write it is meant for.)
 	var mu sync.Mutex
-	first := time.Now().Add(200 * time.Millisecond)
+	var first, until2 time.Time
 	var phase2, ended bool
-	var until2 time.Time
 	renewed := make(chan struct{})
 	var renewOnce sync.Once
 	expiry := func(gen uint64) (time.Time, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		switch {
-		case phase2:
+		if phase2 {
+			if until2.IsZero() {
+				until2 = time.Now().Add(200 * time.Millisecond)
+			}
 			return until2, !ended
-		case time.Now().Before(first):
+		}
+		if first.IsZero() {
+			first = time.Now().Add(200 * time.Millisecond)
+		}
+		if time.Now().Before(first) {
 			return first, true
 		}
 		renewOnce.Do(func() { close(renewed) })
@@ -614,7 +651,7 @@ func TestWriteFenceAbortsAConnectionWithUnansweredBytesWhenTheLeaseEnds(t *testi
 	s.handing(1)
 	s.handedOff()
 	mu.Lock()
-	phase2, until2 = true, time.Now().Add(time.Second)
+	phase2 = true
 	mu.Unlock()
 	if _, err := c.Write([]byte("PUB a 1\r\n2\r\n")); err != nil {
 		t.Fatal(err)
