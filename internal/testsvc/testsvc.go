@@ -243,29 +243,52 @@ func StreamMsgs(tb testing.TB, js jetstream.JetStream, stream string) []*jetstre
 	// A JetStream API request can go unanswered while a cluster's stream leader changes (the
 	// request reaches the leader that just stepped down): ask again, 5 s an attempt, until
 	// the 30 s are up.
+	// The same for a JetStream that answers "temporarily unavailable" (503) or not at all
+	// while a restarted node catches up.
 	var s jetstream.Stream
 	var info *jetstream.StreamInfo
-	var err error
-	for {
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+	err := retryTransient(ctx, func(actx context.Context) (err error) {
 		if s, err = js.Stream(actx, stream); err == nil {
 			info, err = s.Info(actx)
 		}
-		acancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-	}
+		return err
+	})
 	if err != nil {
 		tb.Fatalf("testsvc: stream %s: %v", stream, err)
 	}
 	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
+		var m *jetstream.RawStreamMsg
+		err := retryTransient(ctx, func(actx context.Context) (err error) {
+			m, err = s.GetMsg(actx, seq)
+			return err
+		})
 		if err != nil {
 			tb.Fatalf("testsvc: get %s/%d: %v", stream, seq, err)
 		}
 		out = append(out, m)
 	}
 	return out
+}
+
+// retryTransient calls f with a context of 5 s an attempt until it succeeds, fails with an
+// error that is not transient, or ctx ends. Transient: no answer in time, no responders, or
+// JetStream's 503 ("temporarily unavailable", a cluster electing or catching up).
+func retryTransient(ctx context.Context, f func(context.Context) error) error {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f(actx)
+		cancel()
+		var apiErr *jetstream.APIError
+		transient := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+			errors.Is(err, jetstream.ErrNoStreamResponse) || errors.As(err, &apiErr) && apiErr.Code == 503
+		if err == nil || !transient || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
 }
