@@ -152,15 +152,19 @@ func closePool(pool *pgxpool.Pool, d time.Duration) {
 
 // runStopBound is the longest relay run takes to exit after SIGTERM with cfg (defaults for
 // its unset fields), PostgreSQL or NATS not answering: the relay's stop
-// (relay.Config.MaxStopTime), the close of the pool (poolCloseTimeout) and stopSlack. A
-// supervisor's grace period must be longer (deploy/: 30 s).
-func runStopBound(cfg *relay.Config) time.Duration {
-	return cfg.MaxStopTime() + poolCloseTimeout + stopSlack
+// (relay.Config.MaxStopTime), the close of the pool (poolCloseTimeout), stopSlack, and with
+// tracing on the flush of the last spans (tracingShutdownTimeout, a collector not
+// answering). A supervisor's grace period must be longer (deploy/: 30 s).
+func runStopBound(cfg *relay.Config, tracing bool) time.Duration {
+	d := cfg.MaxStopTime() + poolCloseTimeout + stopSlack
+	if tracing {
+		d += tracingShutdownTimeout
+	}
+	return d
 }
 
 // stopSlack is what relay run does after SIGTERM beyond the timers of runStopBound, which
-// takes milliseconds: stopping the check-back, closing NATS, flushing the traces with the
-// cancelled context, exiting.
+// takes milliseconds: stopping the check-back, closing NATS, exiting.
 const stopSlack = time.Second
 
 // connectOptions say what a command needs.

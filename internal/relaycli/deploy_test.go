@@ -29,9 +29,9 @@ const deployDir = "../../deploy"
 // drainBound is the longest a relay takes to stop after SIGTERM with default settings, the
 // bound the code keeps (runStopBound, TestRelayStopsInTimeWhenPostgresFreezes): the PubAcks
 // of the batch in flight (at most --publish-timeout) and its settle (relay.DrainSettleTimeout),
-// the release of the partitions (relay.ReleaseTimeout), the close of the pool. Grace periods
-// and stop timeouts must be longer.
-var drainBound = runStopBound(&relay.Config{})
+// the release of the partitions (relay.ReleaseTimeout), the close of the pool, and with
+// tracing on the flush of the last spans. Grace periods and stop timeouts must be longer.
+var drainBound = runStopBound(&relay.Config{}, true)
 
 // envNames returns the environment variables `relay <cmd> --help` lists.
 func envNames(t *testing.T, cmd ...string) map[string]bool {
