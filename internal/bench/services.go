@@ -234,9 +234,10 @@ func (r *run) NewPool(ctx context.Context, maxConns int32, tracer ...pgx.QueryTr
 }
 
 // ConnectNATS opens a NATS connection of its own (the relay, the producers and the consumer
-// each get one, as separate services would).
-func (r *run) ConnectNATS(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(r.NATSURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+// each get one, as separate services would), with extra options after the defaults.
+func (r *run) ConnectNATS(name string, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, extra...)
+	nc, err := nats.Connect(r.NATSURL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.DSN(r.NATSURL), err)
 	}
@@ -255,13 +256,7 @@ func (r *run) relayNATSOptions() []nats.Option {
 
 // ConnectRelayNATS connects a relay to NATS as relay run does (see relayNATSOptions).
 func (r *run) ConnectRelayNATS(name string) (*nats.Conn, error) {
-	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, r.relayNATSOptions()...)
-	nc, err := nats.Connect(r.NATSURL, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.DSN(r.NATSURL), err)
-	}
-	r.atExit(nc.Close)
-	return nc, nil
+	return r.ConnectNATS(name, r.relayNATSOptions()...)
 }
 
 // NewSchema creates and migrates a fresh schema for the scenario, plus its business table

@@ -43,10 +43,7 @@ type BuildInfo struct {
 
 // ReadBuildInfo returns this binary's build information (runtime/debug.ReadBuildInfo).
 func ReadBuildInfo() BuildInfo {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		info = nil
-	}
+	info, _ := debug.ReadBuildInfo() // nil when the binary carries none
 	return buildInfoFrom(info)
 }
 

@@ -293,7 +293,9 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 // replier answers a check request from the goroutine that checks it. micro.Request's
 // Respond and Error record the outcome in the request for the service's statistics, which
 // micro reads as soon as the handler returns: called from another goroutine they race with
-// it. The answer is the same message they would send.
+// it. The answer is the same message they would send; micro's own statistics (nats micro
+// stats) count the requests but not these errors, which the checker logs and the
+// check-back counts (txoutbox_checkback_checks_total by outcome).
 type replier struct {
 	nc      *nats.Conn
 	subject string
