@@ -308,16 +308,13 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 // configuration error: the handlers wait for it like for any outage. A cancelled ctx is
 // returned, wrapped, and not logged.
 func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
-	tx, err := c.db.Begin(ctx)
-	if err != nil {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
-		}
-		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
-		return nil
+	var err error
+	if c.sqlDB != nil {
+		err = c.q.CheckKeyOrderTableSQL(ctx, c.sqlDB)
+	} else {
+		err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.q.CheckKeyOrderTable(ctx, tx) })
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	switch err := c.q.CheckKeyOrderTable(ctx, tx); {
+	switch {
 	case errors.Is(err, store.ErrNoKeyOrderTable):
 		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
 	case errors.Is(err, store.ErrKeyOrderPrivileges):

@@ -115,7 +115,7 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if guarded {
-		if r, done := c.checkTurn(ctx, tx, it); done {
+		if r, done := c.checkTurn(ctx, pgxTurn{c.q, tx}, it); done {
 			return r
 		}
 	}
@@ -748,8 +748,8 @@ func (c *Consumer) guarded(it *item) bool {
 
 // checkTurn locks the key's row in tx and decides whether it may be applied now. done=false:
 // go on (its turn). done=true: r is the outcome, and tx was rolled back or must be.
-func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result, done bool) {
-	applied, err := c.q.LockKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey)
+func (c *Consumer) checkTurn(ctx context.Context, tx turnTx, it *item) (r result, done bool) {
+	applied, err := tx.lockKeyOrder(ctx, c.cfg.Durable, it.msg.Stream, it.orderKey)
 	if err != nil {
 		return c.unavailable(ctx, it, "key order lock", err), true
 	}
@@ -760,11 +760,11 @@ func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result
 		// row says so; without one (a purged dedup row, a message the stream lost while it
 		// was in flight, a recreated stream) applying it now would break the key's order and
 		// acking it would drop it: it goes to the dead letters.
-		inserted, err := c.q.InsertDedup(ctx, tx, it.dedupRow(c.cfg.Durable))
+		inserted, err := tx.insertDedup(ctx, it.dedupRow(c.cfg.Durable))
 		if err != nil {
 			return c.unavailable(ctx, it, "dedup insert", err), true
 		}
-		_ = tx.Rollback(ctx)
+		tx.rollback(ctx)
 		c.order.settled(it.orderKey, seq)
 		if !inserted {
 			c.countDuplicate()
@@ -775,7 +775,7 @@ func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result
 			fmt.Errorf("%w: stream sequence %d of key %q, which is already at %d", ErrOutOfOrder, seq, it.orderKey, applied)), true
 	}
 	if c.order.blocked(it.orderKey, applied, seq) {
-		_ = tx.Rollback(ctx)
+		tx.rollback(ctx)
 		it.waits++
 		if h := c.hooks.waiting; h != nil {
 			h(it.msg)
@@ -788,6 +788,29 @@ func (c *Consumer) checkTurn(ctx context.Context, tx pgx.Tx, it *item) (r result
 	it.waits = 0
 	return result{}, false
 }
+
+// turnTx is what checkTurn needs of the consumer's transaction: a pgx.Tx (pgxTurn) or a
+// *sql.Tx (sqlTurn, NewSQL).
+type turnTx interface {
+	lockKeyOrder(ctx context.Context, consumer, stream, key string) (uint64, error)
+	insertDedup(ctx context.Context, r store.DedupRow) (bool, error)
+	rollback(ctx context.Context)
+}
+
+type pgxTurn struct {
+	q  *store.Queries
+	tx pgx.Tx
+}
+
+func (t pgxTurn) lockKeyOrder(ctx context.Context, consumer, stream, key string) (uint64, error) {
+	return t.q.LockKeyOrder(ctx, t.tx, consumer, stream, key)
+}
+
+func (t pgxTurn) insertDedup(ctx context.Context, r store.DedupRow) (bool, error) {
+	return t.q.InsertDedup(ctx, t.tx, r)
+}
+
+func (t pgxTurn) rollback(ctx context.Context) { _ = t.tx.Rollback(ctx) }
 
 // waitDelay is how long a message waiting for an earlier one of its key waits before its
 // next check: 10ms, doubling up to 1s.
@@ -814,6 +837,9 @@ func (c *Consumer) insertDedupAdvance(ctx context.Context, tx pgx.Tx, it *item) 
 
 // advanceKeyTx records it as its key's highest applied message, in a transaction of its own.
 func (c *Consumer) advanceKeyTx(ctx context.Context, it *item) error {
+	if c.sqlDB != nil {
+		return c.advanceKeySQL(ctx, it)
+	}
 	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 		return c.q.AdvanceKeyOrder(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
 	})

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -28,6 +29,27 @@ type orderedInstance struct {
 
 func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orderedInstance {
 	t.Helper()
+	return e.startOrderedWith(t, hk, func(js jetstream.JetStream) *Consumer {
+		cp := *cfg
+		return e.newConsumer(js, &cp, h)
+	})
+}
+
+// startOrderedSQL is startOrdered for a consumer made with NewSQL on the database/sql driver.
+func (e *env) startOrderedSQL(t *testing.T, cfg *Config, driver string, h SQLHandler, hk hooks) *orderedInstance {
+	t.Helper()
+	sdb := e.openSQL(driver)
+	return e.startOrderedWith(t, hk, func(js jetstream.JetStream) *Consumer {
+		c, err := NewSQL(sdb, js, h, e.config(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	})
+}
+
+func (e *env) startOrderedWith(t *testing.T, hk hooks, build func(jetstream.JetStream) *Consumer) *orderedInstance {
+	t.Helper()
 	nc, err := testsvc.Connect(e.nats.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +59,7 @@ func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orde
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := *cfg
-	c := e.newConsumer(js, &cp, h)
+	c := build(js)
 	c.hooks = hk
 	return &orderedInstance{nc: nc, c: c, stop: e.run(c)}
 }
@@ -55,6 +76,18 @@ func (e *env) startOrdered(t *testing.T, cfg *Config, h Handler, hk hooks) *orde
 // messages.
 func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	t.Parallel()
+	testOrderedAcrossCrashAndInstances(t, false)
+}
+
+// The same with consumers made with NewSQL: the crashed instance on lib/pq, one of the two that
+// take over on pgx's stdlib driver, beside the pgx batch-mode one (instances of one durable
+// may mix the two kinds).
+func TestSQLOrderedAcrossCrashAndInstances(t *testing.T) {
+	t.Parallel()
+	testOrderedAcrossCrashAndInstances(t, true)
+}
+
+func testOrderedAcrossCrashAndInstances(t *testing.T, viaSQL bool) {
 	e := newEnv(t)
 	e.exec(`CREATE TABLE applied (id bigserial PRIMARY KEY, k text NOT NULL, seq bigint NOT NULL, idem text NOT NULL, by_instance text NOT NULL)`)
 	keys := []string{"k0", "k1", "k2", "k3"}
@@ -94,20 +127,40 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 		}
 	}
 
+	const insertApplied = `INSERT INTO applied (k, seq, idem, by_instance) VALUES ($1, $2, $3, $4)`
+	apply := func(ctx context.Context, name string, block func(ctx context.Context, msg Message) error, msg Message,
+		exec func(args ...any) error) error {
+		if string(msg.Data) == poison {
+			return Permanent(errors.New("poison"))
+		}
+		if block != nil {
+			if err := block(ctx, msg); err != nil {
+				return err
+			}
+		}
+		return exec(msg.Key, int64(msg.StreamSeq), msg.IdempotencyKey, name)
+	}
 	handler := func(name string, block func(ctx context.Context, msg Message) error) Handler {
 		return func(ctx context.Context, tx pgx.Tx, msg Message) error {
-			if string(msg.Data) == poison {
-				return Permanent(errors.New("poison"))
-			}
-			if block != nil {
-				if err := block(ctx, msg); err != nil {
-					return err
-				}
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO applied (k, seq, idem, by_instance) VALUES ($1, $2, $3, $4)`,
-				msg.Key, int64(msg.StreamSeq), msg.IdempotencyKey, name)
-			return err
+			return apply(ctx, name, block, msg, func(args ...any) error {
+				_, err := tx.Exec(ctx, insertApplied, args...)
+				return err
+			})
 		}
+	}
+	sqlHandler := func(name string, block func(ctx context.Context, msg Message) error) SQLHandler {
+		return func(ctx context.Context, tx *sql.Tx, msg Message) error {
+			return apply(ctx, name, block, msg, func(args ...any) error {
+				_, err := tx.ExecContext(ctx, insertApplied, args...)
+				return err
+			})
+		}
+	}
+	start := func(cfg *Config, driver, name string, block func(ctx context.Context, msg Message) error, hk hooks) *orderedInstance {
+		if viaSQL && driver != "" {
+			return e.startOrderedSQL(t, cfg, driver, sqlHandler(name, block), hk)
+		}
+		return e.startOrdered(t, cfg, handler(name, block), hk)
 	}
 	cfg := &Config{
 		Ordered:         true,
@@ -125,14 +178,14 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	release := make(chan struct{})
 	var blockOnce sync.Once
 	var heldK0 atomic.Int32
-	a := e.startOrdered(t, cfg, handler("a", func(ctx context.Context, msg Message) error {
+	a := start(cfg, "postgres", "a", func(ctx context.Context, msg Message) error {
 		if string(msg.Data) != "k0:2" {
 			return nil
 		}
 		blockOnce.Do(func() { close(blocked) })
 		<-release
 		return errors.New("instance a died")
-	}), hooks{admitted: func(msg Message) {
+	}, hooks{admitted: func(msg Message) {
 		if msg.Key == "k0" {
 			heldK0.Add(1)
 		}
@@ -147,10 +200,10 @@ func TestOrderedAcrossCrashAndInstances(t *testing.T) {
 	// Two fresh instances take over at once.
 	var waits atomic.Int64
 	hk := hooks{waiting: func(Message) { waits.Add(1) }}
-	b := e.startOrdered(t, cfg, handler("b", nil), hk)
+	b := start(cfg, "pgx", "b", nil, hk)
 	batchCfg := *cfg
 	batchCfg.BatchSize = 8 // keyed messages one transaction each, unkeyed ones batched
-	c := e.startOrdered(t, &batchCfg, handler("c", nil), hk)
+	c := start(&batchCfg, "", "c", nil, hk)
 
 	testsvc.Eventually(t, 60*time.Second+time.Duration(total)*10*time.Millisecond, "every message applied", func() bool {
 		return e.count(`SELECT count(*) FROM applied`) >= total
@@ -233,6 +286,10 @@ func TestOrderedNeedsKeyOrderTable(t *testing.T) {
 	if _, err := c.Setup(context.Background()); !errors.Is(err, ErrKeyOrderTable) {
 		t.Fatalf("Setup: %v, want ErrKeyOrderTable", err)
 	}
+	c = e.newSQLConsumer(e.openSQL("postgres"), &Config{Ordered: true}, recordEffectSQL)
+	if _, err := c.Setup(context.Background()); !errors.Is(err, ErrKeyOrderTable) {
+		t.Fatalf("Setup of a NewSQL consumer: %v, want ErrKeyOrderTable", err)
+	}
 	c = e.newConsumer(nil, &Config{}, recordEffect)
 	if _, err := c.Setup(context.Background()); err != nil {
 		t.Fatalf("Setup without Ordered: %v", err)
@@ -243,6 +300,15 @@ func TestOrderedNeedsKeyOrderTable(t *testing.T) {
 // says it was applied, and a dead letter (out-of-order) otherwise: never applied, never dropped.
 func TestOrderedKeyMovedPast(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"pgx", "NewSQL"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			testOrderedKeyMovedPast(t, mode == "NewSQL")
+		})
+	}
+}
+
+func testOrderedKeyMovedPast(t *testing.T, viaSQL bool) {
 	e := newEnv(t)
 	applied := e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {"m-applied"}, outbox.HeaderKey: {"k"}}, "applied")
 	lost := e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {"m-lost"}, outbox.HeaderKey: {"k"}}, "lost")
@@ -251,6 +317,9 @@ func TestOrderedKeyMovedPast(t *testing.T) {
 	e.exec(`INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key, message_id, stream_seq) VALUES ($1, 'm-applied', 'm-applied', $2)`,
 		testDurable, int64(applied.Sequence))
 	c := e.newConsumer(nil, &Config{Ordered: true}, recordEffect)
+	if viaSQL {
+		c = e.newSQLConsumer(e.openSQL("pgx"), &Config{Ordered: true}, recordEffectSQL)
+	}
 	e.run(c)
 	testsvc.Eventually(t, 20*time.Second, "both settled", func() bool {
 		return c.Stats().Duplicates == 1 && len(e.deadLetters()) == 1

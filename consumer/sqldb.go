@@ -41,8 +41,10 @@ type SQLHandler func(ctx context.Context, tx *sql.Tx, msg Message) error
 // was refused (a handler failure, an attempt counted); if not, the outcome is unknown and the
 // message is put back without counting an attempt, never acked.
 //
+// Config.Ordered works as with New: the key's applied sequence is locked, checked and
+// advanced in the same database/sql transaction as the dedup row and the handler's effect.
 // A consumer made with NewSQL handles one message per transaction: Config.BatchSize above 1
-// and Config.Ordered need New or NewBatch (pgx) and are refused with a *txoutbox.ConfigError.
+// needs New or NewBatch (pgx) and is refused with a *txoutbox.ConfigError.
 func NewSQL(db *sql.DB, js jetstream.JetStream, handler SQLHandler, cfg *Config) (*Consumer, error) {
 	if err := dbhandle.RequireArg("consumer", "db", "a *sql.DB", db); err != nil {
 		return nil, err
@@ -53,10 +55,6 @@ func NewSQL(db *sql.DB, js jetstream.JetStream, handler SQLHandler, cfg *Config)
 	if cfg != nil && cfg.BatchSize > 1 {
 		return nil, &txoutbox.ConfigError{Package: "consumer", Field: "Config.BatchSize",
 			Reason: fmt.Sprintf("must be 1 for a consumer made with NewSQL, which handles each message in its own transaction, got %d (batch mode needs New or NewBatch on pgx)", cfg.BatchSize)}
-	}
-	if cfg != nil && cfg.Ordered {
-		return nil, &txoutbox.ConfigError{Package: "consumer", Field: "Config.Ordered",
-			Reason: "is not supported by a consumer made with NewSQL (ordered mode needs New or NewBatch on pgx)"}
 	}
 	// New builds everything else; the pgx side (db, handler) is never used in database/sql
 	// mode and fails loudly if it ever were.
@@ -83,6 +81,12 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		return c.deadLetter(ctx, it, DeadReasonMalformed, it.bad)
 	}
 	it.msg.Delivery = it.attempt()
+	guarded := c.guarded(it)
+	if guarded {
+		if err := c.order.complete(ctx, it.msg.StreamSeq); err != nil {
+			return c.unavailable(ctx, it, opOrderScan, err)
+		}
+	}
 	// One connection for the transaction and, after a failed commit, the question whether it
 	// is alive.
 	conn, err := c.sqlDB.Conn(ctx)
@@ -95,12 +99,28 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		return c.unavailable(ctx, it, "begin", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	if guarded {
+		if r, done := c.checkTurn(ctx, sqlTurn{c.q, tx}, it); done {
+			return r
+		}
+	}
 	inserted, err := c.q.InsertDedupSQL(ctx, tx, it.dedupRow(c.cfg.Durable))
+	if err == nil && guarded {
+		// Its turn: the key's new applied sequence with the dedup row. A duplicate moves the
+		// key past it too, or the key's later messages would wait for it.
+		err = c.q.AdvanceKeyOrderSQL(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
+	}
 	if err != nil {
 		return c.unavailable(ctx, it, "dedup insert", err)
 	}
 	c.pgUp()
 	if !inserted {
+		if guarded {
+			if err := tx.Commit(); err != nil {
+				return c.unavailable(ctx, it, "commit", err)
+			}
+			c.order.settled(it.orderKey, it.msg.StreamSeq)
+		}
 		_ = tx.Rollback()
 		c.countDuplicate()
 		c.ack(ctx, it)
@@ -145,12 +165,44 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 			return c.unavailable(ctx, it, "commit", err)
 		}
 	}
+	if guarded {
+		c.order.settled(it.orderKey, it.msg.StreamSeq)
+	}
 	c.countProcessed(1)
 	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
 		return result{outcome: outcomeProcessed}
 	}
 	c.ack(ctx, it)
 	return result{outcome: outcomeProcessed}
+}
+
+// sqlTurn is checkTurn's transaction in a consumer made with NewSQL.
+type sqlTurn struct {
+	q  *store.Queries
+	tx *sql.Tx
+}
+
+func (t sqlTurn) lockKeyOrder(ctx context.Context, consumer, stream, key string) (uint64, error) {
+	return t.q.LockKeyOrderSQL(ctx, t.tx, consumer, stream, key)
+}
+
+func (t sqlTurn) insertDedup(ctx context.Context, r store.DedupRow) (bool, error) {
+	return t.q.InsertDedupSQL(ctx, t.tx, r)
+}
+
+func (t sqlTurn) rollback(context.Context) { _ = t.tx.Rollback() }
+
+// advanceKeySQL is advanceKeyTx for a consumer made with NewSQL.
+func (c *Consumer) advanceKeySQL(ctx context.Context, it *item) error {
+	tx, err := c.sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := c.q.AdvanceKeyOrderSQL(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // callSQLHandler runs the database/sql handler, turning a panic into an error.

@@ -182,7 +182,7 @@ func TestNewSQLConfig(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	sdb := e.openSQL("pgx")
-	for _, cfg := range []*Config{{BatchSize: 2}, {Ordered: true}} {
+	for _, cfg := range []*Config{{BatchSize: 2}, {BatchSize: 2, Ordered: true}} {
 		_, err := NewSQL(sdb, e.nats.JS, recordEffectSQL, e.config(cfg))
 		var ce *txoutbox.ConfigError
 		if !errors.As(err, &ce) {

@@ -19,11 +19,22 @@ func (q *Queries) LockKeyOrder(ctx context.Context, tx DBTX, consumer, stream, k
 	// The no-op update locks an existing row as SELECT ... FOR UPDATE would, and a row
 	// inserted concurrently is waited for, in one round trip.
 	var applied int64
-	err := tx.QueryRow(ctx, `INSERT INTO `+q.keyOrderTable()+` AS k (consumer, stream, order_key, applied_seq)
+	err := tx.QueryRow(ctx, q.lockKeyOrderSQL(), consumer, stream, key).Scan(&applied)
+	return uint64(applied), err
+}
+
+// LockKeyOrderSQL is LockKeyOrder over database/sql.
+func (q *Queries) LockKeyOrderSQL(ctx context.Context, tx SQLDBTX, consumer, stream, key string) (uint64, error) {
+	var applied int64
+	err := tx.QueryRowContext(ctx, q.lockKeyOrderSQL(), consumer, stream, key).Scan(&applied)
+	return uint64(applied), err
+}
+
+func (q *Queries) lockKeyOrderSQL() string {
+	return `INSERT INTO ` + q.keyOrderTable() + ` AS k (consumer, stream, order_key, applied_seq)
 VALUES ($1, $2, $3, 0)
 ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = k.applied_seq
-RETURNING applied_seq`, consumer, stream, key).Scan(&applied)
-	return uint64(applied), err
+RETURNING applied_seq`
 }
 
 func (q *Queries) advanceKeyOrderSQL() string {
@@ -36,6 +47,12 @@ ON CONFLICT (consumer, stream, order_key) DO UPDATE SET applied_seq = greatest(k
 // back), in tx.
 func (q *Queries) AdvanceKeyOrder(ctx context.Context, tx DBTX, consumer, stream, key string, seq uint64) error {
 	_, err := tx.Exec(ctx, q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
+	return err
+}
+
+// AdvanceKeyOrderSQL is AdvanceKeyOrder over database/sql.
+func (q *Queries) AdvanceKeyOrderSQL(ctx context.Context, tx SQLDBTX, consumer, stream, key string, seq uint64) error {
+	_, err := tx.ExecContext(ctx, q.advanceKeyOrderSQL(), consumer, stream, key, int64(seq))
 	return err
 }
 
@@ -54,11 +71,25 @@ var ErrKeyOrderPrivileges = errors.New("store: " + KeyOrderTable + " needs SELEC
 // ErrKeyOrderPrivileges when the session's role cannot use it.
 func (q *Queries) CheckKeyOrderTable(ctx context.Context, db DBTX) error {
 	var exists, allowed bool
-	err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+	err := db.QueryRow(ctx, checkKeyOrderTableSQL, q.keyOrderTable()).Scan(&exists, &allowed)
+	return keyOrderTableState(err, exists, allowed)
+}
+
+// CheckKeyOrderTableSQL is CheckKeyOrderTable over database/sql.
+func (q *Queries) CheckKeyOrderTableSQL(ctx context.Context, db SQLDBTX) error {
+	var exists, allowed bool
+	err := db.QueryRowContext(ctx, checkKeyOrderTableSQL, q.keyOrderTable()).Scan(&exists, &allowed)
+	return keyOrderTableState(err, exists, allowed)
+}
+
+// checkKeyOrderTableSQL reads whether the table ($1) exists and the session's role may read,
+// insert and update it (a list of privileges in one has_table_privilege would mean "any of").
+const checkKeyOrderTableSQL = `SELECT to_regclass($1) IS NOT NULL,
        CASE WHEN to_regclass($1) IS NULL THEN false
             ELSE has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT')
-                 AND has_table_privilege(to_regclass($1), 'UPDATE') END`, // a list of privileges would mean "any of"
-		q.keyOrderTable()).Scan(&exists, &allowed)
+                 AND has_table_privilege(to_regclass($1), 'UPDATE') END`
+
+func keyOrderTableState(err error, exists, allowed bool) error {
 	switch {
 	case err != nil:
 		return err
