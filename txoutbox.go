@@ -41,10 +41,11 @@
 //     database's identity), and the Logger, TracerProvider and Propagator fields (slog.Default
 //     and OpenTelemetry's globals);
 //   - Off (-1) turns a feature off and Forever (-1) lifts a limit, only for the fields whose
-//     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off) and
-//     Retention (forever), checkback.Config.TransactionTimeout (off), GroupRate and the three
-//     retentions (forever), consumer.Config.StopTimeout (forever). Every other field refuses
-//     -1 with the rest of the negative values: no count takes it (relay.Config.MaxAttempts,
+//     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off),
+//     MaxMessageBytes (off: no size check of its own) and Retention (forever),
+//     checkback.Config.TransactionTimeout (off), GroupRate and the three retentions (forever),
+//     consumer.Config.StopTimeout (forever). Every other field refuses -1 with the rest of the
+//     negative values: no other count takes it (relay.Config.MaxAttempts,
 //     consumer.Config.MaxDeliveries and MaxAckPending, checkback.Config.MaxChecks, the batch
 //     sizes and concurrencies have no off or forever value);
 //   - an invalid value is reported, before anything runs, as a *ConfigError naming the field,
@@ -65,7 +66,7 @@ const DefaultSchema = "public"
 
 // Off and Forever are the values that turn a Config field off or make it unbounded, for the
 // fields whose documentation says so (see the package documentation for the list): a factor,
-// a rate or a duration set to -1. They are untyped, so they fit int, float64 and
+// a rate, a size or a duration set to -1. They are untyped, so they fit int, float64 and
 // time.Duration values alike (migrations.DownAll is Forever as a number of steps).
 const (
 	Off     = -1

@@ -86,7 +86,8 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter space the checks of one row: after check n
 	// the next is due BackoffBase·2^(n-1) later, capped at BackoffMax, times a random factor
 	// in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
-	// jitter). Defaults to 5s, 1m and 0.2.
+	// jitter); a jittered delay above BackoffMax is reflected below it, so none exceeds
+	// BackoffMax. Defaults to 5s, 1m and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64

@@ -39,6 +39,7 @@ func (ct *checkTracer) startCheck(ctx context.Context, r store.HalfRow, prefix s
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
+			tracing.OperationSend,
 			tracing.OperationName.String("check"),
 			tracing.Destination.String(checker.Subject(prefix, r.Group)),
 			tracing.MessageID.String(r.MessageID.String()),

@@ -93,8 +93,13 @@ func TestCheckSpans(t *testing.T) {
 		if s.Name != "check payments" || s.SpanKind != trace.SpanKindClient || s.SpanContext.TraceID() != want.TraceID() || s.Parent.SpanID() != want.SpanID() {
 			t.Errorf("check span %d: %q kind %v parent %s/%s, want a client span child of the producer's", i, s.Name, s.SpanKind, s.SpanContext.TraceID(), s.Parent.SpanID())
 		}
-		if a["messaging.message.id"] != half.ID.String() || a["txoutbox.group"] != "payments" || a["messaging.destination.name"] != "txoutbox.check.payments" {
+		if a["messaging.message.id"] != half.ID.String() || a["txoutbox.group"] != "payments" || a["messaging.destination.name"] != "txoutbox.check.payments" ||
+			a["messaging.operation.type"] != "send" || a["messaging.operation.name"] != "check" || a["messaging.system"] != "nats" {
 			t.Errorf("check span %d attributes %v", i, a)
+		}
+		if a := traceAttrs(served[i].Attributes); a["messaging.operation.type"] != "process" || a["messaging.operation.name"] != "check" ||
+			a["messaging.destination.name"] != "txoutbox.check.payments" {
+			t.Errorf("checker span %d attributes %v", i, a)
 		}
 		// The checker's span continues this check's span, and the Func's ctx carries it.
 		srvSpan := served[i]

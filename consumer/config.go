@@ -116,7 +116,8 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
 	// error (sent with NakWithDelay; JetStream's own BackOff applies only to ack timeouts):
 	// BackoffBase·2^(deliveries-1), capped at BackoffMax, times a random factor in
-	// [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no jitter),
+	// [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no jitter;
+	// a jittered delay above BackoffMax is reflected below it, so none exceeds BackoffMax),
 	// so messages that failed together do not come back together — the same rule as the
 	// relay's and the check-back's. Defaults to 1s, 5m and 0.3.
 	BackoffBase   time.Duration

@@ -67,7 +67,7 @@ func errorType(r result) string {
 		if r.reason != "" {
 			return r.reason
 		}
-	case outcomeUnavailable:
+	case outcomeUnavailable, outcomeStopped:
 		return "unavailable"
 	}
 	return ""
@@ -210,15 +210,25 @@ func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []resul
 	batchSpan.End()
 }
 
-// traceDeadLetter gives a dead letter a trace context when the original message carried
-// none: the context of the span that dead-lettered it. A trace context the original carried
-// is copied with its other headers, as it was.
+// traceDeadLetter gives a dead letter a trace context when the original message carried no
+// valid one: the context of the span that dead-lettered it, by the producer's rule
+// (outbox.Client's capture). A valid trace context the original carried is copied with its
+// other headers, as it was; so is every propagator field the original had (a baggage or a
+// tracestate alone, a traceparent that is not valid): only the missing fields are added.
 func (c *Consumer) traceDeadLetter(ctx context.Context, it *item, h map[string][]string) {
 	ctx = it.spanCtx(ctx)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent("dead-lettered", trace.WithAttributes(tracing.Destination.String(c.cfg.DeadLetterSubject)))
 	}
-	if !tracing.HasAny(h, c.trace.p.Fields()) {
-		c.trace.p.Inject(ctx, tracing.Carrier(h))
+	p := c.trace.p
+	if tracing.HasAny(h, p.Fields()) && tracing.Extract(p, h).IsValid() {
+		return
+	}
+	add := tracing.Carrier{}
+	p.Inject(ctx, add)
+	for k, v := range add {
+		if !tracing.HasAny(h, []string{k}) {
+			h[k] = v
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -333,5 +334,64 @@ func TestBatchHandlerSpan(t *testing.T) {
 	}
 	if !deadEvent {
 		t.Error("no batch span records the malformed message's dead letter with its error.type")
+	}
+}
+
+// A dead letter of a message that carried no valid trace context gets its dead-lettering
+// process span's, by the producer's rule: the fields the message had (a baggage or a
+// tracestate alone, a traceparent that is not valid) are copied as they were, and only the
+// missing ones are added; a valid one is kept as it was.
+func TestDeadLetterTraceContextFromPartialHeaders(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tp, exp := newTracing(t)
+	const (
+		invalid = "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+		valid   = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	)
+	msgs := map[string]map[string][]string{
+		"baggage only":    {"baggage": {"tenant=acme"}},
+		"tracestate only": {"tracestate": {"vendor=opaque"}},
+		"invalid":         {"traceparent": {invalid}},
+		"valid":           {"traceparent": {valid}, "baggage": {"tenant=acme"}},
+	}
+	ids := map[string]string{}
+	for data, h := range msgs {
+		ids[data] = newID()
+		h[outbox.HeaderMsgID] = []string{ids[data]}
+		e.publish("orders.created", h, data)
+	}
+	c := e.newConsumer(nil, &Config{TracerProvider: tp,
+		Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})},
+		func(context.Context, pgx.Tx, Message) error { return Permanent(errors.New("never")) })
+	e.run(c)
+	testsvc.Eventually(t, 30*time.Second, "every message dead-lettered", func() bool { return len(e.deadLetters()) == len(msgs) })
+	dead := map[string]*nats.Header{}
+	for _, m := range e.deadLetters() {
+		dead[string(m.Data)] = &m.Header
+	}
+	ps := processSpans(exp)
+	spanOf := func(data string) trace.SpanContext {
+		for _, s := range ps[ids[data]] {
+			if attrs(s.Attributes)["txoutbox.outcome"] == "dead_lettered" {
+				return s.SpanContext
+			}
+		}
+		t.Fatalf("%s: no dead-lettering process span", data)
+		return trace.SpanContext{}
+	}
+	for data, h := range msgs {
+		got := *dead[data]
+		for k, v := range h { // every field the message had, as it was
+			if k != outbox.HeaderMsgID && fmt.Sprint(got.Values(k)) != fmt.Sprint(v) {
+				t.Errorf("%s: dead letter's %s is %q, want %q as given", data, k, got.Values(k), v)
+			}
+		}
+		switch data {
+		case "baggage only", "tracestate only":
+			if sc := parentOf(got.Get("traceparent")); sc.SpanID() != spanOf(data).SpanID() {
+				t.Errorf("%s: dead letter's traceparent %q, want its dead-lettering span %s", data, got.Get("traceparent"), spanOf(data).SpanID())
+			}
+		}
 	}
 }

@@ -150,7 +150,7 @@ $txoutbox$;
 // PartitionKeyFunc is the function (in the outbox schema, created by the producer grants, not
 // by a migration) that the producer's row-level security calls to test a new row's
 // partition_key: the partition key of a message of key msg_key (NULL for none) and id
-// message_id, as the Go client (store.KeyHash) and the SQL functions (txoutbox_key_hash,
+// message_id, as the Go client (outbox.Client) and the SQL functions (txoutbox_key_hash,
 // txoutbox_partition_keys) compute it.
 const PartitionKeyFunc = "txoutbox_producer_partition_key"
 

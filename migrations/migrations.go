@@ -617,7 +617,8 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 }
 
 // Down reverts the newest steps applied migrations (every one with DownAll; none with 0) and
-// returns the versions it reverted, newest first.
+// returns the versions it reverted, newest first. steps below DownAll are refused with an
+// error that says so, before anything is read.
 func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
 	if steps < DownAll {
 		return nil, fmt.Errorf("migrations: Down: steps must be at least 0, or DownAll (-1), got %d", steps)

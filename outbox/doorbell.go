@@ -14,8 +14,9 @@ import (
 // DefaultDoorbellSubject is the NATS subject the relay listens on for doorbell rings.
 const DefaultDoorbellSubject = "txoutbox.doorbell"
 
-// DefaultDoorbellChannel is the Postgres NOTIFY channel the relay listens on when its
-// Postgres doorbell is enabled.
+// DefaultDoorbellChannel is the Postgres NOTIFY channel NewPostgresDoorbell and
+// NewPostgresSQLDoorbell ring when given "". A relay listens on no channel unless told which
+// (relay.Config.DoorbellChannel, relay run --doorbell-channel): set it to this one.
 const DefaultDoorbellChannel = "txoutbox_doorbell"
 
 // Doorbell wakes the relay after a commit. Ring must not block.

@@ -71,7 +71,8 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape the delay before a failed row's next
 	// attempt: BackoffBase·2^(attempts-1), capped at BackoffMax, then multiplied by a random
 	// factor in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
-	// jitter). BackoffMax also caps the relay's own backoff while Postgres or NATS is
+	// jitter); a jittered delay above BackoffMax is reflected below it, so no delay exceeds
+	// BackoffMax. BackoffMax also caps the relay's own backoff while Postgres or NATS is
 	// unreachable. Defaults to 1s, 1m and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
@@ -244,7 +245,8 @@ func (c *Config) WithDefaults() *Config {
 //     14×LeaseInterval.
 //
 // So: PublishTimeout + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
-// 14×LeaseInterval). With the defaults, 5s + 1m = 65s. The frozen relay itself never
+// 14×LeaseInterval). The configuration's defaults apply to unset fields (a nil Config is the
+// defaults'): with the defaults, 5s + 1m = 65s. The frozen relay itself never
 // republishes: a lease also expires on its holder's monotonic clock, 10 lease intervals
 // after its last successful lease round, and a relay checks that expiry immediately before it
 // hands each message to the NATS client, so a relay that wakes after being fenced sends
@@ -269,6 +271,7 @@ func (c *Config) WithDefaults() *Config {
 // first copy with a 13.5 s window). Size the window generously; the consumer's dedup row is
 // what makes such copies harmless.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
+	c = c.WithDefaults()
 	d := c.BackoffMax
 	if c.HandoverAfter >= 0 {
 		d = max(d, c.HandoverAfter+2*c.LeaseInterval)

@@ -422,6 +422,13 @@ func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
 		if got := c.cfg.WithDefaults().RequiredDuplicateWindow(); got != c.want {
 			t.Errorf("%s: RequiredDuplicateWindow = %s, want %s", c.name, got, c.want)
 		}
+		// The defaults apply to unset fields, as in MaxStopTime.
+		if got := c.cfg.RequiredDuplicateWindow(); got != c.want {
+			t.Errorf("%s: RequiredDuplicateWindow without WithDefaults = %s, want %s", c.name, got, c.want)
+		}
+	}
+	if got := (*Config)(nil).RequiredDuplicateWindow(); got != 5*time.Second+time.Minute {
+		t.Errorf("RequiredDuplicateWindow of a nil Config = %s, want the defaults' 1m5s", got)
 	}
 }
 

@@ -475,7 +475,7 @@ const claimTimeout = 30 * time.Second
 const DrainSettleTimeout = 5 * time.Second
 
 // ReleaseTimeout bounds the release of the partitions when Run returns: the relay's
-// membership row is deleted and its lease session closed within it (lease.go), or left to the
+// membership row is deleted and its lease session closed within it, or left to the
 // server, which ends the session when it notices the connection gone.
 const ReleaseTimeout = time.Second
 

@@ -234,17 +234,15 @@ var (
 	Outcome        = attribute.Key("txoutbox.outcome")
 	// ErrorText is an error's text where no exception event carries it (an event about one
 	// message of a batch span).
-	ErrorText       = attribute.Key("txoutbox.error.message")
-	Group           = attribute.Key("txoutbox.group")
-	CheckNumber     = attribute.Key("txoutbox.check")
-	OutcomeApplied  = "applied"
-	OutcomeDup      = "duplicate"
-	OutcomeRetried  = "retried"
-	OutcomeDead     = "dead_lettered"
-	OutcomePutBack  = "put_back"
-	OutcomeWaiting  = "waiting"
-	OutcomeNotSent  = "not_sent"
-	OutcomeAccepted = "published"
+	ErrorText      = attribute.Key("txoutbox.error.message")
+	Group          = attribute.Key("txoutbox.group")
+	CheckNumber    = attribute.Key("txoutbox.check")
+	OutcomeApplied = "applied"
+	OutcomeDup     = "duplicate"
+	OutcomeRetried = "retried"
+	OutcomeDead    = "dead_lettered"
+	OutcomePutBack = "put_back"
+	OutcomeWaiting = "waiting"
 )
 
 // Fail marks span as failed with err, when err is not nil: an exception event (its text),

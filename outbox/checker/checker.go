@@ -35,13 +35,11 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ErrNoOutbox is returned by Serve (and ValidateConfig) when Config.Outbox is empty: a
-// checker must know which outbox it answers for, or it could settle the half messages of
-// another service that uses the same producer group name. It is a *txoutbox.ConfigError
-// naming Config.Outbox, so it also matches txoutbox.ErrInvalidConfig.
-var ErrNoOutbox error = &txoutbox.ConfigError{Package: "checker", Field: "Config.Outbox",
-	Reason: "is required: the outbox this checker answers for " +
-		"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)"}
+// ErrNoOutbox is matched (errors.Is) by the error Serve and ValidateConfig return when
+// Config.Outbox is empty: a checker must know which outbox it answers for, or it could settle
+// the half messages of another service that uses the same producer group name. That error is
+// a *txoutbox.ConfigError naming Config.Outbox, so it also matches txoutbox.ErrInvalidConfig.
+var ErrNoOutbox = errors.New("checker: no outbox named")
 
 // Func answers a check: did the local transaction of this half message commit? Return
 // outbox.StateCommit or outbox.StateRollback only when the outcome is certain;
@@ -134,7 +132,9 @@ func (c *Config) validate() error {
 		return &txoutbox.ConfigError{Package: "checker", Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if c.Outbox == "" {
-		return ErrNoOutbox
+		return &txoutbox.ConfigError{Package: "checker", Field: "Config.Outbox", Err: ErrNoOutbox,
+			Reason: "is required: the outbox this checker answers for " +
+				"(OutboxIdentity of the producers' database and schema, or the name set as the check-back's Config.Outbox)"}
 	}
 	wrap := func(field string, err error) error {
 		return &txoutbox.ConfigError{Package: "checker", Field: "Config." + field, Reason: "is invalid: " + err.Error(), Err: err}

@@ -25,6 +25,7 @@ func (ct *checkerTracer) start(ctx context.Context, req micro.Request) (context.
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
+			tracing.OperationProcess,
 			tracing.OperationName.String("check"),
 			tracing.Destination.String(req.Subject()),
 			tracing.Group.String(ct.group),
