@@ -42,9 +42,11 @@ var ErrNotScheduled = errors.New("message is not scheduled")
 type ScheduleError struct {
 	// Op is "cancel" or "reschedule".
 	Op string
-	// ID is the message id (uuid.Nil for the business key forms).
+	// ID is the message id, for the id forms (uuid.Nil for the business key forms; the id
+	// forms given uuid.Nil report it as it was given).
 	ID uuid.UUID
-	// BizKey is the business key, for the business key forms.
+	// BizKey is the business key, for the business key forms (never empty: they refuse an
+	// empty key); "" for the id forms. It tells the two forms apart.
 	BizKey string
 	// State is the message's state: "ready" (due, being published), "published" (kept by a
 	// retention), "dead", "prepared", "check_exhausted", "rolled_back" (cancelled, or a half
@@ -55,16 +57,17 @@ type ScheduleError struct {
 }
 
 func (e *ScheduleError) Error() string {
+	byKey := e.BizKey != ""
 	what := "message " + e.ID.String()
-	if e.ID == uuid.Nil {
+	if byKey {
 		what = fmt.Sprintf("messages of business key %q", e.BizKey)
 	}
 	switch {
-	case e.ID == uuid.Nil && e.State == "":
+	case byKey && e.State == "":
 		return fmt.Sprintf("outbox: %s %s: none is scheduled: %v: %v (never enqueued, or published and deleted, or purged)", e.Op, what, ErrNotScheduled, ErrNotFound)
-	case e.ID == uuid.Nil && (e.State == store.StateReady || e.State == store.StatePublished):
+	case byKey && (e.State == store.StateReady || e.State == store.StatePublished):
 		return fmt.Sprintf("outbox: %s %s: none is scheduled, the latest is %s (it fell due and is published, or being published): %v", e.Op, what, e.State, ErrNotScheduled)
-	case e.ID == uuid.Nil:
+	case byKey:
 		return fmt.Sprintf("outbox: %s %s: none is scheduled, the latest is %s: %v", e.Op, what, e.State, ErrNotScheduled)
 	case e.State == "":
 		return fmt.Sprintf("outbox: %s %s: %v: %v", e.Op, what, ErrNotScheduled, ErrNotFound)

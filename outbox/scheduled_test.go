@@ -151,6 +151,17 @@ func TestCancelTx(t *testing.T) {
 	if !errors.Is(err, outbox.ErrNotScheduled) || !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.State != "" {
 		t.Fatalf("cancel of no message = %v; want a *ScheduleError wrapping ErrNotScheduled and ErrNotFound", err)
 	}
+	// The nil id is an id like any other: the error names it, not a business key.
+	for name, op := range map[string]func() error{
+		"CancelTx":     func() error { return c.CancelTx(ctx, db.Pool, uuid.Nil) },
+		"RescheduleTx": func() error { return c.RescheduleTx(ctx, db.Pool, uuid.Nil, time.Now().Add(time.Hour)) },
+	} {
+		err := op()
+		if !errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.BizKey != "" ||
+			!strings.Contains(err.Error(), "message "+uuid.Nil.String()) || strings.Contains(err.Error(), "business key") {
+			t.Fatalf("%s(uuid.Nil) = %v; want ErrNotFound naming message %s", name, err, uuid.Nil)
+		}
+	}
 	// A message that is not delayed (or whose time came and the relay took it): ready.
 	err = c.CancelTx(ctx, db.Pool, ids[2])
 	if !errors.Is(err, outbox.ErrNotScheduled) || errors.Is(err, outbox.ErrNotFound) || !errors.As(err, &se) || se.State != "ready" {

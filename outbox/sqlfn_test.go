@@ -1146,3 +1146,31 @@ func TestSQLHeaderSizesAgreeWithGo(t *testing.T) {
 		}
 	}
 }
+
+// JSON text a client's encoder may send that PostgreSQL's jsonb input refuses before any
+// function runs — a lone surrogate (22P02), \u0000 (22P05) — stores nothing, in the single and
+// the batch form: the README's list of codes a client meets besides the TX ones.
+func TestSQLJSONInputRefusedBeforeTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	for _, c := range []struct{ json, want string }{
+		{`{"X": ["\ud800"]}`, "22P02"},
+		{`{"X": ["a\udc00b"]}`, "22P02"},
+		{`{"X": ["\u0000"]}`, "22P05"},
+	} {
+		for _, call := range []string{
+			`SELECT txoutbox_enqueue('a.b', 'x', headers => $1::text::jsonb)`,
+			`SELECT txoutbox_enqueue_many(ARRAY['a.b'], ARRAY['x']::bytea[], NULL, ARRAY[$1::text::jsonb])`,
+		} {
+			_, err := db.Pool.Exec(ctx, call, c.json)
+			if got := sqlOutcome(err); got != c.want {
+				t.Errorf("%s with %s: %s (%v), want %s", call, c.json, got, err, c.want)
+			}
+		}
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows stored, %v; want none", n, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/migrations"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 func init() {
@@ -87,6 +88,11 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		if (len(ids) > 0) == (bizKey != "") {
 			return usageErr("cancel takes message ids, or --biz-key")
 		}
+		if bizKey != "" {
+			if err := outbox.ValidateKey(bizKey); err != nil {
+				return usageErr("invalid --biz-key: %v", err)
+			}
+		}
 	}
 	if _, err := migrations.New(&migrations.Config{Schema: schema}); err != nil {
 		return usageErr("invalid --schema: %v", err)
@@ -144,16 +150,38 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 
 	out := cancelResult{Cancelled: []uuid.UUID{}, NotCancelled: []notCancelled{}}
 	if bizKey != "" {
-		got, err := q.CancelScheduledBizKey(ctx, c.Pool, bizKey)
-		if err != nil {
+		var got []uuid.UUID
+		var st string
+		err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
+			var err error
+			if got, err = q.CancelScheduledBizKey(ctx, tx, bizKey); err != nil || len(got) > 0 {
+				return err
+			}
+			st, err = q.ScheduledBizKeyState(ctx, tx, bizKey) // why not: the latest message's state
+			if errors.Is(err, store.ErrNoRow) {
+				return nil // none at all
+			}
+			return err
+		})
+		switch {
+		case err != nil:
 			return fmt.Errorf("cancel business key %q: %w", bizKey, err)
-		}
-		out.Cancelled = append(out.Cancelled, got...)
-		if len(got) == 0 {
-			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, Reason: "no scheduled message has this business key"})
+		case len(got) > 0:
+			out.Cancelled = append(out.Cancelled, got...)
+		case st == "":
+			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey,
+				Reason: "no message has this business key (never enqueued, or published and deleted)"})
+		default:
+			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, State: st,
+				Reason: "none is scheduled: the latest message of this business key is " + st})
 		}
 	}
+	seen := map[uuid.UUID]bool{}
 	for _, id := range ids {
+		if seen[id] {
+			continue // given twice: one cancel, one answer
+		}
+		seen[id] = true
 		var ok bool
 		var st string
 		err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,9 +100,37 @@ func TestScheduledCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "cancelled "+ids[2].String()) {
 		t.Fatalf("cancel --biz-key: exit %d, %s %s", code, out, errOut)
 	}
-	code, _, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y")
-	if code != 1 || !strings.Contains(errOut, "no scheduled message has this business key") {
-		t.Fatalf("second cancel --biz-key: exit %d, %s", code, errOut)
+	// Again: nothing scheduled, and the key's latest state says why (as CancelBizKeyTx does).
+	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y", "--json")
+	var byKey struct {
+		Cancelled    []string `json:"cancelled"`
+		NotCancelled []struct {
+			BizKey string `json:"biz_key"`
+			State  string `json:"state"`
+		} `json:"not_cancelled"`
+	}
+	if err := json.Unmarshal([]byte(out), &byKey); code != 1 || err != nil || len(byKey.Cancelled) != 0 || len(byKey.NotCancelled) != 1 ||
+		byKey.NotCancelled[0].State != "rolled_back" || byKey.NotCancelled[0].BizKey != "order:2:remind:y" {
+		t.Fatalf("second cancel --biz-key --json: exit %d, %s %s; want not cancelled, state rolled_back", code, out, errOut)
+	}
+	code, _, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:9:none")
+	if code != 1 || !strings.Contains(errOut, "no message has this business key") {
+		t.Fatalf("cancel --biz-key of an unknown key: exit %d, %s", code, errOut)
+	}
+	// A key the producer would refuse is a usage error naming the setting, not "none scheduled".
+	for _, bad := range []string{" order:1", "order:1\u00a0", "order\x01"} {
+		key, _ := strconv.Unquote(`"` + bad + `"`)
+		if code, _, errOut := cliEnv(t, vars, "scheduled", "cancel", "--biz-key", key); code != 2 || !strings.Contains(errOut, "--biz-key") {
+			t.Errorf("cancel --biz-key %q: exit %d, %s; want 2 naming --biz-key", key, code, errOut)
+		}
+	}
+	// The same id twice is one cancel with one answer.
+	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", ids[0].String(), ids[0].String())
+	if code != 0 || strings.Count(out, "cancelled "+ids[0].String()) != 1 || errOut != "" {
+		t.Fatalf("cancel of one id given twice: exit %d, %q %q; want one cancel, exit 0", code, out, errOut)
+	}
+	if _, err := c.EnqueueTx(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", Key: "order-1", DeliverAt: later}); err != nil {
+		t.Fatal(err)
 	}
 	var left int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE state = 'scheduled'`).Scan(&left); err != nil || left != 1 {
