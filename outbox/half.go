@@ -20,6 +20,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/prom"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -120,11 +121,16 @@ func ValidateGroup(g string) error {
 	if len(g) > MaxGroupLength {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidGroup, len(g), MaxGroupLength)
 	}
-	for i := 0; i < len(g); i++ {
-		c := g[i]
+	for i := 0; i < len(g); {
+		c, size := utf8.DecodeRuneInString(g[i:])
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return fmt.Errorf("%w: %q has %q at byte %d; use letters, digits, '-' and '_'", ErrInvalidGroup, g, c, i)
+			what := fmt.Sprintf("%q", c) // the character, not its first byte
+			if c == utf8.RuneError && size == 1 {
+				what = fmt.Sprintf("the byte 0x%02x (not UTF-8)", g[i])
+			}
+			return fmt.Errorf("%w: %q has %s at byte %d; use ASCII letters, digits, '-' and '_'", ErrInvalidGroup, g, what, i)
 		}
+		i += size
 	}
 	return nil
 }

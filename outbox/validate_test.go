@@ -451,3 +451,24 @@ func TestValidateSubjectTokensAsSplit(t *testing.T) {
 		}
 	}
 }
+
+// ValidateGroup names the character it refuses, not the first byte of its encoding, and a
+// byte that is not UTF-8 as a byte.
+func TestValidateGroupNamesTheCharacter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ group, want string }{
+		{"ü", `'ü' at byte 0`},
+		{"ab٣", `'٣' at byte 2`},
+		{"x\u0301", `'́' at byte 1`},
+		{"a b", `' ' at byte 1`},
+		{"a\xffb", `the byte 0xff (not UTF-8) at byte 1`},
+	} {
+		err := outbox.ValidateGroup(c.group)
+		if !errors.Is(err, outbox.ErrInvalidGroup) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ValidateGroup(%q) = %v, want ErrInvalidGroup saying %s", c.group, err, c.want)
+		}
+	}
+	if err := outbox.ValidateGroup("orders-svc_2"); err != nil {
+		t.Errorf("ValidateGroup(orders-svc_2) = %v", err)
+	}
+}

@@ -206,7 +206,7 @@ func (r *run) start(ctx context.Context) error {
 	if r.JS, err = jetstream.New(r.NC); err != nil {
 		return err
 	}
-	r.logf("nats %s (%s)", redact.DSN(r.NATSURL), r.natsDesc)
+	r.logf("nats %s (%s)", redact.NATS(r.NATSURL), r.natsDesc)
 	return nil
 }
 
@@ -239,7 +239,7 @@ func (r *run) ConnectNATS(name string, extra ...nats.Option) (*nats.Conn, error)
 	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, extra...)
 	nc, err := nats.Connect(r.NATSURL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.DSN(r.NATSURL), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.NATS(r.NATSURL), err)
 	}
 	r.atExit(nc.Close)
 	return nc, nil

@@ -89,9 +89,9 @@ func startServices(ctx context.Context, o serviceOptions) (*services, error) {
 		}
 		s.NATS = n
 		s.NATSURL = n.URL()
-		s.NATSFrom = fmt.Sprintf("an embedded nats-server with JetStream on %s, store %s (removed at exit)", redact.DSN(n.URL()), n.StoreDir)
+		s.NATSFrom = fmt.Sprintf("an embedded nats-server with JetStream on %s, store %s (removed at exit)", redact.NATS(n.URL()), n.StoreDir)
 	} else {
-		s.NATSFrom = "NATS_URL (" + redact.DSN(s.NATSURL) + ")"
+		s.NATSFrom = "NATS_URL (" + redact.NATS(s.NATSURL) + ")"
 	}
 	return s, nil
 }

@@ -12,7 +12,8 @@ const Mask = "xxxxx"
 // DSN returns s with its credentials masked. s may be a URL (postgres://user:pass@host/db,
 // nats://token@host), a comma-separated list of URLs (a NATS server list), or a libpq
 // key=value string (host=h user=u password='p w'); in the last form the values of password,
-// sslpassword and sslkey are masked.
+// sslpassword and sslkey are masked. A NATS URL given without a scheme is a key=value string
+// to DSN: mask NATS URLs with NATS.
 func DSN(s string) string {
 	if !strings.Contains(s, "://") {
 		return keyValue(s)
@@ -20,6 +21,22 @@ func DSN(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
 		parts[i] = url(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// NATS returns the NATS server URL, or comma-separated list of them, s with its credentials
+// masked: the password of user:password, or a lone token, in each server's userinfo. A server
+// given without a scheme (u:p@host:4222, which nats.go takes as nats://) is masked too.
+func NATS(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		if strings.Contains(p, "://") {
+			parts[i] = url(p)
+			continue
+		}
+		lead := len(p) - len(strings.TrimLeft(p, " \t"))
+		parts[i] = p[:lead] + strings.TrimPrefix(url("nats://"+p[lead:]), "nats://")
 	}
 	return strings.Join(parts, ",")
 }

@@ -33,3 +33,31 @@ func TestDSN(t *testing.T) {
 		}
 	}
 }
+
+// NATS masks every server of a list, with or without a scheme (nats.go takes u:p@host as
+// nats://u:p@host), and leaves what carries no credential as it was.
+func TestNATS(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"u:Secret@127.0.0.1:1", "u:xxxxx@127.0.0.1:1"},
+		{"s3cr3ttoken@127.0.0.1:4222", "xxxxx@127.0.0.1:4222"},
+		{"u:Secret@127.0.0.1:14299/x", "u:xxxxx@127.0.0.1:14299/x"},
+		{"nats://127.0.0.1:1,u:Secret@127.0.0.1:2", "nats://127.0.0.1:1,u:xxxxx@127.0.0.1:2"},
+		{"nats://a:1, u:Secret@b:2", "nats://a:1, u:xxxxx@b:2"},
+		{"nats://tok3n@n1:4222,tls://u:pw@n2:4222", "nats://xxxxx@n1:4222,tls://u:xxxxx@n2:4222"},
+		{"wss://u:Secret@h:443/ws", "wss://u:xxxxx@h:443/ws"},
+		{"127.0.0.1:4222", "127.0.0.1:4222"},
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"", ""},
+	} {
+		got := NATS(tc.in)
+		if got != tc.want {
+			t.Errorf("NATS(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		for _, secret := range []string{"Secret", "tok3n", "pw@", "s3cr3ttoken"} {
+			if strings.Contains(got, secret) {
+				t.Errorf("NATS(%q) = %q still holds %q", tc.in, got, secret)
+			}
+		}
+	}
+}

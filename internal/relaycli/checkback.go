@@ -231,7 +231,7 @@ func uncheckedErr(rep *checkback.Report, c *conns) error {
 	if n := rep.Resolve.Released; n > 0 {
 		why := "the pass ran out of time (see --check-request-timeout, --check-group-concurrency and --check-group-rate)"
 		if !c.NC.IsConnected() {
-			why = "NATS at " + redact.DSN(c.NATSURL) + " does not answer"
+			why = "NATS at " + redact.NATS(c.NATSURL) + " does not answer"
 			if err := c.NATSDown; err != nil {
 				why += " (" + err.Error() + ")"
 			}

@@ -318,7 +318,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		if err != nil {
 			// A URL that does not parse comes back whole in the error: mask its credentials.
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
-				ue.URL = redact.DSN(ue.URL)
+				ue.URL = redact.NATS(ue.URL)
 			}
 			err = natsHint(natsRefusedCause(c.NATSURL, err), tlsFirst)
 		}
@@ -334,10 +334,10 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	switch {
 	case err == nil:
 	case !natsWaitable(err):
-		return fail(&unfixableConnErr{what: "NATS", where: redact.DSN(c.NATSURL), err: err})
+		return fail(&unfixableConnErr{what: "NATS", where: redact.NATS(c.NATSURL), err: err})
 	default:
 		// It may come: connect in the background, and let the command say what it could not do.
-		log.Warn("NATS does not answer; going on without it for now", "at", redact.DSN(c.NATSURL), "err", err)
+		log.Warn("NATS does not answer; going on without it for now", "at", redact.NATS(c.NATSURL), "err", err)
 		c.NATSDown = err
 		if nc, err = dial(nats.RetryOnFailedConnect(true)); err != nil {
 			return fail(fmt.Errorf("connect to NATS: %w", err))
@@ -357,7 +357,11 @@ func natsRefusedCause(urls string, err error) error {
 		return err
 	}
 	for _, u := range strings.Split(urls, ",") {
-		p, perr := url.Parse(strings.TrimSpace(u))
+		u = strings.TrimSpace(u)
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u // as nats.go takes it
+		}
+		p, perr := url.Parse(u)
 		if perr != nil || p.Hostname() == "" || p.Scheme == "ws" || p.Scheme == "wss" {
 			continue
 		}
@@ -426,7 +430,7 @@ func checkNATSURL(s string) error {
 	for _, u := range strings.Split(s, ",") {
 		u = strings.TrimSpace(u)
 		if u == "" {
-			return usageErr("invalid --nats-url %q: an empty server in the list", redact.DSN(s))
+			return usageErr("invalid --nats-url %q: an empty server in the list", redact.NATS(s))
 		}
 		full := u
 		if !strings.Contains(u, "://") {
@@ -447,7 +451,7 @@ func checkNATSURL(s string) error {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				err = ue.Err
 			}
-			return usageErr("invalid --nats-url %q: %v", redact.DSN(u), err)
+			return usageErr("invalid --nats-url %q: %v", redact.NATS(u), err)
 		}
 	}
 	return nil

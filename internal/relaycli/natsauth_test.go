@@ -99,6 +99,16 @@ func TestRelayPublishesOverAuthenticatedNATS(t *testing.T) {
 				{"no credentials", nil, "Authorization Violation"},
 			}})
 	}
+	{ // User and password in a URL without a scheme (nats.go takes it as nats://): masked too.
+		srv := startAuthNATS(t, embedded.NATSOptions{Username: "relay", Password: "Nats-Right-Pw-73"})
+		cases = append(cases, natsAuthCase{name: "user password in a URL without a scheme", srv: srv,
+			url:    fmt.Sprintf("relay:Nats-Right-Pw-73@127.0.0.1:%d", srv.Port),
+			admin:  []nats.Option{nats.UserInfo("relay", "Nats-Right-Pw-73")},
+			secret: []string{"Nats-Right-Pw-73", "Nats-Wrong-Pw-74"},
+			bad: []badNATSAuth{
+				{"wrong password", []string{"--nats-url", fmt.Sprintf("relay:Nats-Wrong-Pw-74@127.0.0.1:%d", srv.Port)}, "Authorization Violation (check --nats-creds"},
+			}})
+	}
 	{ // An NKey user.
 		user, err := nkeys.CreateUser()
 		if err != nil {

@@ -262,7 +262,7 @@ func runRelay(ctx context.Context, c *conns, f *runFlags, cfg relay.Config, reg 
 		target.attachRelay(c, r, f.schema)
 	}
 	if f.embedded {
-		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.DSN(c.NATSURL))
+		log.Info("embedded mode", "database_url", redact.DSN(c.DSN), "nats_url", redact.NATS(c.NATSURL))
 	}
 	// A nats-server too old for the relay is refused before the check-back starts.
 	if err := relay.CheckServerVersion(c.NC); err != nil {

@@ -210,9 +210,9 @@ func waitReady(ctx context.Context, c *conns, dial func() (*nats.Conn, error), l
 			case err == nil:
 				c.NC = nc
 			case !natsWaitable(err):
-				return &unfixableConnErr{what: "NATS", where: redact.DSN(c.NATSURL), err: err}
+				return &unfixableConnErr{what: "NATS", where: redact.NATS(c.NATSURL), err: err}
 			default:
-				wait("NATS", redact.DSN(c.NATSURL), err)
+				wait("NATS", redact.NATS(c.NATSURL), err)
 			}
 		}
 		if len(reasons) == 0 {

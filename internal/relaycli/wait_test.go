@@ -75,4 +75,12 @@ func TestNATSRefusedCause(t *testing.T) {
 	if !natsWaitable(natsRefusedCause(down, nats.ErrNoServers)) {
 		t.Fatal("a refused connection with its cause is not waited for")
 	}
+	// A server given without a scheme, as nats.go takes it (nats:// added), with or without
+	// credentials: the same cause.
+	hostPort := strings.TrimPrefix(down, "nats://")
+	for _, u := range []string{hostPort, "u:Secret@" + hostPort, up + "," + hostPort} {
+		if err := natsRefusedCause(u, nats.ErrNoServers); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("natsRefusedCause(%q) = %v, want ErrNoServers and the refused dial", u, err)
+		}
+	}
 }
