@@ -20,7 +20,7 @@ import (
 // txoutbox_partition_keys, migration 8's txoutbox_uuidv7s, migration 9's txoutbox_write with
 // delivery times, migration 10's replacements of txoutbox_write, txoutbox_partition_keys,
 // txoutbox_uuidv7s and txoutbox_raise_not_scheduled, migration 11's txoutbox_holds_msg_id_text
-// in the checks). Without the grants migration 5 carries over, the commit fails with
+// in the checks), and loses EXECUTE on migration 004's retired functions (migration 12). Without the grants migration 5 carries over, the commit fails with
 // "permission denied for table txoutbox_messages".
 func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	t.Parallel()
@@ -124,6 +124,14 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	asProducerRefused("cancel by a business key holding Nats-Msg-Id", `SELECT txoutbox_cancel_biz_key('b:Nats-Msg-Id')`, "TX002")
 	asProducerRefused("cancel by business key, none scheduled", `SELECT txoutbox_cancel_biz_key('b:1')`, "TX201")
 	asProducerRefused("reschedule by business key, no message", `SELECT txoutbox_reschedule_biz_key('b:none', now())`, "TX202")
+	// Migration 12: migration 004's functions, kept by 005 as *_v4 and called by nothing,
+	// are no longer the producer's to call (their checks are 004's); txoutbox_settle_half_v4,
+	// which the commit above calls, is.
+	for _, call := range []string{`SELECT txoutbox_enqueue_v4('orders.x', 'p')`,
+		`SELECT txoutbox_enqueue_many_v4(ARRAY['orders.x'], ARRAY['p']::bytea[])`,
+		`SELECT txoutbox_prepare_v4('orders.x', 'p', producer_group => 'g1', check_immunity => '-1 day')`} {
+		asProducerRefused(call, call, "42501")
+	}
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
 }

@@ -695,6 +695,13 @@ func TestProducerCannotForgeOtherMessagesState(t *testing.T) {
 	wantDenied(t, "producer settles a half message as published", err)
 	_, err = producer.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state) VALUES (gen_random_uuid(), 'x', 0, '', 'published')`)
 	wantDenied(t, "producer inserts a published row", err)
+	// Migration 004's retired functions (kept as *_v4, with 004's checks) are not granted.
+	_, err = producer.Exec(ctx, `SELECT txoutbox_prepare_v4('orders.x', 'p', producer_group => 'g1', check_immunity => '-1 day')`)
+	wantDenied(t, "producer calls txoutbox_prepare_v4", err)
+	var contract int
+	if err := producer.QueryRow(ctx, `SELECT txoutbox_contract_version()`).Scan(&contract); err != nil || contract != 12 {
+		t.Errorf("producer reads txoutbox_contract_version: %d, %v; want 12", contract, err)
+	}
 	if err := client.Rollback(ctx, producer, half.ID); err != nil {
 		t.Errorf("producer Rollback: %v", err)
 	}
