@@ -47,7 +47,11 @@
 //     consumer.Config.StopTimeout (forever). Every other field refuses -1 with the rest of the
 //     negative values: no other count takes it (relay.Config.MaxAttempts,
 //     consumer.Config.MaxDeliveries and MaxAckPending, checkback.Config.MaxChecks, the batch
-//     sizes and concurrencies have no off or forever value);
+//     sizes and concurrencies have no off or forever value). Settings that are not numbers
+//     have no -1: an optional feature that is off by default is turned on by setting it
+//     (relay.Config.DoorbellChannel, "" is off), one that is on by default is turned off by
+//     a Disable… field (relay.Config.DisableDoorbell), and a job by its schedule
+//     (checkback.ScheduleOff);
 //   - an invalid value is reported, before anything runs, as a *ConfigError naming the field,
 //     which matches ErrInvalidConfig with errors.Is.
 package txoutbox
