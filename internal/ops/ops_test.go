@@ -86,6 +86,11 @@ func pageEnv(t *testing.T) (srv *Server, snap *status.Snapshot, deadID uuid.UUID
 	for i := 0; i < 12; i++ {
 		msgs = append(msgs, outbox.Message{Subject: "orders.paid", Key: "order-7", Payload: []byte("x")})
 	}
+	// Delayed messages (after the others: ids[30:32] are the dead rows below): the scheduled panel.
+	for i, in := range []time.Duration{30 * time.Minute, 2 * time.Hour, 24 * time.Hour} {
+		msgs = append(msgs, outbox.Message{Subject: "orders.timeout", Key: fmt.Sprintf("order-%d", 20+i), Payload: []byte("x"),
+			BizKey: fmt.Sprintf("order:%d:timeout", 20+i), DeliverAt: time.Now().Add(in)})
+	}
 	var ids []uuid.UUID
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		ids, err = c.EnqueueTx(ctx, tx, msgs...)
@@ -282,7 +287,7 @@ func runChromium(t *testing.T, bin string, args ...string) []byte {
 }
 
 // The screenshot's size: the whole page.
-const shotW, shotH = 1280, 1750
+const shotW, shotH = 1280, 1880
 
 // The status page in a real browser: the screenshot shows the backlog bars in proportion, the
 // dead-rows card in red and the six partitions the relay holds in its color.
@@ -294,7 +299,8 @@ func TestStatusPageInChromium(t *testing.T) {
 
 	dom := string(runChromium(t, bin, "--dump-dom", url))
 	for _, want := range []string{"orders.created", "orders.paid", "relay-x", "Backlog by subject", "Partitions (8) and their holders",
-		"Blocked keys", "order-7", `href="/messages/` + deadID.String() + `"`, `class="flagged"`, "RECONNECTING", "v1.3.2"} {
+		"Blocked keys", "order-7", `href="/messages/` + deadID.String() + `"`, `class="flagged"`, "RECONNECTING", "v1.3.2",
+		"Scheduled (delayed) messages by subject", "orders.timeout"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the DOM Chromium rendered lacks %q", want)
 		}
