@@ -88,20 +88,35 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		}
 	}
 	// One connection for the transaction and, after a failed commit, the question whether it
-	// is alive.
+	// is alive. It goes back to the pool before what follows the transaction (a dead letter
+	// of a keyed message advances its key in a transaction of its own): a handling holds one
+	// connection at a time, so a pool of Concurrency connections is enough.
 	conn, err := c.sqlDB.Conn(ctx)
 	if err != nil {
 		return c.unavailable(ctx, it, "begin", err)
 	}
-	defer func() { _ = conn.Close() }()
+	r, then := c.handleSQLConn(ctx, it, conn, guarded)
+	_ = conn.Close()
+	if then != nil {
+		return then()
+	}
+	return r
+}
+
+// handleSQLConn is handleSQL's transaction on conn. It returns the outcome, or what to do once
+// conn is back in the pool (the message failed or goes to the dead letters).
+func (c *Consumer) handleSQLConn(ctx context.Context, it *item, conn *sql.Conn, guarded bool) (result, func() result) {
+	failed := func(err error) func() result { return func() result { return c.failed(ctx, it, err) } }
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return c.unavailable(ctx, it, "begin", err)
+		return c.unavailable(ctx, it, "begin", err), nil
 	}
 	defer func() { _ = tx.Rollback() }()
 	if guarded {
-		if r, done := c.checkTurn(ctx, sqlTurn{c.q, tx}, it); done {
-			return r
+		// checkTurn's own dead letter (out of order) comes after sqlTurn's rollback, which
+		// gives conn back.
+		if r, done := c.checkTurn(ctx, sqlTurn{c.q, tx, conn}, it); done {
+			return r, nil
 		}
 	}
 	inserted, err := c.q.InsertDedupSQL(ctx, tx, it.dedupRow(c.cfg.Durable))
@@ -111,33 +126,35 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 		err = c.q.AdvanceKeyOrderSQL(ctx, tx, c.cfg.Durable, it.msg.Stream, it.orderKey, it.msg.StreamSeq)
 	}
 	if err != nil {
-		return c.unavailable(ctx, it, "dedup insert", err)
+		return c.unavailable(ctx, it, "dedup insert", err), nil
 	}
 	c.pgUp()
 	if !inserted {
 		if guarded {
 			if err := tx.Commit(); err != nil {
-				return c.unavailable(ctx, it, "commit", err)
+				return c.unavailable(ctx, it, "commit", err), nil
 			}
 			c.order.settled(it.orderKey, it.msg.StreamSeq)
 		}
 		_ = tx.Rollback()
 		c.countDuplicate()
 		c.ack(ctx, it)
-		return result{outcome: outcomeDuplicate}
+		return result{outcome: outcomeDuplicate}, nil
 	}
 	if it.attempt() > c.cfg.MaxDeliveries {
 		_ = tx.Rollback()
-		return c.deadLetter(ctx, it, DeadReasonExhausted,
-			fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+		return result{}, func() result {
+			return c.deadLetter(ctx, it, DeadReasonExhausted,
+				fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+		}
 	}
 	if herr := c.callSQLHandler(ctx, tx, it); herr != nil {
 		// A rollback the server answers means the session is alive: the message failed.
 		rerr := tx.Rollback()
 		if ctx.Err() != nil || (rerr != nil && !errors.Is(rerr, sql.ErrTxDone)) {
-			return c.unavailable(ctx, it, "handler", herr)
+			return c.unavailable(ctx, it, "handler", herr), nil
 		}
-		return c.failed(ctx, it, herr)
+		return result{}, failed(herr)
 	}
 	if h := c.hooks.beforeCommit; h != nil {
 		h(ctx)
@@ -145,24 +162,24 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 	if err := tx.Commit(); err != nil {
 		switch {
 		case ctx.Err() != nil:
-			return c.unavailable(ctx, it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err), nil
 		case errors.Is(err, sql.ErrTxDone):
 			// The handler committed or rolled back tx itself.
-			return c.failed(ctx, it, fmt.Errorf("%w: commit: %w", ErrTxControl, err))
+			return result{}, failed(fmt.Errorf("%w: commit: %w", ErrTxControl, err))
 		case store.SQLState(err) != "":
 			if sqlRejected(err) {
 				// A deferred constraint, a serialization failure: the server rolled back.
-				return c.failed(ctx, it, fmt.Errorf("commit: %w", err))
+				return result{}, failed(fmt.Errorf("commit: %w", err))
 			}
-			return c.unavailable(ctx, it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err), nil
 		case store.Alive(ctx, conn) == nil:
 			// The driver refused the commit of an aborted transaction (pgx's stdlib
 			// pgx.ErrTxCommitRollback, lib/pq's ErrInFailedTransaction) on a live session.
-			return c.failed(ctx, it, fmt.Errorf("%w: commit: %w", ErrTxAborted, err))
+			return result{}, failed(fmt.Errorf("%w: commit: %w", ErrTxAborted, err))
 		default:
 			// The outcome is unknown: never ack. If it committed, the redelivery finds the
 			// dedup row.
-			return c.unavailable(ctx, it, "commit", err)
+			return c.unavailable(ctx, it, "commit", err), nil
 		}
 	}
 	if guarded {
@@ -170,16 +187,18 @@ func (c *Consumer) handleSQL(ctx context.Context, it *item) result {
 	}
 	c.countProcessed(1)
 	if h := c.hooks.afterCommit; h != nil && h(ctx, []Message{it.msg}) != nil {
-		return result{outcome: outcomeProcessed}
+		return result{outcome: outcomeProcessed}, nil
 	}
 	c.ack(ctx, it)
-	return result{outcome: outcomeProcessed}
+	return result{outcome: outcomeProcessed}, nil
 }
 
-// sqlTurn is checkTurn's transaction in a consumer made with NewSQL.
+// sqlTurn is checkTurn's transaction in a consumer made with NewSQL; its rollback also gives
+// the transaction's connection back to the pool, before checkTurn's dead letter needs one.
 type sqlTurn struct {
-	q  *store.Queries
-	tx *sql.Tx
+	q    *store.Queries
+	tx   *sql.Tx
+	conn *sql.Conn
 }
 
 func (t sqlTurn) lockKeyOrder(ctx context.Context, consumer, stream, key string) (uint64, error) {
@@ -190,7 +209,10 @@ func (t sqlTurn) insertDedup(ctx context.Context, r store.DedupRow) (bool, error
 	return t.q.InsertDedupSQL(ctx, t.tx, r)
 }
 
-func (t sqlTurn) rollback(context.Context) { _ = t.tx.Rollback() }
+func (t sqlTurn) rollback(context.Context) {
+	_ = t.tx.Rollback()
+	_ = t.conn.Close()
+}
 
 // advanceKeySQL is advanceKeyTx for a consumer made with NewSQL.
 func (c *Consumer) advanceKeySQL(ctx context.Context, it *item) error {

@@ -242,3 +242,41 @@ func TestSQLConsumerHandlerWithSqlxAndGorm(t *testing.T) {
 		t.Fatalf("notes of the effects: %d, want sqlx and gorm", n)
 	}
 }
+
+// A NewSQL consumer holds one connection at a time per handling: with a pool of one
+// connection, an ordered consumer dead-letters keyed messages (a permanent failure, a key
+// moved past it) — whose key it advances in a transaction of its own — applies the others,
+// and settles them all.
+func TestSQLOrderedDeadLettersWithAPoolOfOne(t *testing.T) {
+	t.Parallel()
+	for _, driver := range sqlDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			sdb := e.openSQL(driver)
+			sdb.SetMaxOpenConns(1)
+			e.publish("orders.created", map[string][]string{"Nats-Msg-Id": {newID()}, "Txoutbox-Key": {"k"}}, "poison")
+			e.publish("orders.created", map[string][]string{"Nats-Msg-Id": {newID()}, "Txoutbox-Key": {"k"}}, "ok")
+			lost := e.publish("orders.created", map[string][]string{"Nats-Msg-Id": {newID()}, "Txoutbox-Key": {"j"}}, "lost")
+			e.exec(`INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ($1, $2, 'j', $3)`,
+				testDurable, testStream, int64(lost.Sequence)+10)
+			c := e.newSQLConsumer(sdb, &Config{Ordered: true, Concurrency: 1}, func(ctx context.Context, tx *sql.Tx, msg Message) error {
+				if string(msg.Data) == "poison" {
+					return Permanent(errors.New("poison"))
+				}
+				return recordEffectSQL(ctx, tx, msg)
+			})
+			e.run(c)
+			testsvc.Eventually(t, 20*time.Second, "two dead letters and one effect", func() bool {
+				return len(e.deadLetters()) == 2 && e.effects() == 1
+			})
+			testsvc.Eventually(t, 20*time.Second, "every message settled", func() bool {
+				info := e.consumerInfo(testDurable)
+				return info.NumAckPending == 0 && info.NumPending == 0
+			})
+			if n := e.effects(); n != 1 {
+				t.Fatalf("%d effects, want 1 (ok)", n)
+			}
+		})
+	}
+}

@@ -261,7 +261,7 @@ BEGIN
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', p.new_fn);
         FOR g IN SELECT a.grantee FROM pg_proc o, aclexplode(o.proacl) a
                  WHERE o.oid = p.old_fn AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> o.proowner LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', p.new_fn, g.grantee::regrole::text);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', p.new_fn, g.grantee::regrole); -- regrole's text is quoted as needed
         END LOOP;
     END LOOP;
 END

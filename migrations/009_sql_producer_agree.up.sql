@@ -353,7 +353,7 @@ BEGIN
                              'txoutbox_max_message_bytes()'::regprocedure)
                AND g.grantee <> f.proowner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn,
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;

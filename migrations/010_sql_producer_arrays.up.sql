@@ -656,7 +656,7 @@ BEGIN
              WHERE o.oid = 'txoutbox_partition_keys(text[], uuid[])'::regprocedure
                AND g.grantee <> (SELECT f.proowner FROM pg_proc f WHERE f.oid = 'txoutbox_fnv(bigint, bytea)'::regprocedure) LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION txoutbox_fnv(bigint, bytea) TO %s',
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;
@@ -701,7 +701,7 @@ BEGIN
                              'txoutbox_traceparent_problem(text)'::regprocedure)
                AND g.grantee <> f.proowner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn,
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;

@@ -318,7 +318,7 @@ BEGIN
                              'txoutbox_check_message(text, text, bytea, text, jsonb, text, int)'::regprocedure)
                AND g.grantee <> (SELECT f.proowner FROM pg_proc f WHERE f.oid = 'txoutbox_holds_msg_id_text(text)'::regprocedure) LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION txoutbox_holds_msg_id_text(text) TO %s',
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;

@@ -20,7 +20,7 @@ BEGIN
              CROSS JOIN LATERAL aclexplode(s.proacl) a
              WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> o.proowner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.f,
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;

@@ -21,7 +21,7 @@ BEGIN
                              'txoutbox_prepare_v4(text, bytea, text, jsonb, text, uuid, text, boolean, interval)'::regprocedure)
                AND a.privilege_type = 'EXECUTE' AND a.grantee <> o.proowner LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM %s', r.f,
-                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
     END LOOP;
 END
 $do$;

@@ -352,10 +352,11 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback,\n")
 		b.WriteString("-- since migration 5 txoutbox_cancel, txoutbox_reschedule and their business key forms, and the\n")
 		b.WriteString("-- helpers they call, and the functions above), when the schema has them. They run with the\n")
-		b.WriteString("-- caller's privileges. Not migration 004's functions that migration 005 kept as *_v4 and\n")
-		b.WriteString("-- nothing calls (migration 012 takes EXECUTE on them back).\n")
-		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%'\n             AND p.proname NOT IN (%s) LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
-			lit(schema), retiredFunctions, lit(grantee))
+		b.WriteString("-- caller's privileges. From migration 012 on, not migration 004's functions that migration\n")
+		b.WriteString("-- 005 kept as *_v4 and nothing calls any more (012 takes EXECUTE on them back; below 012,\n")
+		b.WriteString("-- the public functions of migrations 005 and 006 call them).\n")
+		fmt.Fprintf(&b, "DO $txoutbox$DECLARE f regprocedure;\nBEGIN\n  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n           WHERE n.nspname = %s AND p.proname LIKE 'txoutbox\\_%%'\n             AND (p.proname NOT IN (%s) OR to_regprocedure(quote_ident(%s) || '.txoutbox_contract_version()') IS NULL) LOOP\n    EXECUTE format('GRANT EXECUTE ON FUNCTION %%s TO %%I', f, %s);\n  END LOOP;\nEND$txoutbox$;\n",
+			lit(schema), retiredFunctions, lit(schema), lit(grantee))
 		b.WriteString(producerRowsComment)
 		fmt.Fprintf(&b, restrictedRoleSQL, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), g)
 		fmt.Fprintf(&b, producerRows, messages, lit(ProducerRowsRole), pgx.Identifier{ProducerRowsRole}.Sanitize(), t(OwnRowVersionFunc), t(PartitionKeyFunc))

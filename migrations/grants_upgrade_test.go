@@ -38,7 +38,7 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 			t.Fatalf("down from %d: %v", v, err)
 		}
 	}
-	role := "prod_" + strings.TrimPrefix(db.Schema, "t_")
+	role := "Prod_" + strings.TrimPrefix(db.Schema, "t_") // a name that needs quoting: every migration's grant loop must quote it
 	if len(role) > 63 {
 		role = role[:63]
 	}
@@ -134,6 +134,11 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	}
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
+	// Reverting 012 gives the role EXECUTE on them back, as it had it.
+	if _, err := m.Down(ctx, db.Pool, 1); err != nil {
+		t.Fatalf("down from 12: %v", err)
+	}
+	asProducer("migration 004's enqueue after 012 is reverted", `SELECT txoutbox_enqueue_v4('orders.x', 'p')`)
 }
 
 // The role that owns the earlier migrations' functions keeps enqueueing when another role (an
@@ -261,4 +266,57 @@ func TestProducerGrantsReplaceTheTimeTestPolicy(t *testing.T) {
 	if strings.Contains(qual, "now()") || !strings.Contains(qual, migrations.OwnRowVersionFunc+"(xmin)") {
 		t.Errorf("the producer update policy after re-running the grants: %s, want the row version test and no now()", qual)
 	}
+}
+
+// This binary's producer grants on a schema below migration 12 (here 6, where the public
+// enqueue and prepare functions still call migration 004's, kept as *_v4) include those: the
+// producer enqueues and prepares there, and still after the schema is migrated up.
+func TestProducerGrantedAtMigration6Enqueues(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Down(ctx, db.Pool, m.Latest()-6); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.Version(ctx, db.Pool); err != nil || v != 6 {
+		t.Fatalf("version %d, %v; want 6", v, err)
+	}
+	role := "prod6_" + strings.TrimPrefix(db.Schema, "t_")
+	if len(role) > 63 {
+		role = role[:63]
+	}
+	grants, err := migrations.Grants(migrations.RoleProducer, db.Schema, role, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+		t.Fatalf("grants at migration 6: %v", err)
+	}
+	t.Cleanup(func() {
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	asProducer := func(what, sql string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		}); err != nil {
+			t.Fatalf("%s as a producer granted at migration 6: %v", what, err)
+		}
+	}
+	asProducer("enqueue", `SELECT txoutbox_enqueue('orders.x', 'p', 'k1')`)
+	asProducer("enqueue many", `SELECT txoutbox_enqueue_many(ARRAY['orders.x'], ARRAY['p']::bytea[])`)
+	asProducer("prepare and commit", `SELECT txoutbox_commit(txoutbox_prepare('orders.x', 'p', producer_group => 'g1'))`)
+	if _, err := m.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	asProducer("enqueue after the migrations", `SELECT txoutbox_enqueue('orders.x', 'p', 'k1')`)
 }
