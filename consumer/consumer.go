@@ -312,7 +312,13 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	if c.sqlDB != nil {
 		err = c.q.CheckKeyOrderTableSQL(ctx, c.sqlDB)
 	} else {
-		err = pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return c.q.CheckKeyOrderTable(ctx, tx) })
+		// A transaction only because the handle begins them; rolled back, never committed
+		// (the application's Beginner may act on commits).
+		var tx pgx.Tx
+		if tx, err = c.db.Begin(ctx); err == nil {
+			err = c.q.CheckKeyOrderTable(ctx, tx)
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
 	}
 	switch {
 	case errors.Is(err, store.ErrNoKeyOrderTable):
