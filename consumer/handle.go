@@ -619,7 +619,12 @@ func (c *Consumer) deadLetter(ctx context.Context, it *item, reason string, caus
 	if c.dlqDown.Load() && c.dlqDown.Swap(false) {
 		c.log.Info("dead-letter publishing works again")
 	}
-	if err := it.final(func() error { return it.raw.TermWithReason(reason + ": " + headerValue(cause.Error())) }); err != nil {
+	if err := it.final(func() error {
+		if termTakesReason(c.js.Conn()) {
+			return it.raw.TermWithReason(reason + ": " + headerValue(cause.Error()))
+		}
+		return it.raw.Term() // a server before 2.10.4 ignores a terminate with a reason
+	}); err != nil {
 		c.log.Debug("term failed; the message will come back and be dead-lettered again", "stream_seq", it.msg.StreamSeq, "err", err)
 	}
 	c.countDeadLettered(reason == DeadReasonMalformed)
