@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"io/fs"
 	"regexp"
 	"sort"
@@ -579,6 +580,9 @@ func checkEncoding(ctx context.Context, tx pgx.Tx) error {
 // Up applies every pending migration, each in its own transaction, and returns the versions
 // it applied. It refuses a database whose encoding is not UTF8 (ErrNotUTF8).
 func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) {
+	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
+		return nil, err
+	}
 	if upToDate, err := m.notManagedElsewhere(ctx, db, "up"); err != nil || upToDate {
 		return nil, err
 	}
@@ -620,6 +624,9 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 // returns the versions it reverted, newest first. steps below DownAll are refused with an
 // error that says so, before anything is read.
 func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
+	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
+		return nil, err
+	}
 	if steps < DownAll {
 		return nil, fmt.Errorf("migrations: Down: steps must be at least 0, or DownAll (-1), got %d", steps)
 	}
@@ -684,6 +691,9 @@ const DownAll = txoutbox.Forever
 
 // Status lists every known migration and whether the database has it.
 func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, error) {
+	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
+		return nil, err
+	}
 	tx, err := m.begin(ctx, db, false)
 	if err != nil {
 		return nil, err
@@ -706,6 +716,9 @@ func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, 
 
 // Version returns the newest applied version (0 when none is).
 func (m *Migrator) Version(ctx context.Context, db txoutbox.Beginner) (int, error) {
+	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
+		return 0, err
+	}
 	st, err := m.Status(ctx, db)
 	if err != nil {
 		return 0, err

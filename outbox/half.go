@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/prom"
 	"strings"
 	"time"
@@ -80,7 +81,17 @@ const (
 	StateRollback
 )
 
-// String returns COMMIT, ROLLBACK or UNKNOWN: the words checkers answer with.
+// ErrInvalidLocalState: a LocalState that is none of StateCommit, StateRollback and
+// StateUnknown (a LocalState(7) returned by a LocalTxFunc or a checker's Func), or a word
+// ParseLocalState does not know. Such an answer settles nothing: the half message stays
+// prepared for the check-back, and the error says so.
+var ErrInvalidLocalState = errors.New("outbox: not a local transaction state (COMMIT, ROLLBACK or UNKNOWN)")
+
+// Valid reports whether s is StateCommit, StateRollback or StateUnknown.
+func (s LocalState) Valid() bool { return s == StateCommit || s == StateRollback || s == StateUnknown }
+
+// String returns COMMIT, ROLLBACK or UNKNOWN: the words checkers answer with (UNKNOWN for a
+// state that is not Valid).
 func (s LocalState) String() string {
 	switch s {
 	case StateCommit:
@@ -105,7 +116,7 @@ func ParseLocalState(s string) (LocalState, error) {
 	if len(s) > 64 {
 		s = s[:64] + "…"
 	}
-	return StateUnknown, fmt.Errorf("outbox: %q is not COMMIT, ROLLBACK or UNKNOWN", s)
+	return StateUnknown, fmt.Errorf("%w: %q", ErrInvalidLocalState, s)
 }
 
 // MaxGroupLength bounds producer group names.
@@ -196,6 +207,9 @@ type Half struct {
 // Like EnqueueTx, it captures the trace context of ctx into the message's headers; the
 // check-back's checks of the message and its publishing continue that trace.
 func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
+	if err := dbhandle.RequireArg("outbox", "db", "the caller's transaction, or a pool (a pgx.Tx, a *pgxpool.Pool)", db); err != nil {
+		return Half{}, err
+	}
 	return c.prepare(ctx, msg, opts, func(ctx context.Context, a store.PrepareArgs) error { return c.q.InsertPrepared(ctx, db, a) },
 		store.UniqueViolation)
 }
@@ -247,6 +261,9 @@ func (c *Client) prepareRowAndInsert(ctx context.Context, msg Message, opts *Pre
 // When the message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
 // ErrAlreadyCommitted or ErrNotFound.
 func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *pgxpool.Pool): Commit runs a transaction of its own", db); err != nil {
+		return err
+	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return c.commit(ctx, tx, id) })
 	if err == nil {
 		c.half.committed.Inc() // counted once its transaction committed
@@ -272,6 +289,9 @@ func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID)
 // its snapshot surfaces as the server's serialization failure (SQLSTATE 40001) instead of
 // ErrRolledBack: tx fails all the same. Call Client.Ring after tx commits.
 func (c *Client) CommitTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the business transaction (a pgx.Tx)", tx); err != nil {
+		return err
+	}
 	err := c.commit(ctx, tx, id)
 	if err == nil {
 		c.half.committed.Inc() // tx may still roll back: the counter cannot know
@@ -303,6 +323,9 @@ func (c *Client) commit(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) err
 // wrapping ErrRolledBack, ErrAlreadyCommitted or ErrNotFound when the message is no longer
 // prepared. It may run inside a transaction (db a pgx.Tx) or on its own (a pool).
 func (c *Client) Rollback(ctx context.Context, db txoutbox.DBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool or a transaction (a *pgxpool.Pool, a pgx.Tx)", db); err != nil {
+		return err
+	}
 	ok, state, err := c.q.SettleHalf(ctx, db, store.HalfSettle{MessageID: id, Commit: false, By: store.SettledByProducer})
 	if err != nil && !errors.Is(err, store.ErrNoRow) {
 		return fmt.Errorf("outbox: roll back half message %s: %w", id, err)
@@ -345,9 +368,16 @@ const settleTimeout = 30 * time.Second
 // already settled the message (CommitTx in its own transaction) is fine: the "already" errors
 // are ignored, and so is ErrNotFound after a commit (the relay published and deleted it).
 //
-// It returns the half message, local's answer, and local's error joined with any settle error.
+// It returns the half message, local's answer, and local's error joined with any settle error
+// (and ErrInvalidLocalState when the answer is none of the three states: nothing is settled).
 // If local panics, the message stays prepared and the check-back resolves it.
 func (c *Client) SendInTransaction(ctx context.Context, db txoutbox.DB, msg Message, opts *PrepareOptions, local LocalTxFunc) (Half, LocalState, error) {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *pgxpool.Pool)", db); err != nil {
+		return Half{}, StateUnknown, err
+	}
+	if err := dbhandle.RequireArg("outbox", "local", "the function that runs the local transaction", local); err != nil {
+		return Half{}, StateUnknown, err
+	}
 	h, err := c.Prepare(ctx, db, msg, opts)
 	if err != nil {
 		return Half{}, StateUnknown, err
@@ -370,6 +400,9 @@ func (c *Client) SendInTransaction(ctx context.Context, db txoutbox.DB, msg Mess
 		if errors.Is(serr, ErrRolledBack) {
 			serr = nil
 		}
+	case StateUnknown:
+	default:
+		serr = fmt.Errorf("%w: local answered LocalState(%d) for half message %s; it stays prepared for the check-back", ErrInvalidLocalState, int(st), h.ID)
 	}
 	return h, st, errors.Join(lerr, serr)
 }

@@ -59,6 +59,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"time"
 
 	"github.com/google/uuid"
@@ -280,6 +281,9 @@ var ErrLockTableFull = errors.New("outbox: no room for a key lock")
 // budget even without a common key (a common bucket suffices): within one transaction,
 // enqueue keys in a consistent order, bulk in one call.
 func (c *Client) EnqueueTx(ctx context.Context, tx txoutbox.DBTX, msgs ...Message) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
+		return nil, err
+	}
 	if len(msgs) == 0 {
 		return nil, nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -103,6 +104,9 @@ func (e *ScheduleError) Unwrap() []error {
 // With tx in REPEATABLE READ or SERIALIZABLE isolation, a cancel that meets a concurrent
 // promotion fails with a serialization error (SQLSTATE 40001) instead: retry the transaction.
 func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
+		return err
+	}
 	ok, state, err := c.q.CancelScheduled(ctx, tx, id)
 	return c.scheduleResult("cancel", id, ok, state, err)
 }
@@ -117,6 +121,9 @@ func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) e
 // business event, cancel it and enqueue a new message with a key naming the new time, in one
 // transaction. Its place in its key's order is still decided when it falls due.
 func (c *Client) RescheduleTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID, at time.Time) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
+		return err
+	}
 	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduled(ctx, tx, id, at) })
 }
 
@@ -153,6 +160,9 @@ func (c *Client) scheduleResult(op string, id uuid.UUID, ok bool, state string, 
 // BizKey); CancelBizKeyTx then cancels one timer of an entity, not all of them. An empty or
 // invalid bizKey is refused with an error wrapping ErrInvalidKey.
 func (c *Client) CancelBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
+		return nil, err
+	}
 	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKey(ctx, tx, bizKey) },
 		func() (string, error) { return c.q.ScheduledBizKeyState(ctx, tx, bizKey) })
 }
@@ -187,6 +197,9 @@ func bizKeyNotScheduled(op, bizKey string, state func() (string, error)) error {
 // every scheduled message whose BizKey is bizKey, and returns their ids; as CancelBizKeyTx
 // and RescheduleTx. The messages keep their business key, bizKey, whatever time it names.
 func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
+		return nil, err
+	}
 	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) },
 		func() (string, error) { return c.q.ScheduledBizKeyState(ctx, tx, bizKey) })
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -31,6 +32,9 @@ import (
 // tx should be a transaction: given a *sql.DB, each call commits on its own, like a
 // transaction of one call.
 func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...Message) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
+		return nil, err
+	}
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -45,6 +49,9 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 // starts its work. Like Prepare, it captures the trace context of ctx into the message's
 // headers, and with Config.EnqueueSpan it does so inside the same "prepare" span.
 func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
+	if err := dbhandle.RequireArg("outbox", "db", "the caller's transaction, or a pool (a *sql.Tx, a *sql.DB)", db); err != nil {
+		return Half{}, err
+	}
 	return c.prepare(ctx, msg, opts, func(ctx context.Context, a store.PrepareArgs) error { return c.q.InsertPreparedSQL(ctx, db, a) },
 		func(err error) bool { _, dup := store.DuplicateMessageIDSQL(err); return dup })
 }
@@ -54,6 +61,9 @@ func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Messag
 // message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
 // ErrAlreadyCommitted or ErrNotFound.
 func (c *Client) CommitSQL(ctx context.Context, db txoutbox.SQLBeginner, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *sql.DB): CommitSQL runs a transaction of its own", db); err != nil {
+		return err
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("outbox: commit half message %s: begin: %w", id, err)
@@ -81,6 +91,9 @@ func (c *Client) CommitSQL(ctx context.Context, db txoutbox.SQLBeginner, id uuid
 // lib/pq pq.ErrInFailedTransaction), so the business change and the message never disagree.
 // ErrAlreadyCommitted leaves tx usable. Call Client.Ring after tx commits.
 func (c *Client) CommitSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the business transaction (a *sql.Tx)", tx); err != nil {
+		return err
+	}
 	err := c.commitSQL(ctx, tx, id)
 	if err == nil {
 		c.half.committed.Inc()
@@ -107,6 +120,9 @@ func (c *Client) commitSQL(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUI
 // a *SettleError wrapping ErrRolledBack, ErrAlreadyCommitted or ErrNotFound when the message
 // is no longer prepared. db may be a transaction or the *sql.DB.
 func (c *Client) RollbackSQL(ctx context.Context, db txoutbox.SQLDBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool or a transaction (a *sql.DB, a *sql.Tx)", db); err != nil {
+		return err
+	}
 	ok, state, err := c.q.SettleHalfSQL(ctx, db, store.HalfSettle{MessageID: id, Commit: false, By: store.SettledByProducer})
 	if err != nil && !errors.Is(err, store.ErrNoRow) {
 		return fmt.Errorf("outbox: roll back half message %s: %w", id, err)
@@ -122,6 +138,12 @@ func (c *Client) RollbackSQL(ctx context.Context, db txoutbox.SQLDBTX, id uuid.U
 // runs local, and settles the message by local's answer (CommitSQL, RollbackSQL, or nothing
 // for StateUnknown), with the same rules.
 func (c *Client) SendInTransactionSQL(ctx context.Context, db txoutbox.SQLDB, msg Message, opts *PrepareOptions, local LocalTxFunc) (Half, LocalState, error) {
+	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *sql.DB)", db); err != nil {
+		return Half{}, StateUnknown, err
+	}
+	if err := dbhandle.RequireArg("outbox", "local", "the function that runs the local transaction", local); err != nil {
+		return Half{}, StateUnknown, err
+	}
 	h, err := c.PrepareSQL(ctx, db, msg, opts)
 	if err != nil {
 		return Half{}, StateUnknown, err
@@ -155,6 +177,9 @@ func (c *Client) SendInTransactionSQL(ctx context.Context, db txoutbox.SQLDB, ms
 // *ScheduleError wrapping ErrNotScheduled (and ErrNotFound when there is no such message).
 // It never begins, commits or rolls back tx.
 func (c *Client) CancelSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
+		return err
+	}
 	ok, state, err := c.q.CancelScheduledSQL(ctx, tx, id)
 	return c.scheduleResult("cancel", id, ok, state, err)
 }
@@ -164,6 +189,9 @@ func (c *Client) CancelSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.U
 // time outside MinDeliverAt..MaxDeliverAt, a *ScheduleError when the message is not
 // scheduled). The message keeps its id and its business key.
 func (c *Client) RescheduleSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID, at time.Time) error {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
+		return err
+	}
 	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduledSQL(ctx, tx, id, at) })
 }
 
@@ -172,6 +200,9 @@ func (c *Client) RescheduleSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uu
 // ErrNotScheduled when there is none, with the key's latest state (ErrNotFound as well when
 // the key has no message), as CancelBizKeyTx.
 func (c *Client) CancelBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
+		return nil, err
+	}
 	return cancelBizKey(bizKey, func() ([]uuid.UUID, error) { return c.q.CancelScheduledBizKeySQL(ctx, tx, bizKey) },
 		func() (string, error) { return c.q.ScheduledBizKeyStateSQL(ctx, tx, bizKey) })
 }
@@ -180,6 +211,9 @@ func (c *Client) CancelBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, biz
 // delivery time of every scheduled message whose BizKey is bizKey and returns their ids; as
 // CancelBizKeySQLTx and RescheduleSQLTx.
 func (c *Client) RescheduleBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX, bizKey string, at time.Time) ([]uuid.UUID, error) {
+	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
+		return nil, err
+	}
 	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) },
 		func() (string, error) { return c.q.ScheduledBizKeyStateSQL(ctx, tx, bizKey) })
 }

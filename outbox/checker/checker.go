@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/tracing"
@@ -350,6 +351,9 @@ func (s *Server) answer(req micro.Request, rep replier, check Func, def time.Dur
 		}()
 		return check(ctx, cr)
 	}()
+	if err == nil && !st.Valid() {
+		err = fmt.Errorf("%w: the checker's Func answered LocalState(%d)", outbox.ErrInvalidLocalState, int(st))
+	}
 	if err != nil {
 		tracing.Fail(span, err, "error")
 		if !errors.Is(err, context.Canceled) {
@@ -409,6 +413,9 @@ func OutboxToken(outbox string) string {
 // it to Serve as Config.Outbox; the check-back computes the same from its own pool when
 // Config.Outbox is empty. Any role may call it.
 func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (string, error) {
+	if err := dbhandle.RequireArg("checker", "db", "the producers' database (a *pgxpool.Pool)", db); err != nil {
+		return "", err
+	}
 	if schema == "" {
 		schema = txoutbox.DefaultSchema
 	}

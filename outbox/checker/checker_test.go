@@ -31,8 +31,9 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 	t.Parallel()
 	n := testsvc.NewNATS(t)
 	answers := map[uuid.UUID]outbox.LocalState{}
-	commit, rollback, unknown, failing, panicking := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	commit, rollback, unknown, failing, panicking, invalid := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	answers[commit], answers[rollback], answers[unknown] = outbox.StateCommit, outbox.StateRollback, outbox.StateUnknown
+	answers[invalid] = outbox.LocalState(42) // not a state: an error answer, not UNKNOWN
 	srv, err := checker.Serve(n.Conn, "pay", func(_ context.Context, req checker.Request) (outbox.LocalState, error) {
 		switch req.MessageID {
 		case failing:
@@ -66,7 +67,7 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 		id   uuid.UUID
 		raw  []byte
 		code string
-	}{{failing, nil, "500"}, {panicking, nil, "500"}, {uuid.Nil, []byte("{not json"), "400"}} {
+	}{{failing, nil, "500"}, {panicking, nil, "500"}, {invalid, nil, "500"}, {uuid.Nil, []byte("{not json"), "400"}} {
 		resp, err := ask(c.id, "db/one", c.raw)
 		if err != nil || resp.Header.Get(micro.ErrorCodeHeader) != c.code {
 			t.Fatalf("error answer: %v, code %q, want %s", err, respCode(resp), c.code)

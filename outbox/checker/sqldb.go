@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -12,6 +13,9 @@ import (
 // of the database db (a *sql.DB, *sql.Conn or *sql.Tx of any PostgreSQL driver) is connected
 // to.
 func OutboxIdentitySQL(ctx context.Context, db txoutbox.SQLDBTX, schema string) (string, error) {
+	if err := dbhandle.RequireArg("checker", "db", "the producers' database (a *sql.DB)", db); err != nil {
+		return "", err
+	}
 	if schema == "" {
 		schema = txoutbox.DefaultSchema
 	}
