@@ -572,8 +572,14 @@ func TestPreparedSettleJSON(t *testing.T) {
 		!sameIDs(r.MessageIDs, halves[2:3]) || len(r.Failed) != 2 || !strings.Contains(r.Failed[0].Reason, "it is ready") || r.Failed[1].Reason != "no such message" {
 		t.Errorf("prepared commit --json of a settled, a prepared and an unknown id: %+v", r)
 	}
-	if r := run(0, "prepared", "rollback", "--json", halves[3].String()); r.Action != "rollback" || !sameIDs(r.MessageIDs, halves[3:]) || len(r.Failed) != 0 {
-		t.Errorf("prepared rollback --json: %+v", r)
+	// An id given twice is one change with one answer.
+	if r := run(0, "prepared", "rollback", "--json", halves[3].String(), halves[3].String()); r.Action != "rollback" || !sameIDs(r.MessageIDs, halves[3:]) ||
+		len(r.MessageIDs) != 1 || len(r.Failed) != 0 {
+		t.Errorf("prepared rollback --json of one id given twice: %+v", r)
+	}
+	// --group selects with --all only: with ids it would be ignored, so it is refused.
+	if code, _, errOut := cliEnv(t, vars, "prepared", "resume", "--group", "x", halves[0].String()); code != 2 || !strings.Contains(errOut, "--group") {
+		t.Errorf("prepared resume --group with an id: exit %d, %s; want 2 naming --group", code, errOut)
 	}
 	if code, out, _ := cliEnv(t, vars, "prepared", "rollback", halves[3].String()); code != 1 || out != "0 rolled back\n" {
 		t.Errorf("prepared rollback of a rolled back message: exit %d, %q", code, out)

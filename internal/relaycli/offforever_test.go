@@ -121,8 +121,9 @@ func takesMinusOne(t *testing.T, cfg any, validate func() error, flags map[strin
 
 // One rule on the command line for off and forever: every flag whose library field takes -1
 // takes -1 and the word its documentation uses (off or forever), and both set the field to
-// -1; the older spellings still work (0 for none where a zero means none), and run's
-// --retention 0 still deletes published rows at once.
+// -1; the older spellings still work (0 for none where a zero means none), run's
+// --retention 0 still deletes published rows at once, and checkback's --retention 0 (the
+// relay's) purges nothing, as run's check-back does.
 func TestOffForeverFlagsTakeMinusOneAndTheWord(t *testing.T) {
 	t.Parallel()
 	// The table is complete: every field taking -1 has its flag in it.
@@ -169,6 +170,9 @@ func TestOffForeverFlagsTakeMinusOneAndTheWord(t *testing.T) {
 		{"run", "check-transaction-timeout", "0", txoutbox.Off},
 		{"checkback", "check-transaction-timeout", "0", txoutbox.Off},
 		{"run", "retention", "0", 0}, // delete at once
+		// The relay's 0 keeps no published row: the check-back has nothing to purge, as in
+		// relay run (a split deployment shares TXOUTBOX_RETENTION=0).
+		{"checkback", "retention", "0", txoutbox.Forever},
 		{"run", "retention", "1h", float64(time.Hour)},
 		{"run", "backoff-jitter", "0.5", 0.5},
 		{"checkback", "check-group-rate", "2.5", 2.5},

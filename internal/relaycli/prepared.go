@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -71,7 +72,9 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return usageErr("invalid message id %q: %v", a, err)
 		}
-		ids = append(ids, id)
+		if !slices.Contains(ids, id) { // given twice: one change, one answer
+			ids = append(ids, id)
+		}
 	}
 	var states []string
 	switch action {
@@ -97,6 +100,9 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	case "resume":
 		if all == (len(ids) > 0) {
 			return usageErr("resume takes message ids, or --all")
+		}
+		if group != "" && !all {
+			return usageErr("--group goes with --all: resume by id resumes those messages whatever their group")
 		}
 	default:
 		if len(ids) == 0 {

@@ -379,9 +379,13 @@ func byteaLiteral(payloads [][]byte) string {
 	return b.String()
 }
 
-// OutboxIdentityQuery returns the cluster's system identifier and the current database: the
-// outbox identity of package checker.
-const OutboxIdentityQuery = `SELECT system_identifier, current_database() FROM pg_control_system()`
+// OutboxIdentityQuery returns the cluster's system identifier, the current database and
+// whether schema $1 holds the outbox table: the outbox identity of package checker. The
+// catalogs answer any role, whatever its privileges on the schema.
+const OutboxIdentityQuery = `SELECT system_identifier, current_database(),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = $1 AND c.relname = '` + MessagesTable + `')
+FROM pg_control_system()`
 
 // Alive runs an empty statement on db: it fails when db's connection is gone.
 func Alive(ctx context.Context, db SQLDBTX) error {

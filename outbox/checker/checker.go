@@ -20,6 +20,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/safetext"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/tracing"
 	"log/slog"
 	"strings"
@@ -411,7 +412,8 @@ func OutboxToken(outbox string) string {
 // connected to: "<system identifier>/<database>/<schema>", the system identifier being
 // pg_control_system()'s (unique per cluster, shared by its physical replicas). Producers pass
 // it to Serve as Config.Outbox; the check-back computes the same from its own pool when
-// Config.Outbox is empty. Any role may call it.
+// Config.Outbox is empty. Any role may call it. A schema without the outbox table (a
+// mistyped name: a checker for it would never answer the check-back) is ErrNoOutboxTable.
 func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (string, error) {
 	if err := dbhandle.RequireArg("checker", "db", "the producers' database (a *pgxpool.Pool)", db); err != nil {
 		return "", err
@@ -421,8 +423,20 @@ func OutboxIdentity(ctx context.Context, db txoutbox.DBTX, schema string) (strin
 	}
 	var sysid int64
 	var database string
-	if err := db.QueryRow(ctx, `SELECT system_identifier, current_database() FROM pg_control_system()`).Scan(&sysid, &database); err != nil {
+	var found bool
+	if err := db.QueryRow(ctx, store.OutboxIdentityQuery, schema).Scan(&sysid, &database, &found); err != nil {
 		return "", fmt.Errorf("checker: outbox identity: %w", err)
+	}
+	return outboxIdentity(sysid, database, schema, found)
+}
+
+// ErrNoOutboxTable: OutboxIdentity was given a schema that holds no outbox table.
+var ErrNoOutboxTable = errors.New("checker: no outbox table in the schema")
+
+func outboxIdentity(sysid int64, database, schema string, found bool) (string, error) {
+	if !found {
+		return "", fmt.Errorf("%w: schema %q of database %q has no %s (a mistyped schema, or the migrations not run)",
+			ErrNoOutboxTable, schema, database, store.MessagesTable)
 	}
 	return fmt.Sprintf("%d/%s/%s", uint64(sysid), database, schema), nil
 }

@@ -21,8 +21,9 @@ func OutboxIdentitySQL(ctx context.Context, db txoutbox.SQLDBTX, schema string) 
 	}
 	var sysid int64
 	var database string
-	if err := db.QueryRowContext(ctx, store.OutboxIdentityQuery).Scan(&sysid, &database); err != nil {
+	var found bool
+	if err := db.QueryRowContext(ctx, store.OutboxIdentityQuery, schema).Scan(&sysid, &database, &found); err != nil {
 		return "", fmt.Errorf("checker: outbox identity: %w", err)
 	}
-	return fmt.Sprintf("%d/%s/%s", uint64(sysid), database, schema), nil
+	return outboxIdentity(sysid, database, schema, found)
 }

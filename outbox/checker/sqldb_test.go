@@ -3,6 +3,7 @@ package checker_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -26,9 +27,17 @@ func TestOutboxIdentitySQL(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := checker.OutboxIdentitySQL(ctx, sdb, db.Schema)
+		// A schema without the outbox (mistyped): refused, not an identity nobody asks for.
+		_, missing := checker.OutboxIdentitySQL(ctx, sdb, db.Schema+"_typo")
 		_ = sdb.Close()
 		if err != nil || got != want {
 			t.Fatalf("%s: %q, %v; want %q", driver, got, err, want)
 		}
+		if !errors.Is(missing, checker.ErrNoOutboxTable) {
+			t.Fatalf("%s: a schema without the outbox: %v, want ErrNoOutboxTable", driver, missing)
+		}
+	}
+	if _, err := checker.OutboxIdentity(ctx, db.Pool, db.Schema+"_typo"); !errors.Is(err, checker.ErrNoOutboxTable) {
+		t.Fatalf("a schema without the outbox: %v, want ErrNoOutboxTable", err)
 	}
 }
