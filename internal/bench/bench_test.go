@@ -98,6 +98,19 @@ func TestDrainSmall(t *testing.T) {
 	if !strings.Contains(log, "business rows 11 (want 11)") || !strings.Contains(log, "misordered=0") {
 		t.Fatalf("progress does not show the checks:\n%s", log)
 	}
+	// Every way the check can fail is on the final line; the claim's time is measured (the
+	// relay claims in a batch with the promotion of due scheduled rows).
+	for _, k := range []string{"unknown", "corrupt", "misordered"} {
+		if kv[k] != "0" {
+			t.Fatalf("final line's %s = %q, want 0: %v", k, kv[k], kv)
+		}
+	}
+	if claim := num(t, kv, "claim_s"); claim <= 0 {
+		t.Fatalf("claim_s = %v: the claims were not timed", claim)
+	}
+	if !strings.Contains(log, "claim") {
+		t.Fatalf("no claim timing in the progress:\n%s", log)
+	}
 }
 
 func TestLatencySmall(t *testing.T) {
@@ -249,7 +262,10 @@ func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{}, {"nope"}, {"drain", "--nope"}, {"drain", "extra"}, {"drain", "--msgs", "0"},
 		{"drain", "--relays", "0"}, {"drain", "--relays", "1,x"}, {"drain", "--relays", "1", "--repeat", "0"},
-		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}, {"consume", "--batch-handler-size", "1"}} {
+		{"consume", "--batch-size", "1"}, {"consume", "--concurrency", "0"}, {"consume", "--batch-handler-size", "1"},
+		// Settings of the relay processes without them, and a run that measures nothing.
+		{"drain", "--relay-batch-size", "2000"}, {"drain", "--relay-max-in-flight", "10"}, {"drain", "--repeat", "3"},
+		{"scheduled", "--skip-drain", "--skip-lateness"}} {
 		var out bytes.Buffer
 		// Bad values are refused before any service is contacted.
 		code := Main(context.Background(), args, &Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
@@ -427,5 +443,22 @@ func TestHistorySmall(t *testing.T) {
 	}
 	if num(t, kv, "purge_rows_per_s") <= 0 {
 		t.Errorf("the purge deleted nothing: %v", kv)
+	}
+}
+
+// A ceiling that was not measured is left off the final line, not printed as 0.
+func TestDrainSkipCeiling(t *testing.T) {
+	t.Parallel()
+	code, kv, log := runBench(t, "drain", "--msgs", "300", "--per-tx", "100", "--skip-ceiling")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, log)
+	}
+	for _, k := range []string{"ceiling_msgs_per_s", "ratio", "ceiling_s"} {
+		if v, ok := kv[k]; ok {
+			t.Fatalf("final line has %s=%s with --skip-ceiling: %v", k, v, kv)
+		}
+	}
+	if num(t, kv, "relay_msgs_per_s") <= 0 {
+		t.Fatalf("no relay rate: %v", kv)
 	}
 }

@@ -64,6 +64,9 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 	if o.msgs < 1 || o.perTx < 1 || o.size < 0 || o.loaders < 1 || o.keys < 0 || o.window < 1 {
 		return usageErr("--msgs, --per-tx, --loaders and --ceiling-window must be positive; --payload and --keys not negative")
 	}
+	if o.relays == "" && (o.batchSize != 0 || o.maxInFlight != 0 || o.repeat != 1) {
+		return usageErr("--relay-batch-size, --relay-max-in-flight and --repeat go with --relays (the relay processes' settings and rounds); without it one relay in this process drains with its defaults")
+	}
 	if o.relays != "" {
 		if o.repeat < 1 {
 			return usageErr("--repeat must be positive")
@@ -198,25 +201,25 @@ func drain(ctx context.Context, r *run, o *drainOpts) error {
 			return err
 		}
 	}
-	ratio := 0.0
-	if ceilRate > 0 {
-		ratio = relayRate / ceilRate
+	kv := []any{"msgs", o.msgs, "relay_msgs_per_s", relayRate}
+	if ceilRate > 0 { // not measured with --skip-ceiling: left out, not 0
+		kv = append(kv, "ceiling_msgs_per_s", ceilRate, "ratio", relayRate/ceilRate)
 	}
-	r.result(append([]any{"msgs", o.msgs,
-		"relay_msgs_per_s", relayRate,
-		"ceiling_msgs_per_s", ceilRate,
-		"ratio", ratio,
-		"relay_us_per_msg", relayDur.Seconds() * 1e6 / float64(o.msgs),
-		"relay_s", relayDur.Seconds(),
-		"ceiling_s", ceilDur.Seconds(),
+	kv = append(kv,
+		"relay_us_per_msg", relayDur.Seconds()*1e6/float64(o.msgs),
+		"relay_s", relayDur.Seconds())
+	if ceilRate > 0 {
+		kv = append(kv, "ceiling_s", ceilDur.Seconds())
+	}
+	kv = append(kv,
 		"enqueue_msgs_per_s", enqRate,
 		"batches", rl.Stats().Batches,
 		"claim_s", claim.total.Seconds(),
 		"settle_s", settle.total.Seconds(),
-		"keys", o.keys,
-		"lost", res.Lost,
-		"duplicates", res.Duplicates,
-		"load1", load1()}, traceResult(traced, o.msgs, relayRate, ceilRate)...)...)
+		"keys", o.keys)
+	kv = append(kv, res.kv()...)
+	kv = append(kv, "load1", load1())
+	r.result(append(kv, traceResult(traced, o.msgs, relayRate, ceilRate)...)...)
 	switch {
 	case traced != nil && !traced.check.ok():
 		return fmt.Errorf("%w: traced stream: %s", ErrCheckFailed, traced.check)

@@ -138,10 +138,14 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 		}
 		kv = append(kv,
 			p+"msgs_per_s", median(rs, func(x scaleResult) float64 { return x.rate }),
-			p+"vs_1_relay", median(speedups[n], id),
-			p+"ceiling_msgs_per_s", median(rs, func(x scaleResult) float64 { return x.ceil }),
-			p+"ratio", median(ratios[n], id),
-			p+"balanced_s", median(rs, func(x scaleResult) float64 { return x.balanced.Seconds() }),
+			p+"vs_1_relay", median(speedups[n], id))
+		if len(ratios[n]) > 0 { // --skip-ceiling: no ceiling, left out rather than 0
+			kv = append(kv,
+				p+"ceiling_msgs_per_s", median(rs, func(x scaleResult) float64 { return x.ceil }),
+				p+"ratio", median(ratios[n], id))
+		}
+		kv = append(kv,
+			p+"balanced_s", balancedMedian(rs),
 			p+"cpu_us_per_msg", median(rs, func(x scaleResult) float64 { return x.cpuPerMsg(o.msgs) }),
 			p+"cpu_relays", median(rs, func(x scaleResult) float64 { return x.cpuRelays.Seconds() / x.dur.Seconds() }),
 			p+"cpu_nats", median(rs, func(x scaleResult) float64 { return x.cpuNATS.Seconds() / x.dur.Seconds() }),
@@ -150,9 +154,27 @@ func drainRelays(ctx context.Context, r *run, o *drainOpts, counts []int) error 
 			p+"peak_rss_kb", peak,
 			p+"dup_acks", median(rs, func(x scaleResult) float64 { return float64(x.dupAcks) }))
 	}
-	kv = append(kv, "lost", 0, "duplicates", 0, "load1_start", load0, "load1", load1())
+	// Printed only when every round's check passed (a failed one returned its error).
+	kv = append(kv, checkResult{}.kv()...)
+	kv = append(kv, "load1_start", load0, "load1", load1())
 	r.result(kv...)
 	return nil
+}
+
+// balancedMedian is the median time the shares took to even out over the rounds where they
+// did, or "never" when they did not in any round (a round where they did not is left out: its
+// time is not a time).
+func balancedMedian(rs []scaleResult) any {
+	var even []scaleResult
+	for _, x := range rs {
+		if x.balanced >= 0 {
+			even = append(even, x)
+		}
+	}
+	if len(even) == 0 {
+		return "never"
+	}
+	return median(even, func(x scaleResult) float64 { return x.balanced.Seconds() })
 }
 
 // median returns the median of f over xs (the mean of the middle two for an even count).

@@ -58,6 +58,9 @@ func scheduledBench(ctx context.Context, r *run, o *scheduledOpts) error {
 	if o.msgs < 1 || o.window <= 0 || o.lead < 0 || o.drainMsgs < 1 || o.far < 0 || o.lateFar < 0 || o.farBytes < 0 || o.size < 0 || o.perTx < 1 || o.rounds < 1 {
 		return usageErr("--msgs, --window, --drain-msgs, --per-tx and --rounds must be positive; --lead, --far, --late-far, --far-payload and --payload not negative")
 	}
+	if o.skipLateness && o.skipDrain {
+		return usageErr("--skip-lateness and --skip-drain together leave nothing to measure")
+	}
 	if err := r.start(ctx); err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -62,8 +63,8 @@ type soakOpts struct {
 //	claims and settles (count, mean and p99 per statement, from the relay's
 //	txoutbox_relay_claim_seconds and _settle_seconds histograms on its metrics endpoint), the
 //	outbox table's and its indexes' size, live and dead tuples and autovacuum runs
-//	(pg_stat_user_tables), the relay's RSS and CPU, and the oldest open transaction's age (the
-//	relay's txoutbox_postgres_oldest_xact_age_seconds). At the end the first --window is
+//	(pg_stat_user_tables), the relay's RSS and CPU, and the oldest open transaction's age (as
+//	the relay's txoutbox_postgres_oldest_xact_age_seconds reads it, at the sample's time). At the end the first --window is
 //	compared with the last: p99 latency and mean claim time within 1.5×, table+index size within
 //	1.5× (+1 MiB), relay RSS within 1.5×: verdict=ok, or the targets missed. Then the check:
 //	every committed message stored exactly once, intact, in commit order per key, every business
@@ -656,7 +657,6 @@ func (rp *soakReporter) report(ctx context.Context) {
 		smp.settles, smp.settleSum = d("txoutbox_relay_settle_seconds_count"), d("txoutbox_relay_settle_seconds_sum")
 		smp.claimP99 = histQuantile(m, rp.prevMetrics, "txoutbox_relay_claim_seconds", 0.99)
 		smp.settleP99 = histQuantile(m, rp.prevMetrics, "txoutbox_relay_settle_seconds", 0.99)
-		smp.xactAge = m["txoutbox_postgres_oldest_xact_age_seconds"]
 		rp.prevMetrics = m
 	} else if ctx.Err() == nil {
 		rp.r.logf("relay metrics: %v", err)
@@ -667,6 +667,13 @@ FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid =
 		Scan(&smp.tableBytes, &smp.idxBytes, &smp.readyIdxBytes, &smp.live, &smp.dead, &smp.autovacuum)
 	if err != nil && ctx.Err() == nil {
 		rp.r.logf("table statistics: %v", err)
+	}
+	// The oldest transaction's age now, read as the relay's gauge reads it (its gauge is
+	// sampled on its own schedule and would lag a sample behind).
+	if h, err := store.New(rp.schema).XminHorizon(ctx, rp.pool); err == nil {
+		smp.xactAge = h.OldestXact.Seconds()
+	} else if ctx.Err() == nil {
+		rp.r.logf("oldest transaction: %v", err)
 	}
 	smp.rssKB = procRSS(rp.pid)
 	if cpu, err := procCPU(rp.pid); err == nil {

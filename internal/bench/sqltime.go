@@ -10,10 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlTimer is a pgx QueryTracer that adds up the wall time of the relay's statements by kind,
-// so that a drain can say where the relay's time goes (claim, settle, and the rest: publishing
-// and awaiting PubAcks) without touching the relay. For Query the time runs until the rows
-// are closed, so a claim includes reading its rows.
+// sqlTimer is a pgx QueryTracer and BatchTracer that adds up the wall time of the relay's
+// statements by kind, so that a drain can say where the relay's time goes (claim, settle, and
+// the rest: publishing and awaiting PubAcks) without touching the relay. For Query the time
+// runs until the rows are closed, so a claim includes reading its rows; a batch (the relay
+// claims in one with the promotion of due scheduled rows, store.PromoteAndClaim) counts whole,
+// from SendBatch to its Close, as the kind of its claim or settle statement, if it has one.
 type sqlTimer struct {
 	mu    sync.Mutex
 	kinds map[string]*sqlStat
@@ -56,18 +58,47 @@ func (t *sqlTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQu
 	if !ok {
 		return
 	}
-	d := time.Since(st.at)
+	t.add(st.kind, time.Since(st.at))
+}
+
+func (t *sqlTimer) add(kind string, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.kinds[st.kind]
+	s := t.kinds[kind]
 	if s == nil {
 		s = &sqlStat{}
-		t.kinds[st.kind] = s
+		t.kinds[kind] = s
 	}
 	s.n++
 	s.total += d
 	s.max = max(s.max, d)
 	s.all = append(s.all, d)
+}
+
+// sqlBatch is a batch being traced: the kind its statements make it.
+type sqlBatch struct {
+	at   time.Time
+	kind string
+}
+
+type sqlBatchKey struct{}
+
+func (t *sqlTimer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, sqlBatchKey{}, &sqlBatch{at: time.Now(), kind: "other"})
+}
+
+func (t *sqlTimer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if b, ok := ctx.Value(sqlBatchKey{}).(*sqlBatch); ok {
+		if k := sqlKind(data.SQL); k != "other" {
+			b.kind = k
+		}
+	}
+}
+
+func (t *sqlTimer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if b, ok := ctx.Value(sqlBatchKey{}).(*sqlBatch); ok {
+		t.add(b.kind, time.Since(b.at))
+	}
 }
 
 func (t *sqlTimer) get(kind string) sqlStat {

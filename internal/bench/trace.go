@@ -132,10 +132,10 @@ func traceResult(t *tracedDrain, msgs int, relayRate, ceilRate float64) []any {
 		return nil
 	}
 	rate := float64(msgs) / t.dur.Seconds()
-	ratio := 0.0
+	kv := []any{"traced_relay_msgs_per_s", rate}
 	if ceilRate > 0 {
-		ratio = rate / ceilRate
+		kv = append(kv, "traced_ratio", rate/ceilRate)
 	}
-	return []any{"traced_relay_msgs_per_s", rate, "traced_ratio", ratio, "trace_cost", 1 - rate/relayRate,
-		"publish_spans", t.exported, "traced_lost", t.check.Lost, "traced_duplicates", t.check.Duplicates}
+	return append(kv, "trace_cost", 1-rate/relayRate,
+		"publish_spans", t.exported, "traced_lost", t.check.Lost, "traced_duplicates", t.check.Duplicates)
 }

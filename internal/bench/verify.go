@@ -82,6 +82,11 @@ type checkResult struct {
 	Misordered int // a key's message stored before an earlier one of the same key
 }
 
+// kv is the check's counts as the final line's key=value pairs: every way it can fail.
+func (c checkResult) kv() []any {
+	return []any{"lost", c.Lost, "duplicates", c.Duplicates, "unknown", c.Unknown, "corrupt", c.Corrupt, "misordered", c.Misordered}
+}
+
 func (c checkResult) ok() bool {
 	return c.Lost == 0 && c.Duplicates == 0 && c.Unknown == 0 && c.Corrupt == 0 && c.Misordered == 0 && c.Msgs == c.Expected
 }
