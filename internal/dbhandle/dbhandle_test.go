@@ -1,4 +1,4 @@
-package dbhandle
+package dbhandle_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
@@ -41,14 +42,14 @@ func TestRequirePool(t *testing.T) {
 	t.Cleanup(func() { _ = stx.Rollback() })
 	handles["*sql.Conn"], handles["*sql.Tx"] = sconn, stx
 	for name, h := range handles {
-		err := RequirePool("consumer", "db", h)
+		err := dbhandle.RequirePool("consumer", "db", h)
 		var ce *txoutbox.ConfigError
 		if !errors.As(err, &ce) || ce.Package != "consumer" || ce.Field != "db" || !errors.Is(err, txoutbox.ErrInvalidConfig) {
 			t.Errorf("%s: %v; want a *txoutbox.ConfigError naming db", name, err)
 		}
 	}
 	for name, h := range map[string]any{"*pgxpool.Pool": db.Pool, "*sql.DB": sdb} {
-		if err := RequirePool("consumer", "db", h); err != nil {
+		if err := dbhandle.RequirePool("consumer", "db", h); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
