@@ -371,9 +371,10 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- The check-back purges old dedup rows (SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE on a column).\n")
 		fmt.Fprintf(&b, "GRANT SELECT, DELETE, UPDATE (processed_at) ON %s TO %s;\n", dedup, g)
 		policySQL(&b, "txoutbox_relay_", dedup, grantee, "TO "+g+" USING (true) WITH CHECK (true);")
-		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table).\n")
-		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
-			lit(VersionTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
+		b.WriteString("-- relay run checks the schema version at start (txoutbox's, golang-migrate's or goose's table,\n")
+		b.WriteString("-- txoutbox's own tables of those tools included).\n")
+		fmt.Fprintf(&b, "DO $txoutbox$DECLARE t text;\nBEGIN\n  FOREACH t IN ARRAY ARRAY[%s, %s, %s, %s, %s] LOOP\n    IF to_regclass(format('%%I.%%I', %s, t)) IS NOT NULL THEN\n      EXECUTE format('GRANT SELECT ON %%I.%%I TO %%I', %s, t, %s);\n    END IF;\n  END LOOP;\nEND$txoutbox$;\n",
+			lit(VersionTable), lit(OwnGolangMigrateTable), lit(OwnGooseTable), lit(GolangMigrateTable), lit(GooseTable), lit(schema), lit(schema), lit(grantee))
 		if o.SignalBackend {
 			b.WriteString("-- Fencing a stale relay that logs in as another role (pg_terminate_backend).\n")
 			fmt.Fprintf(&b, "GRANT pg_signal_backend TO %s;\n", g)

@@ -320,3 +320,58 @@ func TestProducerGrantedAtMigration6Enqueues(t *testing.T) {
 	}
 	asProducer("enqueue after the migrations", `SELECT txoutbox_enqueue('orders.x', 'p', 'k1')`)
 }
+
+// roleBeginner begins transactions as role (SET LOCAL ROLE): the migrator's reads as that role.
+type roleBeginner struct {
+	pool *pgxpool.Pool
+	role string
+}
+
+func (b roleBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{b.role}.Sanitize()); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// The relay role reads the schema's version wherever a deploy tool keeps it: txoutbox's own
+// golang-migrate table (a shared schema's x-migrations-table) included, as the README
+// recommends it.
+func TestRelayRoleReadsTxoutboxsOwnToolTables(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As golang-migrate with x-migrations-table=txoutbox_golang_migrate leaves it.
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE txoutbox_schema_migrations;
+CREATE TABLE `+migrations.OwnGolangMigrateTable+` (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+INSERT INTO `+migrations.OwnGolangMigrateTable+` VALUES (`+strconv.Itoa(m.Latest())+`, false)`); err != nil {
+		t.Fatal(err)
+	}
+	role := "relay_" + strings.TrimPrefix(db.Schema, "t_")
+	if len(role) > 63 {
+		role = role[:63]
+	}
+	grants, err := migrations.Grants(migrations.RoleRelay, db.Schema, role, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+		t.Fatalf("relay grants: %v", err)
+	}
+	t.Cleanup(func() {
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	if v, err := m.Version(ctx, roleBeginner{db.Pool, role}); err != nil || v != m.Latest() {
+		t.Fatalf("the relay role reads version %d, %v; want %d from %s", v, err, m.Latest(), migrations.OwnGolangMigrateTable)
+	}
+}

@@ -29,8 +29,9 @@ migration that adds tables.
   consumer  the dedup and key-order rows (of every consumer of the schema: consumers sharing
             a schema trust each other; --consumers billing,... limits the grantee to the rows
             of those consumer names, with row-level security); nothing of the outbox
-  admin     owns the schema and every object in it (tables, functions, ...): migrations up
-            and down, and every admin command
+  admin     owns the schema and txoutbox's objects in it (its tables, functions, types and
+            version tables; the application's and extensions' objects keep their owners):
+            migrations up and down, and every admin command
 
 The grantee is created NOLOGIN if it does not exist: grant it to your login roles
 (GRANT txoutbox_producer TO orders_service), or name a login role with --grantee.
