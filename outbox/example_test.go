@@ -76,15 +76,27 @@ func ExampleClient_EnqueueTx() {
 // Invalid messages are refused before anything is written, with an error that says which
 // message and what is wrong.
 func ExampleMessageError() {
-	client, err := outbox.NewClient(nil)
+	ctx := context.Background()
+	schema := cmp.Or(os.Getenv("TXOUTBOX_SCHEMA"), txoutbox.DefaultSchema)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	_, err = client.EnqueueTx(context.Background(), nil,
-		outbox.Message{Subject: "orders.created"},
-		outbox.Message{Subject: "orders.*.created"},
-	)
+	defer pool.Close()
+	client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// The error rolls the transaction back: nothing of it is written.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(ctx, tx,
+			outbox.Message{Subject: "orders.created"},
+			outbox.Message{Subject: "orders.*.created"},
+		)
+		return err
+	})
 	var me *outbox.MessageError
 	fmt.Println(errors.Is(err, outbox.ErrInvalidSubject), errors.As(err, &me) && me.Index == 1)
 	fmt.Println(err)
