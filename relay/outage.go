@@ -461,6 +461,16 @@ func (r *Relay) streamInfo(ctx context.Context, name string) (*jetstream.StreamI
 // dead after MaxAttempts).
 const leaderGraceWaves = 3
 
+// leaderGraceMin is the least time a clustered stream's series of struck waves lasts before
+// its publishes are the subject's own failure, however many waves it took: a leader whose
+// replicas just went (a quorum loss) still answers its info with them current, and its
+// publishes get 10158 "in process" or time out, for up to replicaSeenWithin before its info
+// says so (and a wave comes every few hundred milliseconds: three of them fit in a second).
+// Twice that leaves the info time to catch up; a leader that keeps answering with its quorum
+// for longer while the stream's publishes fail is no election. A stream without replicas (R1,
+// or a single server's) has no quorum to lose and no such delay.
+const leaderGraceMin = 2 * replicaSeenWithin
+
 // leaderStrikes counts, per stream, the waves whose publishes timed out while the stream's
 // info answered with the same leader (see leaderGraceWaves). The count starts again when the
 // info names another leader or none (an election seen), or leaderStrikeExpiry after the last
@@ -475,6 +485,7 @@ type leaderStrikes struct {
 
 type leaderStrike struct {
 	leader   string
+	first    time.Time // the first wave of the series
 	last     time.Time // the last wave that struck
 	waves    int
 	subjects map[string]struct{} // the subjects whose publishes struck (at most maxStruck)
@@ -493,7 +504,7 @@ func (s *leaderStrikes) strike(name, leader, subj string) int {
 	e := s.m[name]
 	now := time.Now()
 	if e == nil || e.leader != leader || now.Sub(e.last) > leaderStrikeExpiry {
-		e = &leaderStrike{leader: leader, subjects: map[string]struct{}{}}
+		e = &leaderStrike{leader: leader, first: now, subjects: map[string]struct{}{}}
 		s.m[name] = e
 		s.n.Store(int32(len(s.m)))
 	}
@@ -501,6 +512,17 @@ func (s *leaderStrikes) strike(name, leader, subj string) int {
 	e.last = now
 	s.struck(e, subj)
 	return e.waves
+}
+
+// span returns how long the current series of struck waves of stream name has lasted, from its
+// first wave to its last.
+func (s *leaderStrikes) span(name string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[name]; e != nil {
+		return e.last.Sub(e.first)
+	}
+	return 0
 }
 
 // leaderStrikeExpiry ends a series of struck waves: the next wave that strikes more than this

@@ -79,6 +79,7 @@ type streamProbe struct {
 	// leaderStrikes); waves is the count for that leader, this wave included.
 	struck bool
 	waves  int
+	span   time.Duration // how long the series of struck waves has lasted (leaderGraceMin)
 }
 
 // explainFailures rewrites the outcome of each ambiguous publish of a wave (isAmbiguous): a
@@ -217,13 +218,22 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		if !p.struck {
 			p.struck = true
 			p.waves = r.strikes.strike(p.name, leaderOf(p.info), subj)
+			p.span = r.strikes.span(p.name)
 		} else {
 			r.strikes.also(p.name, subj)
 		}
-		if p.waves > leaderGraceWaves {
+		// A replicated stream's leader may report its replicas current for seconds after they
+		// went (leaderGraceMin); an R1 stream has no quorum to lose.
+		clustered := p.info != nil && p.info.Cluster != nil && len(p.info.Cluster.Replicas) > 0
+		if p.waves > leaderGraceWaves && (!clustered || p.span >= leaderGraceMin) {
 			return r.notAnElection(subj, p, err)
 		}
-		reason = fmt.Sprintf("%s (wave %d of the %d allowed for leader %s)", reason, p.waves, leaderGraceWaves, leaderText(p.info))
+		if clustered {
+			reason = fmt.Sprintf("%s (wave %d for leader %s, %s in: allowed for %d waves and at least %s)", reason, p.waves,
+				leaderText(p.info), p.span.Round(time.Millisecond), leaderGraceWaves, leaderGraceMin)
+		} else {
+			reason = fmt.Sprintf("%s (wave %d of the %d allowed for leader %s)", reason, p.waves, leaderGraceWaves, leaderText(p.info))
+		}
 	}
 	subjects := r.known.subjects(p.name)
 	if p.info != nil {
