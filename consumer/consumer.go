@@ -210,7 +210,7 @@ func (c *Consumer) Stats() Stats { return c.stats.snapshot() }
 // acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
 // that a stream captures the dead-letter subject without sending it back to this consumer.
 // It first refuses a nats-server older than the configuration needs (a *txoutbox.ServerVersionError,
-// txoutbox.ErrServerTooOld: MinServerVersion, MinServerVersionFilterSubjects). Run calls it, and waits
+// txoutbox.ErrServerTooOld: MinServerVersion). Run calls it, and waits
 // while JetStream cannot answer; call it yourself to fail fast at start-up.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err := c.checkServerVersion(); err != nil {

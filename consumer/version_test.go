@@ -13,9 +13,9 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
-// Setup refuses a nats-server older than the configuration needs, naming both versions:
-// more than one filter subject needs 2.10.0 (a real server whose INFO announces 2.9.25 is
-// refused, the same server announcing 2.10.0 is taken), anything else 2.9.0.
+// Setup refuses a nats-server older than MinServerVersion (2.10.16), naming both versions: a
+// real server whose INFO announces an older version is refused, whatever the filter subjects;
+// the same server announcing 2.10.16 is taken.
 func TestSetupRefusesTooOldServer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -41,10 +41,11 @@ func TestSetupRefusesTooOldServer(t *testing.T) {
 		filters          []string
 		required         string // "" when taken
 	}{
-		{"2.9.25", "two_old", two, MinServerVersionFilterSubjects},
-		{"2.10.0", "two_new", two, ""},
-		{"2.8.4", "one_old", []string{"orders.created"}, MinServerVersion},
-		{"2.9.0", "one_new", []string{"orders.created"}, ""},
+		{"2.9.25", "two_old", two, MinServerVersion},
+		{"2.10.15", "two_almost", two, MinServerVersion},
+		{"2.10.16", "two_new", two, ""},
+		{"2.10.4", "one_old", []string{"orders.created"}, MinServerVersion},
+		{"2.11.0", "one_new", []string{"orders.created"}, ""},
 		{"2.8.4", "all_old", nil, MinServerVersion},
 	}
 	for _, c := range cases {
