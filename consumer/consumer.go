@@ -235,6 +235,11 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer: create or update durable %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
+	// The server answered, so its version is known now: a connection that was not up yet at
+	// the first check (nats.RetryOnFailedConnect buffers requests) let it pass unseen.
+	if err := c.checkServerVersion(); err != nil {
+		return nil, err
+	}
 	dlq, err := c.js.StreamNameBySubject(ctx, c.cfg.DeadLetterSubject)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -317,7 +322,9 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 		var tx pgx.Tx
 		if tx, err = c.db.Begin(ctx); err == nil {
 			err = c.q.CheckKeyOrderTable(ctx, tx)
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = tx.Rollback(rctx)
+			cancel()
 		}
 	}
 	switch {

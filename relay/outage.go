@@ -496,6 +496,13 @@ const maxStruck = 64
 // strike records a wave whose publishes on subj, of stream name, failed while its info named
 // leader, and returns the waves in a row for that leader (this one included).
 func (s *leaderStrikes) strike(name, leader, subj string) int {
+	waves, _ := s.strikeSpan(name, leader, subj)
+	return waves
+}
+
+// strikeSpan is strike, also returning how long the series has lasted, from its first wave to
+// this one, read under the same lock.
+func (s *leaderStrikes) strikeSpan(name, leader, subj string) (int, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
@@ -511,18 +518,7 @@ func (s *leaderStrikes) strike(name, leader, subj string) int {
 	e.waves++
 	e.last = now
 	s.struck(e, subj)
-	return e.waves
-}
-
-// span returns how long the current series of struck waves of stream name has lasted, from its
-// first wave to its last.
-func (s *leaderStrikes) span(name string) time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.m[name]; e != nil {
-		return e.last.Sub(e.first)
-	}
-	return 0
+	return e.waves, e.last.Sub(e.first)
 }
 
 // leaderStrikeExpiry ends a series of struck waves: the next wave that strikes more than this

@@ -217,8 +217,7 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 		// there costs attempts and backoff instead of holding its key for ever.
 		if !p.struck {
 			p.struck = true
-			p.waves = r.strikes.strike(p.name, leaderOf(p.info), subj)
-			p.span = r.strikes.span(p.name)
+			p.waves, p.span = r.strikes.strikeSpan(p.name, leaderOf(p.info), subj)
 		} else {
 			r.strikes.also(p.name, subj)
 		}

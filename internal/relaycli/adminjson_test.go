@@ -577,9 +577,17 @@ func TestPreparedSettleJSON(t *testing.T) {
 		len(r.MessageIDs) != 1 || len(r.Failed) != 0 {
 		t.Errorf("prepared rollback --json of one id given twice: %+v", r)
 	}
-	// --group selects with --all only: with ids it would be ignored, so it is refused.
-	if code, _, errOut := cliEnv(t, vars, "prepared", "resume", "--group", "x", halves[0].String()); code != 2 || !strings.Contains(errOut, "--group") {
-		t.Errorf("prepared resume --group with an id: exit %d, %s; want 2 naming --group", code, errOut)
+	// --group selects with list and resume --all only, --all with resume only: where they would
+	// be ignored, they are refused.
+	for _, args := range [][]string{{"resume", "--group", "x", halves[0].String()}, {"commit", "--group", "x", halves[0].String()},
+		{"rollback", "--group", "x", halves[0].String()}, {"show", "--group", "x", halves[0].String()}, {"commit", "--all", halves[0].String()}} {
+		flag := "--group"
+		if slices.Contains(args, "--all") {
+			flag = "--all"
+		}
+		if code, _, errOut := cliEnv(t, vars, append([]string{"prepared"}, args...)...); code != 2 || !strings.Contains(errOut, flag) {
+			t.Errorf("prepared %v: exit %d, %s; want 2 naming %s", args, code, errOut, flag)
+		}
 	}
 	if code, out, _ := cliEnv(t, vars, "prepared", "rollback", halves[3].String()); code != 1 || out != "0 rolled back\n" {
 		t.Errorf("prepared rollback of a rolled back message: exit %d, %q", code, out)

@@ -76,6 +76,13 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 			ids = append(ids, id)
 		}
 	}
+	// Selection settings another action would ignore are refused, naming them.
+	if all && action != "resume" {
+		return usageErr("--all goes with resume only")
+	}
+	if group != "" && action != "list" && action != "resume" {
+		return usageErr("--group goes with list and resume --all only: %s acts on the message ids given, whatever their group", action)
+	}
 	var states []string
 	switch action {
 	case "list":
