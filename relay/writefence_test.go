@@ -508,7 +508,6 @@ func TestWriteFenceLetsAStalledWriteGoOnUnderARenewedLease(t *testing.T) {
 	// when asked after that.
 	var mu sync.Mutex
 	var first time.Time
-	read := make(chan struct{})
 	expiry := func(gen uint64) (time.Time, bool) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -518,17 +517,16 @@ func TestWriteFenceLetsAStalledWriteGoOnUnderARenewedLease(t *testing.T) {
 		if time.Now().Before(first) {
 			return first, true
 		}
-		select { // asked after the first expiry: renewed, and the peer reads again
-		case <-read:
-		default:
-			close(read)
-		}
 		return time.Now().Add(time.Hour), true
 	}
+	// The peer reads only once a socket write has stalled until its deadline (the event the
+	// test is about), whatever the scheduler does meanwhile: the stall always happens.
 	var deadlineHits atomic.Int32 // the socket writes that ended at a deadline
+	read := make(chan struct{})
+	var readOnce sync.Once
 	wf := NewWriteFence(dialFunc(func(network, address string) (net.Conn, error) {
 		c, err := net.Dial(network, address)
-		return &deadlineCounter{Conn: c, hits: &deadlineHits}, err
+		return &deadlineCounter{Conn: c, hits: &deadlineHits, onHit: func() { readOnce.Do(func() { close(read) }) }}, err
 	}))
 	var fenced atomic.Int32
 	s := wf.bind(expiry, quietLogger(), func() { fenced.Add(1) })
@@ -562,13 +560,17 @@ func (f dialFunc) Dial(network, address string) (net.Conn, error) { return f(net
 // deadlineCounter counts the writes that end at their deadline.
 type deadlineCounter struct {
 	net.Conn
-	hits *atomic.Int32
+	hits  *atomic.Int32
+	onHit func() // called at each, when set
 }
 
 func (c *deadlineCounter) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		c.hits.Add(1)
+		if c.onHit != nil {
+			c.onHit()
+		}
 	}
 	return n, err
 }
