@@ -285,27 +285,10 @@ func TestProducerGrantedAtMigration6Enqueues(t *testing.T) {
 	if v, err := m.Version(ctx, db.Pool); err != nil || v != 6 {
 		t.Fatalf("version %d, %v; want 6", v, err)
 	}
-	role := "prod6_" + strings.TrimPrefix(db.Schema, "t_")
-	if len(role) > 63 {
-		role = role[:63]
-	}
-	grants, err := migrations.Grants(migrations.RoleProducer, db.Schema, role, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
-		t.Fatalf("grants at migration 6: %v", err)
-	}
-	t.Cleanup(func() {
-		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
-		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
-	})
+	producer := roleBeginner{db.Pool, grantedRole(t, db, migrations.RoleProducer, "prod6_")}
 	asProducer := func(what, sql string) {
 		t.Helper()
-		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
-				return err
-			}
+		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, sql)
 			return err
 		}); err != nil {
@@ -319,6 +302,28 @@ func TestProducerGrantedAtMigration6Enqueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	asProducer("enqueue after the migrations", `SELECT txoutbox_enqueue('orders.x', 'p', 'k1')`)
+}
+
+// grantedRole creates a role named prefix + the schema's suffix with this binary's grants of
+// kind on db's schema, dropped when the test ends, and returns its name.
+func grantedRole(t *testing.T, db *testsvc.DB, kind, prefix string) string {
+	t.Helper()
+	role := prefix + strings.TrimPrefix(db.Schema, "t_")
+	if len(role) > 63 {
+		role = role[:63]
+	}
+	grants, err := migrations.Grants(kind, db.Schema, role, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AdminPool.Exec(context.Background(), grants); err != nil {
+		t.Fatalf("%s grants: %v", kind, err)
+	}
+	t.Cleanup(func() {
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	return role
 }
 
 // roleBeginner begins transactions as role (SET LOCAL ROLE): the migrator's reads as that role.
@@ -356,21 +361,7 @@ CREATE TABLE `+migrations.OwnGolangMigrateTable+` (version bigint NOT NULL PRIMA
 INSERT INTO `+migrations.OwnGolangMigrateTable+` VALUES (`+strconv.Itoa(m.Latest())+`, false)`); err != nil {
 		t.Fatal(err)
 	}
-	role := "relay_" + strings.TrimPrefix(db.Schema, "t_")
-	if len(role) > 63 {
-		role = role[:63]
-	}
-	grants, err := migrations.Grants(migrations.RoleRelay, db.Schema, role, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
-		t.Fatalf("relay grants: %v", err)
-	}
-	t.Cleanup(func() {
-		_, _ = db.AdminPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
-		_, _ = db.AdminPool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
-	})
+	role := grantedRole(t, db, migrations.RoleRelay, "relay_")
 	if v, err := m.Version(ctx, roleBeginner{db.Pool, role}); err != nil || v != m.Latest() {
 		t.Fatalf("the relay role reads version %d, %v; want %d from %s", v, err, m.Latest(), migrations.OwnGolangMigrateTable)
 	}
