@@ -150,30 +150,30 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 
 	out := cancelResult{Cancelled: []uuid.UUID{}, NotCancelled: []notCancelled{}}
 	if bizKey != "" {
+		// The producer's own call: the cancel, and the key's latest state when none was
+		// scheduled (a *outbox.ScheduleError).
+		client, err := outbox.NewClient(&outbox.Config{Schema: schema})
+		if err != nil {
+			return err
+		}
 		var got []uuid.UUID
-		var st string
-		err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
+		err = pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
 			var err error
-			if got, err = q.CancelScheduledBizKey(ctx, tx, bizKey); err != nil || len(got) > 0 {
-				return err
-			}
-			st, err = q.ScheduledBizKeyState(ctx, tx, bizKey) // why not: the latest message's state
-			if errors.Is(err, store.ErrNoRow) {
-				return nil // none at all
-			}
+			got, err = client.CancelBizKeyTx(ctx, tx, bizKey)
 			return err
 		})
+		var se *outbox.ScheduleError
 		switch {
-		case err != nil:
-			return fmt.Errorf("cancel business key %q: %w", bizKey, err)
-		case len(got) > 0:
-			out.Cancelled = append(out.Cancelled, got...)
-		case st == "":
+		case errors.As(err, &se) && se.State == "":
 			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey,
 				Reason: "no message has this business key (never enqueued, or published and deleted)"})
+		case errors.As(err, &se):
+			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, State: se.State,
+				Reason: "none is scheduled: the latest message of this business key is " + se.State})
+		case err != nil:
+			return fmt.Errorf("cancel business key %q: %w", bizKey, err)
 		default:
-			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, State: st,
-				Reason: "none is scheduled: the latest message of this business key is " + st})
+			out.Cancelled = append(out.Cancelled, got...)
 		}
 	}
 	seen := map[uuid.UUID]bool{}
