@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -29,6 +30,12 @@ import (
 // at shutdown), so its peers elect a new stream leader at once; a killed node's peers, like
 // those of a process killed with SIGKILL, hear nothing more and elect one only after an
 // election timeout (4–9 s in nats-server).
+//
+// Every node carries two kinds of server tags for stream placement: "node:<name>" (only that
+// node) and "not:<name>" for every other node's name (every node but that one). A test that
+// must know where a stream's replicas live places it with them: Placement{Tags:
+// []string{"node:n0"}} puts an R1 stream on n0, Placement{Tags: []string{"not:n0"}} an R2
+// stream on the two other nodes of three.
 type Cluster struct {
 	// Name is the cluster name the nodes share.
 	Name string
@@ -140,8 +147,15 @@ func StartCluster(opts ClusterOptions) (*Cluster, error) {
 			to.proxies = append(to.proxies, p)
 			routes = append(routes, "nats-route://"+p.addr())
 		}
+		tags := jwt.TagList{"node:" + n.Name}
+		for _, o := range c.Nodes {
+			if o != n {
+				tags = append(tags, "not:"+o.Name)
+			}
+		}
 		n.opts = server.Options{
 			ServerName:             n.Name,
+			Tags:                   tags,
 			Host:                   "127.0.0.1",
 			Port:                   n.Port,
 			JetStream:              true,
