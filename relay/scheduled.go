@@ -37,8 +37,8 @@ type scheduler struct {
 //
 //	relay_scheduled_promoted_total       counter: scheduled rows this relay made ready
 //	relay_scheduled_lateness_seconds     histogram: due → PubAck of delayed messages (due: the
-//	                                     later of the delivery time and the commit or last
-//	                                     reschedule)
+//	                                     later of the delivery time and the insert, half
+//	                                     message commit or last reschedule)
 //	outbox_messages{state="scheduled"}   (sampled, in metrics.rows)
 //	outbox_next_scheduled_seconds        gauge, sampled: seconds until the earliest scheduled
 //	                                     row is due (negative: overdue; 0 when there is none)
@@ -56,12 +56,12 @@ func newScheduledMetrics(reg prometheus.Registerer) (*scheduledMetrics, error) {
 		}),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "txoutbox", Subsystem: "relay", Name: "scheduled_lateness_seconds",
-			Help:    "Time from when a delayed message became due to its PubAck: from its delivery time, or from its commit or last reschedule when that came later (a delivery time already past then is no lateness).",
+			Help:    "Time from when a delayed message became due to its PubAck: from its delivery time, or from its insert (the start of the producer's transaction) or last reschedule when that came later (a delivery time already past then is no lateness).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 		nextDue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "txoutbox", Subsystem: "outbox", Name: "next_scheduled_seconds",
-			Help: "Seconds until the earliest scheduled (delayed) message of the whole outbox is due; negative when it is overdue (beyond a poll interval: no relay is running, or its key is held by an open transaction), 0 when there is none. Sampled.",
+			Help: "Seconds until the earliest scheduled (delayed) message of the whole outbox is due (the later of its delivery time and its insert or last reschedule); negative when it is overdue (beyond a poll interval: no relay is running, or its key is held by an open transaction), 0 when there is none. Sampled.",
 		}),
 	}
 	if err := prom.Register(reg, "relay", prom.Of(&m.promoted), prom.Of(&m.lateness), prom.Of(&m.nextDue)); err != nil {

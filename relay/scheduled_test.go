@@ -618,7 +618,9 @@ func TestScheduledFarBeyondDurationRange(t *testing.T) {
 }
 
 // The next-due gauge goes negative when the earliest scheduled row is overdue (no relay
-// promoted it), as its help and the README say, and is 0 when there is none.
+// promoted it), as its help and the README say, and is 0 when there is none. Overdue counts
+// from the due time, as lateness does: a row committed just now with a delivery time two
+// minutes past (the caller's choice) is due now, not two minutes overdue.
 func TestNextScheduledGaugeNegativeWhenOverdue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -627,8 +629,17 @@ func TestNextScheduledGaugeNegativeWhenOverdue(t *testing.T) {
 	if err := r.sampleScheduled(ctx); err != nil || testutil.ToFloat64(r.sm.nextDue) != 0 {
 		t.Fatalf("gauge without scheduled rows = %v (%v), want 0", testutil.ToFloat64(r.sm.nextDue), err)
 	}
-	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
-	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = now() - interval '1 hour' WHERE message_id = $1`, ids[0]); err != nil {
+	ids := e.enqueue(outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(-2 * time.Minute)},
+		outbox.Message{Subject: "orders.timeout", DeliverAt: time.Now().Add(time.Hour)})
+	if err := r.sampleScheduled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(r.sm.nextDue); got > 0 || got < -30 {
+		t.Fatalf("next_scheduled_seconds with a row committed just now, its delivery time two minutes past = %g, want about 0", got)
+	}
+	// The other row inserted and due an hour ago (a back-dated fixture: no relay ran since).
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET deliver_at = now() - interval '1 hour', created_at = now() - interval '2 hours'
+WHERE message_id = $1`, ids[1]); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.sampleScheduled(ctx); err != nil {

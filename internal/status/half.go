@@ -22,7 +22,7 @@ func init() {
 // checks (check_exhausted: an operator's decision), and the group's last check error. A group
 // whose last check found no responder (nobody serves its checker subject) is flagged, with
 // that error, in the table and among the problems.
-func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
+func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot) (*Table, error) {
 	groups, err := q.HalfByGroup(ctx, db, maxGroups)
 	if err != nil || len(groups) == 0 {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 const HorizonWarnAfter = time.Minute
 
 func init() {
-	RegisterPanel(Panel{Name: "xmin horizon", Collect: func(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
+	RegisterPanel(Panel{Name: "xmin horizon", Collect: func(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot) (*Table, error) {
 		return horizonPanel(ctx, db, q, HorizonWarnAfter)
 	}})
 }

@@ -29,15 +29,50 @@ const OverdueAfter = time.Minute
 // A row overdue by more than OverdueAfter is a problem (no relay is running, or its key is
 // held by an open transaction): its subject is flagged and the snapshot's Problems say so. It
 // reads the first ScheduledLimit rows in due order, however many wait.
-func scheduledPanel(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
-	return scheduledTable(ctx, db, q, ScheduledLimit)
+func scheduledPanel(ctx context.Context, db store.DBTX, q *store.Queries, s *Snapshot) (*Table, error) {
+	return scheduledTable(ctx, db, q, ScheduledLimit, s)
 }
 
-func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit int) (*Table, error) {
+// Scheduled is the delayed messages' summary in a Snapshot (`relay status --json`,
+// /status.json: "scheduled"). Due times are the later of a message's delivery time and when
+// it was committed or last rescheduled (its transaction's start), as the relay's lateness.
+type Scheduled struct {
+	// Count is the scheduled messages counted: all of them when CountExact, else the first
+	// ScheduledLimit in due order (there are more).
+	Count      int64 `json:"count"`
+	CountExact bool  `json:"count_exact"`
+	// Overdue counts those past their delivery time (a running relay promotes them within its
+	// poll interval).
+	Overdue int64 `json:"overdue"`
+	// NextDue is the earliest due time (null when nothing is scheduled); NextDueSeconds how
+	// long until it, negative when it is past.
+	NextDue        *time.Time `json:"next_due"`
+	NextDueSeconds float64    `json:"next_due_seconds"`
+	// LastDue is the latest due time of all scheduled messages (null when none).
+	LastDue *time.Time `json:"last_due"`
+	// Stuck is set when the earliest due message has waited more than OverdueAfter.
+	Stuck    bool               `json:"stuck"`
+	Subjects []ScheduledSubject `json:"subjects"`
+}
+
+// ScheduledSubject is one subject's share of Scheduled (of the messages counted).
+type ScheduledSubject struct {
+	Subject string    `json:"subject"`
+	Count   int64     `json:"count"`
+	Overdue int64     `json:"overdue"`
+	NextDue time.Time `json:"next_due"`
+	LastDue time.Time `json:"last_due"`
+}
+
+func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit int, snap *Snapshot) (*Table, error) {
 	st, err := q.ScheduledStatuses(ctx, db, limit)
 	if err != nil || len(st.Subjects) == 0 {
 		return nil, err
 	}
+	sum := &snap.Scheduled
+	sum.Count, sum.CountExact = st.Counted, !st.Capped
+	last := st.LastDue.UTC()
+	sum.LastDue = &last
 	t := &Table{
 		Title:   "Scheduled (delayed) messages by subject",
 		Columns: []string{"SUBJECT", "SCHEDULED", "OVERDUE", "NEXT DUE", "NEXT DUE AT", "LAST DUE AT"},
@@ -66,7 +101,13 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 		if i == 0 || s.FirstDue.Before(first) {
 			first = s.FirstDue
 		}
+		sum.Subjects = append(sum.Subjects, ScheduledSubject{Subject: s.Subject, Count: s.Count, Overdue: s.Overdue,
+			NextDue: s.FirstDue.UTC(), LastDue: s.LastDue.UTC()})
 	}
+	next := first.UTC()
+	sum.NextDue, sum.Overdue = &next, overdue
+	sum.NextDueSeconds = untilSeconds(first, now)
+	sum.Stuck = overdue > 0 && now.Sub(first) > OverdueAfter
 	t.Rows = append(t.Rows, []string{"TOTAL", count(st.Counted, !st.Capped), count(overdue, overdue < int64(limit)),
 		Until(first, now), first.UTC().Format(time.RFC3339), st.LastDue.UTC().Format(time.RFC3339)})
 	t.Note = "relay scheduled list shows them; relay scheduled cancel withdraws one"
@@ -89,9 +130,15 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 // seconds, not with t.Sub, which saturates at about 292 years (a delivery time may lie up to
 // 9999-12-31).
 func Until(t, now time.Time) string {
-	sec := float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
+	sec := untilSeconds(t, now)
 	if sec < 0 {
 		return "overdue " + Age(-sec, 1)
 	}
 	return "in " + Age(sec, 1)
+}
+
+// untilSeconds is how many seconds from now until t (negative when t is past), without
+// time.Sub's saturation.
+func untilSeconds(t, now time.Time) float64 {
+	return float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
 }

@@ -84,7 +84,7 @@ SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - 
 		}
 	}
 
-	tb, err := scheduledTable(ctx, db.Pool, q, limit)
+	tb, err := scheduledTable(ctx, db.Pool, q, limit, &Snapshot{})
 	if err != nil || tb == nil {
 		t.Fatalf("panel: %v, %v", tb, err)
 	}
@@ -96,7 +96,7 @@ SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - 
 		t.Errorf("note %q does not say the counts are capped", tb.Note)
 	}
 	// Below the limit: exact.
-	tb, err = scheduledTable(ctx, db.Pool, q, far+overdue+1)
+	tb, err = scheduledTable(ctx, db.Pool, q, far+overdue+1, &Snapshot{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,16 +113,22 @@ func TestScheduledPanelOverdueNeedsAttention(t *testing.T) {
 	ctx := context.Background()
 	db := testsvc.NewDB(t)
 	q := store.New(db.Schema)
-	insert := func(subject string, due string) {
+	// A row inserted at created_at (a back-dated fixture: committed then) to be delivered at
+	// now + due.
+	insert := func(subject, due, created string) {
 		t.Helper()
-		if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at)
-VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interval)`, subject, due); err != nil {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at, created_at)
+VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interval, now() + $3::interval)`, subject, due, created); err != nil {
 			t.Fatal(err)
 		}
 	}
-	insert("orders.soon", "1 hour")
-	insert("orders.just", "-1 second")
-	tb, err := scheduledTable(ctx, db.Pool, q, ScheduledLimit)
+	insert("orders.soon", "1 hour", "0")
+	insert("orders.just", "-1 second", "-1 hour")
+	// Committed just now with a delivery time three minutes past (the caller's choice): due
+	// now, not three minutes overdue.
+	insert("orders.backdated", "-3 minutes", "0")
+	snap := &Snapshot{}
+	tb, err := scheduledTable(ctx, db.Pool, q, ScheduledLimit, snap)
 	if err != nil || tb == nil {
 		t.Fatalf("panel: %v, %v", tb, err)
 	}
@@ -132,12 +138,17 @@ VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interv
 	if strings.Contains(tb.Note, "if they stay, no relay is running.") || !strings.Contains(tb.Note, "held by an open transaction") {
 		t.Errorf("note %q does not name both causes of overdue rows", tb.Note)
 	}
-	insert("orders.late", "-3 minutes")
-	tb, err = scheduledTable(ctx, db.Pool, q, ScheduledLimit)
+	if sc := snap.Scheduled; sc.Count != 3 || !sc.CountExact || sc.Overdue != 2 || sc.Stuck || sc.NextDue == nil ||
+		sc.NextDueSeconds < -30 || sc.NextDueSeconds > 0 || len(sc.Subjects) != 3 {
+		t.Errorf("typed summary %+v; want 3 scheduled (exact), 2 overdue, the earliest due about now, not stuck, 3 subjects", sc)
+	}
+	insert("orders.late", "-3 minutes", "-1 hour")
+	snap = &Snapshot{}
+	tb, err = scheduledTable(ctx, db.Pool, q, ScheduledLimit, snap)
 	if err != nil || tb == nil {
 		t.Fatalf("panel: %v, %v", tb, err)
 	}
-	if len(tb.Problems) != 1 || !strings.Contains(tb.Problems[0], "2 scheduled rows overdue, the oldest by 3m") ||
+	if len(tb.Problems) != 1 || !strings.Contains(tb.Problems[0], "3 scheduled rows overdue, the oldest by 3m") ||
 		!strings.Contains(tb.Problems[0], "no relay is running, or a key is held by an open transaction") {
 		t.Fatalf("problems %q; want one naming the 2 overdue rows, the oldest 3m late, and both causes", tb.Problems)
 	}
@@ -147,5 +158,8 @@ VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interv
 	}
 	if len(flagged) != 1 || flagged[0] != "orders.late" {
 		t.Errorf("flagged subjects %v, want [orders.late]", flagged)
+	}
+	if sc := snap.Scheduled; sc.Overdue != 3 || !sc.Stuck || sc.NextDueSeconds > -170 || sc.NextDueSeconds < -200 {
+		t.Errorf("typed summary %+v; want 3 overdue, stuck, the earliest due about 3 minutes ago", sc)
 	}
 }

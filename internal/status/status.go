@@ -34,6 +34,9 @@ type Snapshot struct {
 	Relays    []Relay            `json:"relays"`
 	Partition []Partition        `json:"partition_table"`
 	Panels    []Table            `json:"panels"`
+	// Scheduled sums up the delayed messages (the scheduled-messages panel shows them per
+	// subject), as typed values for scripts.
+	Scheduled Scheduled `json:"scheduled"`
 	// Problems are things an operator should look at, in plain words.
 	Problems []string `json:"problems"`
 }
@@ -98,8 +101,10 @@ const maxBlocked = 20
 
 // Panel is an extra section. Collect runs on every snapshot; keep it to cheap queries.
 type Panel struct {
-	Name    string
-	Collect func(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error)
+	Name string
+	// Collect returns the panel's table (nil: nothing to show). It may also set the typed
+	// fields of s that belong to it.
+	Collect func(ctx context.Context, db store.DBTX, q *store.Queries, s *Snapshot) (*Table, error)
 }
 
 var (
@@ -242,8 +247,9 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `relay prepared list`", s.Totals.CheckExhausted))
 	}
 
+	s.Scheduled.CountExact = true // nothing scheduled until the panel counts
 	for _, p := range registered() {
-		t, err := p.Collect(ctx, db, q)
+		t, err := p.Collect(ctx, db, q, s)
 		if err != nil {
 			s.Problems = append(s.Problems, fmt.Sprintf("panel %s: %v", p.Name, err))
 			continue
@@ -301,6 +307,9 @@ func (s *Snapshot) emptyLists() {
 		}
 	}
 	nonNil(&s.Problems)
+	if s.Scheduled.Subjects == nil {
+		s.Scheduled.Subjects = []ScheduledSubject{}
+	}
 }
 
 func plural(n int, one, many string) string {

@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }
 
 func init() {
 	// The wiring point other subsystems use: a panel shows up in every snapshot.
-	RegisterPanel(Panel{Name: "test", Collect: func(ctx context.Context, db store.DBTX, q *store.Queries) (*Table, error) {
+	RegisterPanel(Panel{Name: "test", Collect: func(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot) (*Table, error) {
 		var n int
 		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+q.Messages).Scan(&n); err != nil {
 			return nil, err
@@ -25,7 +25,7 @@ func init() {
 		return &Table{Title: "Test panel", Columns: []string{"ROWS"}, Rows: [][]string{{strings.Repeat("#", n) + "|"}}, Note: "from a registered panel"}, nil
 	}})
 	// A warning: a panel with problems only.
-	RegisterPanel(Panel{Name: "test warning", Collect: func(context.Context, store.DBTX, *store.Queries) (*Table, error) {
+	RegisterPanel(Panel{Name: "test warning", Collect: func(context.Context, store.DBTX, *store.Queries, *Snapshot) (*Table, error) {
 		return &Table{Problems: []string{"warning from a problems-only panel"}}, nil
 	}})
 }

@@ -47,6 +47,23 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// dueSQL is when the scheduled row alias became or becomes due: the latest of its delivery
+// time, its insert (created_at: the start of the producer's transaction, PostgreSQL's now();
+// the database records no commit time) and its half message's commit or last reschedule
+// (settled_at). A delivery time already past when the message was committed or moved makes it
+// due then, not at that time. The relay's lateness (Claimed.DueAt), the next-due gauge and
+// the status page all count from it.
+func dueSQL(alias string) string {
+	return "greatest(" + alias + ".deliver_at, " + alias + ".created_at, " + alias + ".settled_at)"
+}
+
+// overdueScan bounds the rows past their delivery time that the metrics sample reads for the
+// earliest due time: a running relay promotes them within its poll interval, so there are
+// few; when there are more (no relay runs), the earliest due time among the first
+// overdueScan in delivery order stands for all (a later row's due time is at least its
+// delivery time, so it is exact unless every one of those became due after it).
+const overdueScan = 1000
+
 // BizKeyHeader is the header the business key travels in (outbox.HeaderBizKey); the scheduled
 // rows' business key index (migration 005) is on its first value.
 const BizKeyHeader = "Txoutbox-Biz-Key"
@@ -166,9 +183,15 @@ WHERE `
 	// is on the scheduled rows only), so this reads the outbox's rows; it runs only when nothing
 	// was scheduled under the key.
 	s.bizKeyState = `SELECT state FROM ` + m + ` WHERE ` + bizKey + ` = $1 AND state <> 'scheduled' ORDER BY id DESC LIMIT 1`
-	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time.
+	// Bounded, for the metrics: scheduled rows counted up to $1, and the next due time (see
+	// dueSQL): the earliest due of the rows already past their delivery time (the first
+	// overdueScan of them in delivery order), else the earliest delivery time to come (a row
+	// not yet past it is due then: it was inserted, committed and rescheduled before now).
 	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
-       (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT 1)`
+       (SELECT extract(epoch FROM least(
+          (SELECT min(` + dueSQL("o") + `) FROM (SELECT deliver_at, created_at, settled_at FROM ` + m + `
+            WHERE state = 'scheduled' AND deliver_at <= now() ORDER BY deliver_at LIMIT ` + strconv.Itoa(overdueScan) + `) o),
+          (SELECT deliver_at FROM ` + m + ` WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)) - now())::float8)`
 	s.list = `SELECT message_id, subject, coalesce(msg_key, ''), coalesce(` + bizKey + `, ''), deliver_at, created_at, length(payload)
 FROM ` + m + `
 WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
@@ -177,12 +200,13 @@ LIMIT $3`
 	// For relay status and the status page: the first $1 scheduled rows in due order (an
 	// index range scan of the scheduled index, bounded however many rows wait), per subject;
 	// with the rows counted (up to $1) and the last delivery time (the index read backwards).
+	// The first and last times are due times (dueSQL), as the lateness the relay measures.
 	s.statusBySubject = `WITH s AS MATERIALIZED (
-  SELECT subject, deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at, id LIMIT $1
+  SELECT subject, deliver_at, ` + dueSQL("o") + ` AS due FROM ` + m + ` o WHERE state = 'scheduled' ORDER BY deliver_at, id LIMIT $1
 )
-SELECT s.subject, count(*), min(s.deliver_at), max(s.deliver_at), count(*) FILTER (WHERE s.deliver_at <= now()),
+SELECT s.subject, count(*), min(s.due), max(s.due), count(*) FILTER (WHERE s.deliver_at <= now()),
        (SELECT count(*) FROM s),
-       (SELECT deliver_at FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1)
+       (SELECT ` + dueSQL("l") + ` FROM ` + m + ` l WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1)
 FROM s GROUP BY s.subject ORDER BY s.subject`
 	return s
 }

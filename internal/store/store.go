@@ -106,7 +106,7 @@ ORDER BY u.ord`
 	// claim floor (ClaimArgs.After): the scan starts above it, and an earlier failed row of
 	// the key at or below it holds the key back even when due (a claim from 0 takes it).
 	q.claim = `SELECT o.id, o.message_id, o.subject, o.msg_key, o.headers, o.payload, o.attempts, coalesce(o.ready_at, o.created_at),
-       CASE WHEN o.deliver_at IS NOT NULL THEN greatest(o.deliver_at, o.created_at, o.settled_at) END -- Claimed.DueAt
+       CASE WHEN o.deliver_at IS NOT NULL THEN ` + dueSQL("o") + ` END -- Claimed.DueAt
 FROM ` + q.Messages + ` o
 WHERE o.state = 'ready'
   AND o.id > $5::int8
