@@ -61,7 +61,7 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 	s.Duration(&c.StaleReadyAfter, "stale-ready-after", "", checkback.DefaultStaleReadyAfter, "report ready rows older than this")
 	s.String(&c.PurgeSchedule, "purge-schedule", "", checkback.DefaultPurgeSchedule, "when to purge rows past their retention (cron spec, @every <duration>, or off)")
 	if withRetention {
-		s.DurationOr(&c.PublishedRetention, "retention", "", checkback.DefaultPublishedRetention, "forever", "purge published rows older than this (set it to the relay's --retention: 0, the relay's default, keeps none, so there is nothing to purge; forever or -1 leaves them alone)")
+		s.DurationOr(&c.PublishedRetention, "retention", "", checkback.DefaultPublishedRetention, "forever", "purge published rows older than this (set it to the relay's --retention; 0, as there, keeps none: every pass purges every published row; forever or -1 leaves them alone)")
 	}
 	s.DurationOr(&c.RolledBackRetention, "rolled-back-retention", "", checkback.DefaultRolledBackRetention, "forever", "purge rolled back half messages older than this (forever or -1: never)")
 	s.DurationOr(&c.DedupRetention, "dedup-retention", "", checkback.DefaultDedupRetention, "forever", "purge consumer dedup rows older than this (keep several times the longest redelivery window; forever or -1: never)")
@@ -71,10 +71,11 @@ func defineCheckbackFlags(s *settings, c *checkback.Config, withRetention bool) 
 // checkCheckbackFlags refuses zero values that checkback.Config would silently replace by its
 // defaults, then validates the configuration.
 func checkCheckbackFlags(c *checkback.Config) error {
-	// --retention is the relay's: 0 keeps no published row (the relay deletes them as it
-	// publishes them), so there is nothing to purge, as relay run sets it.
+	// --retention 0 is literal, as relay run's: keep no published row, so every pass purges
+	// every published row (checkback.Config reads 0 as its default, forever; the shortest
+	// positive age is the same as none).
 	if c.PublishedRetention == 0 {
-		c.PublishedRetention = txoutbox.Forever
+		c.PublishedRetention = time.Nanosecond
 	}
 	for name, v := range map[string]int64{
 		"check-max":             int64(c.MaxChecks),

@@ -194,6 +194,14 @@ type connectOptions struct {
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	c := &conns{DSN: o.DSN, NATSURL: o.NATSURL, natsLost: make(chan struct{})}
 	fail := func(err error) (*conns, error) { c.Close(); return nil, err }
+	if o.Embedded && o.NeedNATS && c.DSN != "" && c.NATSURL == "" {
+		// The other direction of "never a database nobody named": a named database's messages
+		// published into a server that vanishes at exit (and deleted or marked published in
+		// the database) would be lost.
+		return nil, usageErr("--embedded with a database named (DATABASE_URL or --database-url) and no NATS: its outbox would be " +
+			"published into a throwaway in-process nats-server and its messages lost at exit; set NATS_URL (or --nats-url), " +
+			"or leave the database unset too for a throwaway PostgreSQL")
+	}
 	if c.DSN == "" {
 		if !o.Embedded {
 			return nil, usageErr("no database: set DATABASE_URL (or --database-url), or pass --embedded for local development")

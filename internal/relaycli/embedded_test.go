@@ -2,6 +2,8 @@ package relaycli
 
 import (
 	"context"
+	"io"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -40,5 +42,34 @@ func TestEmbeddedUsesAThrowawayCluster(t *testing.T) {
 	}
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit %d after SIGTERM, want 0", code)
+	}
+}
+
+// --embedded is a development convenience: typed on the command line, never inherited from
+// the environment, and never combined with a named database and no NATS, which would publish
+// that database's outbox into a throwaway server and lose its messages at exit.
+func TestEmbeddedNeverTakesANamedDatabasesMessages(t *testing.T) {
+	t.Parallel()
+	run := func(env map[string]string, args ...string) (int, string) {
+		var errb strings.Builder
+		code := Main(context.Background(), args, &Env{Stdout: io.Discard, Stderr: &errb, Getenv: func(k string) string { return env[k] }})
+		return code, errb.String()
+	}
+	// A stray TXOUTBOX_EMBEDDED is not read: with no database named, run refuses to start.
+	if code, stderr := run(map[string]string{"TXOUTBOX_EMBEDDED": "true"}, "run", "--schema", "t_embedded_env"); code != 2 ||
+		!strings.Contains(stderr, "no database: set DATABASE_URL (or --database-url), or pass --embedded") {
+		t.Errorf("TXOUTBOX_EMBEDDED=true, no database: exit %d, %q; want exit 2, no database (the variable is not read)", code, stderr)
+	}
+	want := "--embedded with a database named (DATABASE_URL or --database-url) and no NATS: its outbox would be published into a throwaway"
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{nil, []string{"run", "--embedded", "--database-url", "postgres://app@127.0.0.1:1/orders"}},
+		{map[string]string{"DATABASE_URL": "postgres://app@127.0.0.1:1/orders"}, []string{"run", "--embedded"}},
+	} {
+		if code, stderr := run(c.env, c.args...); code != 2 || !strings.Contains(stderr, want) {
+			t.Errorf("%v %v: exit %d, %q; want exit 2 saying %q", c.env, c.args, code, stderr, want)
+		}
 	}
 }

@@ -2,9 +2,11 @@ package relaycli
 
 import (
 	"cmp"
+	"context"
 	"io"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,9 +123,11 @@ func takesMinusOne(t *testing.T, cfg any, validate func() error, flags map[strin
 
 // One rule on the command line for off and forever: every flag whose library field takes -1
 // takes -1 and the word its documentation uses (off or forever), and both set the field to
-// -1; the older spellings still work (0 for none where a zero means none), run's
-// --retention 0 still deletes published rows at once, and checkback's --retention 0 (the
-// relay's) purges nothing, as run's check-back does.
+// -1. Every 0 is literal: none where a zero means none (the jitters, the check-back's wait),
+// run's --retention 0 deletes published rows at once and checkback's --retention 0 keeps none
+// either (every pass purges every published row); where a literal zero makes no sense
+// (--handover-after: at the first unanswered publish; --stream-duplicates: JetStream's
+// default window) 0 is refused, never read as off or as the default.
 func TestOffForeverFlagsTakeMinusOneAndTheWord(t *testing.T) {
 	t.Parallel()
 	// The table is complete: every field taking -1 has its flag in it.
@@ -165,14 +169,13 @@ func TestOffForeverFlagsTakeMinusOneAndTheWord(t *testing.T) {
 		want                 float64
 	}{
 		{"run", "backoff-jitter", "0", txoutbox.Off},
-		{"run", "handover-after", "0", txoutbox.Off},
 		{"run", "check-backoff-jitter", "0", txoutbox.Off},
 		{"run", "check-transaction-timeout", "0", txoutbox.Off},
 		{"checkback", "check-transaction-timeout", "0", txoutbox.Off},
 		{"run", "retention", "0", 0}, // delete at once
-		// The relay's 0 keeps no published row: the check-back has nothing to purge, as in
-		// relay run (a split deployment shares TXOUTBOX_RETENTION=0).
-		{"checkback", "retention", "0", txoutbox.Forever},
+		// As the relay's 0: keep no published row (a split deployment sharing
+		// TXOUTBOX_RETENTION=0 purges what the relay deletes anyway: nothing).
+		{"checkback", "retention", "0", float64(time.Nanosecond)},
 		{"run", "retention", "1h", float64(time.Hour)},
 		{"run", "backoff-jitter", "0.5", 0.5},
 		{"checkback", "check-group-rate", "2.5", 2.5},
@@ -180,5 +183,36 @@ func TestOffForeverFlagsTakeMinusOneAndTheWord(t *testing.T) {
 		if got, err := parseFlag(t, c.command, c.flag, c.value); err != nil || got != c.want {
 			t.Errorf("relay %s --%s %s: %v, %v; want %v", c.command, c.flag, c.value, got, err, c.want)
 		}
+	}
+}
+
+// A 0 that has no literal meaning is refused, naming the flag, never read as off or as the
+// default; a plain duration flag (no off or forever) says so for -1 and negative values.
+func TestZeroWithoutMeaningIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--handover-after", "0"}, "invalid --handover-after 0: the partitions would be handed over at the first publish"},
+		{[]string{"--stream-duplicates", "0"}, "invalid --stream-duplicates: must be positive"},
+		{[]string{"--publish-timeout", "-1"}, `invalid value "-1" for flag -publish-timeout: must not be negative (this setting has no off or forever)`},
+		{[]string{"--lease-interval", "-2s"}, `invalid value "-2s" for flag -lease-interval: must not be negative`},
+		{[]string{"--poll-max", "5"}, `invalid value "5" for flag -poll-max: not a duration (a number with a unit: 500ms, 30s, 1h30m)`},
+		{[]string{"--check-request-timeout", "-1"}, `invalid value "-1" for flag -check-request-timeout: must not be negative`},
+	} {
+		code, _, stderr := cli(t, append([]string{"run", "--database-url", "postgres://127.0.0.1:1/none"}, c.args...)...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("relay run %v: exit %d, %q; want exit 2 saying %q", c.args, code, stderr, c.want)
+		}
+	}
+	// Through the environment too.
+	var errb strings.Builder
+	code := Main(context.Background(), []string{"run", "--database-url", "postgres://127.0.0.1:1/none"},
+		&Env{Stdout: io.Discard, Stderr: &errb, Getenv: func(k string) string {
+			return map[string]string{"TXOUTBOX_HANDOVER_AFTER": "0"}[k]
+		}})
+	if code != 2 || !strings.Contains(errb.String(), "invalid --handover-after 0") {
+		t.Errorf("TXOUTBOX_HANDOVER_AFTER=0: exit %d, %q; want exit 2 naming --handover-after", code, errb.String())
 	}
 }

@@ -65,9 +65,6 @@ var fieldFlags = map[string]string{
 // literalZeros makes the command-line values literal: where relay.Config reads 0 as "the
 // default", 0 here means none (txoutbox.Off), or is refused by run.
 func (f *runFlags) literalZeros() {
-	if f.cfg.HandoverAfter == 0 {
-		f.cfg.HandoverAfter = txoutbox.Off
-	}
 	if f.cfg.BackoffJitter == 0 {
 		f.cfg.BackoffJitter = txoutbox.Off
 	}
@@ -80,6 +77,9 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
 	s.String(&f.schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
+	// A development convenience is typed, never inherited: a stray TXOUTBOX_EMBEDDED in a
+	// production environment must not turn it on.
+	s.CommandLineOnly("embedded")
 	defineNATSAuthFlags(s, &f.natsAuth)
 
 	sec = s.Section("Publishing")
@@ -97,7 +97,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.DurationOr(&f.cfg.Retention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever or -1 keeps them)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
 	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
-	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off, -1 or 0: never)")
+	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off or -1: never)")
 
 	sec = s.Section("Streams and doorbell")
 	s.String(&f.subjects, "subjects", "", "", "comma-separated subjects (wildcards allowed) a stream must capture; checked at start")
@@ -141,10 +141,15 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		"partitions": int64(f.cfg.Partitions), "publish-timeout": int64(f.cfg.PublishTimeout), "poll-min": int64(f.cfg.PollMin),
 		"poll-max": int64(f.cfg.PollMax), "backoff-base": int64(f.cfg.BackoffBase), "backoff-max": int64(f.cfg.BackoffMax),
 		"lease-interval": int64(f.cfg.LeaseInterval), "sample-interval": int64(f.cfg.SampleInterval),
+		"stream-duplicates": int64(f.cfg.StreamDuplicates), // 0 is JetStream's default window, not none
 	} {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
 		}
+	}
+	if f.cfg.HandoverAfter == 0 {
+		// Literally: hand the partitions over at the first publish JetStream does not answer.
+		return usageErr("invalid --handover-after 0: the partitions would be handed over at the first publish JetStream does not answer; off (or -1) never hands them over")
 	}
 	if f.cfg.MaxMessageBytes == 0 {
 		return usageErr("invalid --max-message-bytes: must be positive, or off (-1)")

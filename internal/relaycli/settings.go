@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -61,9 +62,33 @@ func (s *settings) Int(p *int, name, env string, def int, usage string) {
 	s.add(name, env)
 }
 
+// Duration defines a duration setting without an off or forever value: a negative value,
+// or -1, is refused when the flag is parsed, saying so.
 func (s *settings) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	s.fs.DurationVar(p, name, def, usage)
+	*p = def
+	s.fs.Var(durationValue{p: p}, name, usage)
 	s.add(name, env)
+}
+
+type durationValue struct{ p *time.Duration }
+
+func (v durationValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.p.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	switch {
+	case s == "-1" || (err == nil && d < 0):
+		return errors.New("must not be negative (this setting has no off or forever)")
+	case err != nil:
+		return errors.New("not a duration (a number with a unit: 500ms, 30s, 1h30m)")
+	}
+	*v.p = d
+	return nil
 }
 
 // DurationOr defines a duration setting whose library field takes txoutbox.Off or
