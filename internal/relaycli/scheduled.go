@@ -36,6 +36,9 @@ never existed) is not cancelled: cancel says so and exits with status 1. Only --
 a JSON array (list) or a JSON object (cancel: cancelled and not_cancelled, both always present).
 `
 
+// maxListLimit bounds relay scheduled list --limit (the rows are printed at once).
+const maxListLimit = 100_000
+
 func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, schema, subject, bizKey string
 	var within time.Duration
@@ -65,6 +68,9 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
 	}
+	if action == "list" && len(positional) > 0 {
+		return usageErr("list takes no arguments (got %q)", positional)
+	}
 	var ids []uuid.UUID
 	for _, a := range positional {
 		id, err := uuid.Parse(a)
@@ -78,11 +84,21 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		if len(ids) > 0 || bizKey != "" {
 			return usageErr("list takes no message ids and no --biz-key")
 		}
-		if limit < 1 {
-			return usageErr("invalid --limit %d: must be at least 1", limit)
+		if limit < 1 || limit > maxListLimit {
+			return usageErr("invalid --limit %d: must be between 1 and %d", limit, maxListLimit)
 		}
 		if within < 0 {
 			return usageErr("invalid --due-within %v: must not be negative", within)
+		}
+		if subject != "" {
+			// An exact subject: a wildcard or a subject no producer could have written would
+			// only ever list nothing.
+			if outbox.ValidateSubjectFilter(subject) == nil && outbox.ValidateSubject(subject) != nil {
+				return usageErr("invalid --subject %q: list takes an exact subject, not a wildcard", subject)
+			}
+			if err := outbox.ValidateSubject(subject); err != nil {
+				return usageErr("invalid --subject: %v", err)
+			}
 		}
 	case "cancel":
 		if (len(ids) > 0) == (bizKey != "") {
@@ -119,10 +135,13 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 			b := now.Add(within)
 			before = &b
 		}
-		rows, err := q.ListScheduled(ctx, c.Pool, subject, before, limit)
+		// One row more than shown says whether there are more.
+		rows, err := q.ListScheduled(ctx, c.Pool, subject, before, limit+1)
 		if err != nil {
 			return err
 		}
+		more := len(rows) > limit
+		rows = rows[:min(len(rows), limit)]
 		if asJSON {
 			if rows == nil {
 				rows = []store.ScheduledRow{}
@@ -142,7 +161,7 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		if len(rows) == 0 {
 			fmt.Fprintln(env.Stdout, "(no scheduled messages)")
 		}
-		if len(rows) == limit {
+		if more {
 			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
 		}
 		return nil

@@ -64,6 +64,33 @@ func TestScheduledCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, ids[0].String()) || strings.Contains(out, ids[1].String()) || !strings.Contains(out, "order:1:timeout:x") {
 		t.Fatalf("list --subject: exit %d, %s", code, out)
 	}
+	// "More" is said when there are more, not when exactly --limit rows came back.
+	for _, c := range []struct {
+		limit string
+		more  bool
+	}{{"2", true}, {"3", false}, {"4", false}} {
+		code, out, _ := cliEnv(t, vars, "scheduled", "list", "--limit", c.limit)
+		if code != 0 || strings.Contains(out, "raise --limit for more") != c.more {
+			t.Errorf("list --limit %s of 3 scheduled: exit %d, %s; want the \"more\" line %v", c.limit, code, out, c.more)
+		}
+	}
+	// list takes no arguments, and an exact, valid subject.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"extra"}, `list takes no arguments (got ["extra"])`},
+		{[]string{ids[0].String()}, "list takes no arguments"},
+		{[]string{"--subject", "orders.*"}, `invalid --subject "orders.*": list takes an exact subject, not a wildcard`},
+		{[]string{"--subject", "orders.>"}, "not a wildcard"},
+		{[]string{"--subject", "bad subject"}, "invalid --subject:"},
+		{[]string{"--subject", "orders..x"}, "invalid --subject:"},
+	} {
+		code, _, errOut := cliEnv(t, vars, append([]string{"scheduled", "list"}, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("scheduled list %q: exit %d, %q; want exit 2 saying %q", c.args, code, errOut, c.want)
+		}
+	}
 
 	// The status shows the scheduled messages and the next due time.
 	code, out, errOut = cliEnv(t, vars, "status")
@@ -137,7 +164,7 @@ func TestScheduledCommands(t *testing.T) {
 		t.Fatalf("%d scheduled rows left, %v; want 1", left, err)
 	}
 	// Usage errors.
-	for _, args := range [][]string{{"scheduled"}, {"scheduled", "cancel"}, {"scheduled", "cancel", "x"}, {"scheduled", "list", "--limit", "0"}} {
+	for _, args := range [][]string{{"scheduled"}, {"scheduled", "cancel"}, {"scheduled", "cancel", "x"}, {"scheduled", "list", "--limit", "0"}, {"scheduled", "list", "--limit", "100001"}} {
 		if code, _, _ := cliEnv(t, vars, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
