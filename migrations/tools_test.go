@@ -297,6 +297,11 @@ func TestTxoutboxAppliedByAppToolInSharedSchema(t *testing.T) {
 			if !errors.Is(err, migrations.ErrManagedElsewhere) || !strings.Contains(err.Error(), "version "+itoa(tc.version)) || !strings.Contains(err.Error(), source) {
 				t.Fatalf("Up on a schema that is behind = %v; want ErrManagedElsewhere naming version %d and %q", err, tc.version, source)
 			}
+			// With no tool's version table to hand it to, the error says what to apply and how.
+			if how := fmt.Sprintf("apply migrations %d to %d the way the earlier ones were applied", tc.version+1, latest); source == "txoutbox's tables" &&
+				!strings.Contains(err.Error(), how) {
+				t.Fatalf("Up on a schema applied without a version table = %v; want it to say %q", err, how)
+			}
 		})
 	}
 }

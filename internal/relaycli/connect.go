@@ -516,7 +516,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		}
 	}
 	if v < m.Latest() {
-		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: %s", schema, v, src, m.Latest(), upgradeAdvice(src, schema))
+		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: %s", schema, v, src, m.Latest(), upgradeAdvice(src, schema, v, m.Latest()))
 	}
 	return nil
 }
@@ -524,8 +524,12 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // upgradeAdvice says how to bring a schema up to date: with relay migrate up when txoutbox
 // keeps its versions (or nothing does yet), else with the tool whose table src names
 // (relay migrate up refuses a schema another tool manages: migrations.ErrManagedElsewhere).
-func upgradeAdvice(src, schema string) string {
+func upgradeAdvice(src, schema string, v, latest int) string {
 	switch {
+	case strings.HasPrefix(src, "txoutbox's tables"):
+		// No version table: relay migrate up leaves the schema to whoever applied it (it
+		// refuses, migrations.ErrManagedElsewhere).
+		return fmt.Sprintf("apply migrations %d to %d the way the earlier ones were applied (`relay migrate export --dir DIR` writes them; `relay migrate up` leaves a schema without a version table alone)", v+1, latest)
 	case strings.HasPrefix(src, "golang-migrate's "):
 		return fmt.Sprintf("apply this binary's migrations/ with golang-migrate (`migrate -path migrations -database ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
 	case strings.HasPrefix(src, "goose's "):

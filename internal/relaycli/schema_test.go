@@ -58,6 +58,9 @@ func TestCheckSchemaAdviceNamesTheToolThatKeepsTheVersions(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct{ tool, ddl, record, advice string }{
 		{"txoutbox", "", "", "relay migrate up"},
+		// Applied by hand (no version table): relay migrate up leaves it alone, so the advice
+		// is to apply the rest the same way (it sent users to relay migrate up, which refused).
+		{"hand", "-", "", "apply migrations 12 to 12 the way the earlier ones were applied (`relay migrate export --dir DIR` writes them"},
 		{"golang-migrate", `CREATE TABLE %s (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)`,
 			`INSERT INTO %s VALUES ($1, false)`, "with golang-migrate"},
 		{"goose", `CREATE TABLE %s (id serial NOT NULL, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp NULL DEFAULT now(), PRIMARY KEY (id))`,
@@ -73,7 +76,11 @@ func TestCheckSchemaAdviceNamesTheToolThatKeepsTheVersions(t *testing.T) {
 			if _, err := m.Down(ctx, db.Pool, 1); err != nil {
 				t.Fatal(err)
 			}
-			if tc.ddl != "" { // move the record to the other tool's table
+			if tc.ddl == "-" {
+				if _, err := db.Pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{db.Schema, migrations.VersionTable}.Sanitize()); err != nil {
+					t.Fatal(err)
+				}
+			} else if tc.ddl != "" { // move the record to the other tool's table
 				table := map[string]string{"golang-migrate": migrations.GolangMigrateTable, "goose": migrations.GooseTable}[tc.tool]
 				q := pgx.Identifier{db.Schema, table}.Sanitize()
 				for _, stmt := range []string{
