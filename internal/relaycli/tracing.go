@@ -2,10 +2,16 @@ package relaycli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/url"
+	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,12 +42,17 @@ type tracing struct {
 // tracingShutdownTimeout bounds the flush of the spans still buffered at exit.
 const tracingShutdownTimeout = 5 * time.Second
 
-// The environment variables setupTracing reads itself (the sampler and the batch span
-// processor's too: the SDK ignores a bad value of those without a word, and a relay told to
-// sample 10% that samples everything, or the reverse, should not start); the exporter and the
-// SDK read the rest of the standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS,
-// _CERTIFICATE, _TIMEOUT, _COMPRESSION, OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) from the
-// process environment.
+// The environment variables setupTracing reads. Every one the relay or the SDK reads is
+// checked here the way the SDK parses it, and a value it cannot honour is a usage error naming
+// the variable: where the SDK meets a bad value it logs it (a header's value included) or not
+// at all, and goes on with its default, so a relay told to sample 10% that samples everything,
+// or to export to a collector it never reaches, would start as if all were well. The relay
+// passes the sampler, the batch span processor's settings and the OTLP exporter's endpoint,
+// TLS switch, headers, timeout and compression to the SDK itself; the exporter reads the TLS
+// files (_CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY) and the SDK OTEL_RESOURCE_ATTRIBUTES,
+// OTEL_SERVICE_NAME and the span limits from the process environment, once checked here. Not
+// checked: the SDK's experimental OTEL_GO_X_* switches, whose self-observability metrics go to
+// the global meter provider, which the relay never sets.
 const (
 	envSDKDisabled      = "OTEL_SDK_DISABLED"
 	envTracesExporter   = "OTEL_TRACES_EXPORTER"
@@ -49,6 +60,21 @@ const (
 	envTracesEndpoint   = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 	envProtocol         = "OTEL_EXPORTER_OTLP_PROTOCOL"
 	envTracesProtocol   = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	envInsecure         = "OTEL_EXPORTER_OTLP_INSECURE"
+	envTracesInsecure   = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+	envHeaders          = "OTEL_EXPORTER_OTLP_HEADERS"
+	envTracesHeaders    = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+	envTimeout          = "OTEL_EXPORTER_OTLP_TIMEOUT"
+	envTracesTimeout    = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+	envCompression      = "OTEL_EXPORTER_OTLP_COMPRESSION"
+	envTracesCompress   = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+	envCertificate      = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+	envTracesCert       = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"
+	envClientCert       = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+	envClientKey        = "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+	envTracesClientCert = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE"
+	envTracesClientKey  = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"
+	envResourceAttrs    = "OTEL_RESOURCE_ATTRIBUTES"
 	envPropagators      = "OTEL_PROPAGATORS"
 	envSampler          = "OTEL_TRACES_SAMPLER"
 	envSamplerArg       = "OTEL_TRACES_SAMPLER_ARG"
@@ -58,18 +84,38 @@ const (
 	envBSPBatch         = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 	defaultServiceName  = "txoutbox-relay"
 	defaultOTLPProtocol = "http/protobuf"
+	// The exporters' defaults (otlptracehttp's and otlptracegrpc's documentation).
+	defaultHTTPEndpoint = "localhost:4318"
+	defaultGRPCEndpoint = "localhost:4317"
+	defaultTracesPath   = "/v1/traces"
 )
+
+// spanLimitVars are the SDK's span limits (sdktrace.NewSpanLimits reads them): whole numbers,
+// a negative one meaning no limit. The SDK reads them untrimmed and ignores one that is not a
+// number.
+var spanLimitVars = []string{
+	"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+}
 
 // setupTracing configures OpenTelemetry tracing from the standard OTEL_* environment
 // variables. It is off (a zero tracing, no-op shutdown) unless OTEL_TRACES_EXPORTER names
 // exporters (a comma-separated list of otlp and console: each gets the spans) or an OTLP
 // endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, with
 // OTEL_TRACES_EXPORTER unset), and always off with OTEL_TRACES_EXPORTER=none or
-// OTEL_SDK_DISABLED=true. A value it cannot honour is a usage error naming the variable.
+// OTEL_SDK_DISABLED=true. A value it cannot honour is a usage error naming the variable; the
+// variables of a part that is off (the OTLP ones without the otlp exporter, all of them with
+// tracing off) are not read.
 func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service string) (*tracing, error) {
 	off := &tracing{shutdown: func(context.Context) error { return nil }}
 	get := func(k string) string { return strings.TrimSpace(env.Getenv(k)) }
-	if strings.EqualFold(get(envSDKDisabled), "true") {
+	disabled, _, err := boolVar(get, envSDKDisabled)
+	if err != nil {
+		return nil, err
+	}
+	if disabled {
 		return off, nil
 	}
 	endpoint := get(envTracesEndpoint)
@@ -101,6 +147,18 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSpanLimits(env.Getenv); err != nil {
+		return nil, err
+	}
+	if err := checkResourceAttributes(get(envResourceAttrs)); err != nil {
+		return nil, err
+	}
+	var otlp *otlpConfig
+	if slices.Contains(exporters, "otlp") {
+		if otlp, err = otlpFromEnv(get); err != nil {
+			return nil, err
+		}
+	}
 
 	var exps []sdktrace.SpanExporter
 	stopAll := func() {
@@ -108,35 +166,13 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 			_ = e.Shutdown(ctx)
 		}
 	}
-	protocol := ""
 	for _, exporter := range exporters {
 		var exp sdktrace.SpanExporter
 		switch exporter {
 		case "console":
 			exp, err = stdouttrace.New(stdouttrace.WithWriter(env.Stdout))
 		case "otlp":
-			protocol = strings.ToLower(get(envTracesProtocol))
-			if protocol == "" {
-				protocol = strings.ToLower(get(envProtocol))
-			}
-			if protocol == "" {
-				protocol = defaultOTLPProtocol
-			}
-			switch protocol {
-			case "http/protobuf":
-				// The exporter reads the endpoint, headers, TLS settings, timeout and
-				// compression from the OTEL_EXPORTER_OTLP_* variables itself.
-				exp, err = otlptracehttp.New(ctx)
-			case "grpc":
-				exp, err = otlptracegrpc.New(ctx)
-			default:
-				stopAll()
-				name := envProtocol
-				if get(envTracesProtocol) != "" {
-					name = envTracesProtocol
-				}
-				return nil, usageErr("invalid %s %q: use http/protobuf or grpc", name, protocol)
-			}
+			exp, err = otlp.exporter(ctx)
 		}
 		if err != nil {
 			stopAll()
@@ -145,7 +181,9 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		exps = append(exps, exp)
 	}
 	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (WithFromEnv, applied last) override the
-	// defaults. No process detector: its command line would carry --database-url.
+	// defaults. No process detector: its command line would carry --database-url. The
+	// detector's error for a malformed OTEL_RESOURCE_ATTRIBUTES is a partial-resource one, like
+	// a host it cannot name: checkResourceAttributes refused the first already.
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(ReadBuildInfo().Version)),
 		resource.WithTelemetrySDK(),
@@ -154,7 +192,7 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		stopAll()
-		return nil, usageErr("invalid OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME: %v", err)
+		return nil, usageErr("invalid %s or OTEL_SERVICE_NAME: %v", envResourceAttrs, err)
 	}
 	// The sampler comes from OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (samplerOf), by
 	// default parentbased_always_on: a message whose producer's span was sampled is traced
@@ -166,12 +204,9 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetErrorHandler(exportErrors(log))
 	attrs := []any{"exporter", strings.Join(exporters, ",")}
-	if protocol != "" {
-		shown := endpoint
-		if shown == "" {
-			shown = "(the exporter's default)"
-		}
-		attrs = append(attrs, "protocol", protocol, "endpoint", redact.DSN(shown))
+	if otlp != nil {
+		// The endpoint the exporter was given: never its headers.
+		attrs = append(attrs, "protocol", otlp.protocol, "endpoint", redact.DSN(otlp.endpoint), "tls", !otlp.insecure)
 	}
 	log.Info("tracing on", attrs...)
 	return &tracing{tp: tp, prop: prop, shutdown: func(ctx context.Context) error {
@@ -179,6 +214,451 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		defer cancel()
 		return tp.Shutdown(ctx)
 	}}, nil
+}
+
+// otlpConfig is the OTLP exporter's configuration as the relay resolved it from the
+// OTEL_EXPORTER_OTLP_* variables (each _TRACES_ one over its general one), every one checked
+// the way the exporter parses it. The exporter gets it as options, so the endpoint the relay
+// logs is the one it uses; it reads the TLS files itself, once checked here.
+type otlpConfig struct {
+	protocol   string            // http/protobuf or grpc
+	endpoint   string            // http/protobuf: the URL spans are posted to; grpc: the target
+	insecure   bool              // no TLS
+	headers    map[string]string // nil: none set; never logged
+	timeout    time.Duration     // 0 with timeoutSet: no limit of the exporter's own
+	timeoutSet bool
+	gzip       bool
+}
+
+// otlpEndpoint is an endpoint variable's value, checked.
+type otlpEndpoint struct {
+	name   string // the variable
+	target string // http/protobuf: the URL to post to; grpc: the target (host:port or unix:…)
+	scheme string // http, https, unix, or "" (host:port for grpc: the INSECURE variables decide)
+}
+
+// otlpFromEnv resolves and checks the OTLP exporter's variables. The endpoint is a URL with
+// scheme http or https (a base one, /v1/traces appended, in OTEL_EXPORTER_OTLP_ENDPOINT; the
+// traces URL itself in _TRACES_ENDPOINT), for grpc also host:port or a unix socket; the
+// INSECURE variables true or false, agreeing with the endpoint's scheme; the headers
+// key=value pairs with percent-encoded values; the timeout whole milliseconds, 0 or more; the
+// compression gzip or none; the certificate files PEM that parses, a client certificate with
+// its key, and none of them without TLS.
+func otlpFromEnv(get func(string) string) (*otlpConfig, error) {
+	c := &otlpConfig{protocol: defaultOTLPProtocol}
+	for _, name := range []string{envProtocol, envTracesProtocol} {
+		v := get(name)
+		if v == "" {
+			continue
+		}
+		p := strings.ToLower(v)
+		if p != "http/protobuf" && p != "grpc" {
+			return nil, usageErr("invalid %s %q: use http/protobuf or grpc", name, v)
+		}
+		c.protocol = p
+	}
+	var ep *otlpEndpoint
+	for _, name := range []string{envEndpoint, envTracesEndpoint} {
+		if v := get(name); v != "" {
+			e, err := parseOTLPEndpoint(name, v, c.protocol)
+			if err != nil {
+				return nil, err
+			}
+			ep = e // the traces one over the general one
+		}
+	}
+	insecure, insecureVar := false, ""
+	for _, name := range []string{envInsecure, envTracesInsecure} {
+		b, set, err := boolVar(get, name)
+		if err != nil {
+			return nil, err
+		}
+		if set {
+			insecure, insecureVar = b, name
+		}
+	}
+	c.insecure = insecure
+	if ep != nil && ep.scheme != "" {
+		// The SDK would let the INSECURE variable override the scheme (an https endpoint
+		// spoken to in plain text, an http one over TLS); the specification has the scheme
+		// decide. A contradiction is refused rather than settled either way.
+		c.insecure = ep.scheme != "https"
+		if insecureVar != "" && insecure != c.insecure {
+			means := "TLS"
+			if c.insecure {
+				means = "no TLS"
+			}
+			return nil, usageErr("invalid %s %q: %s has scheme %s, which means %s; unset %s or make the two agree",
+				insecureVar, strconv.FormatBool(insecure), ep.name, ep.scheme, means, insecureVar)
+		}
+	}
+	switch {
+	case ep != nil:
+		c.endpoint = ep.target
+	case c.protocol == "grpc":
+		c.endpoint = defaultGRPCEndpoint
+	default:
+		scheme := "https"
+		if c.insecure {
+			scheme = "http"
+		}
+		c.endpoint = scheme + "://" + defaultHTTPEndpoint + defaultTracesPath
+	}
+	for _, name := range []string{envHeaders, envTracesHeaders} {
+		if v := get(name); v != "" {
+			h, err := otlpHeaders(name, v, c.protocol)
+			if err != nil {
+				return nil, err
+			}
+			c.headers = h
+		}
+	}
+	for _, name := range []string{envTimeout, envTracesTimeout} {
+		if v := get(name); v != "" {
+			d, err := millis(name, v)
+			if err != nil {
+				return nil, err
+			}
+			c.timeout, c.timeoutSet = d, true
+		}
+	}
+	for _, name := range []string{envCompression, envTracesCompress} {
+		v := get(name)
+		switch strings.ToLower(v) {
+		case "":
+		case "gzip":
+			c.gzip = true
+		case "none":
+			c.gzip = false
+		default:
+			return nil, usageErr("invalid %s %q: use gzip or none", name, v)
+		}
+	}
+	var tlsVars []string
+	for _, name := range []string{envCertificate, envTracesCert} {
+		if file := get(name); file != "" {
+			if err := checkCertificate(name, file); err != nil {
+				return nil, err
+			}
+			tlsVars = append(tlsVars, name)
+		}
+	}
+	for _, pair := range [][2]string{{envClientCert, envClientKey}, {envTracesClientCert, envTracesClientKey}} {
+		set, err := checkClientCertificate(pair[0], pair[1], get(pair[0]), get(pair[1]))
+		if err != nil {
+			return nil, err
+		}
+		if set {
+			tlsVars = append(tlsVars, pair[0])
+		}
+	}
+	if c.insecure && len(tlsVars) > 0 {
+		why := insecureVar + "=true"
+		if ep != nil && ep.scheme != "" {
+			why = ep.name + "'s scheme " + ep.scheme
+		}
+		return nil, usageErr("%s is set but the exporter would send without TLS (%s): unset it, or use TLS", tlsVars[0], why)
+	}
+	return c, nil
+}
+
+// parseOTLPEndpoint checks an endpoint variable's value for protocol, as the exporters read
+// it (url.Parse, the host and path of an http or https URL) but refusing what they would
+// drop or misuse without a word: a value without a scheme (127.0.0.1:4318 does not parse,
+// localhost:4318 parses as scheme "localhost"; either way the exporter sent to its default),
+// credentials, a query or a fragment (dropped), another scheme, no host, a bad port. For grpc
+// it also takes host:port (TLS unless the INSECURE variable says otherwise) and unix:path,
+// which the grpc exporter dials as given; an http or https URL has no path there (ignored).
+// Its errors show the value with any password masked and without its query.
+func parseOTLPEndpoint(name, v, protocol string) (*otlpEndpoint, error) {
+	shown := redact.NATS(v)
+	if i := strings.IndexAny(shown, "?#"); i >= 0 {
+		shown = shown[:i] + "…"
+	}
+	bad := func(why string) error {
+		return usageErr("invalid %s %q: %s", name, shown, why)
+	}
+	want := "want a URL with scheme http or https (http://collector:4318)"
+	if protocol == "grpc" {
+		want = "want a URL with scheme http or https (http://collector:4317), host:port (TLS unless " + envInsecure + "=true) or unix:/path/to/socket"
+	}
+	noScheme := !strings.Contains(v, "://")
+	if protocol == "grpc" && noScheme && !strings.HasPrefix(strings.ToLower(v), "unix:") {
+		// host:port. The exporter reads it as a URL too (scheme host, opaque port) and dials
+		// it as given; one that does not parse as a URL (an IP address, a name with an
+		// underscore) it drops, and dials its default.
+		host, port, err := net.SplitHostPort(v)
+		if err != nil || host == "" || !validPort(port) {
+			return nil, bad(want)
+		}
+		if _, err := url.Parse(v); err != nil {
+			return nil, bad("the exporter reads host:port only with a host name that starts with a letter (letters, digits, + - .): write http://" + shown + " (no TLS) or https://" + shown)
+		}
+		return &otlpEndpoint{name: name, target: v}, nil
+	}
+	u, err := url.Parse(v)
+	if err != nil && protocol == "http/protobuf" && noScheme && strings.Contains(v, ":") {
+		return nil, bad(want + ": a scheme is needed, http://" + shown + " or https://" + shown)
+	}
+	if err != nil {
+		return nil, bad(want)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	switch {
+	case scheme == "unix" && protocol == "grpc":
+		if u.Path == "" && u.Opaque == "" || u.Host != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return nil, bad("a unix socket is unix:/path/to/socket or unix:///path/to/socket")
+		}
+		return &otlpEndpoint{name: name, target: v, scheme: scheme}, nil
+	case scheme != "http" && scheme != "https":
+		if noScheme && protocol == "http/protobuf" {
+			return nil, bad(want + ": a scheme is needed, http://" + shown + " or https://" + shown)
+		}
+		return nil, bad(want)
+	case u.Opaque != "" || u.Hostname() == "":
+		return nil, bad(want + ": no host")
+	case u.User != nil:
+		return nil, bad("the exporter does not send a URL's credentials: put them in " + envHeaders + " (Authorization=Basic%20…)")
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(v, "#"):
+		return nil, bad("the exporter drops a query or fragment: give the URL without it")
+	case u.Port() != "" && !validPort(u.Port()):
+		return nil, bad("the port is a number from 1 to 65535")
+	}
+	e := &otlpEndpoint{name: name, scheme: scheme}
+	if protocol == "grpc" {
+		if u.Path != "" && u.Path != "/" {
+			return nil, bad("the grpc exporter ignores a path: give scheme, host and port only")
+		}
+		e.target = u.Host
+		return e, nil
+	}
+	p := u.Path
+	if name == envEndpoint {
+		// A base URL: the exporter appends the traces path.
+		p = path.Join(p, defaultTracesPath)
+	} else if p == "" {
+		p = "/"
+	}
+	e.target = (&url.URL{Scheme: scheme, Host: u.Host, Path: p}).String()
+	return e, nil
+}
+
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(p, "0123456789") == ""
+}
+
+// exporter creates the OTLP exporter with the configuration's options; they override what
+// the exporter reads from the same variables itself.
+func (c *otlpConfig) exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	if c.protocol == "grpc" {
+		var opts []otlptracegrpc.Option
+		if c.insecure {
+			opts = append(opts, otlptracegrpc.WithEndpoint(c.endpoint), otlptracegrpc.WithInsecure())
+		} else {
+			// An https URL sets the target's host and port and TLS (a secure target is
+			// host:port; the exporter has no WithSecure).
+			opts = append(opts, otlptracegrpc.WithEndpointURL("https://"+c.endpoint))
+		}
+		if c.headers != nil {
+			opts = append(opts, otlptracegrpc.WithHeaders(c.headers))
+		}
+		if c.timeoutSet {
+			opts = append(opts, otlptracegrpc.WithTimeout(c.timeout))
+		}
+		if c.gzip {
+			opts = append(opts, otlptracegrpc.WithCompressor("gzip"))
+		}
+		return otlptracegrpc.New(ctx, opts...)
+	}
+	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(c.endpoint)} // its scheme sets TLS
+	if c.headers != nil {
+		opts = append(opts, otlptracehttp.WithHeaders(c.headers))
+	}
+	if c.timeoutSet {
+		opts = append(opts, otlptracehttp.WithTimeout(c.timeout))
+	}
+	compression := otlptracehttp.NoCompression
+	if c.gzip {
+		compression = otlptracehttp.GzipCompression
+	}
+	opts = append(opts, otlptracehttp.WithCompression(compression))
+	return otlptracehttp.New(ctx, opts...)
+}
+
+// otlpHeaders parses a headers variable as the exporter does (the W3C baggage format without
+// properties): key=value pairs separated by commas, spaces around them ignored, the value
+// percent-encoded. The exporter drops a pair it cannot parse and logs it, value and all; the
+// relay refuses it, and its errors never show a value (headers carry credentials), nor a key
+// that is not a header name (it may be a credential given without its key). A key must be an
+// HTTP header name (RFC 9110 token), for grpc a metadata key (letters, digits, - _ .); a
+// value must be one the client can send (no control characters; for grpc printable ASCII).
+func otlpHeaders(name, v, protocol string) (map[string]string, error) {
+	h := map[string]string{}
+	for i, item := range strings.Split(v, ",") {
+		n := i + 1
+		if strings.TrimSpace(item) == "" {
+			return nil, usageErr("invalid %s: item %d is empty (want key=value pairs separated by commas)", name, n)
+		}
+		k, val, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, usageErr("invalid %s: item %d has no '=' (want key=value pairs separated by commas; values are not shown)", name, n)
+		}
+		k = strings.TrimSpace(k)
+		if !validHeaderKey(k, protocol) {
+			what := "an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"
+			if protocol == "grpc" {
+				what = "a grpc metadata key (letters, digits, - _ .)"
+			}
+			return nil, usageErr("invalid %s: the key of item %d is not %s (keys and values are not shown)", name, n, what)
+		}
+		dec, err := url.PathUnescape(val)
+		if err != nil {
+			return nil, usageErr("invalid %s: the value of %s (item %d) is not percent-encoded right: a %% starts %%XX, two hex digits", name, k, n)
+		}
+		dec = strings.TrimSpace(dec)
+		if !validHeaderValue(dec, k, protocol) {
+			what := "control characters"
+			if protocol == "grpc" {
+				what = "characters other than printable ASCII"
+			}
+			return nil, usageErr("invalid %s: the value of %s (item %d) has %s, which the exporter cannot send", name, k, n, what)
+		}
+		h[k] = dec
+	}
+	return h, nil
+}
+
+func validHeaderKey(k, protocol string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		b := k[i]
+		switch {
+		case b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '-' || b == '_' || b == '.':
+		case protocol != "grpc" && strings.IndexByte("!#$%&'*+^`|~", b) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func validHeaderValue(v, k, protocol string) bool {
+	if protocol == "grpc" && strings.HasSuffix(strings.ToLower(k), "-bin") {
+		return true // binary metadata: grpc encodes it
+	}
+	for i := 0; i < len(v); i++ {
+		b := v[i]
+		if b < ' ' && b != '\t' || b == 0x7f || protocol == "grpc" && (b < ' ' || b > '~') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkCertificate checks a CA certificate variable's file: it must hold a PEM certificate
+// (the exporter would go on with the system's roots without a word).
+func checkCertificate(name, file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return usageErr("invalid %s: %v", name, err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
+		return usageErr("invalid %s %q: holds no PEM certificate", name, file)
+	}
+	return nil
+}
+
+// checkClientCertificate checks a client certificate variable and its key's: both or neither
+// (the exporter ignores one without the other), and a pair that loads. It says whether they
+// are set.
+func checkClientCertificate(certVar, keyVar, cert, key string) (bool, error) {
+	switch {
+	case cert == "" && key == "":
+		return false, nil
+	case key == "":
+		return false, usageErr("%s is set without %s: set both, the client certificate and its key, or neither", certVar, keyVar)
+	case cert == "":
+		return false, usageErr("%s is set without %s: set both, the client certificate and its key, or neither", keyVar, certVar)
+	}
+	certPEM, err := os.ReadFile(cert)
+	if err != nil {
+		return false, usageErr("invalid %s: %v", certVar, err)
+	}
+	keyPEM, err := os.ReadFile(key)
+	if err != nil {
+		return false, usageErr("invalid %s: %v", keyVar, err)
+	}
+	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		return false, usageErr("invalid %s or %s: %v", certVar, keyVar, err)
+	}
+	return true, nil
+}
+
+// checkResourceAttributes checks OTEL_RESOURCE_ATTRIBUTES as the SDK parses it: key=value
+// pairs separated by commas, spaces around keys and values ignored, the value
+// percent-encoded. The SDK drops a pair without '=' or a key, and keeps a value it cannot
+// decode undecoded, with an error the relay would tolerate (a partial resource).
+func checkResourceAttributes(v string) error {
+	if v == "" {
+		return nil
+	}
+	for i, item := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(item, "=")
+		switch {
+		case strings.TrimSpace(item) == "":
+			return usageErr("invalid %s: item %d is empty (want key=value pairs separated by commas)", envResourceAttrs, i+1)
+		case !ok:
+			return usageErr("invalid %s: item %d, %q, has no '=' (want key=value pairs separated by commas)", envResourceAttrs, i+1, strings.TrimSpace(item))
+		case strings.TrimSpace(k) == "":
+			return usageErr("invalid %s: item %d has no key (want key=value pairs separated by commas)", envResourceAttrs, i+1)
+		}
+		if _, err := url.PathUnescape(strings.TrimSpace(val)); err != nil {
+			return usageErr("invalid %s: the value of %s is not percent-encoded right: a %% starts %%XX, two hex digits", envResourceAttrs, strings.TrimSpace(k))
+		}
+	}
+	return nil
+}
+
+// checkSpanLimits checks the SDK's span limit variables: whole numbers (negative: no limit).
+// get is not trimmed: the SDK does not trim them either.
+func checkSpanLimits(get func(string) string) error {
+	for _, name := range spanLimitVars {
+		v := get(name)
+		if v == "" {
+			continue
+		}
+		if _, err := strconv.Atoi(v); err != nil {
+			return usageErr("invalid %s %q: want a whole number (negative: no limit)", name, v)
+		}
+	}
+	return nil
+}
+
+// boolVar reads a boolean variable as the specification has it: true or false in any case;
+// unset or empty is false. Anything else is a usage error (the SDK takes it for false).
+func boolVar(get func(string) string, name string) (value, set bool, err error) {
+	v := get(name)
+	switch {
+	case v == "":
+		return false, false, nil
+	case strings.EqualFold(v, "true"):
+		return true, true, nil
+	case strings.EqualFold(v, "false"):
+		return false, true, nil
+	}
+	return false, false, usageErr("invalid %s %q: use true or false", name, v)
+}
+
+// millis reads a duration variable in whole milliseconds, 0 or more.
+func millis(name, v string) (time.Duration, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/int64(time.Millisecond) {
+		return 0, usageErr("invalid %s %q: want whole milliseconds, 0 or more", name, v)
+	}
+	return time.Duration(n) * time.Millisecond, nil
 }
 
 // tracesExporters parses OTEL_TRACES_EXPORTER, a comma-separated list (the specification's
@@ -298,12 +778,12 @@ func batchOptions(get func(string) string) ([]sdktrace.BatchSpanProcessorOption,
 		key string
 		opt func(time.Duration) sdktrace.BatchSpanProcessorOption
 	}{{envBSPDelay, sdktrace.WithBatchTimeout}, {envBSPTimeout, sdktrace.WithExportTimeout}} {
-		ms, set, err := num(d.key, 0)
-		if err != nil {
-			return nil, err
-		}
-		if set {
-			opts = append(opts, d.opt(time.Duration(ms)*time.Millisecond))
+		if v := get(d.key); v != "" {
+			ms, err := millis(d.key, v)
+			if err != nil {
+				return nil, err
+			}
+			opts = append(opts, d.opt(ms))
 		}
 	}
 	queue, queueSet, err := num(envBSPQueue, 1)

@@ -2,11 +2,22 @@ package relaycli
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -119,7 +130,9 @@ func TestRunExportsPublishSpansOverOTLP(t *testing.T) {
 		"OTEL_TRACES_SAMPLER=parentbased_always_on", "OTEL_BSP_SCHEDULE_DELAY=60000", // exported at exit, not before
 	}, "run", "--database-url", db.DSN, "--nats-url", n.URL(), "--schema", db.Schema, "--no-checkback", "--log-format", "json")
 	on := p.waitLog(t, "tracing on", 10*time.Second)
-	if on.Fields["exporter"] != "otlp" || on.Fields["protocol"] != "http/protobuf" || on.Fields["endpoint"] != recv.srv.URL {
+	// The URL the exporter posts to: the base URL's with the traces path.
+	if on.Fields["exporter"] != "otlp" || on.Fields["protocol"] != "http/protobuf" || on.Fields["endpoint"] != recv.srv.URL+"/v1/traces" ||
+		on.Fields["tls"] != false {
 		t.Errorf("tracing on line: %v", on.Fields)
 	}
 	testsvc.Eventually(t, 20*time.Second, "the message published", func() bool {
@@ -157,6 +170,11 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_SERVICE_NAME": "x"}},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}},
+		// OTEL_SDK_DISABLED is a boolean: true or false in any case, nothing else.
+		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": " TRUE "}},
+		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "False"}, on: true},
+		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "yes"}, bad: "OTEL_SDK_DISABLED"},
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "1"}, bad: "OTEL_SDK_DISABLED"},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, on: true},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, on: true},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, on: true},
@@ -188,6 +206,10 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "PARENTBASED_TRACEIDRATIO", "OTEL_TRACES_SAMPLER_ARG": "1",
 			"OTEL_BSP_SCHEDULE_DELAY": "0", "OTEL_BSP_EXPORT_TIMEOUT": "1000", "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100"}, on: true},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "ignored"}, on: true},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "99999999999999999"}, bad: "OTEL_BSP_SCHEDULE_DELAY"}, // overflows a time.Duration
+		// The OTLP exporter's variables are not read without it.
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4319",
+			"OTEL_EXPORTER_OTLP_HEADERS": "garbage", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent.pem"}, on: true},
 	} {
 		var out strings.Builder
 		env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return tc.vars[k] }}
@@ -226,11 +248,12 @@ func TestTracingSettings(t *testing.T) {
 	}
 }
 
-// OTEL_TRACES_EXPORTER=otlp,console sends every span to both: the collector and stdout. Not
-// parallel: the OTLP exporter reads its endpoint from the process environment.
+// OTEL_TRACES_EXPORTER=otlp,console sends every span to both: the collector and stdout. The
+// OTLP exporter gets its endpoint from the relay (the variable is not in the process
+// environment).
 func TestTracesExporterList(t *testing.T) {
+	t.Parallel()
 	recv := newOTLPReceiver(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.srv.URL)
 	vars := map[string]string{"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": recv.srv.URL}
 	var out, logs strings.Builder
 	env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return vars[k] }}
@@ -250,7 +273,8 @@ func TestTracesExporterList(t *testing.T) {
 	if len(got) != 1 || got[0].Name != "both" {
 		t.Errorf("the collector got %+v, want the span", got)
 	}
-	if !strings.Contains(logs.String(), `"exporter":"otlp,console"`) || !strings.Contains(logs.String(), `"protocol":"http/protobuf"`) {
+	if !strings.Contains(logs.String(), `"exporter":"otlp,console"`) || !strings.Contains(logs.String(), `"protocol":"http/protobuf"`) ||
+		!strings.Contains(logs.String(), `"endpoint":"`+recv.srv.URL+`/v1/traces"`) {
 		t.Errorf("tracing on line: %s", logs.String())
 	}
 }
@@ -298,5 +322,311 @@ func TestTracingSampler(t *testing.T) {
 		if err := tr.shutdown(context.Background()); err != nil {
 			t.Errorf("%s: shutdown: %v", tc.sampler, err)
 		}
+	}
+}
+
+// tlsFiles writes a self-signed certificate, its key and a key that is not its as PEM files.
+func tlsFiles(t *testing.T) (cert, key, otherKey string) {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) string {
+		file := filepath.Join(dir, name)
+		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	newKey := func(name string) (*ecdsa.PrivateKey, string) {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, write(name, "EC PRIVATE KEY", der)
+	}
+	k, key := newKey("key.pem")
+	_, otherKey = newKey("other-key.pem")
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "relay"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return write("cert.pem", "CERTIFICATE", der), key, otherKey
+}
+
+// Every variable of the OTLP exporter is checked the way the exporter parses it, and a value
+// it would drop, ignore or misuse is a usage error naming the variable, never showing a
+// header's value (nor a URL's password or query); a good one is honoured, and the "tracing
+// on" line names the endpoint the exporter was given. Also the resource and span limit
+// variables the SDK reads.
+func TestTracingOTLPVariables(t *testing.T) {
+	t.Parallel()
+	cert, key, otherKey := tlsFiles(t)
+	garbage := filepath.Join(t.TempDir(), "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		secret = "s3cr3t-t0ken"
+		E, TE  = "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+		P, TP  = "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+		I, TI  = "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+		H, TH  = "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+		T, TT  = "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+		C, TC  = "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+		CA     = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+		TCA    = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"
+		CC, CK = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+		TCC    = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE"
+		TCK    = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"
+		R      = "OTEL_RESOURCE_ATTRIBUTES"
+		LL     = "OTEL_SPAN_LINK_COUNT_LIMIT"
+		AVL    = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+	)
+	const httpDefault, grpcDefault = "https://localhost:4318/v1/traces", "localhost:4317"
+	for _, tc := range []struct {
+		vars     []string // name, value, ...; OTEL_TRACES_EXPORTER is otlp
+		endpoint string   // logged, when good
+		tls      bool
+		bad      string // the variable the usage error names
+	}{
+		// Endpoints, http/protobuf: a URL with scheme http or https; the general one a base
+		// URL, the traces one the URL itself.
+		{vars: []string{E, "http://127.0.0.1:4319"}, endpoint: "http://127.0.0.1:4319/v1/traces"},
+		{vars: []string{E, "https://collector:4318/base/"}, endpoint: "https://collector:4318/base/v1/traces", tls: true},
+		{vars: []string{E, " HTTP://collector:4318 "}, endpoint: "http://collector:4318/v1/traces"},
+		{vars: []string{TE, "http://127.0.0.1:4319"}, endpoint: "http://127.0.0.1:4319/"},
+		{vars: []string{TE, "https://collector/custom/traces"}, endpoint: "https://collector/custom/traces", tls: true},
+		{vars: []string{E, "http://a:1", TE, "http://b:2/t"}, endpoint: "http://b:2/t"},
+		{vars: nil, endpoint: httpDefault, tls: true},
+		{vars: []string{E, "127.0.0.1:4319"}, bad: E}, // was logged as the endpoint, sent to the default
+		{vars: []string{TE, "127.0.0.1:4319"}, bad: TE},
+		{vars: []string{E, "localhost:4319"}, bad: E},
+		{vars: []string{E, "collector"}, bad: E},
+		{vars: []string{E, "ftp://collector:21"}, bad: E},
+		{vars: []string{E, "http://"}, bad: E},
+		{vars: []string{E, "http://:4318"}, bad: E},
+		{vars: []string{E, "http:collector"}, bad: E},
+		{vars: []string{E, "http://user:" + secret + "@collector:4318"}, bad: E}, // the exporter drops credentials
+		{vars: []string{E, "http://collector:4318/?token=" + secret}, bad: E},    // and a query
+		{vars: []string{E, "http://collector:4318/#part"}, bad: E},
+		{vars: []string{E, "http://collector:99999"}, bad: E},
+		{vars: []string{E, "http://collector:0"}, bad: E},
+		{vars: []string{E, "unix:///tmp/otel.sock"}, bad: E},
+		{vars: []string{E, "collector:4318", TE, "http://collector:4318/v1/traces"}, bad: E}, // both are checked
+		// Endpoints, grpc: also host:port and unix sockets; no path.
+		{vars: []string{P, "grpc"}, endpoint: grpcDefault, tls: true},
+		{vars: []string{P, "grpc", I, "true"}, endpoint: grpcDefault},
+		{vars: []string{P, "grpc", E, "http://collector:4317"}, endpoint: "collector:4317"},
+		{vars: []string{P, "grpc", E, "https://collector:4317/"}, endpoint: "collector:4317", tls: true},
+		{vars: []string{P, "grpc", E, "collector:4317"}, endpoint: "collector:4317", tls: true},
+		{vars: []string{P, "grpc", E, "collector:4317", TI, "true"}, endpoint: "collector:4317"},
+		{vars: []string{P, "GRPC", TE, "unix:///tmp/otel.sock"}, endpoint: "unix:///tmp/otel.sock"},
+		{vars: []string{TP, "grpc", E, "https://[::1]:4317"}, endpoint: "[::1]:4317", tls: true},
+		{vars: []string{P, "grpc", E, "127.0.0.1:4317"}, bad: E}, // the exporter cannot read it: write http://127.0.0.1:4317
+		{vars: []string{P, "grpc", E, "collector"}, bad: E},
+		{vars: []string{P, "grpc", E, "collector:port"}, bad: E},
+		{vars: []string{P, "grpc", E, "http://collector:4317/v1/traces"}, bad: E},
+		{vars: []string{P, "grpc", TE, "unix://host/otel.sock"}, bad: TE},
+		{vars: []string{P, "grpc", E, "dns:///collector:4317"}, bad: E},
+		// Protocols: both are checked.
+		{vars: []string{P, "http/json", TP, "grpc"}, bad: P},
+		{vars: []string{TP, "thrift"}, bad: TP},
+		// INSECURE: true or false, agreeing with the endpoint's scheme.
+		{vars: []string{I, "true"}, endpoint: "http://localhost:4318/v1/traces"},
+		{vars: []string{I, "false", TI, "TRUE"}, endpoint: "http://localhost:4318/v1/traces"},
+		{vars: []string{E, "http://collector:4318", I, "true"}, endpoint: "http://collector:4318/v1/traces"},
+		{vars: []string{E, "https://collector:4318", TI, "False"}, endpoint: "https://collector:4318/v1/traces", tls: true},
+		{vars: []string{I, "maybe"}, bad: I},
+		{vars: []string{TI, "1"}, bad: TI},
+		{vars: []string{E, "https://collector:4318", I, "true"}, bad: I},
+		{vars: []string{E, "http://collector:4318", TI, "false"}, bad: TI},
+		{vars: []string{P, "grpc", E, "unix:/tmp/otel.sock", I, "false"}, bad: I},
+		// Headers: key=value pairs, the value percent-encoded; errors never show a value.
+		{vars: []string{H, "Authorization=Bearer%20" + secret + ", X-Tenant = acme "}, endpoint: httpDefault, tls: true},
+		{vars: []string{TH, "x!y=1,k=%C3%A9"}, endpoint: httpDefault, tls: true},
+		{vars: []string{P, "grpc", H, "x-api-key=" + secret + ",trace-bin=%C3%A9"}, endpoint: grpcDefault, tls: true},
+		{vars: []string{H, "garbage"}, bad: H},
+		{vars: []string{H, secret}, bad: H},
+		{vars: []string{TH, "a=b," + secret}, bad: TH},
+		{vars: []string{H, "a=b,"}, bad: H},
+		{vars: []string{H, "Bad Key=" + secret}, bad: H},
+		{vars: []string{H, secret + " x=1"}, bad: H},
+		{vars: []string{H, "k=%zz" + secret}, bad: H},
+		{vars: []string{H, "k=" + secret + "%0Ax"}, bad: H}, // a line break inside (spaces around are trimmed)
+		{vars: []string{P, "grpc", H, "x!y=1"}, bad: H},
+		{vars: []string{P, "grpc", TH, "k=%C3%A9" + secret}, bad: TH},
+		// Timeouts: whole milliseconds, 0 or more.
+		{vars: []string{T, "5000"}, endpoint: httpDefault, tls: true},
+		{vars: []string{T, "abc", TT, "0"}, bad: T},
+		{vars: []string{TT, "0"}, endpoint: httpDefault, tls: true},
+		{vars: []string{T, "abc"}, bad: T},
+		{vars: []string{T, "-1"}, bad: T},
+		{vars: []string{TT, "1.5"}, bad: TT},
+		{vars: []string{TT, "10s"}, bad: TT},
+		{vars: []string{T, "99999999999999999"}, bad: T},
+		// Compression: gzip or none, in any case.
+		{vars: []string{C, "GZIP"}, endpoint: httpDefault, tls: true},
+		{vars: []string{C, "gzip", TC, "none"}, endpoint: httpDefault, tls: true},
+		{vars: []string{P, "grpc", TC, "gzip"}, endpoint: grpcDefault, tls: true},
+		{vars: []string{C, "zstd"}, bad: C},
+		{vars: []string{TC, "deflate"}, bad: TC},
+		// CA certificates: a file with a PEM certificate, and TLS to use it.
+		{vars: []string{CA, cert}, endpoint: httpDefault, tls: true},
+		{vars: []string{P, "grpc", TCA, cert, E, "https://collector:4317"}, endpoint: "collector:4317", tls: true},
+		{vars: []string{CA, "/nonexistent.pem"}, bad: CA},
+		{vars: []string{TCA, garbage}, bad: TCA},
+		{vars: []string{CA, key}, bad: CA},
+		{vars: []string{CA, cert, E, "http://collector:4318"}, bad: CA},
+		{vars: []string{TCA, cert, I, "true"}, bad: TCA},
+		{vars: []string{P, "grpc", CA, cert, E, "http://collector:4317"}, bad: CA},
+		// Client certificates: with their key, a pair that loads, and TLS.
+		{vars: []string{CC, cert, CK, key}, endpoint: httpDefault, tls: true},
+		{vars: []string{TCC, cert, TCK, key, P, "grpc"}, endpoint: grpcDefault, tls: true},
+		{vars: []string{CC, cert}, bad: CC},
+		{vars: []string{CK, key}, bad: CK},
+		{vars: []string{TCK, key, CC, cert, CK, key}, bad: TCK},
+		{vars: []string{CC, cert, CK, otherKey}, bad: CC},
+		{vars: []string{TCC, garbage, TCK, key}, bad: TCC},
+		{vars: []string{CC, cert, CK, "/nonexistent.pem"}, bad: CK},
+		{vars: []string{CC, cert, CK, key, E, "http://collector:4318"}, bad: CC},
+		// The resource: key=value pairs, the value percent-encoded.
+		{vars: []string{R, "deployment.environment=prod,team=hello%20world"}, endpoint: httpDefault, tls: true},
+		{vars: []string{R, "a"}, bad: R}, // was accepted: the SDK's error is a partial-resource one
+		{vars: []string{R, "=b"}, bad: R},
+		{vars: []string{R, "a=%zz"}, bad: R},
+		{vars: []string{R, "a=b,"}, bad: R},
+		// Span limits: whole numbers, negative for no limit; untrimmed, as the SDK reads them.
+		{vars: []string{LL, "-1", AVL, "4096"}, endpoint: httpDefault, tls: true},
+		{vars: []string{LL, "abc"}, bad: LL},
+		{vars: []string{LL, " 5"}, bad: LL},
+		{vars: []string{AVL, "4k"}, bad: AVL},
+	} {
+		vars := map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}
+		for i := 0; i < len(tc.vars); i += 2 {
+			vars[tc.vars[i]] = tc.vars[i+1]
+		}
+		var logs strings.Builder
+		env := &Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return vars[k] }}
+		tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
+		if err != nil && strings.Contains(err.Error(), secret) || strings.Contains(logs.String(), secret) {
+			t.Errorf("%v: a header's value, a password or a query shown: %v; log %s", tc.vars, err, logs.String())
+		}
+		if tc.bad != "" {
+			if err == nil || !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.bad) {
+				t.Errorf("%v: err = %v, want a usage error naming %s", tc.vars, err, tc.bad)
+			}
+			if tr != nil {
+				_ = tr.shutdown(context.Background())
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%v: %v", tc.vars, err)
+			continue
+		}
+		var on struct {
+			Msg, Endpoint string
+			TLS           bool
+		}
+		if err := json.Unmarshal([]byte(logs.String()), &on); err != nil || on.Msg != "tracing on" || on.Endpoint != tc.endpoint || on.TLS != tc.tls {
+			t.Errorf("%v: tracing on line %s (%v), want endpoint %s, tls %v", tc.vars, logs.String(), err, tc.endpoint, tc.tls)
+		}
+		if err := tr.shutdown(context.Background()); err != nil {
+			t.Errorf("%v: shutdown: %v", tc.vars, err)
+		}
+	}
+}
+
+// The OTLP exporter sends to the URL the relay resolved, with the headers decoded and the
+// compression asked for (GZIP, which the exporter alone reads as none), and the headers are
+// not logged.
+func TestTracingOTLPExportUsesSettings(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-t0ken"
+	type request struct {
+		path, auth, tenant, encoding string
+	}
+	got := make(chan request, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- request{r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Tenant"), r.Header.Get("Content-Encoding")}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	vars := map[string]string{
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": srv.URL + "/collector/traces",
+		"OTEL_EXPORTER_OTLP_HEADERS":         "Authorization=Bearer%20" + secret + ",X-Tenant=acme",
+		"OTEL_EXPORTER_OTLP_COMPRESSION":     "GZIP",
+		"OTEL_EXPORTER_OTLP_TIMEOUT":         "5000",
+	}
+	var logs strings.Builder
+	env := &Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return vars[k] }}
+	tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tr.tp.Tracer("t").Start(context.Background(), "s")
+	span.End()
+	if err := tr.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if want := (request{"/collector/traces", "Bearer " + secret, "acme", "gzip"}); r != want {
+			t.Errorf("the collector got %+v, want %+v", r, want)
+		}
+	default:
+		t.Fatal("the collector got nothing")
+	}
+	if strings.Contains(logs.String(), secret) || !strings.Contains(logs.String(), `"endpoint":"`+srv.URL+`/collector/traces"`) {
+		t.Errorf("tracing on line: %s", logs.String())
+	}
+}
+
+// A CA certificate in OTEL_EXPORTER_OTLP_CERTIFICATE is still honoured: the exporter, which
+// reads the file itself, exports to a collector whose certificate it signs. Not parallel: the
+// exporter reads the variable from the process environment.
+func TestTracingOTLPCertificate(t *testing.T) {
+	got := make(chan string, 10)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.URL.Path
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", ca)
+	vars := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL, "OTEL_EXPORTER_OTLP_CERTIFICATE": ca}
+	var logs strings.Builder
+	env := &Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return vars[k] }}
+	tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tr.tp.Tracer("t").Start(context.Background(), "s")
+	span.End()
+	if err := tr.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if p != "/v1/traces" {
+			t.Errorf("the collector got a request for %s", p)
+		}
+	default:
+		t.Fatal("the collector got nothing")
+	}
+	if !strings.Contains(logs.String(), `"endpoint":"`+srv.URL+`/v1/traces","tls":true`) {
+		t.Errorf("tracing on line: %s", logs.String())
 	}
 }
