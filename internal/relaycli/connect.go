@@ -328,6 +328,11 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				ue.URL = redact.NATS(ue.URL)
 			}
+			if !tlsFirst && silentServer(err) {
+				if u := tlsFirstServer(c.NATSURL); u != "" {
+					return nc, &tlsFirstError{url: u, err: err}
+				}
+			}
 			err = natsHint(natsRefusedCause(c.NATSURL, err), tlsFirst)
 		}
 		return nc, err
@@ -400,6 +405,57 @@ func natsHint(err error, tlsFirst bool) error {
 		return fmt.Errorf("%w (the TLS handshake failed or the server closed the connection after it, as it does when it refuses a client certificate: check --nats-tls-ca, --nats-tls-cert and --nats-tls-key)", err)
 	}
 	return err
+}
+
+// tlsFirstError: a server of the URL wants the TLS handshake first (handshake_first) and
+// the client waits for its INFO: a configuration error, which waiting cannot fix.
+type tlsFirstError struct {
+	url string // redacted
+	err error
+}
+
+func (e *tlsFirstError) Error() string {
+	return fmt.Sprintf("%s wants the TLS handshake first (handshake_first), and this client waits for the server to speak first: "+
+		"set --nats-tls-first (TXOUTBOX_NATS_TLS_FIRST) (%v)", e.url, e.err)
+}
+
+func (e *tlsFirstError) Unwrap() error { return e.err }
+
+// tlsFirstServer tells a server that wants the TLS handshake first from one that is slow or
+// hung, after a connection attempt found it silent (silentServer): it starts a TLS handshake
+// with each server of urls (a comma-separated list; ws:// and wss:// are left out) and
+// returns the redacted URL of the first that answers it in TLS — a completed handshake, or a
+// TLS alert (the server refusing a missing client certificate, say). It sends nothing else:
+// the handshake skips verifying the server's certificate, since it only asks whether the
+// server speaks TLS first. "" when none does.
+func tlsFirstServer(urls string) string {
+	for _, u := range strings.Split(urls, ",") {
+		u = strings.TrimSpace(u)
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u
+		}
+		p, err := url.Parse(u)
+		if err != nil || p.Hostname() == "" || p.Scheme == "ws" || p.Scheme == "wss" {
+			continue
+		}
+		port := p.Port()
+		if port == "" {
+			port = "4222"
+		}
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(p.Hostname(), port), 2*time.Second)
+		if err != nil {
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, ServerName: p.Hostname()})
+		herr := tc.Handshake()
+		_ = conn.Close()
+		var op *net.OpError
+		if herr == nil || (errors.As(herr, &op) && op.Op == "remote error") {
+			return redact.NATS(u)
+		}
+	}
+	return ""
 }
 
 // silentServer reports whether err is what a client that waits for the server's INFO gets

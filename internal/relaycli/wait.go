@@ -36,7 +36,8 @@ func pgWaitable(err error) bool { return waitable(err, pgNode) }
 // it, as a server does that refuses our client certificate) is not: nats.go wraps it together
 // with the network error it saw, which alone would look passing.
 func natsWaitable(err error) bool {
-	if errors.Is(err, nats.ErrTLS) {
+	var tf *tlsFirstError
+	if errors.Is(err, nats.ErrTLS) || errors.As(err, &tf) {
 		return false
 	}
 	return waitable(err, natsNode)
