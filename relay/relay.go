@@ -180,6 +180,13 @@ func (c *counters) snapshot() Stats {
 // is still called): the server reports a publish the relay's NATS user may not make only
 // there (see ErrPublishDenied). Set the connection's error handler before New; Close puts it
 // back once no relay uses the connection.
+//
+// The relay publishes through a JetStream of its own on js's connection, with js's domain or
+// API prefix, default timeout and client trace (every setting jetstream.JetStream.Options
+// shows), and its own asynchronous publishing: Config.PublishTimeout and
+// Config.MaxInFlight bound it, and the relay handles every outcome itself, so js's
+// asynchronous publishing options (jetstream.WithPublishAsyncErrHandler and the like, which
+// nats.go does not show) do not apply to the relay's publishes.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
 	if err := dbhandle.RequireArg("relay", "pool", "a *pgxpool.Pool", pool); err != nil {
 		return nil, err
