@@ -24,7 +24,9 @@ const (
 	RoleProducer = "producer"
 	// RoleRelay claims, publishes and settles rows, keeps its membership row and partition
 	// leases, and runs the check-back (resolve, stale report, purge of published, rolled back
-	// and dedup rows). It cannot insert messages.
+	// and dedup rows). It cannot insert messages, nor change what one says (it updates the
+	// columns of the relay's and the check-back's writes only: never the payload, subject,
+	// headers, key, partition key or id).
 	RoleRelay = "relay"
 	// RoleConsumer records the messages it processed in the dedup table and, in ordered mode,
 	// each key's applied sequence. It cannot touch the outbox.
@@ -110,7 +112,8 @@ const producerRowsComment = `-- Row-level security: a producer updates only the 
 
 // OwnRowVersionFunc is the function (in the outbox schema, created by the producer grants, not
 // by a migration) that the producer's row-level security calls with a row version's xmin: true
-// when the current transaction, or one of its subtransactions, wrote that version.
+// when the current transaction, or one of its subtransactions, wrote that version. The grants
+// give it to the owner of txoutbox_messages; migration 001's down drops it.
 const OwnRowVersionFunc = "txoutbox_row_version_is_mine"
 
 // ownRowVersion creates OwnRowVersionFunc in schema %[1]s (a sanitized identifier). A row
@@ -155,7 +158,8 @@ const retiredFunctions = "'txoutbox_enqueue_v4', 'txoutbox_enqueue_many_v4', 'tx
 // by a migration) that the producer's row-level security calls to test a new row's
 // partition_key: the partition key of a message of key msg_key (NULL for none) and id
 // message_id, as the Go client (outbox.Client) and the SQL functions (txoutbox_key_hash,
-// txoutbox_partition_keys) compute it.
+// txoutbox_partition_keys) compute it. The grants give it to the owner of txoutbox_messages;
+// migration 001's down drops it.
 const PartitionKeyFunc = "txoutbox_producer_partition_key"
 
 // partitionKey creates PartitionKeyFunc in schema %[1]s (a sanitized identifier): FNV-1a
@@ -190,6 +194,20 @@ BEGIN
     RETURN (h & 2147483647)::int4;
 END
 $txoutbox$;
+`
+
+// grantFunctionsOwner gives the functions the producer grants create (OwnRowVersionFunc,
+// %[2]s, and PartitionKeyFunc, %[3]s: literals of their signatures) to the owner of
+// txoutbox_messages (%[1]s, a literal of its quoted name), whose policies call them: the role
+// that migrates (the admin role, which the admin grants also give every txoutbox_* routine),
+// so that it may replace them and migration 001's down drops them with the outbox. Before,
+// they stayed the property of whoever ran the grants (a superuser): an admin login could not
+// drop them, and they outlived the outbox.
+const grantFunctionsOwner = `DO $txoutbox$DECLARE o name := (SELECT pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.oid = %[1]s::regclass);
+BEGIN
+  EXECUTE format('ALTER FUNCTION %%s OWNER TO %%I', %[2]s::regprocedure, o);
+  EXECUTE format('ALTER FUNCTION %%s OWNER TO %%I', %[3]s::regprocedure, o);
+END$txoutbox$;
 `
 
 // producerRows is the row-level security of the producer role on txoutbox_messages (%[1]s),
@@ -296,6 +314,38 @@ func policySQL(b *strings.Builder, prefix, table, grantee, rest string) {
 var producerInsertColumns = []string{"message_id", "subject", "msg_key", "partition_key", "headers", "payload", "state",
 	"ready_at", "producer_group", "check_mode", "next_check_at"}
 
+// relayUpdateColumns are the columns of txoutbox_messages the relay role updates: those the
+// relay (internal/store's settle statements, the promotion of delayed messages: SET id =
+// DEFAULT draws from the identity, which needs no sequence privilege) and the check-back
+// (claimChecks, recordCheck, release, fence, and the commit and rollback of half messages)
+// write; the admin commands (dead requeue, prepared resume, scheduled cancel) write no others.
+// SELECT ... FOR UPDATE, which the check-back's purge and lease take, needs UPDATE on one
+// column. Never message_id, subject, msg_key, partition_key, headers, payload, producer_group,
+// check_mode, created_at or deliver_at.
+var relayUpdateColumns = []string{"id", "state", "ready_at", "next_attempt_at", "attempts", "last_error",
+	"published_at", "stream", "stream_seq", "next_check_at", "settled_by", "settled_at", "check_count"}
+
+// narrowUpdate takes UPDATE on every column of a table (%[1]s, a literal of the quoted
+// name) back from a grantee (%[2]s, a literal) that holds it, keeping the UPDATE of the columns
+// granted to it one by one (another role's grants to the same grantee: the producer's); a
+// table-level REVOKE takes the column grants of the privilege too.
+const narrowUpdate = `DO $txoutbox$DECLARE keep text;
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+             WHERE c.oid = %[1]s::regclass AND a.privilege_type = 'UPDATE'
+               AND a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %[2]s)) THEN
+    SELECT string_agg(DISTINCT quote_ident(t.attname), ', ') INTO keep
+      FROM pg_attribute t CROSS JOIN LATERAL aclexplode(t.attacl) a
+     WHERE t.attrelid = %[1]s::regclass AND t.attnum > 0 AND NOT t.attisdropped AND a.privilege_type = 'UPDATE'
+       AND a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %[2]s);
+    EXECUTE format('REVOKE UPDATE ON %%s FROM %%I', %[1]s, %[2]s);
+    IF keep IS NOT NULL THEN
+      EXECUTE format('GRANT UPDATE (%%s) ON %%s TO %%I', keep, %[1]s, %[2]s);
+    END IF;
+  END IF;
+END$txoutbox$;
+`
+
 var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Grants returns SQL that gives grantee (created NOLOGIN if it does not exist; grant it to
@@ -348,6 +398,10 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- The row-level security below calls these functions (created here, not by a migration).\n")
 		fmt.Fprintf(&b, ownRowVersion, s)
 		fmt.Fprintf(&b, partitionKey, s)
+		b.WriteString("-- Owned by the owner of txoutbox_messages (the admin role, once granted), as txoutbox's other\n")
+		b.WriteString("-- objects, not by the role that runs this SQL: its owner replaces them, and drops them when\n")
+		b.WriteString("-- it takes the outbox down (migration 001's down).\n")
+		fmt.Fprintf(&b, grantFunctionsOwner, lit(messages), lit(t(OwnRowVersionFunc)+"(xid)"), lit(t(PartitionKeyFunc)+"(text, uuid)"))
 		b.WriteString("-- The SQL contract (migration 4): EXECUTE on the txoutbox_* functions (txoutbox_enqueue,\n")
 		b.WriteString("-- txoutbox_enqueue_many, txoutbox_prepare, txoutbox_commit, txoutbox_commit_in_tx, txoutbox_rollback,\n")
 		b.WriteString("-- since migration 5 txoutbox_cancel, txoutbox_reschedule and their business key forms, and the\n")
@@ -363,7 +417,14 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 	case RoleRelay:
 		fmt.Fprintf(&b, "GRANT USAGE ON SCHEMA %s TO %s;\n", s, g)
 		b.WriteString("-- Claim, publish, settle (delete or mark published, retry, dead), purge; the check-back settles half messages.\n")
-		fmt.Fprintf(&b, "GRANT SELECT, UPDATE, DELETE ON %s TO %s;\n", messages, g)
+		fmt.Fprintf(&b, "GRANT SELECT, DELETE ON %s TO %s;\n", messages, g)
+		b.WriteString("-- UPDATE of the columns the relay and the check-back write (settle, retry, dead, promotion of\n")
+		b.WriteString("-- delayed messages, which draws a new id, and the check-back's lease, checks and settles), not\n")
+		b.WriteString("-- the message itself (message_id, subject, msg_key, partition_key, headers, payload): a leaked\n")
+		b.WriteString("-- relay credential cannot change what the relay publishes. UPDATE on every column, which earlier\n")
+		b.WriteString("-- versions granted, is taken back first (the grantee's column grants are kept).\n")
+		fmt.Fprintf(&b, narrowUpdate, lit(messages), lit(grantee))
+		fmt.Fprintf(&b, "GRANT UPDATE (%s) ON %s TO %s;\n", strings.Join(relayUpdateColumns, ", "), messages, g)
 		b.WriteString("-- Every row, even for a login that is a producer too (see the producer's row-level security).\n")
 		policySQL(&b, "txoutbox_relay_", messages, grantee, "TO "+g+" USING (true) WITH CHECK (true);")
 		b.WriteString("-- Membership rows of the partition leases.\n")

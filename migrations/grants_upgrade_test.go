@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -364,5 +365,166 @@ INSERT INTO `+migrations.OwnGolangMigrateTable+` VALUES (`+strconv.Itoa(m.Latest
 	role := grantedRole(t, db, migrations.RoleRelay, "relay_")
 	if v, err := m.Version(ctx, roleBeginner{db.Pool, role}); err != nil || v != m.Latest() {
 		t.Fatalf("the relay role reads version %d, %v; want %d from %s", v, err, m.Latest(), migrations.OwnGolangMigrateTable)
+	}
+}
+
+// The relay grants give UPDATE of the columns the relay and the check-back write only, and
+// take back UPDATE on every column, which earlier versions granted: re-run on a role granted
+// that way (here also holding a producer's column grants, as one grantee given both roles
+// would), the role keeps UPDATE of the relay's columns and of the producer's, and loses it on
+// payload, subject, headers, msg_key, partition_key and message_id (SQLSTATE 42501 as that
+// role). Re-running them again changes nothing.
+func TestRelayGrantsNarrowTableWideUpdate(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	ctx := context.Background()
+	role := grantedRole(t, db, migrations.RoleProducer, "relay_")
+	messages := pgx.Identifier{db.Schema, "txoutbox_messages"}.Sanitize()
+	// As earlier versions' relay grants left it.
+	if _, err := db.AdminPool.Exec(ctx, "GRANT SELECT, UPDATE, DELETE ON "+messages+" TO "+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	may := func(col string) bool {
+		t.Helper()
+		var ok bool
+		if err := db.AdminPool.QueryRow(ctx, `SELECT has_column_privilege($1, $2::regclass, $3, 'UPDATE')`, role, messages, col).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !may("payload") {
+		t.Fatal("the old relay grants did not give UPDATE of payload: the test proves nothing")
+	}
+	grants, err := migrations.Grants(migrations.RoleRelay, db.Schema, role, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for run := 1; run <= 2; run++ {
+		if _, err := db.AdminPool.Exec(ctx, grants); err != nil {
+			t.Fatalf("relay grants, run %d: %v", run, err)
+		}
+		var table bool
+		if err := db.AdminPool.QueryRow(ctx, `SELECT has_table_privilege($1, $2::regclass, 'UPDATE')`, role, messages).Scan(&table); err != nil || table {
+			t.Errorf("run %d: UPDATE on the whole table is kept (%v)", run, err)
+		}
+		for _, col := range []string{"payload", "subject", "headers", "msg_key", "partition_key", "message_id", "created_at", "check_mode"} {
+			if may(col) {
+				t.Errorf("run %d: the role may still update %s", run, col)
+			}
+		}
+		// The relay's columns, and the producer's (deliver_at is the producer's alone).
+		for _, col := range []string{"id", "state", "attempts", "next_attempt_at", "last_error", "published_at", "stream", "stream_seq",
+			"next_check_at", "settled_by", "settled_at", "check_count", "ready_at", "deliver_at"} {
+			if !may(col) {
+				t.Errorf("run %d: the role may not update %s", run, col)
+			}
+		}
+	}
+	for _, set := range []string{"payload = 'tampered'", "subject = 'tampered'", `headers = '{"X-Tampered": ["1"]}'`, "msg_key = 'tampered'"} {
+		_, err := roleExec(ctx, db.Pool, role, "UPDATE txoutbox_messages SET "+set)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("UPDATE ... SET %s as the re-granted role: %v, want SQLSTATE 42501", set, err)
+		}
+	}
+	if _, err := roleExec(ctx, db.Pool, role, "UPDATE txoutbox_messages SET state = state, stream = stream WHERE false"); err != nil {
+		t.Errorf("UPDATE of the relay's columns as the re-granted role: %v", err)
+	}
+}
+
+// roleExec runs sql in a transaction as role (SET LOCAL ROLE), rolled back.
+func roleExec(ctx context.Context, pool *pgxpool.Pool, role, sql string) (pgconn.CommandTag, error) {
+	tx, err := roleBeginner{pool, role}.Begin(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return tx.Exec(ctx, sql)
+}
+
+// The functions the producer grants create (txoutbox_row_version_is_mine,
+// txoutbox_producer_partition_key) belong to the owner of txoutbox_messages, as txoutbox's
+// other objects, whichever of the producer and admin grants ran first: so `relay migrate down
+// --all` as the admin login drops them with the outbox and leaves no txoutbox_* function in the
+// schema. Before, they were the property of whoever ran the grants (a superuser), outlived
+// the outbox, and the admin could not drop them.
+func TestProducerGrantFunctionsGoDownWithTheOutbox(t *testing.T) {
+	t.Parallel()
+	for _, order := range [][]string{{migrations.RoleProducer, migrations.RoleAdmin}, {migrations.RoleAdmin, migrations.RoleProducer}} {
+		t.Run(strings.Join(order, "_then_"), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dsn := testsvc.PostgresDSN(t)
+			super, err := pgxpool.New(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(super.Close)
+			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			grantee := map[string]string{migrations.RoleProducer: "txo_gp_" + suffix, migrations.RoleAdmin: "txo_ga_" + suffix}
+			for _, name := range grantee {
+				if _, err := super.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { // registered before the schema: runs after it is dropped
+					cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
+					if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
+						t.Logf("drop role %s: %v", name, err)
+					}
+				})
+			}
+			db := testsvc.NewDB(t)
+			for _, role := range order {
+				grants, err := migrations.Grants(role, db.Schema, grantee[role], nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := super.Exec(ctx, grants); err != nil {
+					t.Fatalf("%s grants: %v", role, err)
+				}
+			}
+			functions := func() []string {
+				t.Helper()
+				rows, err := super.Query(ctx, `SELECT p.oid::regprocedure::text || ' owned by ' || pg_get_userbyid(p.proowner)
+					FROM pg_proc p WHERE p.pronamespace = $1::regnamespace AND p.proname LIKE 'txoutbox\_%' ORDER BY 1`, db.Schema)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			for _, f := range []string{migrations.OwnRowVersionFunc, migrations.PartitionKeyFunc} {
+				var owner string
+				if err := super.QueryRow(ctx, `SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
+					WHERE p.pronamespace = $1::regnamespace AND p.proname = $2`, db.Schema, f).Scan(&owner); err != nil || owner != grantee[migrations.RoleAdmin] {
+					t.Errorf("%s is owned by %q (%v), want the admin role %s", f, owner, err, grantee[migrations.RoleAdmin])
+				}
+			}
+			cfg, err := pgxpool.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.User = grantee[migrations.RoleAdmin]
+			asAdmin, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(asAdmin.Close)
+			m, err := migrations.New(&migrations.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done, err := m.Down(ctx, asAdmin, migrations.DownAll); err != nil || len(done) != m.Latest() {
+				t.Fatalf("down --all as the admin login: reverted %v, %v", done, err)
+			}
+			if left := functions(); len(left) > 0 {
+				t.Errorf("after down --all as the admin login, txoutbox functions are left in the schema:\n%s", strings.Join(left, "\n"))
+			}
+		})
 	}
 }

@@ -243,6 +243,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	relayPool := poolOf(migrations.RoleRelay)
 	_, err = relayPool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload) VALUES (gen_random_uuid(), 'x', 0, '')`)
 	wantDenied(t, "relay INSERT a message", err)
+	for _, set := range []string{"payload = 'tampered'", "subject = 'tampered'", `headers = '{"X-Tampered": ["1"]}'`, "msg_key = 'tampered'"} {
+		_, err = relayPool.Exec(ctx, `UPDATE txoutbox_messages SET `+set)
+		wantDenied(t, "relay UPDATE ... SET "+set, err)
+	}
 
 	// Consumer.
 	cons, err := consumer.New(poolOf(migrations.RoleConsumer), n.JS, func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
@@ -1543,5 +1547,146 @@ func TestProducerCannotForgeHoldBackOrPartition(t *testing.T) {
 	}
 	if held != 0 {
 		t.Errorf("%d rows the producer wrote hold back a key or sit in another partition", held)
+	}
+}
+
+// The relay role updates only the columns of txoutbox_messages the relay and the check-back
+// write (`relay migrate grants --role relay`): as the relay login, every UPDATE and DELETE
+// they run works — the promotion of delayed messages (which draws a new id), the claim, the
+// settles (published and retained, failed, dead, published and deleted), the check-back's
+// lease of checker rows, its recorded check and release, its commit and rollback of half
+// messages, its fence and its purges — and so do the admin commands that change rows (dead
+// requeue, prepared resume, scheduled cancel), while an UPDATE of what a message says (payload,
+// subject, headers, key, partition key, id, producer group, delivery time) fails with 42501.
+// Before, the relay role had UPDATE on every column: a leaked relay credential could rewrite
+// the messages the relay then published.
+func TestRelayRoleUpdatesOnlyItsColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lp := newLeastPrivilege(t)
+	db := lp.db
+	relay := lp.poolOf(migrations.RoleRelay)
+	q := store.New(db.Schema)
+	past, later := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	row := func(key string, deliverAt *time.Time) store.NewRow {
+		return store.NewRow{MessageID: uuid.New(), Subject: "orders.created", Key: key, Payload: []byte("original"), DeliverAt: deliverAt}
+	}
+	// Written as the owner: four ready rows, two delayed rows due and one not, three checker
+	// half messages and a fence one, due for a check, and an old dedup row.
+	ready := []store.NewRow{row("a", nil), row("b", nil), row("", nil), row("c", nil)}
+	notDue := row("e", &later)
+	if err := q.InsertMessages(ctx, db.Pool, append(ready, row("d", &past), row("", &past), notDue)); err != nil {
+		t.Fatal(err)
+	}
+	var checked, rolledBack, exhausted, fenced uuid.UUID
+	for _, h := range []struct {
+		id   *uuid.UUID
+		mode string
+	}{{&checked, store.CheckModeChecker}, {&rolledBack, store.CheckModeChecker}, {&exhausted, store.CheckModeChecker}, {&fenced, store.CheckModeFence}} {
+		r := row("h"+h.mode, nil)
+		*h.id = r.MessageID
+		group := ""
+		if h.mode == store.CheckModeChecker {
+			group = "payments"
+		}
+		if err := q.InsertPrepared(ctx, db.Pool, store.PrepareArgs{Row: r, Group: group, Mode: h.mode}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET created_at = now() - interval '1 hour', next_check_at = now() - interval '1 second'
+		WHERE state = 'prepared';
+		INSERT INTO txoutbox_consumer_dedup (consumer, idempotency_key, processed_at) VALUES ('billing', 'k', now() - interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The relay: promote and claim, then settle.
+	p, claimed, err := q.PromoteAndClaim(ctx, relay, 10, store.Follow{}, store.ClaimArgs{Limit: 20})
+	if err != nil || p.Moved != 2 || len(claimed) != 6 {
+		t.Fatalf("relay PromoteAndClaim: moved %d, claimed %d, %v; want 2 and 6", p.Moved, len(claimed), err)
+	}
+	res, err := q.Settle(ctx, relay, store.SettleArgs{
+		Published:   []store.Published{{ID: claimed[0].ID, Stream: "ORDERS", Seq: 1}},
+		Failed:      []store.Failed{{ID: claimed[1].ID, Err: "boom", Delay: time.Millisecond}, {ID: claimed[2].ID, Err: "too big", Permanent: true}},
+		MaxAttempts: 5, Retain: true})
+	if err != nil || res.Published != 1 || len(res.Dead) != 1 {
+		t.Fatalf("relay Settle (retained): %+v, %v", res, err)
+	}
+	var rest []store.Published
+	for _, c := range claimed[3:] {
+		rest = append(rest, store.Published{ID: c.ID, Stream: "ORDERS", Seq: 2})
+	}
+	if res, err := q.Settle(ctx, relay, store.SettleArgs{Published: rest, MaxAttempts: 5}); err != nil || res.Published != 3 {
+		t.Fatalf("relay Settle (deleted): %+v, %v", res, err)
+	}
+
+	// The check-back: lease the checker rows, record a check, release, commit and roll back;
+	// exhaust one; fence; purge.
+	leased, err := q.ClaimChecks(ctx, relay, 0, 10, time.Minute, nil)
+	if err != nil || len(leased) != 3 {
+		t.Fatalf("relay ClaimChecks: %d rows, %v; want 3", len(leased), err)
+	}
+	if st, _, ok, err := q.RecordCheck(ctx, relay, checked, "no answer", time.Second, 10); err != nil || !ok || st != store.StatePrepared {
+		t.Fatalf("relay RecordCheck: %s %v %v", st, ok, err)
+	}
+	if st, _, ok, err := q.RecordCheck(ctx, relay, exhausted, "no answer", time.Second, 1); err != nil || !ok || st != store.StateCheckExhausted {
+		t.Fatalf("relay RecordCheck (exhausting): %s %v %v", st, ok, err)
+	}
+	if err := q.ReleaseChecks(ctx, relay, []uuid.UUID{checked, rolledBack}); err != nil {
+		t.Fatalf("relay ReleaseChecks: %v", err)
+	}
+	for _, s := range []store.HalfSettle{{MessageID: checked, Commit: true, By: store.SettledByChecker, CountCheck: true},
+		{MessageID: rolledBack, By: store.SettledByChecker, CountCheck: true}} {
+		var settled bool
+		if err := pgx.BeginFunc(ctx, relay, func(tx pgx.Tx) error {
+			var err error
+			settled, _, err = q.SettleHalf(ctx, tx, s)
+			return err
+		}); err != nil || !settled {
+			t.Fatalf("relay SettleHalf (commit %v): settled %v, %v", s.Commit, settled, err)
+		}
+	}
+	if err := pgx.BeginFunc(ctx, relay, func(tx pgx.Tx) error {
+		ids, err := q.LockFences(ctx, tx, 0, 10)
+		if err != nil {
+			return err
+		}
+		done, err := q.Fence(ctx, tx, ids)
+		if err == nil && (len(done) != 1 || done[0] != fenced) {
+			err = fmt.Errorf("fenced %v, want [%s]", done, fenced)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("relay LockFences and Fence: %v", err)
+	}
+	for _, st := range []string{store.StatePublished, store.StateRolledBack} {
+		if n, err := q.PurgeMessages(ctx, relay, st, 0, 100); err != nil || n == 0 {
+			t.Fatalf("relay PurgeMessages(%s): %d, %v", st, n, err)
+		}
+	}
+	if n, err := q.PurgeDedup(ctx, relay, 0, 100); err != nil || n != 1 {
+		t.Fatalf("relay PurgeDedup: %d, %v", n, err)
+	}
+
+	// The admin commands that change rows, were they run as the relay role.
+	if ids, err := q.RequeueDead(ctx, relay, store.DeadFilter{}); err != nil || len(ids) != 1 {
+		t.Fatalf("dead requeue as the relay role: %v, %v", ids, err)
+	}
+	if ids, err := q.Resume(ctx, relay, []uuid.UUID{exhausted}, false, ""); err != nil || len(ids) != 1 {
+		t.Fatalf("prepared resume as the relay role: %v, %v", ids, err)
+	}
+	if ok, st, err := q.CancelScheduled(ctx, relay, notDue.MessageID); err != nil || !ok {
+		t.Fatalf("scheduled cancel as the relay role: %v %s %v", ok, st, err)
+	}
+
+	// What a message says is not the relay's to change.
+	for _, set := range []string{"payload = 'tampered'", "subject = 'tampered'", `headers = '{"X-Tampered": ["1"]}'`,
+		"msg_key = 'tampered'", "partition_key = 0", "message_id = gen_random_uuid()", "producer_group = 'tampered'",
+		"deliver_at = now()", "created_at = now()", "check_mode = 'fence'"} {
+		_, err := relay.Exec(ctx, `UPDATE txoutbox_messages SET `+set)
+		wantDenied(t, "relay UPDATE ... SET "+set, err)
+	}
+	var changed int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE payload <> 'original' OR subject <> 'orders.created'`).Scan(&changed); err != nil || changed != 0 {
+		t.Errorf("%d rows changed (%v)", changed, err)
 	}
 }
