@@ -207,7 +207,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			return nil, usageErr("no database: set DATABASE_URL (or --database-url), or pass --embedded for local development")
 		}
 		// Never a database nobody named: not even a PostgreSQL that happens to run here.
-		o.Log.Warn("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url to keep data")
+		o.Log.Warn("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url and --nats-url, without --embedded, to keep data")
 		pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
 		if err != nil {
 			return fail(err)
@@ -321,6 +321,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	opts = append(opts, o.NATSAuth...)
 	// One connection attempt (to each server of the URL); once connected, the connection
 	// reconnects by itself for ever.
+	probed := false
 	dial := func(more ...nats.Option) (*nats.Conn, error) {
 		nc, err := nats.Connect(c.NATSURL, append(opts, more...)...)
 		if err != nil {
@@ -328,9 +329,11 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 			if ue := (*url.Error)(nil); errors.As(err, &ue) {
 				ue.URL = redact.NATS(ue.URL)
 			}
-			if !tlsFirst && silentServer(err) {
-				if u := tlsFirstServer(c.NATSURL); u != "" {
-					return nc, &tlsFirstError{url: u, err: err}
+			if !tlsFirst && !probed && silentServer(err) {
+				// Once per command: a slow server is not sent a ClientHello at every retry.
+				probed = true
+				if u, nats := tlsFirstServer(ctx, c.NATSURL); u != "" {
+					return nc, &tlsFirstError{url: u, nats: nats, err: err}
 				}
 			}
 			err = natsHint(natsRefusedCause(c.NATSURL, err), tlsFirst)
@@ -407,28 +410,39 @@ func natsHint(err error, tlsFirst bool) error {
 	return err
 }
 
-// tlsFirstError: a server of the URL wants the TLS handshake first (handshake_first) and
-// the client waits for its INFO: a configuration error, which waiting cannot fix.
+// tlsFirstError: a server of the URL answers a TLS handshake started at once, and the
+// client waits for it to speak first: a configuration error, which waiting cannot fix. nats
+// says whether it then spoke NATS (a nats-server with handshake_first, or a TLS-terminating
+// proxy in front of one); else the URL names some other TLS service.
 type tlsFirstError struct {
-	url string // redacted
-	err error
+	url  string // redacted
+	nats bool
+	err  error
 }
 
 func (e *tlsFirstError) Error() string {
-	return fmt.Sprintf("%s wants the TLS handshake first (handshake_first), and this client waits for the server to speak first: "+
-		"set --nats-tls-first (TXOUTBOX_NATS_TLS_FIRST) (%v)", e.url, e.err)
+	if e.nats {
+		return fmt.Sprintf("%s wants the TLS handshake first (handshake_first), and this client waits for the server to speak first: "+
+			"set --nats-tls-first (TXOUTBOX_NATS_TLS_FIRST) (%v)", e.url, e.err)
+	}
+	return fmt.Sprintf("%s is not a NATS client port: it answers a TLS handshake at once, then says nothing a nats-server says "+
+		"(an HTTPS or other TLS service? check the port) (%v)", e.url, e.err)
 }
 
 func (e *tlsFirstError) Unwrap() error { return e.err }
 
 // tlsFirstServer tells a server that wants the TLS handshake first from one that is slow or
 // hung, after a connection attempt found it silent (silentServer): it starts a TLS handshake
-// with each server of urls (a comma-separated list; ws:// and wss:// are left out) and
-// returns the redacted URL of the first that answers it in TLS — a completed handshake, or a
-// TLS alert (the server refusing a missing client certificate, say). It sends nothing else:
-// the handshake skips verifying the server's certificate, since it only asks whether the
-// server speaks TLS first. "" when none does.
-func tlsFirstServer(urls string) string {
+// with each server of urls in turn (a comma-separated list; ws:// and wss:// are left out),
+// within tlsProbeTimeout in all and ctx, and returns the redacted URL of the first that
+// answers it in TLS — a completed handshake, or a TLS alert (the server refusing a missing
+// client certificate, say) — and whether it then sent a nats-server's INFO. The handshake
+// skips verifying the server's certificate, since it only asks whether the server speaks TLS
+// first, and nothing is sent over it. A plain server (slow or not) answers a ClientHello with
+// no TLS record: "" then.
+func tlsFirstServer(ctx context.Context, urls string) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, tlsProbeTimeout)
+	defer cancel()
 	for _, u := range strings.Split(urls, ",") {
 		u = strings.TrimSpace(u)
 		if !strings.Contains(u, "://") {
@@ -442,21 +456,40 @@ func tlsFirstServer(urls string) string {
 		if port == "" {
 			port = "4222"
 		}
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort(p.Hostname(), port), 2*time.Second)
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(p.Hostname(), port))
 		if err != nil {
 			continue
 		}
-		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-		tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, ServerName: p.Hostname()})
-		herr := tc.Handshake()
-		_ = conn.Close()
-		var op *net.OpError
-		if herr == nil || (errors.As(herr, &op) && op.Op == "remote error") {
-			return redact.NATS(u)
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
 		}
+		tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, ServerName: p.Hostname()})
+		herr := tc.HandshakeContext(ctx)
+		// A TLS alert (in TLS 1.3 a refused client certificate comes after the client's side of
+		// the handshake, at the first read): a TLS server that wants a client certificate.
+		alert := func(err error) bool {
+			var op *net.OpError
+			return errors.As(err, &op) && op.Op == "remote error"
+		}
+		switch {
+		case herr == nil:
+			// A nats-server speaks first once the handshake is done: its INFO.
+			buf := make([]byte, len("INFO "))
+			_, rerr := io.ReadFull(tc, buf)
+			_ = conn.Close()
+			return redact.NATS(u), alert(rerr) || (rerr == nil && string(buf) == "INFO ")
+		case alert(herr):
+			_ = conn.Close()
+			return redact.NATS(u), true
+		}
+		_ = conn.Close()
 	}
-	return ""
+	return "", false
 }
+
+// tlsProbeTimeout bounds tlsFirstServer.
+const tlsProbeTimeout = 3 * time.Second
 
 // silentServer reports whether err is what a client that waits for the server's INFO gets
 // from a server that waits for the client's TLS handshake: EOF (the server's TLS timeout

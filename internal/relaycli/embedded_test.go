@@ -22,7 +22,7 @@ func TestEmbeddedUsesAThrowawayCluster(t *testing.T) {
 	schema := "t_embedded_" + randomSuffix()
 	p := startRelay(t, "relay-embedded", "run", "--embedded", "--schema", schema, "--log-format", "json", "--no-checkback")
 	p.waitLog(t, "relay started", 60*time.Second)
-	if w := p.find("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url to keep data"); len(w) != 1 || w[0].Fields["level"] != "WARN" {
+	if w := p.find("embedded mode: starting a throwaway PostgreSQL cluster (deleted at exit, with everything in it); set --database-url and --nats-url, without --embedded, to keep data"); len(w) != 1 || w[0].Fields["level"] != "WARN" {
 		t.Errorf("embedded mode did not say loudly where its tables are:\n%s", p.output())
 	}
 	local := "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"

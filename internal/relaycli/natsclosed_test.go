@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
@@ -133,13 +135,17 @@ func TestRelayWithoutTLSFirstExitsSayingSo(t *testing.T) {
 }
 
 // tlsFirstServer finds the server that answers a TLS handshake started at once, with or
-// without a client certificate it wants (an alert is an answer in TLS), and only that one:
-// not a plain server (it speaks first, in NATS), not a closed port.
+// without a client certificate it wants (an alert is an answer in TLS), and says whether it
+// then speaks NATS; it finds nothing at a plain server (it speaks first, in NATS) or a closed
+// port, and tells an HTTPS server (TLS, then silence) from a nats-server.
 func TestTLSFirstServer(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	certs := testsvc.NewCerts(t, "relay")
 	first := startAuthNATS(t, embedded.NATSOptions{TLS: certs.ServerTLS(t), TLSHandshakeFirst: true})
 	plain := startAuthNATS(t, embedded.NATSOptions{})
+	web := httptest.NewTLSServer(http.NotFoundHandler())
+	defer web.Close()
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -147,15 +153,27 @@ func TestTLSFirstServer(t *testing.T) {
 	closedURL := "nats://" + closed.Addr().String()
 	_ = closed.Close()
 	firstURL := fmt.Sprintf("tls://u:secret@127.0.0.1:%d", first.Port)
-	for _, c := range []struct{ urls, want string }{
-		{firstURL, fmt.Sprintf("tls://u:xxxxx@127.0.0.1:%d", first.Port)},
-		{fmt.Sprintf("nats://127.0.0.1:%d", plain.Port), ""},
-		{closedURL, ""},
-		{closedURL + "," + firstURL, fmt.Sprintf("tls://u:xxxxx@127.0.0.1:%d", first.Port)},
+	firstRedacted := fmt.Sprintf("tls://u:xxxxx@127.0.0.1:%d", first.Port)
+	webURL := "tls://" + web.Listener.Addr().String()
+	for _, c := range []struct {
+		urls, want string
+		nats       bool
+	}{
+		{firstURL, firstRedacted, true},
+		{fmt.Sprintf("nats://127.0.0.1:%d", plain.Port), "", false},
+		{closedURL, "", false},
+		{closedURL + "," + firstURL, firstRedacted, true},
+		{webURL, webURL, false},
 	} {
-		if got := tlsFirstServer(c.urls); got != c.want {
-			t.Errorf("tlsFirstServer(%s) = %q, want %q", redact.NATS(c.urls), got, c.want)
+		if got, nats := tlsFirstServer(ctx, c.urls); got != c.want || nats != c.nats {
+			t.Errorf("tlsFirstServer(%s) = %q, %v; want %q, %v", redact.NATS(c.urls), got, nats, c.want, c.nats)
 		}
+	}
+	// A cancelled context probes nothing.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if got, _ := tlsFirstServer(cancelled, firstURL); got != "" {
+		t.Errorf("tlsFirstServer with a cancelled context = %q, want nothing", got)
 	}
 }
 
