@@ -449,12 +449,22 @@ func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, string, e
 			return upTo(v), src, nil
 		}
 	}
-	return upTo(tv), fmt.Sprintf(handAppliedSource+" in schema %q (no version table records txoutbox's migrations)", m.schema), nil
+	return upTo(tv), fmt.Sprintf(HandAppliedSource+" in schema %q (no version table records txoutbox's migrations)", m.schema), nil
 }
 
-// handAppliedSource starts the source applied reports for a schema whose version was read
-// from its tables: applied by hand, or by a tool whose version table is the application's.
-const handAppliedSource = "txoutbox's tables"
+// HandAppliedSource starts Status.Source for a schema whose version was read from its
+// tables, not from a version table: its migrations were applied by hand, or by a tool whose
+// version table is the application's. Up and Down leave such a schema alone
+// (ErrManagedElsewhere): apply the missing migrations the way the others were.
+const HandAppliedSource = "txoutbox's tables"
+
+// migrationRange says "migration 12" or "migrations 11 to 12".
+func migrationRange(from, to int) string {
+	if from == to {
+		return fmt.Sprintf("migration %d", from)
+	}
+	return fmt.Sprintf("migrations %d to %d", from, to)
+}
 
 // upTo returns versions 1 to v as applied, with no time.
 func upTo(v int) []applied {
@@ -685,11 +695,11 @@ func (m *Migrator) notManagedElsewhere(ctx context.Context, db txoutbox.Beginner
 	if what == "up" && len(app) == len(m.migrations) {
 		return true, nil
 	}
-	if strings.HasPrefix(src, handAppliedSource) {
+	if strings.HasPrefix(src, HandAppliedSource) {
 		// Nobody's version table to hand it to: say how the rest is applied.
 		next := "nothing to apply"
 		if len(app) < len(m.migrations) {
-			next = fmt.Sprintf("apply migrations %d to %d the way the earlier ones were applied (`relay migrate export --dir DIR` writes them)", len(app)+1, len(m.migrations))
+			next = fmt.Sprintf("apply %s the way the earlier ones were applied (`relay migrate export --dir DIR` writes them)", migrationRange(len(app)+1, len(m.migrations)))
 		}
 		return false, fmt.Errorf("%w: schema %q is at version %d according to %s, applied without txoutbox's runner, which "+
 			"therefore leaves the schema alone (it cannot tell what else applies migrations to it); %s",

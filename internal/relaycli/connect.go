@@ -615,10 +615,14 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // (relay migrate up refuses a schema another tool manages: migrations.ErrManagedElsewhere).
 func upgradeAdvice(src, schema string, v, latest int) string {
 	switch {
-	case strings.HasPrefix(src, "txoutbox's tables"):
+	case strings.HasPrefix(src, migrations.HandAppliedSource):
 		// No version table: relay migrate up leaves the schema to whoever applied it (it
 		// refuses, migrations.ErrManagedElsewhere).
-		return fmt.Sprintf("apply migrations %d to %d the way the earlier ones were applied (`relay migrate export --dir DIR` writes them; `relay migrate up` leaves a schema without a version table alone)", v+1, latest)
+		which := fmt.Sprintf("migrations %d to %d", v+1, latest)
+		if v+1 == latest {
+			which = fmt.Sprintf("migration %d", latest)
+		}
+		return fmt.Sprintf("apply %s the way the earlier ones were applied (`relay migrate export --dir DIR` writes them; `relay migrate up` leaves a schema without a version table alone)", which)
 	case strings.HasPrefix(src, "golang-migrate's "):
 		return fmt.Sprintf("apply this binary's migrations/ with golang-migrate (`migrate -path migrations -database ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
 	case strings.HasPrefix(src, "goose's "):

@@ -61,7 +61,7 @@ func TestCheckSchemaAdviceNamesTheToolThatKeepsTheVersions(t *testing.T) {
 		{"txoutbox", "", "", "relay migrate up"},
 		// Applied by hand (no version table): relay migrate up leaves it alone, so the advice
 		// is to apply the rest the same way (it sent users to relay migrate up, which refused).
-		{"hand", "-", "", "apply migrations LATEST to LATEST the way the earlier ones were applied (`relay migrate export --dir DIR` writes them"},
+		{"hand", "-", "", "apply migration LATEST the way the earlier ones were applied (`relay migrate export --dir DIR` writes them"},
 		{"golang-migrate", `CREATE TABLE %s (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)`,
 			`INSERT INTO %s VALUES ($1, false)`, "with golang-migrate"},
 		{"goose", `CREATE TABLE %s (id serial NOT NULL, version_id bigint NOT NULL, is_applied boolean NOT NULL, tstamp timestamp NULL DEFAULT now(), PRIMARY KEY (id))`,
