@@ -60,6 +60,32 @@ SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - 
 		t.Fatal(err)
 	}
 	defer conn.Release()
+	// The metrics' sample (count up to its limit, the next due time) too: it reads the rows
+	// past their delivery time (at most 1,000 of them) and the first not yet due, through the
+	// scheduled index.
+	for _, generic := range []bool{false, true} {
+		out, err := q.ExplainScheduledSample(ctx, conn.Conn(), limit, generic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc []struct{ Plan planNode }
+		if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
+			t.Fatalf("EXPLAIN output: %v: %s", err, out)
+		}
+		read := 0.0
+		doc[0].Plan.walk(func(n planNode) {
+			if n.Relation != "txoutbox_messages" {
+				return
+			}
+			if n.Index != "txoutbox_messages_scheduled_idx" {
+				t.Errorf("generic %v: the sample reads the outbox with a %s %s, want the scheduled index (%v rows)\n%s", generic, n.NodeType, n.Index, n.ActualRows, out)
+			}
+			read += (n.ActualRows + n.RowsFiltered) * max(n.ActualLoops, 1)
+		})
+		if want := float64(limit + overdue + 1); read > want {
+			t.Errorf("generic %v: the sample read %v scheduled rows, want at most %v (its count's limit, the overdue ones, the next)", generic, read, want)
+		}
+	}
 	for _, generic := range []bool{false, true} {
 		out, err := q.ExplainScheduledStatus(ctx, conn.Conn(), limit, generic)
 		if err != nil {
@@ -161,5 +187,27 @@ VALUES (gen_random_uuid(), $1, 1, '\x00'::bytea, 'scheduled', now() + $2::interv
 	}
 	if sc := snap.Scheduled; sc.Overdue != 3 || !sc.Stuck || sc.NextDueSeconds > -170 || sc.NextDueSeconds < -200 {
 		t.Errorf("typed summary %+v; want 3 overdue, stuck, the earliest due about 3 minutes ago", sc)
+	}
+}
+
+// The last due time when every scheduled row is past its delivery time is the latest due
+// time, not the due time of the row with the latest delivery time: a row committed just now
+// with a delivery time two hours past is due now, after a row due an hour ago.
+func TestScheduledLastDueWhenAllOverdue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	q := store.New(db.Schema)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO txoutbox_messages (message_id, subject, partition_key, payload, state, deliver_at, created_at)
+VALUES (gen_random_uuid(), 'orders.a', 1, '\x00'::bytea, 'scheduled', now() - interval '1 hour', now() - interval '2 hours'),
+       (gen_random_uuid(), 'orders.b', 2, '\x00'::bytea, 'scheduled', now() - interval '2 hours', now())`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q.ScheduledStatuses(ctx, db.Pool, ScheduledLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late := time.Since(st.LastDue); late < 0 || late > time.Minute {
+		t.Errorf("last due %v (%v ago); want about now, row b's due time", st.LastDue, late)
 	}
 }

@@ -116,6 +116,11 @@ func int32Array(v []int32) string {
 	return "'{" + strings.Join(s, ",") + "}'::int4[]"
 }
 
+// ExplainScheduledSample explains SampleScheduled with limit on conn (it only reads).
+func (q *Queries) ExplainScheduledSample(ctx context.Context, conn *pgx.Conn, limit int, generic bool) ([]byte, error) {
+	return explainPrepared(ctx, conn, q.sched.sample, strconv.Itoa(limit), generic)
+}
+
 // ExplainScheduledStatus explains ScheduledStatuses with limit on conn (it only reads).
 func (q *Queries) ExplainScheduledStatus(ctx context.Context, conn *pgx.Conn, limit int, generic bool) ([]byte, error) {
 	return explainPrepared(ctx, conn, q.sched.statusBySubject, strconv.Itoa(limit), generic)

@@ -187,7 +187,9 @@ WHERE `
 	// dueSQL): the earliest due of the rows already past their delivery time (the first
 	// overdueScan of them in delivery order), else the earliest delivery time to come (a row
 	// not yet past it is due then: it was inserted, committed and rescheduled before now).
-	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' LIMIT $1) s),
+	// The count reads the scheduled index in its order, so that it never scans the table for
+	// its few scheduled rows among many others.
+	s.sample = `SELECT (SELECT count(*) FROM (SELECT 1 FROM ` + m + ` WHERE state = 'scheduled' ORDER BY deliver_at LIMIT $1) s),
        (SELECT extract(epoch FROM least(
           (SELECT min(` + dueSQL("o") + `) FROM (SELECT deliver_at, created_at, settled_at FROM ` + m + `
             WHERE state = 'scheduled' AND deliver_at <= now() ORDER BY deliver_at LIMIT ` + strconv.Itoa(overdueScan) + `) o),
@@ -206,7 +208,11 @@ LIMIT $3`
 )
 SELECT s.subject, count(*), min(s.due), max(s.due), count(*) FILTER (WHERE s.deliver_at <= now()),
        (SELECT count(*) FROM s),
-       (SELECT ` + dueSQL("l") + ` FROM ` + m + ` l WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1)
+       -- The last due time: the last delivery time's row's (a row not yet due is due at its
+       -- delivery time), or, when every row is past its delivery time, a later due among those
+       -- counted (one committed after its time).
+       greatest((SELECT ` + dueSQL("l") + ` FROM ` + m + ` l WHERE state = 'scheduled' ORDER BY deliver_at DESC, id DESC LIMIT 1),
+                (SELECT max(due) FROM s))
 FROM s GROUP BY s.subject ORDER BY s.subject`
 	return s
 }
@@ -467,7 +473,8 @@ type ScheduledStatus struct {
 	Subjects []ScheduledSubject
 	Counted  int64
 	Capped   bool
-	// LastDue is the last delivery time of all scheduled rows (exact).
+	// LastDue is the last due time of all scheduled rows: exact when a row is not yet due (the
+	// last delivery time), else the last among those counted.
 	LastDue time.Time
 }
 
