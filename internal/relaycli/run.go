@@ -141,7 +141,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		"partitions": int64(f.cfg.Partitions), "publish-timeout": int64(f.cfg.PublishTimeout), "poll-min": int64(f.cfg.PollMin),
 		"poll-max": int64(f.cfg.PollMax), "backoff-base": int64(f.cfg.BackoffBase), "backoff-max": int64(f.cfg.BackoffMax),
 		"lease-interval": int64(f.cfg.LeaseInterval), "sample-interval": int64(f.cfg.SampleInterval),
-		"stream-duplicates": int64(f.cfg.StreamDuplicates), // 0 is JetStream's default window, not none
+		"stream-duplicates": int64(f.cfg.StreamDuplicates), // relay.Config would read 0 as its default window
 	} {
 		if v <= 0 {
 			return usageErr("invalid --%s: must be positive", name)
