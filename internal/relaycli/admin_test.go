@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -195,24 +196,63 @@ func TestDeadCommands(t *testing.T) {
 		{[]string{"--newer-than", "1h"}, []string{"pdead-new", "adead"}},
 		{[]string{"--id", e.ids["adead"].String() + "," + e.ids["c1"].String()}, []string{"adead"}},
 		{[]string{"--limit", "1"}, []string{"pdead-old"}},
+		// Literal: every row was enqueued at least 0 ago.
+		{[]string{"--older-than", "0"}, []string{"pdead-old", "pdead-new", "adead"}},
+		{[]string{"--subject", "orders.paid", "--older-than", "0s"}, []string{"pdead-old", "pdead-new"}},
 	} {
 		if got := listIDs(c.args...); !same(got, c.want...) {
 			t.Errorf("dead list %v = %v, want %v", c.args, got, c.want)
 		}
 	}
-
-	// Bad usage exits 2 and changes nothing.
-	for _, args := range [][]string{
-		{"dead", "purge"},
-		{"dead", "requeue"},
-		{"dead", "purge", "--all", "--subject", "x"},
-		{"dead", "list", "--subject", "a..b"},
-		{"dead", "list", "--id", "not-a-uuid"},
-		{"dead", "frobnicate"},
-	} {
-		if code, _, errOut := cli(t, e.args(args...)...); code != 2 || errOut == "" {
-			t.Errorf("%v = %d (%q), want 2 with a message", args, code, errOut)
+	// "More" is said when there are more rows, not when exactly --limit came back.
+	for _, c := range []struct {
+		args []string
+		more bool
+	}{{[]string{"--limit", "2"}, true}, {[]string{"--limit", "3"}, false}, {[]string{"--limit", "4"}, false}, {nil, false}} {
+		code, out, errOut := cli(t, e.args(append([]string{"dead", "list"}, c.args...)...)...)
+		if code != 0 || strings.Contains(out, "raise --limit for more") != c.more {
+			t.Errorf("dead list %v of 3 dead rows: exit %d, %s%s; want the \"more\" note %v", c.args, code, out, errOut, c.more)
 		}
+		if c.more && !strings.Contains(out, "2 dead rows listed (the first 2; raise --limit for more)") {
+			t.Errorf("dead list %v: %s", c.args, out)
+		}
+	}
+
+	// Bad usage exits 2 and changes nothing. No 0, empty value or ignored setting makes
+	// requeue or purge select more than typed (--limit 0 was "all", --newer-than 0 "any age").
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"purge"}, "purge changes every dead row without a filter"},
+		{[]string{"requeue"}, "requeue changes every dead row without a filter"},
+		{[]string{"purge", "--all", "--subject", "x"}, "--all and filters exclude each other (got --all and --subject)"},
+		{[]string{"list", "--subject", "a..b"}, "invalid --subject"},
+		{[]string{"list", "--id", "not-a-uuid"}, `invalid --id "not-a-uuid"`},
+		{[]string{"frobnicate"}, "want list, show, requeue or purge"},
+		{[]string{"purge", "--subject", "orders.paid", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000; omit --limit to purge every row that matches"},
+		{[]string{"requeue", "--all", "--limit", "-1"}, "invalid --limit -1: must be between 1 and 100000; omit --limit to requeue every row that matches"},
+		{[]string{"purge", "--all", "--limit", "100001"}, "invalid --limit 100001"},
+		{[]string{"purge", "--subject", "orders.paid", "--newer-than", "0"}, "invalid --newer-than 0: no row was enqueued less than 0 ago; omit --newer-than for any age"},
+		{[]string{"purge", "--older-than", "0"}, "purge with --older-than 0 changes every dead row (each was enqueued at least 0 ago): give a filter that narrows it, or --all"},
+		{[]string{"requeue", "--older-than", "0s", "--limit", "1"}, "requeue with --older-than 0 changes every dead row"},
+		{[]string{"purge", "--all", "--older-than", "0"}, "--all and filters exclude each other (got --all and --older-than)"},
+		{[]string{"purge", "--subject", "", "--older-than", "1h"}, `invalid --subject "": empty; omit --subject for every subject`},
+		{[]string{"purge", "--id", ""}, `invalid --id "": no message id`},
+		{[]string{"requeue", "--id", " , "}, `invalid --id " , ": no message id`},
+		{[]string{"purge", e.ids["adead"].String()}, fmt.Sprintf(`purge takes no arguments (got [%q]): give message ids with --id`, e.ids["adead"])},
+		{[]string{"list", "extra"}, `list takes no arguments (got ["extra"])`},
+		{[]string{"show", e.ids["adead"].String(), "--dry-run"}, "show takes a message id and no filters (got --dry-run)"},
+		{[]string{"show", e.ids["adead"].String(), "--limit", "5"}, "show takes a message id and no filters (got --limit)"},
+	} {
+		args := append([]string{"dead"}, c.args...)
+		if code, _, errOut := cli(t, e.args(args...)...); code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q = %d (%q), want 2 saying %q", args, code, errOut, c.want)
+		}
+	}
+	var dead int
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM txoutbox_messages WHERE state = 'dead'`).Scan(&dead); err != nil || dead != 3 {
+		t.Fatalf("%d dead rows after the refused commands (%v), want 3", dead, err)
 	}
 
 	// requeue --dry-run changes nothing.
@@ -296,5 +336,72 @@ func TestMigrateDownAllIsCommandLineOnly(t *testing.T) {
 	}
 	if !exists || strings.Count(out.String(), "reverted") != 1 {
 		t.Fatalf("migrate down with TXOUTBOX_ALL/STEPS in the environment reverted %q; the outbox table exists: %v", out.String(), exists)
+	}
+}
+
+// Every admin subcommand refuses, before it connects (exit 2, naming the flag or the
+// arguments), what it would otherwise ignore or read wider than typed: arguments to a list, a
+// setting the action does not read, a --limit out of 1..100000, and a 0 (or an empty value)
+// that has no literal meaning, never read as the default, "any" or "all".
+func TestAdminCommandsRefuseWhatTheyWouldIgnore(t *testing.T) {
+	t.Parallel()
+	id := uuid.NewString()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		// Lists take no arguments.
+		{[]string{"dead", "list", "extra"}, `list takes no arguments (got ["extra"])`},
+		{[]string{"dead", "list", id}, "list takes no arguments"},
+		{[]string{"prepared", "list", "extra"}, `list takes no arguments (got ["extra"])`},
+		{[]string{"prepared", "list", id}, "list takes no arguments"},
+		{[]string{"scheduled", "list", "extra"}, `list takes no arguments (got ["extra"])`},
+		{[]string{"dead", "requeue", "--all", "extra"}, `requeue takes no arguments (got ["extra"]): give message ids with --id`},
+		// --limit: 1 to 100000 wherever it is taken; 0 is neither the default nor "all".
+		{[]string{"dead", "list", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000"},
+		{[]string{"dead", "list", "--limit", "100001"}, "invalid --limit 100001: must be between 1 and 100000"},
+		{[]string{"dead", "purge", "--all", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000; omit --limit to purge every row that matches"},
+		{[]string{"dead", "requeue", "--subject", "x", "--limit", "0"}, "omit --limit to requeue every row that matches"},
+		{[]string{"prepared", "list", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000"},
+		{[]string{"prepared", "list", "--limit", "100001"}, "invalid --limit 100001"},
+		{[]string{"scheduled", "list", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000"},
+		{[]string{"scheduled", "list", "--limit", "100001"}, "invalid --limit 100001"},
+		// Durations: a 0 is literal (--older-than 0: every row) or refused.
+		{[]string{"dead", "list", "--newer-than", "0"}, "invalid --newer-than 0: no row was enqueued less than 0 ago; omit --newer-than for any age"},
+		{[]string{"dead", "requeue", "--subject", "x", "--newer-than", "0s"}, "invalid --newer-than 0"},
+		{[]string{"dead", "purge", "--older-than", "0"}, "purge with --older-than 0 changes every dead row"},
+		{[]string{"dead", "list", "--older-than", "-1"}, "must not be negative"},
+		{[]string{"scheduled", "list", "--due-within", "0"}, "invalid --due-within 0s: must be more than 0; omit --due-within for every scheduled message"},
+		{[]string{"scheduled", "list", "--due-within", "-1s"}, "must not be negative"},
+		// Empty values are not "every".
+		{[]string{"dead", "list", "--subject", ""}, `invalid --subject "": empty`},
+		{[]string{"dead", "purge", "--id", ","}, `invalid --id ",": no message id`},
+		{[]string{"prepared", "resume", "--all", "--group", ""}, `invalid --group "": empty; omit --group for every group`},
+		{[]string{"scheduled", "list", "--subject", ""}, `invalid --subject "": empty`},
+		{[]string{"scheduled", "cancel", "--biz-key", ""}, `invalid --biz-key "": empty`},
+		// A setting the subcommand would ignore.
+		{[]string{"dead", "list", "--all"}, "--all goes with requeue and purge only: list would ignore it"},
+		{[]string{"dead", "list", "--dry-run"}, "--dry-run goes with requeue and purge only: list would ignore it"},
+		{[]string{"dead", "show", id, "--all"}, "show takes a message id and no filters (got --all)"},
+		{[]string{"dead", "show", id, "--subject", "x"}, "show takes a message id and no filters (got --subject)"},
+		{[]string{"dead", "show", id, "--older-than", "0"}, "show takes a message id and no filters (got --older-than)"},
+		{[]string{"prepared", "list", "--all"}, "--all goes with resume only: list would ignore it"},
+		{[]string{"prepared", "show", id, "--limit", "5"}, "--limit goes with list only: show would ignore it"},
+		{[]string{"prepared", "show", id, "--state", "all"}, "--state goes with list only: show would ignore it"},
+		{[]string{"prepared", "resume", "--all", "--limit", "1"}, "--limit goes with list only: resume would ignore it"},
+		{[]string{"prepared", "resume", "--all", "--state", "prepared"}, "--state goes with list only: resume would ignore it"},
+		{[]string{"prepared", "commit", id, "--group", "g"}, "--group goes with list and resume only: commit would ignore it"},
+		{[]string{"prepared", "rollback", id, "--all"}, "--all goes with resume only: rollback would ignore it"},
+		{[]string{"prepared", "resume", id, "--group", "g"}, "--group goes with --all"},
+		{[]string{"scheduled", "cancel", "--biz-key", "k", "--subject", "orders.x"}, "--subject goes with list only: cancel would ignore it"},
+		{[]string{"scheduled", "cancel", id, "--due-within", "1h"}, "--due-within goes with list only: cancel would ignore it"},
+		{[]string{"scheduled", "cancel", id, "--limit", "5"}, "--limit goes with list only: cancel would ignore it"},
+		{[]string{"scheduled", "list", "--biz-key", "k"}, "--biz-key goes with cancel only: list would ignore it"},
+	} {
+		// An unreachable database: each is refused before a connection is tried.
+		code, out, errOut := cli(t, append(c.args, "--database-url", "postgres://127.0.0.1:1/none")...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("relay %q: exit %d, %q %q; want exit 2 saying %q", c.args, code, out, errOut, c.want)
+		}
 	}
 }

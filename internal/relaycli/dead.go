@@ -36,9 +36,14 @@ Usage:
 
 Filters combine (AND): --subject (NATS wildcards allowed: orders.*, orders.>), --older-than /
 --newer-than (age since enqueue), --id (message ids, comma-separated). requeue and purge need
-a filter or --all, and take --dry-run. Only --database-url and --schema are read from the
-environment: what to select or change is always typed. --json prints a JSON array (list), a
-JSON object (show, and what requeue and purge did).
+a filter or --all, and take --dry-run. --limit N (1 to 100000) bounds the rows listed (100
+unless given) or changed (every row that matches unless given). A 0 is literal or refused:
+--older-than 0 matches every row (so requeue and purge do not take it as their filter),
+--newer-than 0 and --limit 0 are refused; so are an empty --subject or --id, arguments (ids go
+in --id), and a setting the action would ignore (--all and --dry-run go with requeue and purge
+only; show takes no filter). Only --database-url and --schema are read from the environment:
+what to select or change is always typed. --json prints a JSON array (list), a JSON object
+(show, and what requeue and purge did).
 `
 
 func deadCmd(ctx context.Context, env *Env, args []string) error {
@@ -50,10 +55,13 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.String(&subject, "subject", "", "", "only rows of this subject (NATS wildcards * and > allowed)")
-	s.Duration(&olderThan, "older-than", "", 0, "only rows enqueued at least this long ago")
-	s.Duration(&newerThan, "newer-than", "", 0, "only rows enqueued at most this long ago")
+	s.Duration(&olderThan, "older-than", "", 0, "only rows enqueued at least this long ago (0: every row)")
+	helpDefault(s, "older-than", "any age")
+	s.Duration(&newerThan, "newer-than", "", 0, "only rows enqueued at most this long ago (more than 0)")
+	helpDefault(s, "newer-than", "any age")
 	s.String(&ids, "id", "", "", "only these message ids (comma-separated UUIDs)")
-	s.Int(&limit, "limit", "", 0, "at most this many rows (list: default 100; requeue, purge: default all that match)")
+	s.Int(&limit, "limit", "", 0, "at most this many rows, 1 to 100000")
+	helpDefault(s, "limit", "100 for list, every row that matches for requeue and purge")
 	s.Bool(&all, "all", "", false, "requeue, purge: every dead row (required when no filter is given)")
 	s.Bool(&dryRun, "dry-run", "", false, "requeue, purge: say what would change, change nothing")
 	s.Bool(&asJSON, "json", "", false, "print JSON")
@@ -78,8 +86,10 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		if showID, err = uuid.Parse(positional[0]); err != nil {
 			return usageErr("invalid message id %q: %v", positional[0], err)
 		}
+	case action == "list" && len(positional) > 0:
+		return usageErr("list takes no arguments (got %q)", positional)
 	case len(positional) > 0:
-		return usageErr("unexpected arguments %q", positional)
+		return usageErr("%s takes no arguments (got %q): give message ids with --id", action, positional)
 	}
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
@@ -87,9 +97,28 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	if err := migrations.ValidateSchemaName(schema); err != nil {
 		return usageErr("invalid --schema: %v", err)
 	}
-	f := store.DeadFilter{Subject: subject, OlderThan: olderThan, NewerThan: newerThan, Limit: limit}
-	if olderThan < 0 || newerThan < 0 || limit < 0 {
-		return usageErr("--older-than, --newer-than and --limit must not be negative")
+	// A setting the action would ignore is refused, naming it.
+	typed := typedSettings(s)
+	if action == "show" {
+		for _, name := range s.order {
+			if typed[name] && name != "database-url" && name != "schema" && name != "json" {
+				return usageErr("show takes a message id and no filters (got --%s)", name)
+			}
+		}
+	}
+	if err := refuseIgnored(s, typed, action, map[string][]string{
+		"all": {"requeue", "purge"}, "dry-run": {"requeue", "purge"},
+	}); err != nil {
+		return err
+	}
+	// Every 0 (and every empty filter) is literal or refused, never read as "any": none makes
+	// a selection wider than what was typed.
+	f := store.DeadFilter{Subject: subject, OlderThan: olderThan, NewerThan: newerThan}
+	switch {
+	case typed["subject"] && subject == "":
+		return usageErr("invalid --subject \"\": empty; omit --subject for every subject")
+	case typed["newer-than"] && newerThan == 0:
+		return usageErr("invalid --newer-than 0: no row was enqueued less than 0 ago; omit --newer-than for any age")
 	}
 	if subject != "" {
 		if _, err := store.SubjectRegexp(subject); err != nil {
@@ -106,17 +135,39 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	filtered := subject != "" || olderThan > 0 || newerThan > 0 || len(f.IDs) > 0
 	changes := action == "requeue" || action == "purge"
+	if typed["id"] && len(f.IDs) == 0 {
+		return usageErr("invalid --id %q: no message id; omit --id for every message id", ids)
+	}
 	switch {
-	case action == "list" && limit == 0:
-		f.Limit = 100
-	case action == "show" && (filtered || all || dryRun || limit > 0):
-		return usageErr("show takes a message id and no filters")
-	case changes && !filtered && !all:
+	case typed["limit"] && changes && (limit < 1 || limit > maxAdminLimit):
+		return usageErr("invalid --limit %d: must be between 1 and %d; omit --limit to %s every row that matches", limit, maxAdminLimit, action)
+	case typed["limit"]:
+		if err := checkLimit(limit); err != nil {
+			return err
+		}
+	case action == "list":
+		limit = 100
+	}
+	f.Limit = limit // requeue and purge without --limit: 0, every row that matches
+	if action == "list" {
+		f.Limit = limit + 1 // one row more than shown says whether there are more
+	}
+	// --older-than 0 is literal (every row was enqueued at least 0 ago): it narrows nothing.
+	narrowed := subject != "" || olderThan > 0 || newerThan > 0 || len(f.IDs) > 0
+	filterTyped := ""
+	for _, name := range []string{"subject", "older-than", "newer-than", "id"} {
+		if typed[name] && filterTyped == "" {
+			filterTyped = name
+		}
+	}
+	switch {
+	case changes && all && filterTyped != "":
+		return usageErr("--all and filters exclude each other (got --all and --%s)", filterTyped)
+	case changes && !all && !narrowed && typed["older-than"]:
+		return usageErr("%s with --older-than 0 changes every dead row (each was enqueued at least 0 ago): give a filter that narrows it, or --all", action)
+	case changes && !all && !narrowed:
 		return usageErr("%s changes every dead row without a filter: give --subject, --older-than, --newer-than or --id, or --all", action)
-	case changes && filtered && all:
-		return usageErr("--all and filters exclude each other")
 	}
 
 	log, _ := newLogger(env.Stderr, "text", "warn")
@@ -138,6 +189,8 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return err
 		}
+		more := len(rows) > limit
+		rows = rows[:min(len(rows), limit)]
 		if asJSON {
 			out := make([]deadRowJSON, 0, len(rows))
 			for _, r := range rows {
@@ -155,8 +208,8 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 		fmt.Fprintf(env.Stdout, "%d dead rows listed", len(rows))
-		if len(rows) == f.Limit {
-			fmt.Fprintf(env.Stdout, " (the first %d; raise --limit for more)", f.Limit)
+		if more {
+			fmt.Fprintf(env.Stdout, " (the first %d; raise --limit for more)", limit)
 		}
 		fmt.Fprintln(env.Stdout)
 		return nil

@@ -3,9 +3,11 @@ package relaycli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,6 +28,7 @@ an operator acts).
 
 Usage:
   relay prepared list [--state S] [--group G] [--limit N] [--json]
+                                                               oldest first; --limit 1 to 100000
   relay prepared show MESSAGE_ID [--json]                      one half message: headers, payload (text
                                                                when it is UTF-8 text, else base64), last error
   relay prepared resume (MESSAGE_ID... | --all [--group G])   check_exhausted -> prepared, checks start over
@@ -33,8 +36,10 @@ Usage:
   relay prepared rollback MESSAGE_ID...                        drop them (prepared or check_exhausted)
 
 Only --database-url and --schema are read from the environment: what to select or change is
-always typed. --json prints a JSON array (list) or a JSON object (show, and what resume, commit
-and rollback did: {"action", "message_ids", "failed"}).
+always typed. A setting the action would ignore is refused (--state and --limit go with list
+only, --group with list and resume --all, --all with resume), as are arguments to list and an
+empty --group. --json prints a JSON array (list) or a JSON object (show, and what resume,
+commit and rollback did: {"action", "message_ids", "failed"}).
 `
 
 func preparedCmd(ctx context.Context, env *Env, args []string) error {
@@ -46,7 +51,7 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.String(&state, "state", "", "all", "list: prepared, check_exhausted or all (both)")
 	s.String(&group, "group", "", "", "list, resume --all: only this producer group")
-	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first")
+	s.Int(&limit, "limit", "", 100, "list: rows at most, oldest first (1 to 100000)")
 	s.Bool(&asJSON, "json", "", false, "print JSON (list: an array; show: an object; resume, commit, rollback: what changed, an object)")
 	s.Bool(&all, "all", "", false, "resume: every check_exhausted message (of --group, if given)")
 	s.EnvironmentOnlyFor("database-url", "schema")
@@ -66,6 +71,9 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	if dsn == "" {
 		return usageErr("no database: set DATABASE_URL or --database-url")
 	}
+	if action == "list" && len(positional) > 0 {
+		return usageErr("list takes no arguments (got %q)", positional)
+	}
 	var ids []uuid.UUID
 	for _, a := range positional {
 		id, err := uuid.Parse(a)
@@ -77,18 +85,18 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	// Selection settings another action would ignore are refused, naming them.
-	if all && action != "resume" {
-		return usageErr("--all goes with resume only")
+	typed := typedSettings(s)
+	if err := refuseIgnored(s, typed, action, map[string][]string{
+		"state": {"list"}, "limit": {"list"}, "group": {"list", "resume"}, "all": {"resume"},
+	}); err != nil {
+		return err
 	}
-	if group != "" && action != "list" && action != "resume" {
-		return usageErr("--group goes with list and resume --all only: %s acts on the message ids given, whatever their group", action)
+	if typed["group"] && group == "" {
+		return usageErr("invalid --group \"\": empty; omit --group for every group")
 	}
 	var states []string
 	switch action {
 	case "list":
-		if len(ids) > 0 {
-			return usageErr("list takes no message ids")
-		}
 		switch state {
 		case "all":
 			states = store.SettleableStates
@@ -97,8 +105,8 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		default:
 			return usageErr("invalid --state %q: want prepared, check_exhausted or all", state)
 		}
-		if limit < 1 {
-			return usageErr("invalid --limit %d: must be at least 1", limit)
+		if err := checkLimit(limit); err != nil {
+			return err
 		}
 	case "show":
 		if len(ids) != 1 {
@@ -134,10 +142,13 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 	case "show":
 		return showMessage(ctx, env, c.Pool, q, ids[0], store.SettleableStates, "prepared or check_exhausted", asJSON)
 	case "list":
-		rows, err := q.ListHalf(ctx, c.Pool, states, group, limit)
+		// One row more than shown says whether there are more.
+		rows, err := q.ListHalf(ctx, c.Pool, states, group, limit+1)
 		if err != nil {
 			return err
 		}
+		more := len(rows) > limit
+		rows = rows[:min(len(rows), limit)]
 		if asJSON {
 			out := make([]preparedRow, 0, len(rows))
 			for _, r := range rows {
@@ -162,7 +173,7 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if len(rows) == limit {
+		if more {
 			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
 		}
 		return nil
@@ -203,6 +214,52 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		return res.write(env, asJSON, "committed", "not settled")
 	}
 	return res.write(env, asJSON, "rolled back", "not settled")
+}
+
+// maxAdminLimit bounds --limit of relay dead, prepared and scheduled: a list is printed at
+// once, a requeue or purge is one transaction.
+const maxAdminLimit = 100_000
+
+// checkLimit refuses a --limit outside 1..maxAdminLimit: 0 is no number of rows to show or
+// change, never the default or "all".
+func checkLimit(limit int) error {
+	if limit < 1 || limit > maxAdminLimit {
+		return usageErr("invalid --limit %d: must be between 1 and %d", limit, maxAdminLimit)
+	}
+	return nil
+}
+
+// typedSettings returns the names of the settings given on the command line. The admin
+// commands read only --database-url and --schema from the environment (EnvironmentOnlyFor):
+// any other name it holds was typed, whatever its value.
+func typedSettings(s *settings) map[string]bool {
+	typed := map[string]bool{}
+	s.fs.Visit(func(f *flag.Flag) { typed[f.Name] = true })
+	return typed
+}
+
+// refuseIgnored refuses (a usage error, exit 2) the first setting typed that action would
+// ignore, naming it: uses maps a setting to the actions that read it; a setting it does not
+// name goes with every action.
+func refuseIgnored(s *settings, typed map[string]bool, action string, uses map[string][]string) error {
+	for _, name := range s.order {
+		actions, ok := uses[name]
+		if !typed[name] || !ok || slices.Contains(actions, action) {
+			continue
+		}
+		with := strings.Join(actions, ", ")
+		if n := len(actions); n > 1 {
+			with = strings.Join(actions[:n-1], ", ") + " and " + actions[n-1]
+		}
+		return usageErr("--%s goes with %s only: %s would ignore it", name, with, action)
+	}
+	return nil
+}
+
+// helpDefault sets what --help says a setting's default is, for a setting whose absence means
+// what no value of it does (no bound, or a default that depends on the action).
+func helpDefault(s *settings, name, text string) {
+	s.fs.Lookup(name).DefValue = text
 }
 
 // settleResult is what relay prepared resume, commit and rollback did: the ids changed

@@ -26,18 +26,18 @@ A relay publishes each within its poll interval of that time; until then it can 
 
 Usage:
   relay scheduled list [--subject S] [--due-within D] [--limit N] [--json]
-                                               in due order, first due first
+                                               in due order, first due first; --limit 1 to
+                                               100000; --due-within more than 0 (omit it for any)
   relay scheduled cancel MESSAGE_ID...         withdraw them (each in its own transaction)
   relay scheduled cancel --biz-key KEY         withdraw every scheduled message of a business key
 
 A message that is no longer scheduled (it fell due and a relay took it, or was published, or
 never existed) is not cancelled: cancel says so and exits with status 1. Only --database-url and
---schema are read from the environment: what to select or change is always typed. --json prints
-a JSON array (list) or a JSON object (cancel: cancelled and not_cancelled, both always present).
+--schema are read from the environment: what to select or change is always typed. A setting
+the action would ignore is refused (--subject, --due-within and --limit go with list only,
+--biz-key with cancel), as are an empty --subject or --biz-key. --json prints a JSON array
+(list) or a JSON object (cancel: cancelled and not_cancelled, both always present).
 `
-
-// maxListLimit bounds relay scheduled list --limit (the rows are printed at once).
-const maxListLimit = 100_000
 
 func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 	var dsn, schema, subject, bizKey string
@@ -48,8 +48,9 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.String(&subject, "subject", "", "", "list: only messages of this subject (exact)")
-	s.Duration(&within, "due-within", "", 0, "list: only messages due within this long from now (0: any)")
-	s.Int(&limit, "limit", "", 100, "list: messages at most, first due first")
+	s.Duration(&within, "due-within", "", 0, "list: only messages due within this long from now (more than 0; omit it for any)")
+	helpDefault(s, "due-within", "any")
+	s.Int(&limit, "limit", "", 100, "list: messages at most, first due first (1 to 100000)")
 	s.String(&bizKey, "biz-key", "", "", "cancel: every scheduled message of this business key (Txoutbox-Biz-Key)")
 	s.Bool(&asJSON, "json", "", false, "print JSON (list: an array; cancel: an object)")
 	s.EnvironmentOnlyFor("database-url", "schema")
@@ -79,16 +80,29 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		}
 		ids = append(ids, id)
 	}
+	// A setting the action would ignore is refused, naming it: cancel --subject would cancel
+	// the business key's messages of every subject.
+	typed := typedSettings(s)
+	if err := refuseIgnored(s, typed, action, map[string][]string{
+		"subject": {"list"}, "due-within": {"list"}, "limit": {"list"}, "biz-key": {"cancel"},
+	}); err != nil {
+		return err
+	}
+	switch {
+	case typed["subject"] && subject == "":
+		return usageErr("invalid --subject \"\": empty; omit --subject for every subject")
+	case typed["biz-key"] && bizKey == "":
+		return usageErr("invalid --biz-key \"\": empty; give the business key to cancel")
+	}
 	switch action {
 	case "list":
-		if len(ids) > 0 || bizKey != "" {
-			return usageErr("list takes no message ids and no --biz-key")
+		if err := checkLimit(limit); err != nil {
+			return err
 		}
-		if limit < 1 || limit > maxListLimit {
-			return usageErr("invalid --limit %d: must be between 1 and %d", limit, maxListLimit)
-		}
-		if within < 0 {
-			return usageErr("invalid --due-within %v: must not be negative", within)
+		if typed["due-within"] && within <= 0 {
+			// 0 was read as "any"; taken literally it would list only the overdue ones. Refused:
+			// a 0 neither widens the list nor narrows it silently.
+			return usageErr("invalid --due-within %v: must be more than 0; omit --due-within for every scheduled message", within)
 		}
 		if subject != "" {
 			// An exact subject: a wildcard or a subject no producer could have written would

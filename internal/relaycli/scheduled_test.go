@@ -103,6 +103,32 @@ func TestScheduledCommands(t *testing.T) {
 		t.Fatalf("status --json: exit %d, %s", code, out)
 	}
 
+	// A list-only setting on cancel is refused and cancels nothing: cancel --biz-key K
+	// --subject S cancelled K's messages of every subject. A 0 or an empty value that would
+	// have meant "any" is refused on list.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cancel", "--biz-key", "order:1:timeout:x", "--subject", "orders.remind"}, "--subject goes with list only: cancel would ignore it"},
+		{[]string{"cancel", "--biz-key", "order:1:timeout:x", "--due-within", "1h"}, "--due-within goes with list only: cancel would ignore it"},
+		{[]string{"cancel", ids[0].String(), "--limit", "1"}, "--limit goes with list only: cancel would ignore it"},
+		{[]string{"cancel", ids[0].String(), "--biz-key", ""}, `invalid --biz-key "": empty`},
+		{[]string{"list", "--biz-key", "order:1:timeout:x"}, "--biz-key goes with cancel only: list would ignore it"},
+		{[]string{"list", "--due-within", "0"}, "invalid --due-within 0s: must be more than 0; omit --due-within for every scheduled message"},
+		{[]string{"list", "--subject", ""}, `invalid --subject "": empty; omit --subject for every subject`},
+		{[]string{"list", "--limit", "0"}, "invalid --limit 0: must be between 1 and 100000"},
+	} {
+		code, out, errOut := cliEnv(t, vars, append([]string{"scheduled"}, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("scheduled %q: exit %d, %q %q; want exit 2 saying %q", c.args, code, out, errOut, c.want)
+		}
+	}
+	var stillScheduled int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM txoutbox_messages WHERE state = 'scheduled'`).Scan(&stillScheduled); err != nil || stillScheduled != 3 {
+		t.Fatalf("%d scheduled rows after the refused cancels, %v; want 3", stillScheduled, err)
+	}
+
 	// Cancel by id: the scheduled one goes; the ready one and an unknown one are refused.
 	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", ids[1].String(), ids[3].String(), "--json")
 	if code != 1 {
