@@ -427,6 +427,12 @@ func (c *fencedConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetDeadline(t)
 }
 
+// Close closes the connection. With a message handed under a lease still unanswered, it
+// discards what the kernel has not sent (SO_LINGER 0), as the fence does: nats.go closes a
+// connection itself after a failed ping or a read error (a network cut off), and a plain close
+// would leave the kernel retransmitting those bytes from the orphaned socket, to reach the
+// server late, after the lease ended, if the network heals. A connection with nothing
+// pending closes gracefully.
 func (c *fencedConn) Close() error {
 	err := net.ErrClosed
 	c.closeOnce.Do(func() {
@@ -437,6 +443,11 @@ func (c *fencedConn) Close() error {
 		}
 		c.armed = time.Time{}
 		c.mu.Unlock()
+		if stale, deadline := c.f.check(); len(stale) > 0 || !deadline.IsZero() {
+			if tc, ok := c.Conn.(interface{ SetLinger(int) error }); ok {
+				_ = tc.SetLinger(0)
+			}
+		}
 		err = c.Conn.Close()
 		c.f.closed(c.n)
 	})

@@ -676,6 +676,65 @@ func TestWriteFenceAbortsAConnectionWithUnansweredBytesWhenTheLeaseEnds(t *testi
 	}
 }
 
+// A connection the NATS client closes itself (a failed ping, a read error: a network cut off)
+// while a message handed under a lease has no answer is reset (SO_LINGER 0: what the kernel
+// has not sent is dropped, never to reach the server late); with everything answered it
+// closes gracefully (FIN: the peer reads EOF).
+func TestWriteFenceClosesWithUnansweredBytesByReset(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peers := make(chan net.Conn, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			peers <- c
+		}
+	}()
+	expiry := func(uint64) (time.Time, bool) { return time.Now().Add(time.Hour), true }
+	wf := NewWriteFence(nil)
+	s := wf.bind(expiry, quietLogger(), nil)
+	// closeAndRead writes one message (answered first when answer), closes the client side and
+	// returns what the peer's read gets once it has read the message's bytes.
+	closeAndRead := func(answer bool) error {
+		t.Helper()
+		c, err := wf.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := <-peers
+		defer peer.Close()
+		n := s.handing(1)
+		s.handedOff()
+		msg := []byte("PUB a 1\r\n1\r\n")
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if answer {
+			s.answered(n)
+		}
+		if _, err := io.ReadFull(peer, make([]byte, len(msg))); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+		_ = peer.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, err = peer.Read(make([]byte, 1))
+		return err
+	}
+	if err := closeAndRead(false); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("peer read after a close with a message unanswered: %v, want a reset", err)
+	}
+	if err := closeAndRead(true); !errors.Is(err, io.EOF) {
+		t.Errorf("peer read after a close with everything answered: %v, want EOF", err)
+	}
+}
+
 // nopConn is a net.Conn that is already gone.
 type nopConn struct{ net.Conn }
 
