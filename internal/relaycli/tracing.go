@@ -42,17 +42,23 @@ type tracing struct {
 // tracingShutdownTimeout bounds the flush of the spans still buffered at exit.
 const tracingShutdownTimeout = 5 * time.Second
 
-// The environment variables setupTracing reads. Every one the relay or the SDK reads is
+// The environment variables setupTracing reads. Every one the relay or the SDK uses is
 // checked here the way the SDK parses it, and a value it cannot honour is a usage error naming
 // the variable: where the SDK meets a bad value it logs it (a header's value included) or not
 // at all, and goes on with its default, so a relay told to sample 10% that samples everything,
-// or to export to a collector it never reaches, would start as if all were well. The relay
-// passes the sampler, the batch span processor's settings and the OTLP exporter's endpoint,
-// TLS switch, headers, timeout and compression to the SDK itself; the exporter reads the TLS
-// files (_CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY) and the SDK OTEL_RESOURCE_ATTRIBUTES,
-// OTEL_SERVICE_NAME and the span limits from the process environment, once checked here. Not
-// checked: the SDK's experimental OTEL_GO_X_* switches, whose self-observability metrics go to
-// the global meter provider, which the relay never sets.
+// or to export to a collector it never reaches, would start as if all were well. A variable
+// that is set but not used, as the OpenTelemetry specification has it, never stops the relay:
+// none at all while tracing is off; a general variable its _TRACES_ form (a general attribute
+// limit its span form) overrides; an _INSECURE one where the endpoint's scheme decides; the
+// TLS files with an endpoint without TLS. Such a one is logged once as a warning ("tracing:
+// variable not used", naming it): the TLS files whenever set, the others when their value
+// would be refused, or contradicts the one that decides. The relay passes the sampler, the
+// batch span processor's settings and the OTLP exporter's endpoint, TLS switch, headers,
+// timeout and compression to the SDK itself; the exporter reads the TLS files (_CERTIFICATE,
+// _CLIENT_CERTIFICATE, _CLIENT_KEY) and the SDK OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME
+// and the span limits from the process environment, once checked here. Not checked: the
+// SDK's experimental OTEL_GO_X_* switches, whose self-observability metrics go to the global
+// meter provider, which the relay never sets.
 const (
 	envSDKDisabled      = "OTEL_SDK_DISABLED"
 	envTracesExporter   = "OTEL_TRACES_EXPORTER"
@@ -100,6 +106,23 @@ var spanLimitVars = []string{
 	"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
 }
 
+// spanLimitOverrides are the general attribute limits (for every signal) and the span limits
+// that override them: the SDK does not read the first when the second is set.
+var spanLimitOverrides = map[string]string{
+	"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+	"OTEL_ATTRIBUTE_COUNT_LIMIT":        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+}
+
+// warnFunc logs that a variable that is set is not used, and why; the relay goes on.
+type warnFunc func(variable, why string)
+
+// unusedWarner returns the warnFunc that logs to log.
+func unusedWarner(log *slog.Logger) warnFunc {
+	return func(variable, why string) {
+		log.Warn("tracing: variable not used", "variable", variable, "why", why)
+	}
+}
+
 // setupTracing configures OpenTelemetry tracing from the standard OTEL_* environment
 // variables. It is off (a zero tracing, no-op shutdown) unless OTEL_TRACES_EXPORTER names
 // exporters (a comma-separated list of otlp and console: each gets the spans) or an OTLP
@@ -107,15 +130,17 @@ var spanLimitVars = []string{
 // OTEL_TRACES_EXPORTER unset), and always off with OTEL_TRACES_EXPORTER=none or
 // OTEL_SDK_DISABLED=true. A value it cannot honour is a usage error naming the variable; the
 // variables of a part that is off (the OTLP ones without the otlp exporter, all of them with
-// tracing off) are not read.
+// tracing off, OTEL_SDK_DISABLED included) are not read, and one that is set but not used is
+// at most a warning.
 func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service string) (*tracing, error) {
 	off := &tracing{shutdown: func(context.Context) error { return nil }}
 	get := func(k string) string { return strings.TrimSpace(env.Getenv(k)) }
-	disabled, _, err := boolVar(get, envSDKDisabled)
-	if err != nil {
-		return nil, err
-	}
-	if disabled {
+	warn := unusedWarner(log)
+	// OTEL_SDK_DISABLED=true turns tracing off whatever else is set. Another value is read only
+	// when tracing would be on: platforms set OTEL_SDK_DISABLED=1 for every process, and a
+	// relay without an exporter or an endpoint starts whatever it says.
+	sdkDisabled := get(envSDKDisabled)
+	if strings.EqualFold(sdkDisabled, "true") {
 		return off, nil
 	}
 	endpoint := get(envTracesEndpoint)
@@ -135,6 +160,11 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	if len(exporters) == 0 {
 		return off, nil // none
 	}
+	if sdkDisabled != "" && !strings.EqualFold(sdkDisabled, "false") {
+		// The SDK takes it for false, with tracing on: one who wrote 1 or yes meant off.
+		return nil, usageErr("invalid %s %q: only true and false are understood; the SDK takes anything else for false, which would leave tracing on (exporter %s): write true to turn it off, or false",
+			envSDKDisabled, sdkDisabled, strings.Join(exporters, ","))
+	}
 	prop, err := propagators(get(envPropagators))
 	if err != nil {
 		return nil, err
@@ -147,7 +177,7 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSpanLimits(env.Getenv); err != nil {
+	if err := checkSpanLimits(env.Getenv, warn); err != nil {
 		return nil, err
 	}
 	if err := checkResourceAttributes(get(envResourceAttrs)); err != nil {
@@ -155,7 +185,7 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 	}
 	var otlp *otlpConfig
 	if slices.Contains(exporters, "otlp") {
-		if otlp, err = otlpFromEnv(get); err != nil {
+		if otlp, err = otlpFromEnv(get, warn); err != nil {
 			return nil, err
 		}
 	}
@@ -237,60 +267,52 @@ type otlpEndpoint struct {
 	scheme string // http, https, unix, or "" (host:port for grpc: the INSECURE variables decide)
 }
 
-// otlpFromEnv resolves and checks the OTLP exporter's variables. The endpoint is a URL with
-// scheme http or https (a base one, /v1/traces appended, in OTEL_EXPORTER_OTLP_ENDPOINT; the
-// traces URL itself in _TRACES_ENDPOINT), for grpc also host:port or a unix socket; the
-// INSECURE variables true or false, agreeing with the endpoint's scheme; the headers
-// key=value pairs with percent-encoded values; the timeout whole milliseconds, 0 or more; the
-// compression gzip or none; the certificate files PEM that parses, a client certificate with
-// its key, and none of them without TLS.
-func otlpFromEnv(get func(string) string) (*otlpConfig, error) {
+// otlpFromEnv resolves and checks the OTLP exporter's variables, each _TRACES_ one over its
+// general one: only the one used is refused when its value is bad, the general one it
+// overrides at most warned about. The endpoint is a URL with scheme http or https (a base one,
+// /v1/traces appended, in OTEL_EXPORTER_OTLP_ENDPOINT; the traces URL itself in
+// _TRACES_ENDPOINT), for grpc also host:port or a unix socket; the headers key=value pairs
+// with percent-encoded values, empty items skipped; the timeout whole milliseconds, 0 or
+// more; the compression gzip or none. The INSECURE variables are true or false where they
+// decide (an endpoint without a scheme: the default one, a grpc host:port); where the
+// endpoint's scheme decides, as the specification has it, one that says otherwise is a
+// warning. With TLS the certificate files are PEM that parses, a client certificate with its
+// key; without TLS they are not used (a warning), and the exporter is given no TLS
+// configuration, so that it neither fails (http) nor switches to TLS (grpc) because of them.
+func otlpFromEnv(get func(string) string, warn warnFunc) (*otlpConfig, error) {
 	c := &otlpConfig{protocol: defaultOTLPProtocol}
-	for _, name := range []string{envProtocol, envTracesProtocol} {
-		v := get(name)
-		if v == "" {
-			continue
-		}
+	protocol, _, err := effective(get, warn, envProtocol, envTracesProtocol, func(name, v string) (string, error) {
 		p := strings.ToLower(v)
 		if p != "http/protobuf" && p != "grpc" {
-			return nil, usageErr("invalid %s %q: use http/protobuf or grpc", name, v)
+			return "", usageErr("invalid %s %q: use http/protobuf or grpc", name, v)
 		}
-		c.protocol = p
+		return p, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	var ep *otlpEndpoint
-	for _, name := range []string{envEndpoint, envTracesEndpoint} {
-		if v := get(name); v != "" {
-			e, err := parseOTLPEndpoint(name, v, c.protocol)
-			if err != nil {
-				return nil, err
-			}
-			ep = e // the traces one over the general one
-		}
+	if protocol != "" {
+		c.protocol = protocol
 	}
-	insecure, insecureVar := false, ""
-	for _, name := range []string{envInsecure, envTracesInsecure} {
-		b, set, err := boolVar(get, name)
-		if err != nil {
-			return nil, err
-		}
-		if set {
-			insecure, insecureVar = b, name
-		}
+	ep, _, err := effective(get, warn, envEndpoint, envTracesEndpoint, func(name, v string) (*otlpEndpoint, error) {
+		return parseOTLPEndpoint(name, v, c.protocol)
+	})
+	if err != nil {
+		return nil, err
 	}
-	c.insecure = insecure
-	if ep != nil && ep.scheme != "" {
-		// The SDK would let the INSECURE variable override the scheme (an https endpoint
-		// spoken to in plain text, an http one over TLS); the specification has the scheme
-		// decide. A contradiction is refused rather than settled either way.
+	insecure, insecureVar, err := effective(get, warn, envInsecure, envTracesInsecure, parseBool)
+	switch {
+	case ep != nil && ep.scheme != "":
+		// The scheme decides (the specification); the SDK would let the INSECURE variable
+		// override it, which the exporter's options from the relay prevent.
 		c.insecure = ep.scheme != "https"
-		if insecureVar != "" && insecure != c.insecure {
-			means := "TLS"
-			if c.insecure {
-				means = "no TLS"
-			}
-			return nil, usageErr("invalid %s %q: %s has scheme %s, which means %s; unset %s or make the two agree",
-				insecureVar, strconv.FormatBool(insecure), ep.name, ep.scheme, means, insecureVar)
+		if insecureVar != "" && (err != nil || insecure != c.insecure) {
+			warn(insecureVar, fmt.Sprintf("%s has scheme %s, which decides: %s", ep.name, ep.scheme, tlsWord(!c.insecure)))
 		}
+	case err != nil:
+		return nil, err
+	default:
+		c.insecure = insecure
 	}
 	switch {
 	case ep != nil:
@@ -304,62 +326,107 @@ func otlpFromEnv(get func(string) string) (*otlpConfig, error) {
 		}
 		c.endpoint = scheme + "://" + defaultHTTPEndpoint + defaultTracesPath
 	}
-	for _, name := range []string{envHeaders, envTracesHeaders} {
-		if v := get(name); v != "" {
-			h, err := otlpHeaders(name, v, c.protocol)
-			if err != nil {
-				return nil, err
-			}
-			c.headers = h
-		}
+	// The exporter reads the general headers variable as well, before the relay's headers
+	// replace it, and may log an item it cannot parse to stderr, value included.
+	headers, _, err := effectiveNote(get, warn, envHeaders, envTracesHeaders,
+		"; the exporter reads it as well, and may log an item it cannot parse to stderr, value included: fix or unset it",
+		func(name, v string) (map[string]string, error) { return otlpHeaders(name, v, c.protocol) })
+	if err != nil {
+		return nil, err
 	}
-	for _, name := range []string{envTimeout, envTracesTimeout} {
-		if v := get(name); v != "" {
-			d, err := millis(name, v)
-			if err != nil {
-				return nil, err
-			}
-			c.timeout, c.timeoutSet = d, true
-		}
+	c.headers = headers
+	timeout, timeoutVar, err := effective(get, warn, envTimeout, envTracesTimeout, millis)
+	if err != nil {
+		return nil, err
 	}
-	for _, name := range []string{envCompression, envTracesCompress} {
-		v := get(name)
+	c.timeout, c.timeoutSet = timeout, timeoutVar != ""
+	c.gzip, _, err = effective(get, warn, envCompression, envTracesCompress, func(name, v string) (bool, error) {
 		switch strings.ToLower(v) {
-		case "":
 		case "gzip":
-			c.gzip = true
+			return true, nil
 		case "none":
-			c.gzip = false
-		default:
-			return nil, usageErr("invalid %s %q: use gzip or none", name, v)
+			return false, nil
 		}
+		return false, usageErr("invalid %s %q: use gzip or none", name, v)
+	})
+	if err != nil {
+		return nil, err
 	}
-	var tlsVars []string
-	for _, name := range []string{envCertificate, envTracesCert} {
-		if file := get(name); file != "" {
-			if err := checkCertificate(name, file); err != nil {
-				return nil, err
+	if c.insecure {
+		// The certificates are not used: a platform may set them for every process.
+		var set []string
+		for _, name := range []string{envCertificate, envTracesCert, envClientCert, envClientKey, envTracesClientCert, envTracesClientKey} {
+			if get(name) != "" {
+				set = append(set, name)
 			}
-			tlsVars = append(tlsVars, name)
+		}
+		if len(set) > 0 {
+			why := insecureVar + "=true"
+			if ep != nil && ep.scheme != "" {
+				why = ep.name + "'s scheme " + ep.scheme
+			}
+			warn(strings.Join(set, ","), "the exporter sends without TLS ("+why+"), so the certificates are not used")
+		}
+		return c, nil
+	}
+	if _, _, err := effective(get, warn, envCertificate, envTracesCert, func(name, file string) (struct{}, error) {
+		return struct{}{}, checkCertificate(name, file)
+	}); err != nil {
+		return nil, err
+	}
+	// The client certificate and key go in pairs: the _TRACES_ pair, when either is set, over
+	// the general one (the exporter ignores a pair that is not whole).
+	general := [2]string{envClientCert, envClientKey}
+	traces := [2]string{envTracesClientCert, envTracesClientKey}
+	pairSet := func(p [2]string) bool { return get(p[0]) != "" || get(p[1]) != "" }
+	used := general
+	if pairSet(traces) {
+		used = traces
+		if pairSet(general) {
+			if err := checkClientCertificate(general[0], general[1], get(general[0]), get(general[1])); err != nil {
+				warn(general[0]+","+general[1], envTracesClientCert+" and "+envTracesClientKey+" override them; on their own they would be refused: "+err.Error())
+			}
 		}
 	}
-	for _, pair := range [][2]string{{envClientCert, envClientKey}, {envTracesClientCert, envTracesClientKey}} {
-		set, err := checkClientCertificate(pair[0], pair[1], get(pair[0]), get(pair[1]))
-		if err != nil {
-			return nil, err
-		}
-		if set {
-			tlsVars = append(tlsVars, pair[0])
-		}
-	}
-	if c.insecure && len(tlsVars) > 0 {
-		why := insecureVar + "=true"
-		if ep != nil && ep.scheme != "" {
-			why = ep.name + "'s scheme " + ep.scheme
-		}
-		return nil, usageErr("%s is set but the exporter would send without TLS (%s): unset it, or use TLS", tlsVars[0], why)
+	if err := checkClientCertificate(used[0], used[1], get(used[0]), get(used[1])); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// effective checks the variable of a general and _TRACES_ pair that is used, the _TRACES_ one
+// when set, else the general one, with parse, and returns its value and name ("" when neither
+// is set). The general one that the _TRACES_ one overrides is not used: a value parse
+// refuses is a warning.
+func effective[T any](get func(string) string, warn warnFunc, general, traces string, parse func(name, v string) (T, error)) (T, string, error) {
+	return effectiveNote(get, warn, general, traces, "", parse)
+}
+
+// effectiveNote is effective with a note appended to the warning.
+func effectiveNote[T any](get func(string) string, warn warnFunc, general, traces, note string, parse func(name, v string) (T, error)) (T, string, error) {
+	name, v := general, get(general)
+	if tv := get(traces); tv != "" {
+		if v != "" {
+			if _, err := parse(general, v); err != nil {
+				warn(general, traces+" overrides it; on its own it would be refused: "+err.Error()+note)
+			}
+		}
+		name, v = traces, tv
+	}
+	if v == "" {
+		var zero T
+		return zero, "", nil
+	}
+	t, err := parse(name, v)
+	return t, name, err
+}
+
+// tlsWord says whether TLS is used, for a warning.
+func tlsWord(tls bool) string {
+	if tls {
+		return "TLS"
+	}
+	return "no TLS"
 }
 
 // parseOTLPEndpoint checks an endpoint variable's value for protocol, as the exporters read
@@ -449,12 +516,15 @@ func validPort(p string) bool {
 }
 
 // exporter creates the OTLP exporter with the configuration's options; they override what
-// the exporter reads from the same variables itself.
+// the exporter reads from the same variables itself. Without TLS it gets no TLS configuration:
+// from certificate variables it reads itself, the http exporter would fail to start ("insecure
+// HTTP endpoint cannot use TLS client configuration") and the grpc one would use TLS, its
+// credentials winning over WithInsecure.
 func (c *otlpConfig) exporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 	if c.protocol == "grpc" {
 		var opts []otlptracegrpc.Option
 		if c.insecure {
-			opts = append(opts, otlptracegrpc.WithEndpoint(c.endpoint), otlptracegrpc.WithInsecure())
+			opts = append(opts, otlptracegrpc.WithEndpoint(c.endpoint), otlptracegrpc.WithInsecure(), otlptracegrpc.WithTLSCredentials(nil))
 		} else {
 			// An https URL sets the target's host and port and TLS (a secure target is
 			// host:port; the exporter has no WithSecure).
@@ -472,6 +542,9 @@ func (c *otlpConfig) exporter(ctx context.Context) (sdktrace.SpanExporter, error
 		return otlptracegrpc.New(ctx, opts...)
 	}
 	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(c.endpoint)} // its scheme sets TLS
+	if c.insecure {
+		opts = append(opts, otlptracehttp.WithTLSClientConfig(nil))
+	}
 	if c.headers != nil {
 		opts = append(opts, otlptracehttp.WithHeaders(c.headers))
 	}
@@ -488,8 +561,9 @@ func (c *otlpConfig) exporter(ctx context.Context) (sdktrace.SpanExporter, error
 
 // otlpHeaders parses a headers variable as the exporter does (the W3C baggage format without
 // properties): key=value pairs separated by commas, spaces around them ignored, the value
-// percent-encoded. The exporter drops a pair it cannot parse and logs it, value and all; the
-// relay refuses it, and its errors never show a value (headers carry credentials), nor a key
+// percent-encoded; an empty item (a trailing comma) is skipped, as the exporter drops it. The
+// exporter drops a pair it cannot parse and logs it, value and all; the relay refuses it
+// (items are counted from 1, empty ones included), and its errors never show a value (headers carry credentials), nor a key
 // that is not a header name (it may be a credential given without its key). A key must be an
 // HTTP header name (RFC 9110 token), for grpc a metadata key (letters, digits, - _ .); a
 // value must be one the client can send (no control characters; for grpc printable ASCII).
@@ -498,7 +572,7 @@ func otlpHeaders(name, v, protocol string) (map[string]string, error) {
 	for i, item := range strings.Split(v, ",") {
 		n := i + 1
 		if strings.TrimSpace(item) == "" {
-			return nil, usageErr("invalid %s: item %d is empty (want key=value pairs separated by commas)", name, n)
+			continue
 		}
 		k, val, ok := strings.Cut(item, "=")
 		if !ok {
@@ -572,44 +646,45 @@ func checkCertificate(name, file string) error {
 }
 
 // checkClientCertificate checks a client certificate variable and its key's: both or neither
-// (the exporter ignores one without the other), and a pair that loads. It says whether they
-// are set.
-func checkClientCertificate(certVar, keyVar, cert, key string) (bool, error) {
+// (the exporter ignores one without the other), and a pair that loads.
+func checkClientCertificate(certVar, keyVar, cert, key string) error {
 	switch {
 	case cert == "" && key == "":
-		return false, nil
+		return nil
 	case key == "":
-		return false, usageErr("%s is set without %s: set both, the client certificate and its key, or neither", certVar, keyVar)
+		return usageErr("%s is set without %s: set both, the client certificate and its key, or neither", certVar, keyVar)
 	case cert == "":
-		return false, usageErr("%s is set without %s: set both, the client certificate and its key, or neither", keyVar, certVar)
+		return usageErr("%s is set without %s: set both, the client certificate and its key, or neither", keyVar, certVar)
 	}
 	certPEM, err := os.ReadFile(cert)
 	if err != nil {
-		return false, usageErr("invalid %s: %v", certVar, err)
+		return usageErr("invalid %s: %v", certVar, err)
 	}
 	keyPEM, err := os.ReadFile(key)
 	if err != nil {
-		return false, usageErr("invalid %s: %v", keyVar, err)
+		return usageErr("invalid %s: %v", keyVar, err)
 	}
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
-		return false, usageErr("invalid %s or %s: %v", certVar, keyVar, err)
+		return usageErr("invalid %s or %s: %v", certVar, keyVar, err)
 	}
-	return true, nil
+	return nil
 }
 
 // checkResourceAttributes checks OTEL_RESOURCE_ATTRIBUTES as the SDK parses it: key=value
 // pairs separated by commas, spaces around keys and values ignored, the value
 // percent-encoded. The SDK drops a pair without '=' or a key, and keeps a value it cannot
-// decode undecoded, with an error the relay would tolerate (a partial resource).
+// decode undecoded, with an error the relay would tolerate (a partial resource). An empty
+// item (a trailing comma) is skipped: the SDK drops it, and keeps the others.
 func checkResourceAttributes(v string) error {
 	if v == "" {
 		return nil
 	}
 	for i, item := range strings.Split(v, ",") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
 		k, val, ok := strings.Cut(item, "=")
 		switch {
-		case strings.TrimSpace(item) == "":
-			return usageErr("invalid %s: item %d is empty (want key=value pairs separated by commas)", envResourceAttrs, i+1)
 		case !ok:
 			return usageErr("invalid %s: item %d, %q, has no '=' (want key=value pairs separated by commas)", envResourceAttrs, i+1, strings.TrimSpace(item))
 		case strings.TrimSpace(k) == "":
@@ -623,33 +698,36 @@ func checkResourceAttributes(v string) error {
 }
 
 // checkSpanLimits checks the SDK's span limit variables: whole numbers (negative: no limit).
-// get is not trimmed: the SDK does not trim them either.
-func checkSpanLimits(get func(string) string) error {
+// get is not trimmed: the SDK does not trim them either. A general attribute limit that its
+// span one overrides is not read: a bad value there is a warning.
+func checkSpanLimits(get func(string) string, warn warnFunc) error {
 	for _, name := range spanLimitVars {
 		v := get(name)
 		if v == "" {
 			continue
 		}
 		if _, err := strconv.Atoi(v); err != nil {
-			return usageErr("invalid %s %q: want a whole number (negative: no limit)", name, v)
+			err := usageErr("invalid %s %q: want a whole number (negative: no limit)", name, v)
+			if by := spanLimitOverrides[name]; by != "" && get(by) != "" {
+				warn(name, by+" overrides it; on its own it would be refused: "+err.Error())
+				continue
+			}
+			return err
 		}
 	}
 	return nil
 }
 
-// boolVar reads a boolean variable as the specification has it: true or false in any case;
-// unset or empty is false. Anything else is a usage error (the SDK takes it for false).
-func boolVar(get func(string) string, name string) (value, set bool, err error) {
-	v := get(name)
+// parseBool reads a boolean variable's value as the specification has it: true or false in
+// any case. Anything else is a usage error (the SDK takes it for false).
+func parseBool(name, v string) (bool, error) {
 	switch {
-	case v == "":
-		return false, false, nil
 	case strings.EqualFold(v, "true"):
-		return true, true, nil
+		return true, nil
 	case strings.EqualFold(v, "false"):
-		return false, true, nil
+		return false, nil
 	}
-	return false, false, usageErr("invalid %s %q: use true or false", name, v)
+	return false, usageErr("invalid %s %q: use true or false", name, v)
 }
 
 // millis reads a duration variable in whole milliseconds, 0 or more.

@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -13,7 +14,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -157,8 +160,59 @@ func TestRunExportsPublishSpansOverOTLP(t *testing.T) {
 	}
 }
 
+// `relay run` starts with the OTEL_* variables a platform sets for every process, which the
+// specification accepts: OTEL_SDK_DISABLED=1 with tracing off (no variable is read then); and
+// with tracing on, an OTEL_EXPORTER_OTLP_INSECURE=false and a CA certificate with an http://
+// endpoint (the scheme decides; the exporter, which reads the certificate itself, is given no
+// TLS configuration), a general protocol its _TRACES_ form overrides, trailing commas in the
+// headers and resource attributes. Each variable not used is one warning.
+func TestRunTracingPlatformVariables(t *testing.T) {
+	t.Parallel()
+	db := testsvc.NewDB(t)
+	n := testsvc.NewNATS(t)
+	n.Stream(t, "ORDERS", "orders.>")
+	recv := newOTLPReceiver(t)
+	cert, _, _ := tlsFiles(t)
+	args := []string{"run", "--database-url", db.DSN, "--nats-url", n.URL(), "--schema", db.Schema, "--no-checkback", "--log-format", "json"}
+	const unused = "tracing: variable not used"
+
+	off := startRelayEnv(t, "relay-tracing-off", []string{
+		"OTEL_SDK_DISABLED=1", "OTEL_TRACES_EXPORTER=", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=",
+		"OTEL_EXPORTER_OTLP_INSECURE=maybe", "OTEL_EXPORTER_OTLP_HEADERS=garbage", "OTEL_RESOURCE_ATTRIBUTES=a",
+	}, args...)
+	off.waitLog(t, "relay started", 20*time.Second)
+	if code := off.stop(t, syscall.SIGTERM); code != 0 || len(off.find("tracing on")) != 0 || len(off.find(unused)) != 0 {
+		t.Fatalf("OTEL_SDK_DISABLED=1, tracing off: exit %d, want 0, no tracing and no warning:\n%s", code, off.output())
+	}
+
+	on := startRelayEnv(t, "relay-tracing-platform", []string{
+		"OTEL_SDK_DISABLED=false", "OTEL_TRACES_EXPORTER=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.srv.URL, "OTEL_EXPORTER_OTLP_INSECURE=false", "OTEL_EXPORTER_OTLP_CERTIFICATE=" + cert,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=http/json", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf",
+		"OTEL_EXPORTER_OTLP_HEADERS=X-Tenant=acme,", "OTEL_RESOURCE_ATTRIBUTES=team=a,",
+	}, args...)
+	line := on.waitLog(t, "tracing on", 20*time.Second)
+	if line.Fields["endpoint"] != recv.srv.URL+"/v1/traces" || line.Fields["tls"] != false || line.Fields["protocol"] != "http/protobuf" {
+		t.Errorf("tracing on line: %v", line.Fields)
+	}
+	on.waitLog(t, "relay started", 20*time.Second)
+	warned := map[string]int{}
+	for _, l := range on.find(unused) {
+		v, _ := l.Fields["variable"].(string)
+		warned[v]++
+	}
+	want := map[string]int{"OTEL_EXPORTER_OTLP_INSECURE": 1, "OTEL_EXPORTER_OTLP_CERTIFICATE": 1, "OTEL_EXPORTER_OTLP_PROTOCOL": 1}
+	if !maps.Equal(warned, want) {
+		t.Errorf("warnings per variable %v, want %v:\n%s", warned, want, on.output())
+	}
+	if code := on.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("relay exited %d, want 0:\n%s", code, on.output())
+	}
+}
+
 // Tracing is off unless the OTEL_* variables turn it on, and a value the relay cannot honour
-// fails the command, naming the variable.
+// fails the command, naming the variable. With tracing off, no variable is read: none stops
+// the relay, none is logged.
 func TestTracingSettings(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -173,8 +227,19 @@ func TestTracingSettings(t *testing.T) {
 		// OTEL_SDK_DISABLED is a boolean: true or false in any case, nothing else.
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": " TRUE "}},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "False"}, on: true},
-		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "yes"}, bad: "OTEL_SDK_DISABLED"},
-		{vars: map[string]string{"OTEL_SDK_DISABLED": "1"}, bad: "OTEL_SDK_DISABLED"},
+		// Another value is refused only when tracing would be on (the SDK takes it for false):
+		// a platform's OTEL_SDK_DISABLED=1 does not stop a relay without tracing.
+		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "yes"}, bad: `OTEL_SDK_DISABLED "yes": only true and false are understood`},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "1"}, bad: `OTEL_SDK_DISABLED "1": only true and false are understood`},
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "1"}},
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "yes", "OTEL_TRACES_EXPORTER": ","}},
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "1", "OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}},
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "TRUE", "OTEL_TRACES_EXPORTER": "zipkin"}},
+		// Off, nothing is checked: not the exporter's variables, nor the sampler's, the
+		// resource's or the span limits.
+		{vars: map[string]string{"OTEL_SDK_DISABLED": "1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_INSECURE": "maybe",
+			"OTEL_EXPORTER_OTLP_HEADERS": "garbage", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent.pem", "OTEL_RESOURCE_ATTRIBUTES": "a",
+			"OTEL_TRACES_SAMPLER": "sometimes", "OTEL_BSP_MAX_QUEUE_SIZE": "0", "OTEL_SPAN_LINK_COUNT_LIMIT": "many", "OTEL_PROPAGATORS": "b3"}},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, on: true},
 		{vars: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, on: true},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, on: true},
@@ -211,9 +276,9 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4319",
 			"OTEL_EXPORTER_OTLP_HEADERS": "garbage", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent.pem"}, on: true},
 	} {
-		var out strings.Builder
+		var out, logs strings.Builder
 		env := &Env{Stdout: &out, Stderr: &out, Getenv: func(k string) string { return tc.vars[k] }}
-		tr, err := setupTracing(context.Background(), env, testsvc.Logger(), defaultServiceName)
+		tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
 		switch {
 		case tc.bad != "":
 			if err == nil || !strings.Contains(err.Error(), tc.bad) {
@@ -228,6 +293,9 @@ func TestTracingSettings(t *testing.T) {
 			t.Errorf("%v: tracing on = %v, want %v", tc.vars, on, tc.on)
 		}
 		if !tc.on {
+			if logs.Len() > 0 {
+				t.Errorf("%v: tracing off, logged %s", tc.vars, logs.String())
+			}
 			continue
 		}
 		if !strings.Contains(strings.ToLower(tc.vars["OTEL_TRACES_EXPORTER"]), "console") {
@@ -362,7 +430,10 @@ func tlsFiles(t *testing.T) (cert, key, otherKey string) {
 // it would drop, ignore or misuse is a usage error naming the variable, never showing a
 // header's value (nor a URL's password or query); a good one is honoured, and the "tracing
 // on" line names the endpoint the exporter was given. Also the resource and span limit
-// variables the SDK reads.
+// variables the SDK reads. A variable that is set but not used (a general one its _TRACES_
+// form overrides, an _INSECURE one where the endpoint's scheme decides, the certificates
+// without TLS) never fails: a value that would be refused, or that contradicts, is one
+// warning naming it, and tracing is on.
 func TestTracingOTLPVariables(t *testing.T) {
 	t.Parallel()
 	cert, key, otherKey := tlsFiles(t)
@@ -388,11 +459,14 @@ func TestTracingOTLPVariables(t *testing.T) {
 		AVL    = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 	)
 	const httpDefault, grpcDefault = "https://localhost:4318/v1/traces", "localhost:4317"
+	const unused = "tracing: variable not used"
 	for _, tc := range []struct {
 		vars     []string // name, value, ...; OTEL_TRACES_EXPORTER is otlp
 		endpoint string   // logged, when good
 		tls      bool
 		bad      string // the variable the usage error names
+		warn     string // the variable (or variables) the one warning names, when good
+		why      string // part of the warning's reason
 	}{
 		// Endpoints, http/protobuf: a URL with scheme http or https; the general one a base
 		// URL, the traces one the URL itself.
@@ -417,7 +491,9 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{E, "http://collector:99999"}, bad: E},
 		{vars: []string{E, "http://collector:0"}, bad: E},
 		{vars: []string{E, "unix:///tmp/otel.sock"}, bad: E},
-		{vars: []string{E, "collector:4318", TE, "http://collector:4318/v1/traces"}, bad: E}, // both are checked
+		// The general one that the traces one overrides is not used: a warning.
+		{vars: []string{E, "collector:4318", TE, "http://collector:4318/v1/traces"}, endpoint: "http://collector:4318/v1/traces", warn: E, why: TE + " overrides it"},
+		{vars: []string{E, "http://collector:4318", TE, "collector:4318"}, bad: TE},
 		// Endpoints, grpc: also host:port and unix sockets; no path.
 		{vars: []string{P, "grpc"}, endpoint: grpcDefault, tls: true},
 		{vars: []string{P, "grpc", I, "true"}, endpoint: grpcDefault},
@@ -433,19 +509,28 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{P, "grpc", E, "http://collector:4317/v1/traces"}, bad: E},
 		{vars: []string{P, "grpc", TE, "unix://host/otel.sock"}, bad: TE},
 		{vars: []string{P, "grpc", E, "dns:///collector:4317"}, bad: E},
-		// Protocols: both are checked.
-		{vars: []string{P, "http/json", TP, "grpc"}, bad: P},
+		// Protocols: the one used is checked, the general one it overrides a warning.
+		{vars: []string{P, "http/json", TP, "grpc"}, endpoint: grpcDefault, tls: true, warn: P, why: TP + " overrides it; on its own it would be refused"},
+		{vars: []string{P, "http/json", TP, "http/protobuf"}, endpoint: httpDefault, tls: true, warn: P},
+		{vars: []string{P, "grpc", TP, "HTTP/PROTOBUF"}, endpoint: httpDefault, tls: true},
+		{vars: []string{P, "grpc", TP, "http/json"}, bad: TP},
 		{vars: []string{TP, "thrift"}, bad: TP},
-		// INSECURE: true or false, agreeing with the endpoint's scheme.
+		// INSECURE: true or false where it decides (an endpoint without a scheme); where the
+		// scheme decides, one that says otherwise, or is not a boolean, is a warning.
 		{vars: []string{I, "true"}, endpoint: "http://localhost:4318/v1/traces"},
 		{vars: []string{I, "false", TI, "TRUE"}, endpoint: "http://localhost:4318/v1/traces"},
 		{vars: []string{E, "http://collector:4318", I, "true"}, endpoint: "http://collector:4318/v1/traces"},
 		{vars: []string{E, "https://collector:4318", TI, "False"}, endpoint: "https://collector:4318/v1/traces", tls: true},
 		{vars: []string{I, "maybe"}, bad: I},
 		{vars: []string{TI, "1"}, bad: TI},
-		{vars: []string{E, "https://collector:4318", I, "true"}, bad: I},
-		{vars: []string{E, "http://collector:4318", TI, "false"}, bad: TI},
-		{vars: []string{P, "grpc", E, "unix:/tmp/otel.sock", I, "false"}, bad: I},
+		{vars: []string{P, "grpc", E, "collector:4317", I, "yes"}, bad: I},
+		{vars: []string{I, "maybe", TI, "true"}, endpoint: "http://localhost:4318/v1/traces", warn: I, why: TI + " overrides it"},
+		{vars: []string{E, "https://collector:4318", I, "true"}, endpoint: "https://collector:4318/v1/traces", tls: true,
+			warn: I, why: E + " has scheme https, which decides: TLS"},
+		{vars: []string{E, "http://collector:4318", TI, "false"}, endpoint: "http://collector:4318/v1/traces", warn: TI, why: "which decides: no TLS"},
+		{vars: []string{E, "http://collector:4318", I, "false", TI, "false"}, endpoint: "http://collector:4318/v1/traces", warn: TI},
+		{vars: []string{E, "http://collector:4318", I, "yes"}, endpoint: "http://collector:4318/v1/traces", warn: I},
+		{vars: []string{P, "grpc", E, "unix:/tmp/otel.sock", I, "false"}, endpoint: "unix:/tmp/otel.sock", warn: I, why: "scheme unix"},
 		// Headers: key=value pairs, the value percent-encoded; errors never show a value.
 		{vars: []string{H, "Authorization=Bearer%20" + secret + ", X-Tenant = acme "}, endpoint: httpDefault, tls: true},
 		{vars: []string{TH, "x!y=1,k=%C3%A9"}, endpoint: httpDefault, tls: true},
@@ -453,7 +538,11 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{H, "garbage"}, bad: H},
 		{vars: []string{H, secret}, bad: H},
 		{vars: []string{TH, "a=b," + secret}, bad: TH},
-		{vars: []string{H, "a=b,"}, bad: H},
+		{vars: []string{H, "a=b,"}, endpoint: httpDefault, tls: true}, // empty items are skipped, as the exporter drops them
+		{vars: []string{H, " , a=b,, c=d , "}, endpoint: httpDefault, tls: true},
+		{vars: []string{TH, ","}, endpoint: httpDefault, tls: true},
+		{vars: []string{H, secret, TH, "a=b"}, endpoint: httpDefault, tls: true, warn: H, why: TH + " overrides it"},
+		{vars: []string{H, "a=b", TH, ",a=b," + secret}, bad: TH},
 		{vars: []string{H, "Bad Key=" + secret}, bad: H},
 		{vars: []string{H, secret + " x=1"}, bad: H},
 		{vars: []string{H, "k=%zz" + secret}, bad: H},
@@ -462,7 +551,8 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{P, "grpc", TH, "k=%C3%A9" + secret}, bad: TH},
 		// Timeouts: whole milliseconds, 0 or more.
 		{vars: []string{T, "5000"}, endpoint: httpDefault, tls: true},
-		{vars: []string{T, "abc", TT, "0"}, bad: T},
+		{vars: []string{T, "abc", TT, "0"}, endpoint: httpDefault, tls: true, warn: T},
+		{vars: []string{T, "0", TT, "abc"}, bad: TT},
 		{vars: []string{TT, "0"}, endpoint: httpDefault, tls: true},
 		{vars: []string{T, "abc"}, bad: T},
 		{vars: []string{T, "-1"}, bad: T},
@@ -475,15 +565,22 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{P, "grpc", TC, "gzip"}, endpoint: grpcDefault, tls: true},
 		{vars: []string{C, "zstd"}, bad: C},
 		{vars: []string{TC, "deflate"}, bad: TC},
-		// CA certificates: a file with a PEM certificate, and TLS to use it.
+		{vars: []string{C, "zstd", TC, "gzip"}, endpoint: httpDefault, tls: true, warn: C},
+		// CA certificates: a file with a PEM certificate when TLS uses it; without TLS, not
+		// used (the exporter is given no TLS configuration): a warning, the file unread.
 		{vars: []string{CA, cert}, endpoint: httpDefault, tls: true},
 		{vars: []string{P, "grpc", TCA, cert, E, "https://collector:4317"}, endpoint: "collector:4317", tls: true},
 		{vars: []string{CA, "/nonexistent.pem"}, bad: CA},
 		{vars: []string{TCA, garbage}, bad: TCA},
 		{vars: []string{CA, key}, bad: CA},
-		{vars: []string{CA, cert, E, "http://collector:4318"}, bad: CA},
-		{vars: []string{TCA, cert, I, "true"}, bad: TCA},
-		{vars: []string{P, "grpc", CA, cert, E, "http://collector:4317"}, bad: CA},
+		{vars: []string{CA, "/nonexistent.pem", TCA, cert}, endpoint: httpDefault, tls: true, warn: CA, why: TCA + " overrides it"},
+		{vars: []string{CA, cert, TCA, garbage}, bad: TCA},
+		{vars: []string{CA, cert, E, "http://collector:4318"}, endpoint: "http://collector:4318/v1/traces", warn: CA,
+			why: "without TLS (" + E + "'s scheme http), so the certificates are not used"},
+		{vars: []string{CA, "/nonexistent.pem", E, "http://collector:4318"}, endpoint: "http://collector:4318/v1/traces", warn: CA},
+		{vars: []string{TCA, cert, I, "true"}, endpoint: "http://localhost:4318/v1/traces", warn: TCA, why: I + "=true"},
+		{vars: []string{P, "grpc", CA, cert, E, "http://collector:4317"}, endpoint: "collector:4317", warn: CA},
+		{vars: []string{P, "grpc", CA, cert, TCA, cert, E, "collector:4317", TI, "true"}, endpoint: "collector:4317", warn: CA + "," + TCA},
 		// Client certificates: with their key, a pair that loads, and TLS.
 		{vars: []string{CC, cert, CK, key}, endpoint: httpDefault, tls: true},
 		{vars: []string{TCC, cert, TCK, key, P, "grpc"}, endpoint: grpcDefault, tls: true},
@@ -493,18 +590,27 @@ func TestTracingOTLPVariables(t *testing.T) {
 		{vars: []string{CC, cert, CK, otherKey}, bad: CC},
 		{vars: []string{TCC, garbage, TCK, key}, bad: TCC},
 		{vars: []string{CC, cert, CK, "/nonexistent.pem"}, bad: CK},
-		{vars: []string{CC, cert, CK, key, E, "http://collector:4318"}, bad: CC},
+		{vars: []string{CC, cert, CK, otherKey, TCC, cert, TCK, key}, endpoint: httpDefault, tls: true, warn: CC + "," + CK},
+		{vars: []string{CK, key, TCC, cert, TCK, key}, endpoint: httpDefault, tls: true, warn: CC + "," + CK},
+		{vars: []string{CC, cert, CK, key, E, "http://collector:4318"}, endpoint: "http://collector:4318/v1/traces", warn: CC + "," + CK},
+		{vars: []string{CC, cert, CK, key, TCC, cert, TCK, key, CA, cert, E, "http://collector:4318"}, endpoint: "http://collector:4318/v1/traces",
+			warn: CA + "," + CC + "," + CK + "," + TCC + "," + TCK},
+		{vars: []string{CC, cert, E, "http://collector:4318"}, endpoint: "http://collector:4318/v1/traces", warn: CC},
 		// The resource: key=value pairs, the value percent-encoded.
 		{vars: []string{R, "deployment.environment=prod,team=hello%20world"}, endpoint: httpDefault, tls: true},
 		{vars: []string{R, "a"}, bad: R}, // was accepted: the SDK's error is a partial-resource one
 		{vars: []string{R, "=b"}, bad: R},
 		{vars: []string{R, "a=%zz"}, bad: R},
-		{vars: []string{R, "a=b,"}, bad: R},
+		{vars: []string{R, "a=b,"}, endpoint: httpDefault, tls: true}, // the SDK drops an empty item
+		{vars: []string{R, " , a=b,,c=d "}, endpoint: httpDefault, tls: true},
 		// Span limits: whole numbers, negative for no limit; untrimmed, as the SDK reads them.
 		{vars: []string{LL, "-1", AVL, "4096"}, endpoint: httpDefault, tls: true},
 		{vars: []string{LL, "abc"}, bad: LL},
 		{vars: []string{LL, " 5"}, bad: LL},
 		{vars: []string{AVL, "4k"}, bad: AVL},
+		// The general attribute limits are not read when the span ones are set.
+		{vars: []string{AVL, "4k", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4096"}, endpoint: httpDefault, tls: true, warn: AVL},
+		{vars: []string{"OTEL_ATTRIBUTE_COUNT_LIMIT", "64", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "x"}, bad: "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT"},
 	} {
 		vars := map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}
 		for i := 0; i < len(tc.vars); i += 2 {
@@ -529,12 +635,34 @@ func TestTracingOTLPVariables(t *testing.T) {
 			t.Errorf("%v: %v", tc.vars, err)
 			continue
 		}
-		var on struct {
-			Msg, Endpoint string
-			TLS           bool
+		type line struct {
+			Msg, Level, Endpoint, Variable, Why string
+			TLS                                 bool
 		}
-		if err := json.Unmarshal([]byte(logs.String()), &on); err != nil || on.Msg != "tracing on" || on.Endpoint != tc.endpoint || on.TLS != tc.tls {
-			t.Errorf("%v: tracing on line %s (%v), want endpoint %s, tls %v", tc.vars, logs.String(), err, tc.endpoint, tc.tls)
+		var lines []line
+		for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var ll line
+			if err := json.Unmarshal([]byte(l), &ll); err != nil {
+				t.Errorf("%v: log line %q: %v", tc.vars, l, err)
+			}
+			lines = append(lines, ll)
+		}
+		// The warning, if any, once, then the tracing on line.
+		var warnings []line
+		for _, l := range lines[:len(lines)-1] {
+			if l.Msg != unused || l.Level != "WARN" {
+				t.Errorf("%v: log line %+v, want only %q warnings before tracing on", tc.vars, l, unused)
+			}
+			warnings = append(warnings, l)
+		}
+		switch {
+		case tc.warn == "" && len(warnings) > 0:
+			t.Errorf("%v: warnings %+v, want none", tc.vars, warnings)
+		case tc.warn != "" && (len(warnings) != 1 || warnings[0].Variable != tc.warn || !strings.Contains(warnings[0].Why, tc.why)):
+			t.Errorf("%v: warnings %+v, want one naming %s, saying %q", tc.vars, warnings, tc.warn, tc.why)
+		}
+		if on := lines[len(lines)-1]; on.Msg != "tracing on" || on.Endpoint != tc.endpoint || on.TLS != tc.tls {
+			t.Errorf("%v: tracing on line %+v, want endpoint %s, tls %v", tc.vars, on, tc.endpoint, tc.tls)
 		}
 		if err := tr.shutdown(context.Background()); err != nil {
 			t.Errorf("%v: shutdown: %v", tc.vars, err)
@@ -629,4 +757,86 @@ func TestTracingOTLPCertificate(t *testing.T) {
 	if !strings.Contains(logs.String(), `"endpoint":"`+srv.URL+`/v1/traces","tls":true`) {
 		t.Errorf("tracing on line: %s", logs.String())
 	}
+}
+
+// With an endpoint without TLS, the certificate variables, which the exporter reads from the
+// process environment itself, are not used (a warning): the http exporter, which with them
+// would not start ("insecure HTTP endpoint cannot use TLS client configuration"), exports in
+// plain text, and the grpc one, which with them would speak TLS to an http:// endpoint, speaks
+// HTTP/2 in plain text. Not parallel: the exporter reads the variables from the process
+// environment.
+func TestTracingOTLPCertificateWithoutTLS(t *testing.T) {
+	cert, key, _ := tlsFiles(t)
+	tlsVars := map[string]string{
+		"OTEL_EXPORTER_OTLP_CERTIFICATE":        cert,
+		"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": cert,
+		"OTEL_EXPORTER_OTLP_CLIENT_KEY":         key,
+	}
+	for k, v := range tlsVars {
+		t.Setenv(k, v)
+	}
+	const warned = `"variable":"OTEL_EXPORTER_OTLP_CERTIFICATE,OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,OTEL_EXPORTER_OTLP_CLIENT_KEY"`
+	setup := func(t *testing.T, vars map[string]string) (*tracing, *strings.Builder) {
+		t.Helper()
+		for k, v := range tlsVars {
+			vars[k] = v
+		}
+		var logs strings.Builder
+		env := &Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return vars[k] }}
+		tr, err := setupTracing(context.Background(), env, slog.New(slog.NewJSONHandler(&logs, nil)), defaultServiceName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(logs.String(), `"msg":"tracing: variable not used"`); n != 1 || !strings.Contains(logs.String(), warned) ||
+			!strings.Contains(logs.String(), `"tls":false`) {
+			t.Errorf("%d warnings, want one naming the three variables, and tls false: %s", n, logs.String())
+		}
+		return tr, &logs
+	}
+
+	t.Run("http", func(t *testing.T) {
+		recv := newOTLPReceiver(t)
+		tr, _ := setup(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": recv.srv.URL})
+		_, span := tr.tp.Tracer("t").Start(context.Background(), "plain")
+		span.End()
+		if err := tr.shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := recv.received(); len(got) != 1 || got[0].Name != "plain" {
+			t.Errorf("the collector got %+v, want the span", got)
+		}
+	})
+
+	t.Run("grpc", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		first := make(chan []byte, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			b := make([]byte, 24)
+			n, _ := io.ReadFull(c, b)
+			first <- b[:n]
+		}()
+		tr, _ := setup(t, map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + ln.Addr().String(),
+			"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"})
+		_, span := tr.tp.Tracer("t").Start(context.Background(), "plain")
+		span.End()
+		_ = tr.shutdown(context.Background()) // the listener is no collector
+		select {
+		case b := <-first:
+			if !bytes.HasPrefix(b, []byte("PRI * HTTP/2.0")) {
+				t.Errorf("the grpc exporter sent %q, want the HTTP/2 preface in plain text (0x16 starts a TLS handshake)", b)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the grpc exporter never connected")
+		}
+	})
 }
