@@ -216,12 +216,14 @@ type Message struct {
 	// relay promotes it: after the ready messages of its key from the same transaction, even
 	// those after it in the call, and past-dated messages of one key in the order of their
 	// times (leave DeliverAt zero for a message that must keep its place in the call). The
-	// zero time means not delayed. It is compared with the
-	// database's clock and stored to the microsecond; it must lie between MinDeliverAt and
-	// MaxDeliverAt (ErrInvalidDeliverAt). A delayed message takes its place in its key's order
-	// when it falls due, not when it is enqueued (see the package documentation, "Delayed
-	// messages"). The business key of delayed work should name its due time (see BizKey and
-	// the order-timeout example).
+	// zero time means not delayed. It is compared with the database's clock and stored to the
+	// microsecond, PostgreSQL's precision, rounded up, never down: 2030-01-01T00:00:00.999999999Z
+	// is stored as 2030-01-01T00:00:01Z, so the message is never due before DeliverAt. It must
+	// lie between MinDeliverAt and MaxDeliverAt (ErrInvalidDeliverAt); those are whole
+	// seconds, so a time within them stays within them rounded. A delayed message takes its
+	// place in its key's order when it falls due, not when it is enqueued (see the package
+	// documentation, "Delayed messages"). The business key of delayed work should name its
+	// due time (see BizKey and the order-timeout example).
 	DeliverAt time.Time
 }
 
@@ -366,7 +368,7 @@ func (c *Client) prepareRow(i int, m *Message) (store.NewRow, error) {
 		if detail := deliverAtProblem(m.DeliverAt); detail != "" {
 			return fail(ErrInvalidDeliverAt, "DeliverAt "+detail)
 		}
-		at := m.DeliverAt
+		at := ceilMicrosecond(m.DeliverAt)
 		deliverAt = &at
 	}
 	id := m.ID

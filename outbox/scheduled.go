@@ -15,7 +15,10 @@ import (
 )
 
 // Bounds of Message.DeliverAt and of RescheduleTx's time: PostgreSQL stores far wider, but a
-// time outside them is a bug (an uninitialised or mis-scaled value), not a plan.
+// time outside them is a bug (an uninitialised or mis-scaled value), not a plan. They are
+// whole seconds, so a time within them stays within them when it is rounded up to the
+// microsecond (see Message.DeliverAt): MaxDeliverAt less a nanosecond is stored as
+// MaxDeliverAt.
 var (
 	MinDeliverAt = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 	MaxDeliverAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
@@ -114,7 +117,8 @@ func (c *Client) CancelTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) e
 // RescheduleTx moves the delivery time of the delayed message id to at, inside the caller's
 // transaction tx, under the same rules as CancelTx. A time already past makes the message due
 // at once (the relay takes it at its next pass). at must lie between MinDeliverAt and
-// MaxDeliverAt (else an error wrapping ErrInvalidDeliverAt, and nothing changes). The message
+// MaxDeliverAt (else an error wrapping ErrInvalidDeliverAt, and nothing changes); it is stored
+// rounded up to the microsecond, as Message.DeliverAt. The message
 // keeps its id and its business key: a business key that names the due time still names the
 // old one, so find the message later by id or by that original key (CancelBizKeyTx with a key
 // built from the new time finds nothing). To re-arm a timer for a new time as a distinct
@@ -124,15 +128,17 @@ func (c *Client) RescheduleTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUI
 	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
 		return err
 	}
-	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduled(ctx, tx, id, at) })
+	return c.reschedule(id, at, func(at time.Time) (bool, string, error) { return c.q.RescheduleScheduled(ctx, tx, id, at) })
 }
 
-// reschedule checks at and runs move (the pgx or the database/sql statement).
-func (c *Client) reschedule(id uuid.UUID, at time.Time, move func() (bool, string, error)) error {
-	if err := checkDeliverAt(at); err != nil {
+// reschedule checks at and runs move (the pgx or the database/sql statement) with at as it is
+// stored (deliverTime).
+func (c *Client) reschedule(id uuid.UUID, at time.Time, move func(time.Time) (bool, string, error)) error {
+	at, err := deliverTime(at)
+	if err != nil {
 		return fmt.Errorf("outbox: reschedule message %s: %w", id, err)
 	}
-	ok, state, err := move()
+	ok, state, err := move(at)
 	return c.scheduleResult("reschedule", id, ok, state, err)
 }
 
@@ -200,20 +206,21 @@ func (c *Client) RescheduleBizKeyTx(ctx context.Context, tx txoutbox.DBTX, bizKe
 	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a pgx.Tx)", tx); err != nil {
 		return nil, err
 	}
-	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) },
+	return rescheduleBizKey(bizKey, at, func(at time.Time) ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKey(ctx, tx, bizKey, at) },
 		func() (string, error) { return c.q.ScheduledBizKeyState(ctx, tx, bizKey) })
 }
 
 // rescheduleBizKey checks bizKey and at and runs move (the pgx or the database/sql
-// statement), then, when it changed nothing, state.
-func rescheduleBizKey(bizKey string, at time.Time, move func() ([]uuid.UUID, error), state func() (string, error)) ([]uuid.UUID, error) {
+// statement) with at as it is stored (deliverTime), then, when it changed nothing, state.
+func rescheduleBizKey(bizKey string, at time.Time, move func(time.Time) ([]uuid.UUID, error), state func() (string, error)) ([]uuid.UUID, error) {
 	if what := checkBizKeyArg(bizKey); what != "" {
 		return nil, fmt.Errorf("outbox: reschedule: %w: BizKey %s", ErrInvalidKey, what)
 	}
-	if err := checkDeliverAt(at); err != nil {
+	at, err := deliverTime(at)
+	if err != nil {
 		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
 	}
-	ids, err := move()
+	ids, err := move(at)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reschedule business key %q: %w", bizKey, err)
 	}
@@ -232,15 +239,28 @@ func checkBizKeyArg(bizKey string) string {
 	return checkKey(bizKey)
 }
 
-// checkDeliverAt refuses a (non-zero) delivery time outside the bounds.
-func checkDeliverAt(at time.Time) error {
+// deliverTime refuses a delivery time outside the bounds, and returns one within them as it
+// is stored (ceilMicrosecond).
+func deliverTime(at time.Time) (time.Time, error) {
 	if detail := deliverAtProblem(at); detail != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidDeliverAt, detail)
+		return time.Time{}, fmt.Errorf("%w: %s", ErrInvalidDeliverAt, detail)
 	}
-	return nil
+	return ceilMicrosecond(at), nil
 }
 
-// deliverAtProblem says what checkDeliverAt refuses in at, or "" when at is valid: the detail
+// ceilMicrosecond rounds at up to the microsecond, PostgreSQL's precision: never earlier than
+// at, so that a message is never due before the time it was given (pgx and the database/sql
+// path would otherwise send it truncated, up to 999 ns early). The bounds are whole seconds:
+// a time within them stays within them.
+func ceilMicrosecond(at time.Time) time.Time {
+	down := at.Truncate(time.Microsecond) // also drops a monotonic clock reading
+	if down.Before(at) {
+		return down.Add(time.Microsecond)
+	}
+	return down
+}
+
+// deliverAtProblem says what deliverTime refuses in at, or "" when at is valid: the detail
 // of the error, for callers that report it in an error of their own (a *MessageError).
 func deliverAtProblem(at time.Time) string {
 	if at.Before(MinDeliverAt) || at.After(MaxDeliverAt) {

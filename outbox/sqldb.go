@@ -192,7 +192,7 @@ func (c *Client) RescheduleSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uu
 	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
 		return err
 	}
-	return c.reschedule(id, at, func() (bool, string, error) { return c.q.RescheduleScheduledSQL(ctx, tx, id, at) })
+	return c.reschedule(id, at, func(at time.Time) (bool, string, error) { return c.q.RescheduleScheduledSQL(ctx, tx, id, at) })
 }
 
 // CancelBizKeySQLTx is CancelBizKeyTx for database/sql: it withdraws, inside tx, every
@@ -214,7 +214,7 @@ func (c *Client) RescheduleBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX,
 	if err := dbhandle.RequireArg("outbox", "tx", "the caller's transaction (a *sql.Tx)", tx); err != nil {
 		return nil, err
 	}
-	return rescheduleBizKey(bizKey, at, func() ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) },
+	return rescheduleBizKey(bizKey, at, func(at time.Time) ([]uuid.UUID, error) { return c.q.RescheduleScheduledBizKeySQL(ctx, tx, bizKey, at) },
 		func() (string, error) { return c.q.ScheduledBizKeyStateSQL(ctx, tx, bizKey) })
 }
 

@@ -147,7 +147,7 @@ func TestCancelSQLTx(t *testing.T) {
 }
 
 // RescheduleSQLTx: moves the time only if the caller's transaction commits, stores it as
-// RescheduleTx stores it (to the microsecond), refuses a time out of range before anything
+// RescheduleTx stores it (rounded up to the microsecond), refuses a time out of range before anything
 // is written, and the same *ScheduleError as RescheduleTx when the message is not scheduled.
 func TestRescheduleSQLTx(t *testing.T) {
 	t.Parallel()
@@ -166,8 +166,10 @@ func TestRescheduleSQLTx(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Nanoseconds and a zone other than UTC: stored as the pgx method stores them.
+			// Nanoseconds and a zone other than UTC: stored as the pgx method stores them,
+			// rounded up to the microsecond.
 			later := time.Date(2031, 2, 3, 4, 5, 6, 123456789, time.FixedZone("UTC+5:30", 5*3600+1800))
+			laterStored := time.Date(2031, 2, 2, 22, 35, 6, 123457000, time.UTC)
 			errBusiness := errors.New("business change failed")
 			err = inSQLTx(t, sdb, func(tx *sql.Tx) error {
 				if err := c.RescheduleSQLTx(ctx, tx, ids[0], later); err != nil {
@@ -189,8 +191,8 @@ func TestRescheduleSQLTx(t *testing.T) {
 			}
 			st, at := state(t, db, ids[0])
 			_, pgxAt := state(t, db, ids[1])
-			if st != "scheduled" || at == nil || pgxAt == nil || !at.Equal(*pgxAt) || !at.Equal(later.Truncate(time.Microsecond)) {
-				t.Fatalf("rescheduled: state %q at %v; RescheduleTx stored %v; want scheduled at %v", st, at, pgxAt, later.Truncate(time.Microsecond))
+			if st != "scheduled" || at == nil || pgxAt == nil || !at.Equal(*pgxAt) || !at.Equal(laterStored) {
+				t.Fatalf("rescheduled: state %q at %v; RescheduleTx stored %v; want scheduled at %v", st, at, pgxAt, laterStored)
 			}
 
 			// Out of range: refused, nothing changed.
@@ -199,8 +201,8 @@ func TestRescheduleSQLTx(t *testing.T) {
 					t.Fatalf("RescheduleSQLTx to %v: %v, want ErrInvalidDeliverAt", bad, err)
 				}
 			}
-			if _, at := state(t, db, ids[0]); at == nil || !at.Equal(later.Truncate(time.Microsecond)) {
-				t.Fatalf("after refused reschedules: deliver_at %v, want %v", at, later)
+			if _, at := state(t, db, ids[0]); at == nil || !at.Equal(laterStored) {
+				t.Fatalf("after refused reschedules: deliver_at %v, want %v", at, laterStored)
 			}
 			// At the bounds: accepted.
 			for _, edge := range []time.Time{outbox.MinDeliverAt, outbox.MaxDeliverAt} {

@@ -185,7 +185,9 @@ func collectIDsSQL(ctx context.Context, db SQLDBTX, stmt string, args ...any) (i
 	return ids, rows.Err()
 }
 
-// timestampLiteral is t as PostgreSQL reads a timestamptz, to the microsecond (as pgx sends it).
+// timestampLiteral is t as PostgreSQL reads a timestamptz, to the microsecond, truncated as
+// pgx sends it (package outbox rounds delivery times up to the microsecond before they get
+// here, so that nothing is cut).
 func timestampLiteral(t time.Time) string {
 	return t.UTC().Truncate(time.Microsecond).Format("2006-01-02T15:04:05.999999Z")
 }

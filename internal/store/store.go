@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
@@ -37,6 +38,19 @@ const (
 )
 
 // DBTX is txoutbox.DBTX: what queries run against.
+//
+// The producer's statements (InsertMessages, InsertPrepared, SettleHalf, HalfState and the
+// cancel and reschedule statements) run on the caller's handle, in whatever query exec mode
+// its pool was given. In pgx.QueryExecModeExec and QueryExecModeSimpleProtocol — what
+// PgBouncer's transaction pooling needs — pgx does not learn the parameters' types from the
+// server: it encodes each argument as text from its Go type alone, which it can for the types
+// pgtype registers by default (string, int32, int64, float64, bool, time.Time, []byte, their
+// pointers and slices, pgtype's own values) and for driver.Valuer implementations (uuid.UUID),
+// and the statement gives the server the type (a cast, or the column the value is compared
+// with or stored in). The producer's arguments are such types: an array of message ids is a
+// pgtype.FlatArray[pgtype.UUID] (a [][16]byte encodes in binary only, so only in the modes
+// that describe the statement first, and no faster). TestProducerAPIEveryExecMode (package
+// outbox) runs every producer call in every mode.
 type DBTX = txoutbox.DBTX
 
 // MaxErrorText bounds every error text stored in last_error, in bytes.
@@ -228,7 +242,7 @@ func (q *Queries) InsertMessagesUnlocked(ctx context.Context, db DBTX, rows []Ne
 
 func (q *Queries) insertRows(ctx context.Context, db DBTX, rows []NewRow, lock bool) error {
 	n := len(rows)
-	ids := make([][16]byte, n) // [16]byte encodes natively; uuid.UUID would go through driver.Valuer and text
+	ids := make(pgtype.FlatArray[pgtype.UUID], n) // encodes in every exec mode (see DBTX)
 	subjects := make([]string, n)
 	keys := make([]*string, n)
 	parts := make([]int32, n)
@@ -237,7 +251,7 @@ func (q *Queries) insertRows(ctx context.Context, db DBTX, rows []NewRow, lock b
 	deliverAt := make([]*time.Time, n)
 	var lockKeys []int32
 	for i, r := range rows {
-		ids[i] = r.MessageID
+		ids[i] = pgtype.UUID{Bytes: r.MessageID, Valid: true}
 		subjects[i] = r.Subject
 		keys[i], parts[i], headers[i], payloads[i] = r.columns()
 		deliverAt[i] = r.DeliverAt
