@@ -429,7 +429,7 @@ func TestAlertRulesParse(t *testing.T) {
 	qs := ruleQueries(t)
 	want := []string{"TxoutboxOldestReadyRowTooOld", "TxoutboxDeadRows", "TxoutboxCheckExhausted", "TxoutboxFewerRelaysThanExpected",
 		"TxoutboxPartitionCountMismatch", "TxoutboxConsumerDeadLetters", "TxoutboxConsumerDuplicateRateHigh", "TxoutboxRelayNotReady",
-		"TxoutboxStreamUnavailable", "TxoutboxRelayDown", "TxoutboxNoRelay"}
+		"TxoutboxStreamUnavailable", "TxoutboxStreamWindowShort", "TxoutboxRelayDown", "TxoutboxNoRelay"}
 	have := map[string]bool{}
 	for _, q := range qs {
 		have[strings.TrimPrefix(q.where, "alert ")] = true

@@ -258,7 +258,9 @@ func (c *Config) WithDefaults() *Config {
 // come from
 //
 //   - a relay or a database that is down longer than the window (its unsettled rows are
-//     republished when it is back);
+//     republished when it is back); a database too slow to answer counts as down: a settle
+//     waits for the next claim and then for itself (30 s each at most), and rows whose settle
+//     failed are claimed again, up to about a minute after their PubAck;
 //   - a NATS or stream outage longer than the window: a message the stream stored whose PubAck
 //     was lost (the stream's leader died with it in flight, the connection dropped) stays
 //     ready, no attempt counted — its stream is in an outage, or the broker is down — and is

@@ -27,6 +27,8 @@ import (
 //	relay_stream_unavailable{stream}     1 while the relay holds a stream's rows back as
 //	                                     unavailable (no leader), 0 for the other streams it
 //	                                     knows; set as it changes, synced every sample
+//	relay_stream_window_short{stream}    1 while a stream published to keeps duplicates for
+//	                                     less than RequiredDuplicateWindow (windows.go)
 //	relay_ready_backlog{partition}, relay_oldest_ready_age_seconds{partition}
 //	                                     the held partitions' backlog, sampled
 //	outbox_messages{state}, outbox_oldest_ready_age_seconds, outbox_next_scheduled_seconds,
@@ -58,6 +60,7 @@ type metrics struct {
 	health     *prometheus.GaugeVec
 	// streamUnavailable is set under the outages' lock (see streamOutages).
 	streamUnavailable *prometheus.GaugeVec
+	windowShort       *prometheus.GaugeVec // see windows.go
 
 	backlog    *prometheus.GaugeVec
 	oldestPart *prometheus.GaugeVec
@@ -128,6 +131,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"1 for the relay's current state (starting, ok, standby, postgres_unavailable, nats_unavailable), 0 for the others.")), []string{"state"}),
 		streamUnavailable: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("stream_unavailable",
 			"1 while this relay holds back the rows of a stream as unavailable (no leader: publishes get no responders or no PubAck while JetStream answers; no attempt counted), 0 for the other streams it knows. Cleared by the stream's next acknowledged publish, or when none of its rows came up for 30s.")), []string{"stream"}),
+		windowShort: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("stream_window_short",
+			"1 while a stream this relay published to keeps duplicates for less than RequiredDuplicateWindow (a republish past its window is stored twice), 0 for the other streams it checked. Checked when the relay first publishes to a stream and every 10 minutes.")), []string{"stream"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("ready_backlog",
 			"Ready rows of each partition this relay holds, counted among the oldest SampleLimit ready rows.")), []string{"partition"}),
 		oldestPart: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("oldest_ready_age_seconds",
@@ -178,7 +183,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.setHealth(healthStarting)
 	if err := prom.Register(reg, "relay",
-		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.streamUnavailable), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.streamUnavailable), prom.Of(&m.windowShort), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
 		prom.Of(&m.claimDur), prom.Of(&m.settleDur), prom.Of(&m.oldestXact), prom.Of(&m.xminAge), prom.Of(&m.prepared), prom.Of(&m.oldestPrep), prom.Of(&m.horizonError)); err != nil {
 		return nil, err
 	}

@@ -107,6 +107,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 				res.withheld++
 			case o.err == nil:
 				res.published = append(res.published, store.Published{ID: row.ID, Stream: o.ack.Stream, Seq: o.ack.Sequence})
+				r.windows.note(o.ack.Stream)
 				if o.ack.Duplicate {
 					r.stats.Duplicates.Add(1)
 					r.m.duplicates.Inc()

@@ -85,6 +85,7 @@ type Relay struct {
 	failing       failingSubjects
 	unusable      unusableStreams
 	known         knownStreams
+	windows       *windowWatch // the duplicate windows of the streams published to (windows.go)
 	outages       streamOutages
 	strikes       leaderStrikes
 	denied        deniedSubjects
@@ -199,14 +200,15 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error
 		return nil, err
 	}
 	r := &Relay{
-		cfg:   c,
-		pool:  pool,
-		js:    js,
-		q:     store.New(c.Schema),
-		log:   c.Logger.With("component", "relay", "relay_id", c.ID),
-		wake:  make(chan struct{}, 1),
-		floor: newClaimFloor(),
-		trace: newRelayTracer(c),
+		cfg:     c,
+		windows: newWindowWatch(),
+		pool:    pool,
+		js:      js,
+		q:       store.New(c.Schema),
+		log:     c.Logger.With("component", "relay", "relay_id", c.ID),
+		wake:    make(chan struct{}, 1),
+		floor:   newClaimFloor(),
+		trace:   newRelayTracer(c),
 	}
 	r.trace.conn = js.Conn()
 	var err error
@@ -295,7 +297,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); r.watchMembers(lctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); r.watchWindows(lctx) }()
 	defer r.lease.close()
+	if len(r.cfg.Subjects) == 0 {
+		r.log.Warn("no subjects to check at start (Config.Subjects, --subjects): the streams are checked only once the relay " +
+			"publishes to them (their duplicate window is then a warning, not a refusal); name the subjects producers write")
+	}
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
 		"batch_size", r.cfg.BatchSize, "retention", retentionText(r.cfg.Retention))

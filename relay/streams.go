@@ -133,6 +133,8 @@ func (r *Relay) CheckStreams(ctx context.Context) error {
 			if w := cfg.Duplicates; w < required {
 				return &StreamError{Subject: subj, Stream: name, Err: ErrDuplicateWindow, Window: w.String(), Required: required.String()}
 			}
+			r.windows.checked(name)
+			r.m.windowShort.WithLabelValues(name).Set(0)
 			if err := r.checkMessageLimit(subj, &cfg, producers, producersSetting); err != nil {
 				return err
 			}
