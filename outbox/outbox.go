@@ -46,6 +46,18 @@
 // by its id or its original key); a timer re-armed for a new time as a distinct business
 // event is a cancel and a new message whose key names the new time.
 //
+// # Names
+//
+// A method whose name ends in Tx (EnqueueTx, CommitTx, CancelTx, RescheduleTx and the business
+// key forms) runs its statements in the caller's transaction and is part of it: what it did
+// commits or rolls back with the caller's change; it never commits. A method without the
+// suffix is atomic on its own, whatever handle it is given: Prepare and Rollback are one
+// statement each, so they take any handle (txoutbox.DBTX: a pool, a connection, or a
+// transaction they then join), and Commit, which needs several statements to be one, takes a
+// txoutbox.Beginner and begins its own transaction (a savepoint inside a pgx.Tx); CommitTx is
+// the commit that joins the caller's transaction instead. SendInTransaction runs the whole
+// half message protocol around the caller's function.
+//
 // Services on database/sql (sqlx, GORM, any PostgreSQL driver) use the twins whose names say
 // SQL — EnqueueSQLTx, PrepareSQL, CommitSQL, CommitSQLTx, RollbackSQL, SendInTransactionSQL,
 // CancelSQLTx, RescheduleSQLTx, CancelBizKeySQLTx, RescheduleBizKeySQLTx — with a *sql.Tx
