@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -113,4 +114,94 @@ func TestProducerArgsEncodeWithoutTypes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Every statement of Queries, not only the producer's, encodes its arguments without their
+// types: the relay, the check-back and the admin commands take a pool the user configures,
+// which may be in QueryExecModeExec or QueryExecModeSimpleProtocol too (ReleaseChecks, Resume
+// and the dead-row filters by id passed a []uuid.UUID, which pgx cannot encode so). Each
+// method taking (context.Context, DBTX, ...) is called with arguments made up from their
+// types (every slice with an element, every field set), its statements captured, and each
+// argument encoded as pgx does without an OID.
+func TestEveryStatementArgEncodesWithoutTypes(t *testing.T) {
+	ctx := context.Background()
+	q := New("public")
+	m := pgtype.NewMap()
+	ctxType := reflect.TypeOf((*context.Context)(nil)).Elem()
+	dbType := reflect.TypeOf((*DBTX)(nil)).Elem()
+	qv := reflect.ValueOf(q)
+	called := 0
+	for i := 0; i < qv.NumMethod(); i++ {
+		method := qv.Type().Method(i)
+		mt := qv.Method(i).Type()
+		if mt.NumIn() < 2 || mt.In(0) != ctxType || mt.In(1) != dbType {
+			continue
+		}
+		db := &captureDB{}
+		args := []reflect.Value{reflect.ValueOf(ctx), reflect.ValueOf(db)}
+		for j := 2; j < mt.NumIn(); j++ {
+			args = append(args, madeUp(mt.In(j), 0))
+		}
+		func() {
+			defer func() { _ = recover() }() // a method that needs a real answer stops after its first statement
+			qv.Method(i).Call(args)
+		}()
+		if len(db.stmts) == 0 {
+			continue
+		}
+		called++
+		for k, s := range db.stmts {
+			for j, arg := range s.args {
+				if _, err := m.Encode(0, pgtype.TextFormatCode, arg, nil); err != nil {
+					first, _, _ := strings.Cut(strings.TrimSpace(s.sql), "\n")
+					t.Errorf("%s, statement %d (%s), argument $%d (%T) does not encode without its type: %v", method.Name, k, first, j+1, arg, err)
+				}
+			}
+		}
+	}
+	if called < 40 {
+		t.Fatalf("only %d methods ran a statement: the discovery is broken", called)
+	}
+}
+
+// madeUp returns a value of type t with everything set: slices of one element, strings "x",
+// numbers 1, true, pointers to such values, structs with every exported field so set.
+func madeUp(t reflect.Type, depth int) reflect.Value {
+	v := reflect.New(t).Elem()
+	if depth > 4 {
+		return v
+	}
+	switch {
+	case t == reflect.TypeOf(time.Time{}):
+		return reflect.ValueOf(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	case t == reflect.TypeOf(uuid.UUID{}):
+		return reflect.ValueOf(uuid.Must(uuid.NewV7()))
+	}
+	switch t.Kind() {
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(1)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(1)
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(1)
+	case reflect.Slice:
+		s := reflect.MakeSlice(t, 1, 1)
+		s.Index(0).Set(madeUp(t.Elem(), depth+1))
+		return s
+	case reflect.Ptr:
+		p := reflect.New(t.Elem())
+		p.Elem().Set(madeUp(t.Elem(), depth+1))
+		return p
+	case reflect.Struct:
+		for i := 0; i < t.NumField(); i++ {
+			if t.Field(i).IsExported() {
+				v.Field(i).Set(madeUp(t.Field(i).Type, depth+1))
+			}
+		}
+	}
+	return v
 }

@@ -353,7 +353,7 @@ func (q *Queries) RecordCheck(ctx context.Context, db DBTX, id uuid.UUID, detail
 
 // ReleaseChecks makes claimed rows that were not asked due again at once.
 func (q *Queries) ReleaseChecks(ctx context.Context, db DBTX, ids []uuid.UUID) error {
-	_, err := db.Exec(ctx, q.half.release, ids)
+	_, err := db.Exec(ctx, q.half.release, uuidArray(ids))
 	return err
 }
 
@@ -460,10 +460,7 @@ func (q *Queries) ListHalf(ctx context.Context, db DBTX, states []string, group 
 // given ids, or, when all is set, every exhausted row (of group, unless ""). It returns the
 // message ids it resumed.
 func (q *Queries) Resume(ctx context.Context, db DBTX, ids []uuid.UUID, all bool, group string) ([]uuid.UUID, error) {
-	if ids == nil {
-		ids = []uuid.UUID{}
-	}
-	rows, err := db.Query(ctx, q.half.resume, ids, all, group)
+	rows, err := db.Query(ctx, q.half.resume, uuidArray(ids), all, group)
 	if err != nil {
 		return nil, err
 	}

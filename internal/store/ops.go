@@ -501,7 +501,7 @@ func (f DeadFilter) args() ([]any, error) {
 		newer = f.NewerThan.Seconds()
 	}
 	if len(f.IDs) > 0 {
-		ids = f.IDs
+		ids = uuidArray(f.IDs)
 	}
 	if f.Limit > 0 {
 		limit = int64(f.Limit)

@@ -240,6 +240,16 @@ func (q *Queries) InsertMessagesUnlocked(ctx context.Context, db DBTX, rows []Ne
 	return q.insertRows(ctx, db, rows, false)
 }
 
+// uuidArray is ids as an argument every exec mode encodes (see DBTX): a []uuid.UUID has no
+// text encoding pgx finds from its Go type alone. Never nil: an empty array.
+func uuidArray(ids []uuid.UUID) pgtype.FlatArray[pgtype.UUID] {
+	out := make(pgtype.FlatArray[pgtype.UUID], len(ids))
+	for i, id := range ids {
+		out[i] = pgtype.UUID{Bytes: id, Valid: true}
+	}
+	return out
+}
+
 func (q *Queries) insertRows(ctx context.Context, db DBTX, rows []NewRow, lock bool) error {
 	n := len(rows)
 	ids := make(pgtype.FlatArray[pgtype.UUID], n) // encodes in every exec mode (see DBTX)
