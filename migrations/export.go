@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -27,12 +28,23 @@ var ErrSharedDir = errors.New("migrations: the export directory holds other migr
 // migration differed): Export never overwrites it.
 var ErrExportDiffers = errors.New("migrations: an exported migration file differs from txoutbox's")
 
+// earlierDowns are the down steps earlier txoutbox versions had, by migration version, for
+// migrations whose down step changed since (only what the step does when it runs, never what
+// the up step created): a file exported with one of them is txoutbox's, of an earlier version,
+// and Export replaces it. Migration 001's down step drops the producer grants' functions since
+// the evening of 2026-12-07.
+var earlierDowns = map[int][]string{
+	1: {"DROP TABLE txoutbox_consumer_dedup;\nDROP TABLE txoutbox_messages;\n"},
+}
+
 // Export writes the migrations into dir (created if needed) in format, for deploy tools that
 // keep their own copy, and returns the paths of the files it wrote. Run again on the same
 // directory (after an upgrade that adds migrations, say), it writes the files that are
-// missing and leaves those whose contents are already the migration's; a file of one of the
-// migrations' names with other contents is never overwritten (ErrExportDiffers, naming it,
-// and nothing is written). It refuses a directory holding any other .sql file (ErrSharedDir):
+// missing, leaves those whose contents are already the migration's, and replaces those an
+// earlier txoutbox version exported whose down step has changed since (a deploy tool keeps no
+// checksum of a down step, and the new one is what going down should run); a file of one of
+// the migrations' names with any other contents is never overwritten (ErrExportDiffers,
+// naming it, and nothing is written). It refuses a directory holding any other .sql file (ErrSharedDir):
 // txoutbox's migrations go in a directory of their own, applied with a version table of their
 // own (goose -table txoutbox_goose_db_version; golang-migrate
 // x-migrations-table=txoutbox_golang_migrate) or in a schema of their own, so that they never
@@ -43,6 +55,7 @@ func Export(dir, format string) ([]string, error) {
 		return nil, err
 	}
 	files := map[string]string{}
+	earlier := map[string][]string{} // file name → the contents earlier versions exported
 	var order []string
 	add := func(name, body string) {
 		files[name] = body
@@ -54,8 +67,14 @@ func Export(dir, format string) ([]string, error) {
 		case FormatGolangMigrate:
 			add(base+".up.sql", m.Up)
 			add(base+".down.sql", m.Down)
+			earlier[base+".down.sql"] = earlierDowns[m.Version]
 		case FormatGoose:
 			add(base+".sql", gooseFile(m))
+			for _, d := range earlierDowns[m.Version] {
+				old := m
+				old.Down = d
+				earlier[base+".sql"] = append(earlier[base+".sql"], gooseFile(old))
+			}
 		default:
 			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
 		}
@@ -63,6 +82,7 @@ func Export(dir, format string) ([]string, error) {
 	// Every .sql file already there must be one of ours, with our contents, before anything
 	// is written.
 	present := map[string]bool{}
+	replace := map[string]bool{} // an earlier version's copy
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("migrations: %w", err)
@@ -83,6 +103,10 @@ func Export(dir, format string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("migrations: %w", err)
 		}
+		if string(got) != body && slices.Contains(earlier[name], string(got)) {
+			replace[name] = true
+			continue
+		}
 		if string(got) != body {
 			return nil, fmt.Errorf("%w: %s is not txoutbox's %s (edited, or exported by another txoutbox version): "+
 				"nothing written; move it away to export this version's, or compare them", ErrExportDiffers, path, name)
@@ -98,7 +122,11 @@ func Export(dir, format string) ([]string, error) {
 			continue // already there, as it is
 		}
 		path := filepath.Join(dir, name)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+		if replace[name] {
+			flags = os.O_WRONLY | os.O_TRUNC
+		}
+		f, err := os.OpenFile(path, flags, 0o644)
 		if err != nil {
 			return written, fmt.Errorf("migrations: %w", err)
 		}

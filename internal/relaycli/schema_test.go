@@ -150,3 +150,47 @@ func TestMigrateExportAgain(t *testing.T) {
 		t.Errorf("the refused export wrote %s: %v", missing, err)
 	}
 }
+
+// A directory an earlier txoutbox version exported, whose migration 001 down step has changed
+// since (it now drops the producer grants' functions), is brought up to date by exporting
+// again: that file is replaced (a deploy tool keeps no checksum of a down step), in both
+// formats; it made the export exit 1, naming the file, after every upgrade.
+func TestMigrateExportReplacesAnEarlierVersionsFile(t *testing.T) {
+	t.Parallel()
+	const oldDown = "DROP TABLE txoutbox_consumer_dedup;\nDROP TABLE txoutbox_messages;\n"
+	for _, c := range []struct{ format, file string }{
+		{"golang-migrate", "001_outbox.down.sql"},
+		{"goose", "001_outbox.sql"},
+	} {
+		dir := filepath.Join(t.TempDir(), c.format)
+		if code, out, stderr := cli(t, "migrate", "export", "--dir", dir, "--format", c.format); code != 0 {
+			t.Fatalf("%s export: exit %d\n%s%s", c.format, code, out, stderr)
+		}
+		path := filepath.Join(dir, c.file)
+		current, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The file as the earlier version exported it: the old down step in place of the new.
+		old := string(current)
+		if c.format == "golang-migrate" {
+			old = oldDown
+		} else {
+			i := strings.Index(old, "-- +goose Down\n-- +goose StatementBegin\n")
+			if i < 0 {
+				t.Fatalf("no down block in %s:\n%s", path, old)
+			}
+			old = old[:i] + "-- +goose Down\n-- +goose StatementBegin\n" + strings.TrimRight(oldDown, "\n") + "\n-- +goose StatementEnd\n"
+		}
+		if err := os.WriteFile(path, []byte(old), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, stderr := cli(t, "migrate", "export", "--dir", dir, "--format", c.format)
+		if code != 0 || strings.TrimSpace(out) != "wrote "+path {
+			t.Fatalf("%s export over an earlier version's %s: exit %d\n%s%s; want it replaced", c.format, c.file, code, out, stderr)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != string(current) {
+			t.Fatalf("%s after the export: %v\n%s\nwant this version's:\n%s", path, err, got, current)
+		}
+	}
+}
