@@ -235,6 +235,8 @@ func TestDeadCommands(t *testing.T) {
 		{[]string{"purge", "--all", "--limit", "100001"}, "invalid --limit 100001"},
 		{[]string{"purge", "--subject", "orders.paid", "--newer-than", "0"}, "invalid --newer-than 0: no row was enqueued less than 0 ago; omit --newer-than for any age"},
 		{[]string{"purge", "--older-than", "0"}, "purge with --older-than 0 changes every dead row (each was enqueued at least 0 ago): give a filter that narrows it, or --all"},
+		{[]string{"purge", "--subject", ">"}, "purge with --subject '>' changes every dead row (it matches every subject): give a filter that narrows it, or --all"},
+		{[]string{"requeue", "--subject", ">", "--older-than", "0"}, "requeue with --subject '>' changes every dead row"},
 		{[]string{"requeue", "--older-than", "0s", "--limit", "1"}, "requeue with --older-than 0 changes every dead row"},
 		{[]string{"purge", "--all", "--older-than", "0"}, "--all and filters exclude each other (got --all and --older-than)"},
 		{[]string{"purge", "--subject", "", "--older-than", "1h"}, `invalid --subject "": empty; omit --subject for every subject`},

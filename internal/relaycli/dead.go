@@ -154,7 +154,8 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		f.Limit = limit + 1 // one row more than shown says whether there are more
 	}
 	// --older-than 0 is literal (every row was enqueued at least 0 ago): it narrows nothing.
-	narrowed := subject != "" || olderThan > 0 || newerThan > 0 || len(f.IDs) > 0
+	// A subject of ">" alone matches every subject: no narrowing, like --older-than 0.
+	narrowed := (subject != "" && subject != ">") || olderThan > 0 || newerThan > 0 || len(f.IDs) > 0
 	filterTyped := ""
 	for _, name := range []string{"subject", "older-than", "newer-than", "id"} {
 		if typed[name] && filterTyped == "" {
@@ -164,6 +165,8 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	switch {
 	case changes && all && filterTyped != "":
 		return usageErr("--all and filters exclude each other (got --all and --%s)", filterTyped)
+	case changes && !all && !narrowed && subject == ">":
+		return usageErr("%s with --subject '>' changes every dead row (it matches every subject): give a filter that narrows it, or --all", action)
 	case changes && !all && !narrowed && typed["older-than"]:
 		return usageErr("%s with --older-than 0 changes every dead row (each was enqueued at least 0 ago): give a filter that narrows it, or --all", action)
 	case changes && !all && !narrowed:
