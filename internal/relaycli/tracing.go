@@ -165,7 +165,7 @@ func setupTracing(ctx context.Context, env *Env, log *slog.Logger, service strin
 		return nil, usageErr("invalid %s %q: only true and false are understood; the SDK takes anything else for false, which would leave tracing on (exporter %s): write true to turn it off, or false",
 			envSDKDisabled, sdkDisabled, strings.Join(exporters, ","))
 	}
-	prop, err := propagators(get(envPropagators))
+	prop, err := propagators(get(envPropagators), warn)
 	if err != nil {
 		return nil, err
 	}
@@ -772,22 +772,27 @@ func tracesExporters(v string) ([]string, error) {
 	return out, nil
 }
 
-// propagators parses OTEL_PROPAGATORS: tracecontext, baggage and none, comma-separated;
-// empty means tracecontext,baggage.
-func propagators(v string) (propagation.TextMapPropagator, error) {
+// propagators parses OTEL_PROPAGATORS: tracecontext, baggage and none, comma-separated, in
+// any case (unset: tracecontext,baggage). The specification's other propagators (b3,
+// b3multi, jaeger, xray, ottrace), which the relay does not have, are left out with a warning
+// (platforms set the variable for every process); a name the specification does not know is
+// a usage error naming the variable.
+func propagators(v string, warn warnFunc) (propagation.TextMapPropagator, error) {
 	if v == "" {
 		v = "tracecontext,baggage"
 	}
 	var ps []propagation.TextMapPropagator
 	for _, name := range strings.Split(v, ",") {
-		switch strings.ToLower(strings.TrimSpace(name)) {
+		switch n := strings.ToLower(strings.TrimSpace(name)); n {
 		case "tracecontext":
 			ps = append(ps, propagation.TraceContext{})
 		case "baggage":
 			ps = append(ps, propagation.Baggage{})
 		case "none", "":
+		case "b3", "b3multi", "jaeger", "xray", "ottrace":
+			warn(envPropagators, fmt.Sprintf("the relay has no %s propagator: it propagates with the others given (tracecontext and baggage are what it has)", n))
 		default:
-			return nil, usageErr("invalid %s: %q is not supported (use tracecontext, baggage or none)", envPropagators, strings.TrimSpace(name))
+			return nil, usageErr("invalid %s: %q is not a propagator (use tracecontext, baggage or none)", envPropagators, strings.TrimSpace(name))
 		}
 	}
 	return propagation.NewCompositeTextMapPropagator(ps...), nil

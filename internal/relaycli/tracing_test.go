@@ -21,6 +21,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -255,7 +256,8 @@ func TestTracingSettings(t *testing.T) {
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp,none"}, bad: "OTEL_TRACES_EXPORTER"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, bad: "OTEL_EXPORTER_OTLP_PROTOCOL"},
-		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_PROPAGATORS": "b3"}, bad: "OTEL_PROPAGATORS"},
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_PROPAGATORS": "b3"}, on: true}, // the specification's, not the relay's: a warning
+		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_PROPAGATORS": "b4"}, bad: "OTEL_PROPAGATORS"},
 		// The sampler and the batch span processor: the SDK would ignore a bad value.
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "sometimes"}, bad: "OTEL_TRACES_SAMPLER"},
 		{vars: map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "jaeger_remote"}, bad: "OTEL_TRACES_SAMPLER"},
@@ -839,4 +841,27 @@ func TestTracingOTLPCertificateWithoutTLS(t *testing.T) {
 			t.Fatal("the grpc exporter never connected")
 		}
 	})
+}
+
+// OTEL_PROPAGATORS: the relay's propagators (tracecontext, baggage) in any case and order; the
+// specification's others (b3, b3multi, jaeger, xray, ottrace), which platforms may set for
+// every process, left out with one warning each; a name the specification does not know
+// refused.
+func TestTracingPropagators(t *testing.T) {
+	t.Parallel()
+	var warned []string
+	warn := func(variable, why string) { warned = append(warned, variable+": "+why) }
+	p, err := propagators(" TraceContext ,b3, Baggage,xray", warn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(slices.Sorted(slices.Values(p.Fields())), ","); got != "baggage,traceparent,tracestate" {
+		t.Errorf("fields %q, want baggage, traceparent and tracestate", got)
+	}
+	if len(warned) != 2 || !strings.Contains(warned[0], "OTEL_PROPAGATORS: the relay has no b3 propagator") || !strings.Contains(warned[1], "no xray propagator") {
+		t.Errorf("warnings %q, want one for b3 and one for xray", warned)
+	}
+	if _, err := propagators("tracecontext,b4", warn); err == nil || !strings.Contains(err.Error(), `invalid OTEL_PROPAGATORS: "b4" is not a propagator`) {
+		t.Errorf("b4: %v, want a usage error naming the variable", err)
+	}
 }
