@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -460,7 +461,7 @@ func TestProducerGrantFunctionsGoDownWithTheOutbox(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(super.Close)
-			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			suffix := strings.ReplaceAll(uuid.NewString()[:13], "-", "") // unique across parallel subtests and runs
 			grantee := map[string]string{migrations.RoleProducer: "txo_gp_" + suffix, migrations.RoleAdmin: "txo_ga_" + suffix}
 			for _, name := range grantee {
 				if _, err := super.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
