@@ -122,11 +122,15 @@ func Export(dir, format string) ([]string, error) {
 			continue // already there, as it is
 		}
 		path := filepath.Join(dir, name)
-		flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
 		if replace[name] {
-			flags = os.O_WRONLY | os.O_TRUNC
+			// Written beside it, then renamed over it: never a half-written migration file.
+			if err := replaceFile(dir, path, files[name]); err != nil {
+				return written, err
+			}
+			written = append(written, path)
+			continue
 		}
-		f, err := os.OpenFile(path, flags, 0o644)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			return written, fmt.Errorf("migrations: %w", err)
 		}
@@ -140,6 +144,31 @@ func Export(dir, format string) ([]string, error) {
 		written = append(written, path)
 	}
 	return written, nil
+}
+
+// replaceFile replaces path (in dir) with body: written to a new file in dir, then renamed
+// over path, so that a failed write leaves the old file as it was.
+func replaceFile(dir, path, body string) error {
+	f, err := os.CreateTemp(dir, ".txoutbox-export-*")
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.WriteString(body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("migrations: write %s: %w", path, err)
+	}
+	return nil
 }
 
 // gooseFile is m as one goose migration file. Each direction is one statement block, so goose

@@ -54,7 +54,7 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	s := newSettings("dead", deadUsage, env.Stderr, env.Getenv)
 	s.String(&dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required)")
 	s.String(&schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
-	s.String(&subject, "subject", "", "", "only rows of this subject (NATS wildcards * and > allowed)")
+	s.String(&subject, "subject", "", "", "only rows of this subject (NATS wildcards * and > allowed; '>' alone is no filter for requeue and purge)")
 	s.Duration(&olderThan, "older-than", "", 0, "only rows enqueued at least this long ago (0: every row)")
 	helpDefault(s, "older-than", "any age")
 	s.Duration(&newerThan, "newer-than", "", 0, "only rows enqueued at most this long ago (more than 0)")

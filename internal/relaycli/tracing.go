@@ -782,6 +782,7 @@ func propagators(v string, warn warnFunc) (propagation.TextMapPropagator, error)
 		v = "tracecontext,baggage"
 	}
 	var ps []propagation.TextMapPropagator
+	var unknown []string // the specification's, not the relay's
 	for _, name := range strings.Split(v, ",") {
 		switch n := strings.ToLower(strings.TrimSpace(name)); n {
 		case "tracecontext":
@@ -790,9 +791,17 @@ func propagators(v string, warn warnFunc) (propagation.TextMapPropagator, error)
 			ps = append(ps, propagation.Baggage{})
 		case "none", "":
 		case "b3", "b3multi", "jaeger", "xray", "ottrace":
-			warn(envPropagators, fmt.Sprintf("the relay has no %s propagator: it propagates with the others given (tracecontext and baggage are what it has)", n))
+			unknown = append(unknown, n)
 		default:
 			return nil, usageErr("invalid %s: %q is not a propagator (use tracecontext, baggage or none)", envPropagators, strings.TrimSpace(name))
+		}
+	}
+	for _, n := range unknown {
+		if len(ps) == 0 {
+			warn(envPropagators, fmt.Sprintf("the relay has no %s propagator (it has tracecontext and baggage), and none other is given: "+
+				"no trace context is read or written, so the relay's spans do not join the producer's traces", n))
+		} else {
+			warn(envPropagators, fmt.Sprintf("the relay has no %s propagator: it propagates with the others given", n))
 		}
 	}
 	return propagation.NewCompositeTextMapPropagator(ps...), nil

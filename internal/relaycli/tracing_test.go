@@ -861,6 +861,10 @@ func TestTracingPropagators(t *testing.T) {
 	if len(warned) != 2 || !strings.Contains(warned[0], "OTEL_PROPAGATORS: the relay has no b3 propagator") || !strings.Contains(warned[1], "no xray propagator") {
 		t.Errorf("warnings %q, want one for b3 and one for xray", warned)
 	}
+	warned = nil
+	if _, err := propagators("b3", warn); err != nil || len(warned) != 1 || !strings.Contains(warned[0], "no trace context is read or written") {
+		t.Errorf("b3 alone: %v, warnings %q; want one saying no trace context is propagated", err, warned)
+	}
 	if _, err := propagators("tracecontext,b4", warn); err == nil || !strings.Contains(err.Error(), `invalid OTEL_PROPAGATORS: "b4" is not a propagator`) {
 		t.Errorf("b4: %v, want a usage error naming the variable", err)
 	}
