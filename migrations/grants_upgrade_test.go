@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -464,17 +463,7 @@ func TestProducerGrantFunctionsGoDownWithTheOutbox(t *testing.T) {
 			suffix := strings.ReplaceAll(uuid.NewString()[:13], "-", "") // unique across parallel subtests and runs
 			grantee := map[string]string{migrations.RoleProducer: "txo_gp_" + suffix, migrations.RoleAdmin: "txo_ga_" + suffix}
 			for _, name := range grantee {
-				if _, err := super.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { // registered before the schema: runs after it is dropped
-					cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
-					if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
-						t.Logf("drop role %s: %v", name, err)
-					}
-				})
+				testsvc.CreateRole(t, super, name, "LOGIN")
 			}
 			db := testsvc.NewDB(t)
 			for _, role := range order {

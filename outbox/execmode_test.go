@@ -137,30 +137,39 @@ func (t pgxProducerTx) RescheduleBizKey(k string, at time.Time) ([]uuid.UUID, er
 	return t.c.RescheduleBizKeyTx(t.ctx, t.tx, k, at)
 }
 
-// execRecorder records what the doorbell's statement returned.
-type execRecorder struct {
-	txoutbox.DBTX
+// callLog records what the doorbell's statements returned.
+type callLog struct {
 	mu    sync.Mutex
 	calls int
 	err   error
 }
 
-func (r *execRecorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	ct, err := r.DBTX.Exec(ctx, sql, args...)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls++
-	r.err = errors.Join(r.err, err)
-	return ct, err
+func (l *callLog) add(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	l.err = errors.Join(l.err, err)
 }
 
-func (r *execRecorder) result() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.calls == 0 {
+func (l *callLog) result() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.calls == 0 {
 		return errors.New("the doorbell sent nothing")
 	}
-	return r.err
+	return l.err
+}
+
+// execRecorder records what the doorbell's statement returned (pgx).
+type execRecorder struct {
+	txoutbox.DBTX
+	callLog
+}
+
+func (r *execRecorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ct, err := r.DBTX.Exec(ctx, sql, args...)
+	r.add(err)
+	return ct, err
 }
 
 type sqlProducer struct {
@@ -227,27 +236,13 @@ func (t sqlProducerTx) RescheduleBizKey(k string, at time.Time) ([]uuid.UUID, er
 // sqlExecRecorder is execRecorder for database/sql.
 type sqlExecRecorder struct {
 	txoutbox.SQLDBTX
-	mu    sync.Mutex
-	calls int
-	err   error
+	callLog
 }
 
 func (r *sqlExecRecorder) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := r.SQLDBTX.ExecContext(ctx, query, args...)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls++
-	r.err = errors.Join(r.err, err)
+	r.add(err)
 	return res, err
-}
-
-func (r *sqlExecRecorder) result() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.calls == 0 {
-		return errors.New("the doorbell sent nothing")
-	}
-	return r.err
 }
 
 // execModeID is the scenario's message id number n: the same in every run, so that the rows

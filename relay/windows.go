@@ -2,10 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
@@ -63,6 +65,16 @@ func (w *windowWatch) checked(stream string) {
 	w.streams[stream] = &windowState{checked: time.Now()}
 }
 
+// forget drops stream (deleted).
+func (w *windowWatch) forget(stream string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.streams, stream)
+	if p := w.last.Load(); p != nil && *p == stream {
+		w.last.Store(nil)
+	}
+}
+
 // due returns the streams to check now.
 func (w *windowWatch) due(now time.Time) []string {
 	w.mu.Lock()
@@ -100,6 +112,13 @@ func (r *Relay) checkWindows(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
 		s, err := r.js.Stream(pctx, name)
 		cancel()
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// Deleted: forgotten, its series with it (a short window's alert would fire for
+			// ever); seen again if a PubAck names it again.
+			r.windows.forget(name)
+			r.m.windowShort.DeleteLabelValues(name)
+			continue
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Debug("duplicate window check: the stream does not answer", "stream", name, "err", safetext.Text(err.Error(), 256))

@@ -55,6 +55,33 @@ func TestWindowOfStreamsPublishedToIsChecked(t *testing.T) {
 	if n := logs.countMsg(slog.LevelWarn, short); n != 1 {
 		t.Fatalf("%d short-window warnings after the fix, want still 1", n)
 	}
+	// A stream deleted is forgotten with its series (a short window's alert would fire for
+	// ever), and checked again if a PubAck names it again.
+	e.setDuplicateWindow(required - time.Second)
+	r.windows.mu.Lock()
+	r.windows.streams["ORDERS"].checked = time.Now().Add(-windowRecheck)
+	r.windows.mu.Unlock()
+	r.checkWindows(ctx)
+	if g := testutil.ToFloat64(r.m.windowShort.WithLabelValues("ORDERS")); g != 1 {
+		t.Fatalf("stream_window_short{ORDERS} shortened again = %v, want 1", g)
+	}
+	if err := e.nats.JS.DeleteStream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	r.windows.mu.Lock()
+	r.windows.streams["ORDERS"].checked = time.Now().Add(-windowRecheck)
+	r.windows.mu.Unlock()
+	r.checkWindows(ctx)
+	if n := testutil.CollectAndCount(r.m.windowShort); n != 0 {
+		t.Fatalf("%d stream_window_short series after the stream was deleted, want none", n)
+	}
+	if due := r.windows.due(time.Now().Add(windowRecheck)); len(due) != 0 {
+		t.Fatalf("streams still watched after the deletion: %v", due)
+	}
+	r.windows.note("ORDERS")
+	if due := r.windows.due(time.Now()); len(due) != 1 {
+		t.Fatalf("a stream named by a PubAck again is not checked: due %v", due)
+	}
 }
 
 // With Config.Subjects, CheckStreams checks the windows at start, and the streams it checked

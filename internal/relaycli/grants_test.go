@@ -69,18 +69,7 @@ func newLeastPrivilegeAt(t *testing.T, down int) *leastPrivilege {
 	for _, r := range migrations.Roles {
 		name := "txo_" + r + "_" + suffix
 		login[r] = name
-		if _, err := super.Exec(ctx, "CREATE ROLE "+name+" LOGIN"); err != nil {
-			t.Fatal(err)
-		}
-		// Registered before the schema: runs after the schema is dropped.
-		t.Cleanup(func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
-			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
-				t.Logf("drop role %s: %v", name, err)
-			}
-		})
+		testsvc.CreateRole(t, super, name, "LOGIN")
 	}
 	db := testsvc.NewDB(t)
 	if down > 0 {
@@ -527,17 +516,7 @@ func TestAdminRoleOwnsOnlyTxoutboxObjects(t *testing.T) {
 	suffix := randomSuffix()
 	admin, app := "txo_admin_"+suffix, "txo_app_"+suffix
 	for _, name := range []string{admin, app} {
-		if _, err := super.Exec(ctx, "CREATE ROLE "+name+" NOLOGIN"); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { // registered before the schema: runs after it is dropped
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
-			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
-				t.Logf("drop role %s: %v", name, err)
-			}
-		})
+		testsvc.CreateRole(t, super, name, "NOLOGIN")
 	}
 	db := testsvc.NewDB(t)
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE orders (id serial PRIMARY KEY, note text);
@@ -1043,14 +1022,7 @@ func TestGrantPolicyNamesDoNotCollide(t *testing.T) {
 		if len(name) != 60 && !strings.HasPrefix(name, "txo_short_") {
 			t.Fatalf("role name %q is %d bytes, want 60", name, len(name))
 		}
-		t.Cleanup(func() { // registered before the schema: runs after it is dropped
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_, _ = super.Exec(cctx, "DROP OWNED BY "+name)
-			if _, err := super.Exec(cctx, "DROP ROLE "+name); err != nil {
-				t.Logf("drop role %s: %v", name, err)
-			}
-		})
+		testsvc.DropRoleAtCleanup(t, super, name) // the grants create it
 	}
 	db := testsvc.NewDB(t)
 	grant := func(args ...string) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
@@ -60,53 +61,39 @@ SELECT gen_random_uuid(), 'orders.late', g, '\x00'::bytea, 'scheduled', now() - 
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	// The metrics' sample (count up to its limit, the next due time) too: it reads the rows
-	// past their delivery time (at most 1,000 of them) and the first not yet due, through the
-	// scheduled index.
-	for _, generic := range []bool{false, true} {
-		out, err := q.ExplainScheduledSample(ctx, conn.Conn(), limit, generic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var doc []struct{ Plan planNode }
-		if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
-			t.Fatalf("EXPLAIN output: %v: %s", err, out)
-		}
-		read := 0.0
-		doc[0].Plan.walk(func(n planNode) {
-			if n.Relation != "txoutbox_messages" {
-				return
+	// The status, and the metrics' sample (count up to its limit, the next due time) too: it
+	// reads the rows past their delivery time (at most 1,000 of them) and the first not yet
+	// due, through the scheduled index.
+	for _, c := range []struct {
+		what    string
+		explain func(ctx context.Context, conn *pgx.Conn, limit int, generic bool) ([]byte, error)
+		most    float64
+	}{
+		{"status (its limit and the last row)", q.ExplainScheduledStatus, limit + 1},
+		{"sample (its count's limit, the overdue rows, the next)", q.ExplainScheduledSample, limit + overdue + 1},
+	} {
+		for _, generic := range []bool{false, true} {
+			out, err := c.explain(ctx, conn.Conn(), limit, generic)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if n.Index != "txoutbox_messages_scheduled_idx" {
-				t.Errorf("generic %v: the sample reads the outbox with a %s %s, want the scheduled index (%v rows)\n%s", generic, n.NodeType, n.Index, n.ActualRows, out)
+			var doc []struct{ Plan planNode }
+			if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
+				t.Fatalf("EXPLAIN output: %v: %s", err, out)
 			}
-			read += (n.ActualRows + n.RowsFiltered) * max(n.ActualLoops, 1)
-		})
-		if want := float64(limit + overdue + 1); read > want {
-			t.Errorf("generic %v: the sample read %v scheduled rows, want at most %v (its count's limit, the overdue ones, the next)", generic, read, want)
-		}
-	}
-	for _, generic := range []bool{false, true} {
-		out, err := q.ExplainScheduledStatus(ctx, conn.Conn(), limit, generic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var doc []struct{ Plan planNode }
-		if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
-			t.Fatalf("EXPLAIN output: %v: %s", err, out)
-		}
-		read := 0.0
-		doc[0].Plan.walk(func(n planNode) {
-			if n.Relation != "txoutbox_messages" {
-				return
+			read := 0.0
+			doc[0].Plan.walk(func(n planNode) {
+				if n.Relation != "txoutbox_messages" {
+					return
+				}
+				if n.Index != "txoutbox_messages_scheduled_idx" {
+					t.Errorf("%s, generic %v: reads the outbox with a %s %s, want the scheduled index\n%s", c.what, generic, n.NodeType, n.Index, out)
+				}
+				read += (n.ActualRows + n.RowsFiltered) * max(n.ActualLoops, 1)
+			})
+			if read > c.most {
+				t.Errorf("%s, generic %v: read %v scheduled rows, want at most %v", c.what, generic, read, c.most)
 			}
-			if n.Index != "txoutbox_messages_scheduled_idx" {
-				t.Errorf("generic %v: the status reads the outbox with a %s %s, want the scheduled index\n%s", generic, n.NodeType, n.Index, out)
-			}
-			read += (n.ActualRows + n.RowsFiltered) * max(n.ActualLoops, 1)
-		})
-		if read > limit+1 {
-			t.Errorf("generic %v: the status read %v scheduled rows, want at most its limit %d and the last one", generic, read, limit+1)
 		}
 	}
 
