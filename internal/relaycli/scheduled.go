@@ -163,11 +163,13 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 			return writeJSON(env, rows)
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "MESSAGE_ID\tSUBJECT\tKEY\tBIZ_KEY\tDUE\tDUE_AT\tBYTES")
+		// DUE counts from the due time, as the status page's overdue does (a delivery time
+		// already past when the message was committed is due from the commit).
+		fmt.Fprintln(tw, "MESSAGE_ID\tSUBJECT\tKEY\tBIZ_KEY\tDUE\tDELIVER_AT\tBYTES")
 		now := time.Now()
 		for _, r := range rows {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.MessageID, cell(r.Subject, 0), cell(r.Key, 0), cell(r.BizKey, 60),
-				status.Until(r.DeliverAt, now), r.DeliverAt.UTC().Format(time.RFC3339Nano), r.PayloadBytes)
+				status.Until(r.DueAt, now), r.DeliverAt.UTC().Format(time.RFC3339Nano), r.PayloadBytes)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

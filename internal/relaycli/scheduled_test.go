@@ -230,3 +230,39 @@ func TestScheduledListFarAhead(t *testing.T) {
 		t.Fatalf("list shows a far delivery time as past:\n%s", out)
 	}
 }
+
+// relay scheduled list counts DUE from the due time, as the status page does: a message
+// committed just now with a delivery time an hour past is due now (due_at), not an hour
+// overdue; deliver_at is shown as given.
+func TestScheduledListDueFromTheCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	past := time.Now().Add(-time.Hour)
+	if _, err := c.EnqueueTx(ctx, db.Pool, outbox.Message{Subject: "orders.timeout", DeliverAt: past}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliEnv(t, vars, "scheduled", "list", "--json")
+	var rows []struct {
+		DeliverAt time.Time `json:"deliver_at"`
+		DueAt     time.Time `json:"due_at"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); code != 0 || err != nil || len(rows) != 1 {
+		t.Fatalf("list --json: exit %d, %v: %s %s", code, err, out, errOut)
+	}
+	if d := rows[0].DeliverAt.Sub(past); d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("deliver_at %v, want %v", rows[0].DeliverAt, past)
+	}
+	if late := time.Since(rows[0].DueAt); late < 0 || late > time.Minute {
+		t.Errorf("due_at %v (%v ago), want about now: the commit", rows[0].DueAt, late)
+	}
+	code, out, _ = cliEnv(t, vars, "scheduled", "list")
+	if code != 0 || strings.Contains(out, "overdue 1h") || !strings.Contains(out, "overdue") {
+		t.Errorf("list: exit %d\n%s\nwant the row overdue by seconds, not an hour", code, out)
+	}
+}
