@@ -635,14 +635,16 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 }
 
 // Down reverts the newest steps applied migrations (every one with DownAll; none with 0) and
-// returns the versions it reverted, newest first. steps below DownAll are refused with an
-// error that says so, before anything is read.
+// returns the versions it reverted, newest first. steps below DownAll are refused, before
+// anything is read, with a *txoutbox.ConfigError (Field "steps"; errors.Is(err,
+// txoutbox.ErrInvalidConfig) holds).
 func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
 	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
 		return nil, err
 	}
 	if steps < DownAll {
-		return nil, fmt.Errorf("migrations: Down: steps must be at least 0, or DownAll (-1), got %d", steps)
+		return nil, &txoutbox.ConfigError{Package: "migrations", Field: "steps",
+			Reason: fmt.Sprintf("must be at least 0, or DownAll (-1), got %d", steps)}
 	}
 	if _, err := m.notManagedElsewhere(ctx, db, "down"); err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 )
@@ -381,5 +382,29 @@ FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid WHERE c.relnamespace = $1
 		if t.Failed() {
 			t.FailNow()
 		}
+	}
+}
+
+// A step count below DownAll is a caller's mistake, reported like every other bad argument:
+// a *txoutbox.ConfigError naming the field, before the database is touched.
+func TestDownRefusesABadStepCount(t *testing.T) {
+	t.Parallel()
+	m, err := migrations.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Never connected: the check comes before anything is read.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	done, err := m.Down(context.Background(), pool, migrations.DownAll-1)
+	var ce *txoutbox.ConfigError
+	if !errors.As(err, &ce) || ce.Package != "migrations" || ce.Field != "steps" || !errors.Is(err, txoutbox.ErrInvalidConfig) {
+		t.Fatalf("Down(-2) = %v, %#v; want a *txoutbox.ConfigError for migrations steps", done, err)
+	}
+	if !strings.Contains(err.Error(), "got -2") {
+		t.Errorf("error %q does not say what it got", err)
 	}
 }
