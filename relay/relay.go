@@ -259,8 +259,8 @@ func (r *Relay) Wake() {
 // Run checks the streams (see Config.Subjects and CheckStreams: a nats-server older than
 // MinServerVersion is a *txoutbox.ServerVersionError, txoutbox.ErrServerTooOld; while
 // JetStream or a stream cannot answer, as during a leader election, it waits and checks
-// again), then publishes until ctx is cancelled. On
-// cancellation it stops claiming, finishes and settles the batch in flight, releases its
+// again), then publishes until ctx ends (cancelled or past its deadline: the same, whether
+// ctx ends during the start-up check or after). When ctx ends it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil, within Config.MaxStopTime even when PostgreSQL or NATS stops
 // answering (a batch whose settle does not end in time stays ready, to be published again). It returns a *PartitionMismatchError (ErrPartitionMismatch) at
 // start when a live relay of the same outbox has another partition count, and
@@ -271,8 +271,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	if err := r.checkStreamsWaiting(ctx); err != nil {
-		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			return nil // stopped while waiting for JetStream
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil // stopped (cancelled or past its deadline) while waiting for JetStream
 		}
 		return err
 	}

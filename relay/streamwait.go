@@ -23,9 +23,8 @@ func (r *Relay) streamCheckTimeout() time.Duration {
 // server denied the relay's NATS user: ErrPublishDenied) ends it with that error. It
 // returns ctx's error when ctx ends while it waits.
 func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
-	delay := 100 * time.Millisecond
 	waited := false
-	for {
+	for pass := 1; ; pass++ {
 		began := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, r.streamCheckTimeout())
 		err := r.CheckStreams(cctx)
@@ -60,15 +59,20 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 		default:
 			r.log.Debug("still waiting for JetStream to answer the start-up stream check", "err", err)
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(r.streamCheckDelay(pass))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
 		case <-t.C:
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// streamCheckDelay is the wait after the pass-th failed start-up check: 100ms doubling up to
+// 2s, with the relay's BackoffJitter (the one backoff every component uses).
+func (r *Relay) streamCheckDelay(pass int) time.Duration {
+	return backoff(pass, 100*time.Millisecond, 2*time.Second, r.cfg.BackoffJitter)
 }
 
 // streamCheckWaitable reports whether a failed stream check may pass by waiting: JetStream
