@@ -206,6 +206,11 @@ type Half struct {
 //
 // Like EnqueueTx, it captures the trace context of ctx into the message's headers; the
 // check-back's checks of the message and its publishing continue that trace.
+//
+// A bad message is refused before anything is written with a *MessageError (Index 0) wrapping
+// one of the sentinels EnqueueTx lists, ErrDuplicateID included for an id already in the
+// outbox. Bad options are refused with a *txoutbox.ConfigError naming
+// PrepareOptions.CheckImmunity or PrepareOptions.Group (wrapping ErrInvalidGroup).
 func (c *Client) Prepare(ctx context.Context, db txoutbox.DBTX, msg Message, opts *PrepareOptions) (Half, error) {
 	if err := dbhandle.RequireArg("outbox", "db", "the caller's transaction, or a pool (a pgx.Tx, a *pgxpool.Pool)", db); err != nil {
 		return Half{}, err
@@ -246,7 +251,8 @@ func (c *Client) prepareRowAndInsert(ctx context.Context, msg Message, opts *Pre
 	err = insert(ctx, store.PrepareArgs{Row: row, Group: o.Group, Mode: mode, Immunity: o.CheckImmunity})
 	if err != nil {
 		if dup(err) {
-			return Half{}, fmt.Errorf("outbox: %w: message %s is already in the outbox", ErrDuplicateID, row.MessageID)
+			return Half{}, &MessageError{Index: 0, ID: row.MessageID, Subject: msg.Subject, Err: ErrDuplicateID,
+				Detail: "a message with this id is already in the outbox"}
 		}
 		return Half{}, fmt.Errorf("outbox: prepare: %w", err)
 	}
@@ -259,7 +265,8 @@ func (c *Client) prepareRowAndInsert(ctx context.Context, msg Message, opts *Pre
 // gives the message a new place in its key's order, after every message of that key committed
 // before it. A message the check-back gave up on (check_exhausted) can still be committed.
 // When the message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
-// ErrAlreadyCommitted or ErrNotFound.
+// ErrAlreadyCommitted or ErrNotFound; when PostgreSQL's lock table has no room for the key
+// lock, an error wrapping ErrLockTableFull (nothing is committed).
 func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID) error {
 	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *pgxpool.Pool): Commit runs a transaction of its own", db); err != nil {
 		return err
@@ -287,7 +294,9 @@ func (c *Client) Commit(ctx context.Context, db txoutbox.Beginner, id uuid.UUID)
 // message was committed, published and (without a retention) deleted: do not CommitTx a
 // message twice. Under REPEATABLE READ or SERIALIZABLE, a fence that committed after tx took
 // its snapshot surfaces as the server's serialization failure (SQLSTATE 40001) instead of
-// ErrRolledBack: tx fails all the same. Call Client.Ring after tx commits.
+// ErrRolledBack: tx fails all the same. When PostgreSQL's lock table has no room for the key
+// lock it returns an error wrapping ErrLockTableFull, and tx is aborted (as EnqueueTx's is).
+// Call Client.Ring after tx commits.
 func (c *Client) CommitTx(ctx context.Context, tx txoutbox.DBTX, id uuid.UUID) error {
 	if err := dbhandle.RequireArg("outbox", "tx", "the business transaction (a pgx.Tx)", tx); err != nil {
 		return err

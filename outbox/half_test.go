@@ -71,8 +71,11 @@ func TestPrepareValidation(t *testing.T) {
 	if _, err := c.Prepare(ctx, db.Pool, outbox.Message{ID: id, Subject: "a.b"}, &outbox.PrepareOptions{Group: "g"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Prepare(ctx, db.Pool, outbox.Message{ID: id, Subject: "a.b"}, &outbox.PrepareOptions{Group: "g"}); !errors.Is(err, outbox.ErrDuplicateID) {
-		t.Fatalf("duplicate prepare: got %v, want ErrDuplicateID", err)
+	// A duplicate id is a bad message like any other: a *MessageError naming it.
+	_, err := c.Prepare(ctx, db.Pool, outbox.Message{ID: id, Subject: "a.b"}, &outbox.PrepareOptions{Group: "g"})
+	var me *outbox.MessageError
+	if !errors.Is(err, outbox.ErrDuplicateID) || !errors.As(err, &me) || me.Index != 0 || me.ID != id || me.Subject != "a.b" || me.Detail == "" {
+		t.Fatalf("duplicate prepare: got %#v, want a *MessageError of message 0 (id %s, subject a.b) wrapping ErrDuplicateID", err, id)
 	}
 }
 

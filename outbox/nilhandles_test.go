@@ -108,4 +108,14 @@ func TestSendInTransactionRefusesAnInvalidState(t *testing.T) {
 	if _, err := outbox.ParseLocalState("MAYBE"); !errors.Is(err, outbox.ErrInvalidLocalState) {
 		t.Fatalf("ParseLocalState(MAYBE): %v, want ErrInvalidLocalState", err)
 	}
+	// SendInTransactionSQL has the same rules.
+	sdb := openSQL(t, db, "pgx")
+	h, st, err = c.SendInTransactionSQL(ctx, sdb, outbox.Message{Subject: "orders.created", Payload: []byte("x")},
+		&outbox.PrepareOptions{Group: "orders"}, func(context.Context, outbox.Half) (outbox.LocalState, error) { return outbox.LocalState(7), nil })
+	if !errors.Is(err, outbox.ErrInvalidLocalState) || st != outbox.LocalState(7) {
+		t.Fatalf("SendInTransactionSQL with LocalState(7): %v, %v; want ErrInvalidLocalState", st, err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT state FROM txoutbox_messages WHERE message_id = $1`, h.ID).Scan(&state); err != nil || state != "prepared" {
+		t.Fatalf("the half message is %q, %v; want prepared", state, err)
+	}
 }

@@ -249,7 +249,7 @@ const (
 )
 
 // ErrLockTableFull is returned (wrapped, with the server's error) by EnqueueTx, CommitTx and
-// Commit when PostgreSQL's shared lock table has no room for a key lock (SQLSTATE 53200,
+// Commit (and their database/sql twins EnqueueSQLTx, CommitSQLTx and CommitSQL) when PostgreSQL's shared lock table has no room for a key lock (SQLSTATE 53200,
 // "out of shared memory"): the transaction is aborted and nothing was written. The lock
 // table has max_locks_per_transaction × (max_connections + max_prepared_transactions)
 // entries (6,400 with PostgreSQL's defaults) shared by every session; a transaction
@@ -263,7 +263,12 @@ var ErrLockTableFull = errors.New("outbox: no room for a key lock")
 // round trip. It never begins, commits or rolls back tx. Validation happens before anything
 // is written: if one message is invalid, none is written and the error (a *MessageError
 // wrapping ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
-// ErrInvalidTraceparent, ErrInvalidKey or ErrDuplicateID) names the message. A message it accepts can be stored by
+// ErrInvalidTraceparent, ErrInvalidKey, ErrInvalidDeliverAt or ErrDuplicateID) names the
+// message. (One exception: an id already in the outbox, found by the insert, when the server
+// does not say which id and the call has several messages — PostgreSQL leaves the id out of
+// the error for a role that cannot read the outbox — is an error wrapping ErrDuplicateID
+// that names no message.) When PostgreSQL's lock table has no room for a key lock it returns
+// an error wrapping ErrLockTableFull. A message it accepts can be stored by
 // JetStream under the server's default limits and reaches the consumer byte for byte (see
 // the package documentation). It returns the message ids in the order of msgs.
 //
@@ -336,6 +341,10 @@ func (c *Client) enqueue(ctx context.Context, msgs []Message, insert func([]stor
 		if id, dup := dupID(err); dup {
 			if i, ok := seen[id]; ok {
 				return nil, &MessageError{Index: i, ID: id, Subject: msgs[i].Subject, Err: ErrDuplicateID,
+					Detail: "a message with this id is already in the outbox"}
+			}
+			if len(msgs) == 1 { // the server did not say which id, but there is only one
+				return nil, &MessageError{Index: 0, ID: ids[0], Subject: msgs[0].Subject, Err: ErrDuplicateID,
 					Detail: "a message with this id is already in the outbox"}
 			}
 			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)

@@ -24,7 +24,8 @@ import (
 // rows). It never begins, commits or rolls back tx. Everything EnqueueTx documents holds: the
 // same validation before anything is written and the same errors (a *MessageError wrapping
 // ErrInvalidSubject, ErrMessageTooLarge, ErrHeadersTooLarge, ErrInvalidHeader,
-// ErrInvalidTraceparent, ErrInvalidKey or ErrDuplicateID; ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
+// ErrInvalidTraceparent, ErrInvalidKey, ErrInvalidDeliverAt or ErrDuplicateID;
+// ErrLockTableFull), UUIDv7 ids, and the same key locks taken before the
 // row ids are drawn, so that for one key id order is commit order whichever API (pgx,
 // database/sql, the SQL functions) each producer uses. It returns the message ids in the order
 // of msgs.
@@ -47,7 +48,9 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, msgs ...
 // PrepareSQL is Prepare for database/sql: it validates msg and stores it as a half message
 // through db, usually the *sql.DB, so that the half message is committed before the producer
 // starts its work. Like Prepare, it captures the trace context of ctx into the message's
-// headers, and with Config.EnqueueSpan it does so inside the same "prepare" span.
+// headers, and with Config.EnqueueSpan it does so inside the same "prepare" span, and it
+// returns the same errors: a *MessageError (Index 0) for a bad message or an id already in
+// the outbox (ErrDuplicateID), a *txoutbox.ConfigError for bad options.
 func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Message, opts *PrepareOptions) (Half, error) {
 	if err := dbhandle.RequireArg("outbox", "db", "the caller's transaction, or a pool (a *sql.Tx, a *sql.DB)", db); err != nil {
 		return Half{}, err
@@ -59,7 +62,8 @@ func (c *Client) PrepareSQL(ctx context.Context, db txoutbox.SQLDBTX, msg Messag
 // CommitSQL is Commit for database/sql: it commits a half message in a transaction of its own
 // begun on db (a *sql.DB or *sql.Conn), taking its key lock, and rings the doorbell. When the
 // message is no longer prepared it returns a *SettleError wrapping ErrRolledBack,
-// ErrAlreadyCommitted or ErrNotFound.
+// ErrAlreadyCommitted or ErrNotFound; for want of room for the key lock, an error wrapping
+// ErrLockTableFull.
 func (c *Client) CommitSQL(ctx context.Context, db txoutbox.SQLBeginner, id uuid.UUID) error {
 	if err := dbhandle.RequireArg("outbox", "db", "a pool (a *sql.DB): CommitSQL runs a transaction of its own", db); err != nil {
 		return err
@@ -89,7 +93,8 @@ func (c *Client) CommitSQL(ctx context.Context, db txoutbox.SQLBeginner, id uuid
 // ErrRolledBack (or ErrNotFound) and makes tx fail on the server: a later commit of tx does
 // not commit (database/sql reports an error: pgx's stdlib driver pgx.ErrTxCommitRollback,
 // lib/pq pq.ErrInFailedTransaction), so the business change and the message never disagree.
-// ErrAlreadyCommitted leaves tx usable. Call Client.Ring after tx commits.
+// ErrAlreadyCommitted leaves tx usable. ErrLockTableFull (no room for the key lock) aborts tx,
+// as with CommitTx. Call Client.Ring after tx commits.
 func (c *Client) CommitSQLTx(ctx context.Context, tx txoutbox.SQLDBTX, id uuid.UUID) error {
 	if err := dbhandle.RequireArg("outbox", "tx", "the business transaction (a *sql.Tx)", tx); err != nil {
 		return err
@@ -166,6 +171,9 @@ func (c *Client) SendInTransactionSQL(ctx context.Context, db txoutbox.SQLDB, ms
 		if errors.Is(serr, ErrRolledBack) {
 			serr = nil
 		}
+	case StateUnknown:
+	default:
+		serr = fmt.Errorf("%w: local answered LocalState(%d) for half message %s; it stays prepared for the check-back", ErrInvalidLocalState, int(st), h.ID)
 	}
 	return h, st, errors.Join(lerr, serr)
 }

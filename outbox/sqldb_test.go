@@ -443,8 +443,10 @@ func TestHalfMessagesSQL(t *testing.T) {
 			if err := c.RollbackSQL(ctx, sdb, h.ID); !errors.Is(err, outbox.ErrAlreadyCommitted) {
 				t.Fatalf("RollbackSQL of a committed message: %v", err)
 			}
-			if _, err := c.PrepareSQL(ctx, sdb, outbox.Message{Subject: "a", ID: h.ID}, &outbox.PrepareOptions{Group: "orders"}); !errors.Is(err, outbox.ErrDuplicateID) {
-				t.Fatalf("PrepareSQL of a stored id: %v, want ErrDuplicateID", err)
+			_, err = c.PrepareSQL(ctx, sdb, outbox.Message{Subject: "a", ID: h.ID}, &outbox.PrepareOptions{Group: "orders"})
+			var me *outbox.MessageError
+			if !errors.Is(err, outbox.ErrDuplicateID) || !errors.As(err, &me) || me.Index != 0 || me.ID != h.ID || me.Subject != "a" {
+				t.Fatalf("PrepareSQL of a stored id: %#v, want a *MessageError of message 0 wrapping ErrDuplicateID", err)
 			}
 			if _, err := c.PrepareSQL(ctx, sdb, msg, &outbox.PrepareOptions{Group: "no spaces"}); !errors.Is(err, outbox.ErrInvalidGroup) {
 				t.Fatalf("PrepareSQL with a bad group: %v, want ErrInvalidGroup", err)
