@@ -386,7 +386,7 @@ func TestValidTraceparentsAreExtracted(t *testing.T) {
 	n := 0
 	for _, row := range agreementRows() {
 		for name, v := range row.m.Headers {
-			if row.want != "ok" || !strings.EqualFold(name, outbox.TraceparentHeader) {
+			if row.want != "ok" || !strings.EqualFold(name, outbox.HeaderTraceparent) {
 				continue
 			}
 			n++

@@ -402,8 +402,10 @@ func validateHeaders(h map[string][]string) (size int, problem string) {
 	return size, ""
 }
 
-// TraceparentHeader is the W3C trace context header (checked without regard to case).
-const TraceparentHeader = "traceparent"
+// HeaderTraceparent is the W3C trace context header (checked without regard to case). Unlike
+// the relay's headers above, a message may set it (one valid value, see ErrInvalidTraceparent);
+// the client captures it from ctx otherwise (see Config.Propagator).
+const HeaderTraceparent = "traceparent"
 
 // traceparentProblem says what is wrong with the traceparent headers of h (names compared
 // without regard to case), or "" when there is none or one valid one (see
@@ -412,7 +414,7 @@ func traceparentProblem(h map[string][]string) string {
 	var found []string
 	var name string
 	for k, v := range h {
-		if strings.EqualFold(k, TraceparentHeader) {
+		if strings.EqualFold(k, HeaderTraceparent) {
 			found = append(found, v...)
 			name = k
 		}
