@@ -293,3 +293,9 @@ func ValidateConfig(cfg *Config) error { return cfg.WithDefaults().validate() }
 func (c *Config) backoff(attempt int) time.Duration {
 	return backoff.Exponential(max(attempt, 1), c.BackoffBase, c.BackoffMax, c.BackoffJitter)
 }
+
+// setupDelay is the wait after the pass-th failed set-up (Run waiting for JetStream): 100ms
+// doubling up to 2s, with BackoffJitter (the one backoff every component uses).
+func (c *Config) setupDelay(pass int) time.Duration {
+	return backoff.Exponential(pass, 100*time.Millisecond, 2*time.Second, c.BackoffJitter)
+}

@@ -265,9 +265,8 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 // pass is bounded by AckWait within [2s, 10s]. In ordered mode a pass also looks the stream up
 // (the key order is read back from it), so that lookup waits out an election the same way.
 func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstream.Stream, error) {
-	delay := 100 * time.Millisecond
 	waited := false
-	for {
+	for pass := 1; ; pass++ {
 		sctx, cancel := context.WithTimeout(ctx, min(max(c.cfg.AckWait, 2*time.Second), 10*time.Second))
 		cons, err := c.Setup(sctx)
 		var stream jetstream.Stream
@@ -297,14 +296,13 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 		if h := c.hooks.setupWait; h != nil {
 			h(err)
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(c.cfg.setupDelay(pass))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, nil, ctx.Err()
 		case <-t.C:
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
 

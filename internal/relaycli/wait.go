@@ -16,7 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/redact"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // A daemon started while PostgreSQL or NATS does not answer waits for it: the server may be
@@ -171,9 +173,8 @@ var errStoppedWaiting = errors.New("stopped while waiting for PostgreSQL and NAT
 // the error), and one line when both answer; st says what it waits for meanwhile.
 func waitReady(ctx context.Context, c *conns, dial func() (*nats.Conn, error), log *slog.Logger, st *waitState) error {
 	waited := map[string]bool{}
-	delay := 100 * time.Millisecond
 	pgUp := false
-	for {
+	for pass := 1; ; pass++ {
 		var reasons []string
 		wait := func(what, where string, err error) {
 			reasons = append(reasons, "waiting for "+what+": "+err.Error())
@@ -224,13 +225,23 @@ func waitReady(ctx context.Context, c *conns, dial func() (*nats.Conn, error), l
 			return nil
 		}
 		st.set(strings.Join(reasons, "\n"))
-		t := time.NewTimer(delay)
+		t := time.NewTimer(waitDelay(pass))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return errStoppedWaiting
 		case <-t.C:
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// waitJitter spreads the rounds of waitReady, which comes before any component's Config
+// (daemons started together, by one deploy, do not ask the servers together): the relay's
+// default jitter.
+const waitJitter = relay.DefaultBackoffJitter
+
+// waitDelay is the wait after the pass-th round of waitReady that found a dependency not
+// answering: 100ms doubling up to 2s, jittered (the one backoff every component uses).
+func waitDelay(pass int) time.Duration {
+	return backoff.Exponential(pass, 100*time.Millisecond, 2*time.Second, waitJitter)
 }
