@@ -21,17 +21,15 @@ const MaxDelay = 24 * time.Hour
 // more counts as just below 1. Every component uses it.
 //
 // It saturates: however large n and max (up to math.MaxInt64), the delay never overflows
-// and, for a positive base, lies in [base·(1-jitter), max] and is never zero. n below 1
-// counts as 1; max below base counts as base; a base of zero or less gives 0.
+// and, for a positive base and max, lies in [min(base, max)·(1-jitter), max] and is never
+// zero. n below 1 counts as 1; max caps base too (a base above max gives max, jittered); a
+// base or max of zero or less gives 0.
 func Exponential(n int, base, max time.Duration, jitter float64) time.Duration {
-	if base <= 0 {
+	if base <= 0 || max <= 0 {
 		return 0
 	}
 	limit := max
-	if limit < base {
-		limit = base
-	}
-	d := base
+	d := min(base, limit)
 	for i := 1; i < n && d < limit; i++ {
 		if d > limit/2 {
 			d = limit // doubling would pass the cap (or overflow)

@@ -82,7 +82,9 @@ func TestExponentialOddArguments(t *testing.T) {
 	}{
 		{"n zero counts as 1", 0, time.Second, time.Minute, 0, time.Second, time.Second},
 		{"n negative counts as 1", -5, time.Second, time.Minute, 0, time.Second, time.Second},
-		{"max below base counts as base", 3, time.Second, time.Millisecond, 0, time.Second, time.Second},
+		{"max caps base too", 3, time.Second, time.Millisecond, 0, time.Millisecond, time.Millisecond},
+		{"max caps base too, jittered", 3, time.Second, time.Millisecond, 0.2, 800 * time.Microsecond, time.Millisecond},
+		{"max zero", 5, time.Second, 0, 0.2, 0, 0},
 		{"NaN jitter is none", 2, time.Second, time.Minute, math.NaN(), 2 * time.Second, 2 * time.Second},
 		{"jitter of 1 stays positive", 1, 2, 2, 1, 1, 2},
 		{"+Inf jitter stays positive", 5, time.Second, time.Minute, math.Inf(1), 1, time.Minute},
