@@ -103,7 +103,9 @@ type Config struct {
 	MaxMessageBytes int
 
 	// Doorbell, when set, is rung by Client.Ring to wake the relay right after a commit.
-	// Defaults to none: the relay finds new rows at its next poll.
+	// Defaults to none: the relay finds new rows at its next poll. A doorbell whose
+	// constructor refused its arguments (NewNATSDoorbell, NewPostgresDoorbell: see their Err
+	// methods) and a nil pointer in the interface are refused.
 	Doorbell Doorbell
 
 	// Registerer, when set, registers the client's half-message counters
@@ -151,6 +153,14 @@ func (c *Config) validate() error {
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > MaxMessageBytesLimit {
 		return &txoutbox.ConfigError{Package: "outbox", Field: "Config.MaxMessageBytes",
 			Reason: fmt.Sprintf("must be between 1024 and %d (what JetStream's file store keeps), got %d", MaxMessageBytesLimit, c.MaxMessageBytes)}
+	}
+	if c.Doorbell != nil {
+		if err := dbhandle.RequireArg("outbox", "Config.Doorbell", "a doorbell (or leave the field unset)", c.Doorbell); err != nil {
+			return err
+		}
+		if d, ok := c.Doorbell.(interface{ Err() error }); ok && d.Err() != nil {
+			return &txoutbox.ConfigError{Package: "outbox", Field: "Config.Doorbell", Reason: "is invalid: " + d.Err().Error(), Err: d.Err()}
+		}
 	}
 	return nil
 }

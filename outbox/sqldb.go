@@ -227,12 +227,13 @@ func (c *Client) RescheduleBizKeySQLTx(ctx context.Context, tx txoutbox.SQLDBTX,
 }
 
 // NewPostgresSQLDoorbell is NewPostgresDoorbell for database/sql: the doorbell notifies
-// channel (DefaultDoorbellChannel when empty) through db, typically the producer's *sql.DB.
+// channel (DefaultDoorbellChannel when empty) through db, the producer's *sql.DB. It refuses
+// what NewPostgresDoorbell refuses: a nil db, one transaction or connection (a *sql.Tx, a
+// *sql.Conn) and a bad channel (see PostgresDoorbell.Err).
 func NewPostgresSQLDoorbell(db txoutbox.SQLDBTX, channel string) *PostgresDoorbell {
-	if channel == "" {
-		channel = DefaultDoorbellChannel
+	d := newPostgresDoorbell(db, "NewPostgresSQLDoorbell", channel)
+	if d.err == nil {
+		d.notify = func(ctx context.Context, channel string) error { return store.NotifySQL(ctx, db, channel) }
 	}
-	return &PostgresDoorbell{notify: func(ctx context.Context, channel string) error {
-		return store.NotifySQL(ctx, db, channel)
-	}, channel: channel}
+	return d
 }
