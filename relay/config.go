@@ -2,12 +2,18 @@ package relay
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
+	"math"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/migrations"
@@ -44,36 +50,42 @@ const (
 
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
 type Config struct {
-	// ID names this relay in logs, metrics and partition listings. Defaults to hostname:pid
-	// (derived, so no constant holds it).
+	// ID names this relay in logs, metrics, partition listings and its lease connection's
+	// application_name (of which PostgreSQL keeps 63 bytes). It must be valid UTF-8 without a
+	// NUL byte (PostgreSQL's text refuses both). Defaults to hostname:pid, or, where the
+	// hostname cannot be read, relay-<8 random hex digits>:pid (derived, so no constant holds
+	// it).
 	ID string
 
-	// Schema is the Postgres schema holding the outbox table. Defaults to
-	// txoutbox.DefaultSchema ("public").
+	// Schema is the Postgres schema holding the outbox table: at most 63 bytes, no NUL byte.
+	// Defaults to txoutbox.DefaultSchema ("public").
 	Schema string
 
-	// BatchSize is how many rows one claim takes. Defaults to 500.
+	// BatchSize is how many rows one claim takes. At most 10000. Defaults to 500.
 	BatchSize int
 
 	// MaxInFlight bounds the async publishes awaiting their PubAck. Defaults to 1000.
 	MaxInFlight int
 
 	// PublishTimeout bounds the wait for one PubAck (nats.go has no timeout by default).
-	// Defaults to 5s.
+	// At least 10ms. Defaults to 5s.
 	PublishTimeout time.Duration
 
 	// PollMin and PollMax bound the adaptive poll: after a claim that found nothing the interval
 	// doubles up to PollMax; after one that found rows the relay claims again at once.
-	// Defaults to 10ms and 1s. A doorbell ring wakes the relay at any time.
+	// PollMax must be at least PollMin. Defaults to 10ms and max(1s, PollMin): PollMin alone
+	// may be set above 1s. A doorbell ring wakes the relay at any time.
 	PollMin time.Duration
 	PollMax time.Duration
 
 	// BackoffBase, BackoffMax and BackoffJitter shape the delay before a failed row's next
 	// attempt: BackoffBase·2^(attempts-1), capped at BackoffMax, then multiplied by a random
-	// factor in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
-	// jitter); a jittered delay above BackoffMax is reflected below it, so no delay exceeds
-	// BackoffMax. BackoffMax also caps the relay's own backoff while Postgres or NATS is
-	// unreachable. Defaults to 1s, 1m and 0.2.
+	// factor in [1-BackoffJitter, 1+BackoffJitter]; a jittered delay above BackoffMax is
+	// reflected below it, so no delay exceeds BackoffMax. BackoffMax also caps the relay's own
+	// backoff while Postgres or NATS is unreachable. Both are at most 24h, and BackoffMax at
+	// least BackoffBase. BackoffJitter is in (0, 1), or txoutbox.Off for no jitter (0 is the
+	// default). Defaults to 1s, max(1m, BackoffBase) (BackoffBase alone may be set above 1m)
+	// and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -96,7 +108,7 @@ type Config struct {
 	// the id when there is no key). Each partition is published by one relay at a time, which
 	// holds a session advisory lock on it as its lease; live relays share them evenly. Every
 	// relay of one outbox must use the same value: a relay that finds a live relay with another
-	// count refuses to run (ErrPartitionMismatch). Defaults to 8.
+	// count refuses to run (ErrPartitionMismatch). At most 4096. Defaults to 8.
 	Partitions int
 
 	// LeaseInterval is how often the relay runs a lease round: it refreshes its membership
@@ -107,7 +119,7 @@ type Config struct {
 	// start: it publishes nothing once that has passed without a renewal (a pause, a database
 	// it cannot reach). Another relay ends the lease session of a relay whose heartbeat it has
 	// seen unchanged for 11×LeaseInterval (the fence) and takes its partitions. Every relay of
-	// one outbox should use the same value. Defaults to 2s.
+	// one outbox should use the same value. At least 10ms. Defaults to 2s.
 	LeaseInterval time.Duration
 
 	// HandoverAfter: once this relay's own NATS connection has been down this long while it
@@ -120,12 +132,15 @@ type Config struct {
 	HandoverAfter time.Duration
 
 	// DoorbellSubject is the core NATS subject producers ring after a commit (see
-	// outbox.NATSDoorbell). Defaults to "txoutbox.doorbell". DisableDoorbell turns it off.
+	// outbox.NATSDoorbell); a valid subject, wildcards allowed. Defaults to
+	// "txoutbox.doorbell". DisableDoorbell turns it off.
 	DoorbellSubject string
 	DisableDoorbell bool
 
 	// DoorbellChannel, when set, makes the relay LISTEN on this Postgres channel too (see
-	// outbox.PostgresDoorbell). It costs one more connection. Defaults to off.
+	// outbox.PostgresDoorbell). It costs one more connection. It must be valid UTF-8 of 1 to
+	// 63 bytes without a NUL byte: PostgreSQL would cut a longer name short for LISTEN while
+	// the producers' pg_notify on the full name fails. Defaults to "" (off).
 	DoorbellChannel string
 
 	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
@@ -138,8 +153,8 @@ type Config struct {
 	Subjects []string
 
 	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no
-	// stream captures, with a duplicate window of StreamDuplicates. Defaults to "" (a missing
-	// stream is an error).
+	// stream captures, with a duplicate window of StreamDuplicates; a valid stream name.
+	// Defaults to "" (a missing stream is an error).
 	CreateStream string
 
 	// StreamDuplicates is the duplicate window of a stream created by CreateStream. Defaults
@@ -155,7 +170,7 @@ type Config struct {
 	// txoutbox.max_message_bytes, as txoutbox_max_message_bytes() reads it in the relay's
 	// session) counts too when it is larger. Defaults to DefaultMaxMessageBytes, the producers'
 	// default (outbox.DefaultMaxMessageBytes); txoutbox.Off: no such check (a smaller limit is
-	// then only logged as a warning).
+	// then only logged as a warning). At least 1024 and at most outbox.MaxMessageBytesLimit.
 	MaxMessageBytes int
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
@@ -170,7 +185,7 @@ type Config struct {
 
 	// SampleInterval is how often the relay samples the backlog gauges (rows by state, ready
 	// backlog and oldest ready age per held partition) with a bounded query, when Registerer
-	// is set. Defaults to 10s.
+	// is set. At least 10ms. Defaults to 10s.
 	SampleInterval time.Duration
 
 	// SampleLimit bounds the rows each sampling count reads, so sampling stays cheap however
@@ -199,17 +214,16 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.ID == "" {
-		host, _ := os.Hostname()
-		out.ID = fmt.Sprintf("%s:%d", host, os.Getpid())
+		out.ID = fmt.Sprintf("%s:%d", hostname(), os.Getpid())
 	}
 	out.Schema = cmp.Or(out.Schema, txoutbox.DefaultSchema)
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
 	out.MaxInFlight = cmp.Or(out.MaxInFlight, DefaultMaxInFlight)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
 	out.PollMin = cmp.Or(out.PollMin, DefaultPollMin)
-	out.PollMax = cmp.Or(out.PollMax, DefaultPollMax)
+	out.PollMax = cmp.Or(out.PollMax, max(DefaultPollMax, out.PollMin))
 	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
-	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffMax = cmp.Or(out.BackoffMax, max(DefaultBackoffMax, out.BackoffBase))
 	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, DefaultMaxAttempts)
 	out.Partitions = cmp.Or(out.Partitions, DefaultPartitions)
@@ -225,6 +239,20 @@ func (c *Config) WithDefaults() *Config {
 		out.Logger = slog.Default()
 	}
 	return &out
+}
+
+// hostname is the host's name for the default ID: os.Hostname, made valid for an ID (valid
+// UTF-8, no NUL byte); where it cannot be read (or is empty), "relay-" and 8 random hex
+// digits, so that relays on such hosts still tell apart.
+func hostname() string {
+	host, err := os.Hostname()
+	host = strings.ReplaceAll(strings.ToValidUTF8(host, "?"), "\x00", "")
+	if err != nil || host == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+		host = "relay-" + hex.EncodeToString(b[:])
+	}
+	return host
 }
 
 // RequiredDuplicateWindow is the shortest stream duplicate window that absorbs every republish
@@ -272,14 +300,35 @@ func (c *Config) WithDefaults() *Config {
 // a frozen relay's send, taken over, then a 12 s stream outage, republished 14.7 s after the
 // first copy with a 13.5 s window). Size the window generously; the consumer's dedup row is
 // what makes such copies harmless.
+//
+// The sums saturate: a configuration whose window would pass the largest time.Duration
+// (about 292 years; ValidateConfig refuses none of the fields it adds up on that account)
+// gets that largest value, never a wrapped negative one.
 func (c *Config) RequiredDuplicateWindow() time.Duration {
 	c = c.WithDefaults()
 	d := c.BackoffMax
 	if c.HandoverAfter >= 0 {
-		d = max(d, c.HandoverAfter+2*c.LeaseInterval)
+		d = max(d, addSat(c.HandoverAfter, mulSat(2, c.LeaseInterval)))
 	}
-	d = max(d, sessionEndBound+2*c.LeaseInterval, (fenceFactor+3)*c.LeaseInterval)
-	return c.PublishTimeout + d
+	d = max(d, addSat(sessionEndBound, mulSat(2, c.LeaseInterval)), mulSat(fenceFactor+3, c.LeaseInterval))
+	return addSat(c.PublishTimeout, d)
+}
+
+// addSat is a+b for non-negative durations, saturating at the largest time.Duration.
+func addSat(a, b time.Duration) time.Duration {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// mulSat is n·d for a positive n and a non-negative d, saturating at the largest
+// time.Duration.
+func mulSat(n int64, d time.Duration) time.Duration {
+	if d > 0 && int64(d) > math.MaxInt64/n {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * d
 }
 
 func (c *Config) validate() error {
@@ -304,12 +353,14 @@ func (c *Config) validate() error {
 		return bad("PollMin", "must be positive, got %s", c.PollMin)
 	case c.PollMax < c.PollMin:
 		return bad("PollMax", "must be at least PollMin (%s), got %s", c.PollMin, c.PollMax)
-	case c.BackoffBase <= 0:
-		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffBase <= 0 || c.BackoffBase > backoffpkg.MaxDelay:
+		return bad("BackoffBase", "must be positive and at most %s, got %s", backoffpkg.MaxDelay, c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
-		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
+	case c.BackoffMax > backoffpkg.MaxDelay:
+		return bad("BackoffMax", "must be at most %s, got %s", backoffpkg.MaxDelay, c.BackoffMax)
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter > 0 && c.BackoffJitter < 1): // NaN too
+		return bad("BackoffJitter", "must be in (0, 1), or txoutbox.Off (-1) for no jitter (0 is the default), got %g", c.BackoffJitter)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
 	case c.Retention < 0 && c.Retention != txoutbox.Forever:
@@ -329,6 +380,17 @@ func (c *Config) validate() error {
 	case c.SampleLimit < 1:
 		return bad("SampleLimit", "must be at least 1, got %d", c.SampleLimit)
 	}
+	if err := validText(c.ID); err != nil {
+		return bad("ID", "%v", err)
+	}
+	if c.DoorbellChannel != "" {
+		if err := validText(c.DoorbellChannel); err != nil {
+			return bad("DoorbellChannel", "%v", err)
+		}
+		if len(c.DoorbellChannel) > maxChannelBytes {
+			return bad("DoorbellChannel", "is %d bytes, longer than PostgreSQL's %d-byte identifier limit (LISTEN would cut it short; the producers' pg_notify on it fails)", len(c.DoorbellChannel), maxChannelBytes)
+		}
+	}
 	if !c.DisableDoorbell {
 		if err := outbox.ValidateSubjectFilter(c.DoorbellSubject); err != nil {
 			return badErr("DoorbellSubject", err, "is invalid: %v", err)
@@ -343,6 +405,21 @@ func (c *Config) validate() error {
 		if err := natsname.ValidateName(c.CreateStream); err != nil {
 			return bad("CreateStream", "is not a valid stream name: %v", err)
 		}
+	}
+	return nil
+}
+
+// maxChannelBytes is PostgreSQL's identifier limit (NAMEDATALEN-1), which bounds a NOTIFY
+// channel's name.
+const maxChannelBytes = 63
+
+// validText reports whether s can be a PostgreSQL text value: valid UTF-8, no NUL byte.
+func validText(s string) error {
+	switch {
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%q is not valid UTF-8", s)
+	case strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("%q contains a NUL byte", s)
 	}
 	return nil
 }

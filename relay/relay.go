@@ -361,7 +361,7 @@ func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, ro
 func (r *Relay) pipeline(ctx context.Context) error {
 	// A claimed batch is published and settled after ctx is cancelled too, within the drain
 	// bound: its PubAcks (PublishTimeout) and then DrainSettleTimeout for the database.
-	bctx, stopDrain := drainContext(ctx, r.cfg.PublishTimeout+DrainSettleTimeout)
+	bctx, stopDrain := drainContext(ctx, addSat(r.cfg.PublishTimeout, DrainSettleTimeout))
 	defer stopDrain()
 	poll := r.cfg.PollMin
 	outage := 0
@@ -442,7 +442,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		case err == nil:
 			outage, streamWait = 0, 0
 			r.setHealth(healthOK, nil)
-			wait, poll = poll, min(poll*2, r.cfg.PollMax)
+			wait, poll = poll, min(mulSat(2, poll), r.cfg.PollMax)
 			wait = r.capWait(wait) // wake when the next delayed message falls due
 		case errors.Is(err, ErrStreamUnavailable):
 			// A stream without a leader, and nothing else to publish: its rows wait (no
@@ -460,7 +460,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		default:
 			outage++
 			r.setHealth(classifyHealth(err), err)
-			wait = backoff(outage, r.cfg.PollMin*10, r.cfg.BackoffMax, r.cfg.BackoffJitter)
+			wait = backoff(outage, mulSat(10, r.cfg.PollMin), r.cfg.BackoffMax, r.cfg.BackoffJitter)
 			r.testSignals.backoff.Signal(backoffEvent{outage: outage, wait: wait})
 		}
 		wasDown := !r.pub.Conn().IsConnected()
@@ -501,7 +501,7 @@ const ReleaseTimeout = time.Second
 // Kubernetes pod's termination grace period, a systemd unit's stop timeout) must be longer,
 // with what the process adds to close its connections.
 func (c *Config) MaxStopTime() time.Duration {
-	return c.WithDefaults().PublishTimeout + DrainSettleTimeout + ReleaseTimeout
+	return addSat(c.WithDefaults().PublishTimeout, DrainSettleTimeout+ReleaseTimeout)
 }
 
 // drainContext returns a context that ctx's cancellation does not reach at once: it is
