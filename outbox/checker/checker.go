@@ -94,11 +94,15 @@ type Config struct {
 	// Defaults to 3s (the check-back's default request timeout).
 	Timeout time.Duration
 
-	// Logger receives errors of the checker. Defaults to slog.Default().
+	// Logger receives errors of the checker. Defaults to slog.Default(). Failed checks are
+	// logged when they start (a warning with the first error) and when a check answers again
+	// (info, with how many failed meanwhile), not one line each: a checker past its timeout
+	// fails every request. Checks cancelled by Stop are not logged.
 	Logger *slog.Logger
 
-	// Registerer, when set, registers txoutbox_checkback_checker_foreign_requests_total
-	// (shared by every checker on the registry, labelled by group). Defaults to none.
+	// Registerer, when set, registers txoutbox_checkback_checker_foreign_requests_total and
+	// txoutbox_checkback_checker_failed_checks_total (shared by every checker on the
+	// registry, labelled by group). Defaults to none.
 	Registerer prometheus.Registerer
 
 	// TracerProvider provides the tracer of the checker's spans: one per check answered
@@ -179,6 +183,14 @@ type Server struct {
 	outbox string
 	// foreign counts the requests of other outboxes this checker did not answer.
 	foreign prometheus.Counter
+	// failed counts the checks answered with an error (not those cancelled by Stop).
+	failed prometheus.Counter
+	// failMu guards the failing state: whether the last check that ended failed, since when,
+	// and how many checks failed since then (logged on a change of state only).
+	failMu      sync.Mutex
+	failing     bool
+	failedSince time.Time
+	failedRun   int
 	// logged are the foreign outboxes already logged (one line each).
 	loggedMu sync.Mutex
 	logged   map[string]bool
@@ -221,9 +233,9 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // nc, whether the local transactions of the group's stale half messages committed. Requests
 // carry the message id, subject, key and headers (see Request); check's answer is sent
 // back as COMMIT, ROLLBACK or UNKNOWN, and an error as a micro service error (counted by the
-// check-back as an inconclusive check). cfg may be nil. A group that outbox.ValidateGroup
-// refuses is a *txoutbox.ConfigError naming group (matching outbox.ErrInvalidGroup), as
-// an invalid cfg is one naming the field. check's ctx ends with the request's timeout, or
+// check-back as an inconclusive check). cfg may be nil. A nil nc or check, and a group that
+// outbox.ValidateGroup refuses, are a *txoutbox.ConfigError naming the argument (group's
+// matching outbox.ErrInvalidGroup), as an invalid cfg is one naming the field. check's ctx ends with the request's timeout, or
 // when Stop is called.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
@@ -241,13 +253,13 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	foreign, err := foreignCounter(c.Registerer, group)
+	foreign, failed, err := counters(c.Registerer, group)
 	if err != nil {
 		return nil, err
 	}
 	log := c.Logger.With("component", "checker", "group", group, "outbox", c.Outbox)
 	tr := &checkerTracer{t: tracing.Tracer(c.TracerProvider, "checker"), p: tracing.Propagator(c.Propagator), group: group}
-	s := &Server{sem: make(chan struct{}, c.Concurrency), done: make(chan struct{}), outbox: c.Outbox, foreign: foreign, logged: map[string]bool{}}
+	s := &Server{sem: make(chan struct{}, c.Concurrency), done: make(chan struct{}), outbox: c.Outbox, foreign: foreign, failed: failed, logged: map[string]bool{}}
 
 	handler := micro.HandlerFunc(func(req micro.Request) {
 		// micro calls handlers one at a time per subscription: answer in goroutines, bounded.
@@ -357,15 +369,56 @@ func (s *Server) answer(req micro.Request, rep replier, check Func, def time.Dur
 	}
 	if err != nil {
 		tracing.Fail(span, err, "error")
-		if !errors.Is(err, context.Canceled) {
-			log.Warn("checker failed; the check-back will ask again", "message_id", cr.MessageID.String(), "err", err)
-		}
+		s.checkFailed(cr, err, log)
 		_ = rep.Error("500", oneLine(err.Error()))
 		return
 	}
+	s.checkAnswered(log)
 	span.SetAttributes(tracing.Outcome.String(strings.ToLower(st.String())))
 	if err := rep.Respond([]byte(st.String())); err != nil {
 		log.Warn("checker could not reply", "message_id", cr.MessageID.String(), "err", err)
+	}
+}
+
+// checkFailed counts a failed check and logs it if it is the first of a run of failures. A
+// check cancelled by Stop (context.Canceled, or any error once Stop has begun) is neither: it
+// is the shutdown, not the checker, and the check-back asks again.
+func (s *Server) checkFailed(cr Request, err error, log *slog.Logger) {
+	if errors.Is(err, context.Canceled) || s.stopping() {
+		return
+	}
+	s.failed.Inc()
+	s.failMu.Lock()
+	first := !s.failing
+	if first {
+		s.failing, s.failedSince, s.failedRun = true, time.Now(), 0
+	}
+	s.failedRun++
+	s.failMu.Unlock()
+	if first {
+		log.Warn("checker failing; the check-back will ask again; further failures are counted in txoutbox_checkback_checker_failed_checks_total and logged when a check answers again",
+			"message_id", cr.MessageID.String(), "err", err)
+	}
+}
+
+// checkAnswered ends a run of failures, logging how long it lasted.
+func (s *Server) checkAnswered(log *slog.Logger) {
+	s.failMu.Lock()
+	was, since, n := s.failing, s.failedSince, s.failedRun
+	s.failing = false
+	s.failMu.Unlock()
+	if was {
+		log.Info("checker answering again", "failed_checks", n, "failing_for", time.Since(since).Round(time.Millisecond).String())
+	}
+}
+
+// stopping reports whether Stop has begun.
+func (s *Server) stopping() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -389,16 +442,21 @@ func (s *Server) foreignRequest(cr Request, log *slog.Logger) {
 	}
 }
 
-func foreignCounter(reg prometheus.Registerer, group string) (prometheus.Counter, error) {
-	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+// counters returns the checker's counters of group: foreign requests and failed checks.
+func counters(reg prometheus.Registerer, group string) (foreign, failed prometheus.Counter, err error) {
+	foreignVec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_foreign_requests_total",
 		Help: "Check requests of another outbox that this process's checkers did not answer (a producer group name shared by two services, or a misconfigured outbox), by group.",
 	}, []string{"group"})
-	// Checkers on one registry share the counter.
-	if err := prom.Register(reg, "checker: Serve", prom.Of(&vec)); err != nil {
-		return nil, err
+	failedVec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_failed_checks_total",
+		Help: "Checks this process's checkers answered with an error (the check function's error or panic, or an answer that is no state), by group; checks cancelled by Stop are not counted.",
+	}, []string{"group"})
+	// Checkers on one registry share the counters.
+	if err := prom.Register(reg, "checker: Serve", prom.Of(&foreignVec), prom.Of(&failedVec)); err != nil {
+		return nil, nil, err
 	}
-	return vec.WithLabelValues(group), nil
+	return foreignVec.WithLabelValues(group), failedVec.WithLabelValues(group), nil
 }
 
 // OutboxToken is a short token of an outbox identity, usable in NATS subjects and queue group

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -240,4 +242,107 @@ func TestStopCancelsChecksInProgress(t *testing.T) {
 	if err := srv.Stop(); err != nil {
 		t.Logf("second Stop: %v", err)
 	}
+}
+
+// A failing checker logs when it starts failing and when it answers again, not once per
+// check (past its timeout it fails every request, up to the check-back's rate), while
+// txoutbox_checkback_checker_failed_checks_total counts every failure; checks cancelled by
+// Stop are neither logged nor counted.
+func TestFailuresAreLoggedOnAChangeOfState(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	var logs testsvc.LogBuffer
+	reg := prometheus.NewRegistry()
+	started := make(chan struct{}, 1)
+	srv, err := checker.Serve(n.Conn, "pay", func(ctx context.Context, req checker.Request) (outbox.LocalState, error) {
+		switch req.Subject {
+		case "fail":
+			return outbox.StateUnknown, errors.New("ledger unreachable")
+		case "slow": // past the request's timeout
+			<-ctx.Done()
+			return outbox.StateUnknown, ctx.Err()
+		case "hang": // until Stop
+			started <- struct{}{}
+			<-ctx.Done()
+			return outbox.StateUnknown, fmt.Errorf("lookup: %w", ctx.Err())
+		}
+		return outbox.StateCommit, nil
+	}, &checker.Config{Outbox: "db/one", Logger: logs.Logger(), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(subject, timeout string) string {
+		t.Helper()
+		raw, _ := json.Marshal(checker.Request{MessageID: uuid.New(), Subject: subject, Group: "pay", Outbox: "db/one", Check: 1})
+		msg := nats.NewMsg(checker.Subject(checker.DefaultSubjectPrefix, "pay"))
+		msg.Data = raw
+		msg.Header.Set(checker.HeaderTimeout, timeout)
+		resp, err := n.Conn.RequestMsg(msg, 10*time.Second)
+		if err != nil {
+			t.Fatalf("check %s: %v", subject, err)
+		}
+		if c := resp.Header.Get(micro.ErrorCodeHeader); c != "" {
+			return c
+		}
+		return string(resp.Data)
+	}
+	// Each answer arrives after the checker has logged and counted the check, so the log
+	// read after it is complete.
+	for _, step := range []struct{ subject, timeout, want string }{
+		{"ok", "1s", "COMMIT"},
+		{"fail", "1s", "500"}, {"fail", "1s", "500"}, {"slow", "1ms", "500"}, {"slow", "1ms", "500"}, {"fail", "1s", "500"},
+		{"ok", "1s", "COMMIT"}, {"ok", "1s", "COMMIT"},
+		{"slow", "1ms", "500"}, {"fail", "1s", "500"},
+	} {
+		if got := ask(step.subject, step.timeout); got != step.want {
+			t.Fatalf("check %s: %q, want %q", step.subject, got, step.want)
+		}
+	}
+	failing := logs.Lines(t, "checker failing; the check-back will ask again; further failures are counted in txoutbox_checkback_checker_failed_checks_total and logged when a check answers again")
+	again := logs.Lines(t, "checker answering again")
+	if len(failing) != 2 || len(again) != 1 || len(logs.Lines(t, "")) != 3 {
+		t.Fatalf("%d failing lines, %d recovered lines, want 2 and 1; the log:\n%s", len(failing), len(again), logs.String())
+	}
+	if again[0]["failed_checks"] != float64(5) || failing[0]["err"] != "ledger unreachable" {
+		t.Fatalf("the lines do not say what failed and how often:\n%s", logs.String())
+	}
+	// A check cancelled by Stop: no line, not counted.
+	raw, _ := json.Marshal(checker.Request{MessageID: uuid.New(), Subject: "hang", Group: "pay", Outbox: "db/one", Check: 1})
+	hang := nats.NewMsg(checker.Subject(checker.DefaultSubjectPrefix, "pay"))
+	hang.Data = raw
+	hang.Header.Set(checker.HeaderTimeout, "1h")
+	if err := n.Conn.PublishMsg(hang); err != nil {
+		t.Fatal(err)
+	}
+	testsvc.Receive(t, started, 10*time.Second, "the check to start")
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if lines := logs.Lines(t, ""); len(lines) != 3 {
+		t.Fatalf("the check cancelled by Stop was logged:\n%s", logs.String())
+	}
+	if got := failedChecks(t, reg); got != 7 {
+		t.Fatalf("txoutbox_checkback_checker_failed_checks_total{group=\"pay\"} = %v, want 7", got)
+	}
+}
+
+// failedChecks reads txoutbox_checkback_checker_failed_checks_total{group="pay"} from reg.
+func failedChecks(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "txoutbox_checkback_checker_failed_checks_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == "pay" {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatal(`no txoutbox_checkback_checker_failed_checks_total{group="pay"}`)
+	return 0
 }

@@ -11,7 +11,8 @@ import (
 
 // OutboxIdentitySQL is OutboxIdentity for database/sql: the identity of the outbox in schema
 // of the database db (a *sql.DB, *sql.Conn or *sql.Tx of any PostgreSQL driver) is connected
-// to.
+// to. As with OutboxIdentity, a schema without the outbox table is ErrNoOutboxTable and a nil
+// db a *txoutbox.ConfigError naming it.
 func OutboxIdentitySQL(ctx context.Context, db txoutbox.SQLDBTX, schema string) (string, error) {
 	if err := dbhandle.RequireArg("checker", "db", "the producers' database (a *sql.DB)", db); err != nil {
 		return "", err
