@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -247,7 +248,7 @@ func TestEveryNumericFieldFollowsTheConvention(t *testing.T) {
 			}
 		}
 	}
-	// Jitter is one range everywhere: [0, 1).
+	// Jitter is one range everywhere: (0, 1), 0 being the default and txoutbox.Off none.
 	for _, err := range []error{
 		relay.ValidateConfig(&relay.Config{BackoffJitter: 1}),
 		checkback.ValidateConfig(&checkback.Config{BackoffJitter: 1}),
@@ -512,6 +513,131 @@ func TestConfigErrorsKeepTheirSentinel(t *testing.T) {
 		if !errors.Is(tc.err, txoutbox.ErrInvalidConfig) || !errors.Is(tc.err, outbox.ErrInvalidSubject) {
 			t.Errorf("%s: %v matches ErrInvalidConfig %v and outbox.ErrInvalidSubject %v, want both", tc.field,
 				tc.err, errors.Is(tc.err, txoutbox.ErrInvalidConfig), errors.Is(tc.err, outbox.ErrInvalidSubject))
+		}
+	}
+}
+
+// Every numeric field whose validator refuses the largest value, or the smallest positive
+// one (1, one nanosecond for a duration), says so in its documentation: "at most …" or
+// "at least …" (a float field: its range, "in (…)"). A bound the validator enforces and the
+// field's doc leaves out is one the user finds only by failing.
+func TestEveryNumericBoundIsDocumented(t *testing.T) {
+	t.Parallel()
+	docs := configDocs(t)
+	for _, c := range components() {
+		typ := reflect.TypeOf(c.fresh()).Elem()
+		for _, f := range numericFields(typ, "", nil, func(string, string) {}) {
+			doc := strings.ToLower(strings.Join(strings.Fields(docs[c.name][f.name]), " "))
+			name := c.name + " Config." + f.name
+			isFloat := f.typ.Kind() == reflect.Float32 || f.typ.Kind() == reflect.Float64
+			refused := func(v float64) bool {
+				cfg := c.fresh()
+				fv := reflect.ValueOf(cfg).Elem().FieldByIndex(f.index)
+				if isFloat {
+					fv.SetFloat(v)
+				} else if v >= math.MaxInt64 {
+					fv.SetInt(math.MaxInt64)
+				} else {
+					fv.SetInt(int64(v))
+				}
+				var ce *txoutbox.ConfigError
+				return errors.As(c.validate(cfg), &ce) && ce.Field == "Config."+f.name
+			}
+			if isFloat {
+				if (refused(math.MaxFloat64) || refused(math.SmallestNonzeroFloat64)) && !strings.Contains(doc, "in (") && !strings.Contains(doc, "in [") {
+					t.Errorf("%s: the validator bounds it, its documentation states no range: %q", name, doc)
+				}
+				continue
+			}
+			if refused(math.MaxInt64) && !strings.Contains(doc, "at most") {
+				t.Errorf("%s: the validator refuses the largest value, its documentation says no \"at most\": %q", name, doc)
+			}
+			if refused(1) && !strings.Contains(doc, "at least") {
+				t.Errorf("%s: the validator refuses 1, its documentation says no \"at least\": %q", name, doc)
+			}
+		}
+	}
+}
+
+// A field set alone above the default of the field that must be at least it is valid: that
+// field's default follows it (PollMin: 2s alone failed on PollMax; BackoffBase above the
+// default BackoffMax alone failed on BackoffMax, in the relay, the consumer and the
+// check-back).
+func TestRelatedDefaultsFollowTheFieldSet(t *testing.T) {
+	t.Parallel()
+	const base = 10 * time.Minute // above every default BackoffMax
+	if c := (&relay.Config{PollMin: 2 * time.Second}).WithDefaults(); c.PollMax != 2*time.Second {
+		t.Errorf("relay PollMin 2s alone: PollMax %s, want 2s", c.PollMax)
+	}
+	if c := (&relay.Config{BackoffBase: base}).WithDefaults(); c.BackoffMax != base {
+		t.Errorf("relay BackoffBase %s alone: BackoffMax %s", base, c.BackoffMax)
+	}
+	if c := (&consumer.Config{Stream: "S", Durable: "d", BackoffBase: base}).WithDefaults(); c.BackoffMax != base {
+		t.Errorf("consumer BackoffBase %s alone: BackoffMax %s", base, c.BackoffMax)
+	}
+	if c := (&checkback.Config{BackoffBase: base}).WithDefaults(); c.BackoffMax != base {
+		t.Errorf("checkback BackoffBase %s alone: BackoffMax %s", base, c.BackoffMax)
+	}
+	for name, err := range map[string]error{
+		"relay PollMin":         relay.ValidateConfig(&relay.Config{PollMin: 2 * time.Second}),
+		"relay BackoffBase":     relay.ValidateConfig(&relay.Config{BackoffBase: base}),
+		"consumer BackoffBase":  consumer.ValidateConfig(&consumer.Config{Stream: "S", Durable: "d", BackoffBase: base}),
+		"checkback BackoffBase": checkback.ValidateConfig(&checkback.Config{BackoffBase: base}),
+	} {
+		if err != nil {
+			t.Errorf("%s set alone: %v", name, err)
+		}
+	}
+}
+
+// BackoffBase and BackoffMax are at most a day in every component, a refusal naming the field.
+func TestBackoffIsAtMostADay(t *testing.T) {
+	t.Parallel()
+	const day, over = 24 * time.Hour, 24*time.Hour + time.Nanosecond
+	newConsumer := func(base, max time.Duration) *consumer.Config {
+		return &consumer.Config{Stream: "S", Durable: "d", BackoffBase: base, BackoffMax: max}
+	}
+	for _, tc := range []struct {
+		pkg, field string
+		err        error
+	}{
+		{"relay", "", relay.ValidateConfig(&relay.Config{BackoffBase: day, BackoffMax: day})},
+		{"relay", "Config.BackoffMax", relay.ValidateConfig(&relay.Config{BackoffMax: over})},
+		{"relay", "Config.BackoffMax", relay.ValidateConfig(&relay.Config{BackoffMax: math.MaxInt64})},
+		{"relay", "Config.BackoffBase", relay.ValidateConfig(&relay.Config{BackoffBase: over})},
+		{"consumer", "", consumer.ValidateConfig(newConsumer(day, day))},
+		{"consumer", "Config.BackoffMax", consumer.ValidateConfig(newConsumer(0, over))},
+		{"consumer", "Config.BackoffBase", consumer.ValidateConfig(newConsumer(over, 0))},
+		{"checkback", "", checkback.ValidateConfig(&checkback.Config{BackoffBase: day, BackoffMax: day})},
+		{"checkback", "Config.BackoffMax", checkback.ValidateConfig(&checkback.Config{BackoffMax: over})},
+		{"checkback", "Config.BackoffBase", checkback.ValidateConfig(&checkback.Config{BackoffBase: over})},
+	} {
+		var ce *txoutbox.ConfigError
+		switch {
+		case tc.field == "" && tc.err != nil:
+			t.Errorf("%s: a day refused: %v", tc.pkg, tc.err)
+		case tc.field != "" && (!errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.field):
+			t.Errorf("%s %s: got %v, want a ConfigError naming it", tc.pkg, tc.field, tc.err)
+		}
+	}
+}
+
+// Of several invalid check-back schedules, the same one is reported every time: the first in
+// the fields' order (they were checked in a map's random order).
+func TestCheckbackScheduleErrorIsStable(t *testing.T) {
+	t.Parallel()
+	cfg := &checkback.Config{ResolveSchedule: "bad", StaleSchedule: "bad", PurgeSchedule: "bad"}
+	for range 50 {
+		var ce *txoutbox.ConfigError
+		if err := checkback.ValidateConfig(cfg); !errors.As(err, &ce) || ce.Field != "Config.ResolveSchedule" {
+			t.Fatalf("got %v, want Config.ResolveSchedule every time", err)
+		}
+	}
+	cfg.ResolveSchedule = ""
+	for range 50 {
+		var ce *txoutbox.ConfigError
+		if err := checkback.ValidateConfig(cfg); !errors.As(err, &ce) || ce.Field != "Config.StaleSchedule" {
+			t.Fatalf("got %v, want Config.StaleSchedule every time", err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"github.com/txoutbox/txoutbox"
+	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"math"
@@ -63,8 +64,8 @@ const ScheduleOff = "off"
 
 // Config configures a CheckBack. The zero value, given a pool and a NATS connection, is usable.
 type Config struct {
-	// Schema is the Postgres schema holding the outbox tables. Defaults to
-	// txoutbox.DefaultSchema ("public").
+	// Schema is the Postgres schema holding the outbox tables: at most 63 bytes, no NUL byte.
+	// Defaults to txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// TransactionTimeout is how long a half message may stay prepared before it is checked
@@ -80,20 +81,23 @@ type Config struct {
 	// must end somewhere an operator sees it. Defaults to 15.
 	MaxChecks int
 
-	// RequestTimeout bounds one check request to a producer group's checker. Defaults to 3s.
+	// RequestTimeout bounds one check request to a producer group's checker. At least 1ms.
+	// Defaults to 3s.
 	RequestTimeout time.Duration
 
 	// BackoffBase, BackoffMax and BackoffJitter space the checks of one row: after check n
 	// the next is due BackoffBase·2^(n-1) later, capped at BackoffMax, times a random factor
-	// in [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no
-	// jitter); a jittered delay above BackoffMax is reflected below it, so none exceeds
-	// BackoffMax. Defaults to 5s, 1m and 0.2.
+	// in [1-BackoffJitter, 1+BackoffJitter]; a jittered delay above BackoffMax is reflected
+	// below it, so none exceeds BackoffMax. Both durations are at most 24h, and BackoffMax at
+	// least BackoffBase. BackoffJitter is in (0, 1), or txoutbox.Off for no jitter (0 is the
+	// default). Defaults to 5s, max(1m, BackoffBase) (BackoffBase alone may be set above 1m)
+	// and 0.2.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
 
 	// BatchSize bounds the rows one resolve pass takes, for each of the two modes (checker
-	// and fence). Defaults to 100.
+	// and fence). At most 10000. Defaults to 100.
 	BatchSize int
 
 	// GroupConcurrency and GroupRate bound the check requests this instance sends to one
@@ -114,12 +118,13 @@ type Config struct {
 	Outbox string
 
 	// SubjectPrefix: a producer group's checker is asked on SubjectPrefix + "." + group.
-	// checker.Serve must use the same prefix. Defaults to "txoutbox.check".
+	// checker.Serve must use the same prefix. A valid subject without wildcards. Defaults to
+	// "txoutbox.check".
 	SubjectPrefix string
 
 	// Schedules of the three jobs: a robfig/cron spec (five fields, or six with seconds
-	// first), a descriptor such as "@hourly", "@every <duration>" (sub-second durations
-	// allowed), or ScheduleOff ("off"); white space around it is ignored (WithDefaults trims
+	// first), a descriptor such as "@hourly", "@every <duration>" (at least 10ms: sub-second
+	// durations allowed), or ScheduleOff ("off"); white space around it is ignored (WithDefaults trims
 	// it, so Config() shows " off" as "off"). A run that is still going when the next is due
 	// is skipped.
 	// ResolveSchedule resolves stale prepared rows; StaleSchedule reports ready rows older
@@ -131,7 +136,7 @@ type Config struct {
 	PurgeSchedule   string
 
 	// StaleReadyAfter: ready rows older than this (the relay is stuck, or a subject keeps
-	// failing) are counted and logged with the oldest age. Defaults to 1m.
+	// failing) are counted and logged with the oldest age. Positive. Defaults to 1m.
 	StaleReadyAfter time.Duration
 
 	// PublishedRetention: published rows (kept by a relay with a retention) older than this
@@ -151,7 +156,7 @@ type Config struct {
 	DedupRetention time.Duration
 
 	// PurgeBatchSize bounds the rows one DELETE removes (each batch is its own short
-	// transaction, skipping locked rows). Defaults to 1000.
+	// transaction, skipping locked rows). At most 100000. Defaults to 1000.
 	PurgeBatchSize int
 
 	// Logger receives structured logs, one line per state change. Defaults to slog.Default().
@@ -186,7 +191,7 @@ func (c *Config) WithDefaults() *Config {
 	out.MaxChecks = cmp.Or(out.MaxChecks, DefaultMaxChecks)
 	out.RequestTimeout = cmp.Or(out.RequestTimeout, DefaultRequestTimeout)
 	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
-	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffMax = cmp.Or(out.BackoffMax, max(DefaultBackoffMax, out.BackoffBase))
 	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
 	out.GroupConcurrency = cmp.Or(out.GroupConcurrency, DefaultGroupConcurrency)
@@ -233,12 +238,14 @@ func (c *Config) validate() error {
 		return bad("MaxChecks", "must be at least 1, got %d", c.MaxChecks)
 	case c.RequestTimeout < time.Millisecond:
 		return bad("RequestTimeout", "must be at least 1ms, got %s", c.RequestTimeout)
-	case c.BackoffBase <= 0:
-		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffBase <= 0 || c.BackoffBase > backoffpkg.MaxDelay:
+		return bad("BackoffBase", "must be positive and at most %s, got %s", backoffpkg.MaxDelay, c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
-		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
+	case c.BackoffMax > backoffpkg.MaxDelay:
+		return bad("BackoffMax", "must be at most %s, got %s", backoffpkg.MaxDelay, c.BackoffMax)
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter > 0 && c.BackoffJitter < 1): // NaN too
+		return bad("BackoffJitter", "must be in (0, 1), or txoutbox.Off (-1) for no jitter (0 is the default), got %g", c.BackoffJitter)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "must be between 1 and 10000, got %d", c.BatchSize)
 	case c.GroupConcurrency < 1:
@@ -259,9 +266,13 @@ func (c *Config) validate() error {
 	if err := outbox.ValidateSubject(c.SubjectPrefix); err != nil {
 		return badErr("SubjectPrefix", err, "is invalid: %v", err)
 	}
-	for field, spec := range map[string]string{"ResolveSchedule": c.ResolveSchedule, "StaleSchedule": c.StaleSchedule, "PurgeSchedule": c.PurgeSchedule} {
-		if _, err := parseSchedule(spec); err != nil {
-			return bad(field, "is invalid: %v", err)
+	// In the fields' order, so that of several invalid schedules the same one is reported
+	// every time (a map's order is random).
+	for _, s := range []struct{ field, spec string }{
+		{"ResolveSchedule", c.ResolveSchedule}, {"StaleSchedule", c.StaleSchedule}, {"PurgeSchedule", c.PurgeSchedule},
+	} {
+		if _, err := parseSchedule(s.spec); err != nil {
+			return bad(s.field, "is invalid: %v", err)
 		}
 	}
 	return nil

@@ -42,25 +42,27 @@ const MaxBatchSize = 1000
 
 // Config configures a Consumer. Stream and Durable are required; everything else has a default.
 type Config struct {
-	// Stream is the JetStream stream to consume. Required.
+	// Stream is the JetStream stream to consume, a name JetStream accepts: at most 255
+	// bytes, none of '.', '*', '>', white space, '/' or '\'. Required.
 	Stream string
 
 	// Durable names the durable pull consumer, which Run creates or updates with the settings
 	// below (explicit acks). Every instance of one logical consumer uses the same name: they
 	// share the work, and the name is also the consumer column of the dedup table, so it
-	// must not change while dedup rows matter. Required.
+	// must not change while dedup rows matter. A name JetStream accepts, as for Stream.
+	// Required.
 	Durable string
 
-	// FilterSubjects restricts the consumer to these subjects (wildcards allowed). Defaults to
-	// the whole stream.
+	// FilterSubjects restricts the consumer to these subjects (valid subjects, wildcards
+	// allowed). Defaults to the whole stream.
 	FilterSubjects []string
 
-	// Schema is the Postgres schema holding txoutbox_consumer_dedup. Defaults to
-	// txoutbox.DefaultSchema ("public").
+	// Schema is the Postgres schema holding txoutbox_consumer_dedup: at most 63 bytes, no NUL
+	// byte. Defaults to txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// Concurrency is how many messages (or, in batch mode, batches) are handled at once; each
-	// uses one Postgres connection while it runs. Defaults to 4.
+	// uses one Postgres connection while it runs. At most 10000. Defaults to 4.
 	Concurrency int
 
 	// BatchSize, when above 1, switches to batch mode: up to BatchSize messages are handled
@@ -84,8 +86,9 @@ type Config struct {
 	// message), or DefaultBatchHandlerSize (100) with NewBatch. At most 1000.
 	BatchSize int
 
-	// BatchWait is how long a batch waits for more messages once it has one. Defaults to
-	// DefaultBatchWait, 0: a batch takes what has already arrived and does not wait.
+	// BatchWait is how long a batch waits for more messages once it has one; not negative.
+	// Defaults to DefaultBatchWait, 0: a batch takes what has already arrived and does not
+	// wait.
 	BatchWait time.Duration
 
 	// Ordered, when set, applies the messages of one ordering key (the Txoutbox-Key header)
@@ -116,21 +119,25 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape the redelivery delay after a handler
 	// error (sent with NakWithDelay; JetStream's own BackOff applies only to ack timeouts):
 	// BackoffBase·2^(deliveries-1), capped at BackoffMax, times a random factor in
-	// [1-BackoffJitter, 1+BackoffJitter] (BackoffJitter in [0, 1); txoutbox.Off: no jitter;
-	// a jittered delay above BackoffMax is reflected below it, so none exceeds BackoffMax),
-	// so messages that failed together do not come back together — the same rule as the
-	// relay's and the check-back's. Defaults to 1s, 5m and 0.3.
+	// [1-BackoffJitter, 1+BackoffJitter] (a jittered delay above BackoffMax is reflected
+	// below it, so none exceeds BackoffMax), so messages that failed together do not come
+	// back together — the same rule as the relay's and the check-back's. Both durations are
+	// at most 24h, and BackoffMax at least BackoffBase. BackoffJitter is in (0, 1), or
+	// txoutbox.Off for no jitter (0 is the default). Defaults to 1s, max(5m, BackoffBase)
+	// (BackoffBase alone may be set above 5m) and 0.3.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
 
 	// DeadLetterSubject receives messages that failed MaxDeliveries times, that the handler
 	// rejected with Permanent, or that cannot be decoded. A JetStream stream must capture it
-	// (Run checks), and it must not be one this consumer reads. Defaults to
+	// (Run checks), and it must not be one this consumer reads; a valid subject without
+	// wildcards. Defaults to
 	// "txoutbox.dead.<Durable>".
 	DeadLetterSubject string
 
-	// AckWait is how long JetStream waits for an ack before it redelivers. Defaults to 30s.
+	// AckWait is how long JetStream waits for an ack before it redelivers. At least 1ms.
+	// Defaults to 30s.
 	AckWait time.Duration
 
 	// InProgressInterval is how often a message the consumer holds (running, waiting for its
@@ -160,7 +167,7 @@ type Config struct {
 	// still held while no message comes. A pull lost on the server's side — a stream or
 	// consumer leader election answers it with no responders, or a restarted node forgets it —
 	// is noticed after two missing heartbeats and made again. It must be at most 15s (half of
-	// the client's 30s pull expiry). Defaults to 2.5s: the consumer resumes within about 5s of
+	// the client's 30s pull expiry) and at least 100ms. Defaults to 2.5s: the consumer resumes within about 5s of
 	// the stream having a leader again.
 	PullHeartbeat time.Duration
 
@@ -206,7 +213,7 @@ func (c *Config) WithDefaults() *Config {
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
 	out.MaxDeliveries = cmp.Or(out.MaxDeliveries, DefaultMaxDeliveries)
 	out.BackoffBase = cmp.Or(out.BackoffBase, DefaultBackoffBase)
-	out.BackoffMax = cmp.Or(out.BackoffMax, DefaultBackoffMax)
+	out.BackoffMax = cmp.Or(out.BackoffMax, max(DefaultBackoffMax, out.BackoffBase))
 	out.BackoffJitter = cmp.Or(out.BackoffJitter, DefaultBackoffJitter)
 	if out.Durable != "" {
 		out.DeadLetterSubject = cmp.Or(out.DeadLetterSubject, DefaultDeadLetterPrefix+out.Durable)
@@ -263,12 +270,14 @@ func (c *Config) validate() error {
 		return bad("BatchWait", "must not be negative, got %s", c.BatchWait)
 	case c.MaxDeliveries < 1:
 		return bad("MaxDeliveries", "must be at least 1, got %d", c.MaxDeliveries)
-	case c.BackoffBase <= 0:
-		return bad("BackoffBase", "must be positive, got %s", c.BackoffBase)
+	case c.BackoffBase <= 0 || c.BackoffBase > backoff.MaxDelay:
+		return bad("BackoffBase", "must be positive and at most %s, got %s", backoff.MaxDelay, c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", "must be at least BackoffBase (%s), got %s", c.BackoffBase, c.BackoffMax)
-	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter >= 0 && c.BackoffJitter < 1): // NaN too
-		return bad("BackoffJitter", "must be in [0, 1), or txoutbox.Off (-1), got %g", c.BackoffJitter)
+	case c.BackoffMax > backoff.MaxDelay:
+		return bad("BackoffMax", "must be at most %s, got %s", backoff.MaxDelay, c.BackoffMax)
+	case c.BackoffJitter != txoutbox.Off && !(c.BackoffJitter > 0 && c.BackoffJitter < 1): // NaN too
+		return bad("BackoffJitter", "must be in (0, 1), or txoutbox.Off (-1) for no jitter (0 is the default), got %g", c.BackoffJitter)
 	case c.AckWait < time.Millisecond:
 		return bad("AckWait", "must be at least 1ms, got %s", c.AckWait)
 	case c.InProgressInterval <= 0 || c.InProgressInterval > c.AckWait/2:
