@@ -216,9 +216,15 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		c.DSN = pg.DSN()
 		o.Migrate = true
 	}
+	// The connection string's secrets and key files are never shown: pgx's error quotes the
+	// string (masking only the password) and the path it could not read (a PEM key pasted
+	// into sslkey, say).
+	if err := checkDSNFiles(c.DSN); err != nil {
+		return fail(err)
+	}
 	pcfg, err := pgxpool.ParseConfig(c.DSN)
 	if err != nil {
-		return fail(usageErr("invalid DATABASE_URL: %v", err))
+		return fail(usageErr("invalid DATABASE_URL (--database-url): %s", dsnError(c.DSN, err)))
 	}
 	if o.AppName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName

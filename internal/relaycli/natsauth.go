@@ -2,7 +2,6 @@ package relaycli
 
 import (
 	"net/url"
-	"os"
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
@@ -56,40 +55,45 @@ func (a *natsAuth) options(natsURL string) ([]nats.Option, error) {
 	if methods == 1 && urlHasCredentials(natsURL) {
 		return nil, usageErr("NATS authentication: --nats-url carries credentials (user:password@ or token@) and one of --nats-creds, --nats-nkey, --nats-user/--nats-password and --nats-token is set: set one")
 	}
-	readable := func(flag, path string) error {
-		f, err := os.Open(path)
-		if err != nil {
-			return usageErr("invalid --%s: %v", flag, err)
+	// Every file is checked before nats.go reads it, and nats.go's errors lose the values: a
+	// value of these settings is never shown (it may be the secret itself, pasted where its
+	// file's path goes).
+	for _, f := range []struct{ flag, path string }{
+		{"nats-creds", a.creds}, {"nats-nkey", a.nkey}, {"nats-tls-cert", a.cert}, {"nats-tls-key", a.key}, {"nats-tls-ca", a.ca},
+	} {
+		if f.path != "" {
+			if err := checkSecretFile(settingName(f.flag), f.path); err != nil {
+				return nil, err
+			}
 		}
-		return f.Close()
+	}
+	hide := func(err error) string {
+		return withoutValues(err, a.creds, a.nkey, a.cert, a.key, a.ca, a.password, a.token)
 	}
 	switch {
 	case a.creds != "":
-		if err := readable("nats-creds", a.creds); err != nil {
-			return nil, err
-		}
 		o := nats.UserCredentials(a.creds)
 		// nats.go reads the file at each connection: parse it now, the user JWT and the seed
 		// (signing a nonce), so that a file that is not a credentials file is refused here.
 		probe := nats.GetDefaultOptions()
 		if err := o(&probe); err != nil {
-			return nil, usageErr("invalid --nats-creds: %v", err)
+			return nil, usageErr("invalid %s: %s", settingName("nats-creds"), hide(err))
 		}
 		token, err := probe.UserJWT()
 		if err == nil {
 			_, err = jwt.DecodeUserClaims(token)
 		}
 		if err != nil {
-			return nil, usageErr("invalid --nats-creds %s: no user JWT: %v", a.creds, err)
+			return nil, usageErr("invalid %s: not a credentials file: no user JWT: %s", settingName("nats-creds"), hide(err))
 		}
 		if _, err := probe.SignatureCB([]byte("txoutbox")); err != nil {
-			return nil, usageErr("invalid --nats-creds %s: %v", a.creds, err)
+			return nil, usageErr("invalid %s: not a credentials file: %s", settingName("nats-creds"), hide(err))
 		}
 		opts = append(opts, o)
 	case a.nkey != "":
 		o, err := nats.NkeyOptionFromSeed(a.nkey)
 		if err != nil {
-			return nil, usageErr("invalid --nats-nkey: %v", err)
+			return nil, usageErr("invalid %s: not an NKey seed file: %s", settingName("nats-nkey"), hide(err))
 		}
 		opts = append(opts, o)
 	case a.user != "" || a.password != "":
@@ -103,22 +107,28 @@ func (a *natsAuth) options(natsURL string) ([]nats.Option, error) {
 	if (a.cert == "") != (a.key == "") {
 		return nil, usageErr("--nats-tls-cert and --nats-tls-key go together")
 	}
+	var tlsOpts []nats.Option
 	if a.cert != "" {
-		opts = append(opts, nats.ClientCert(a.cert, a.key))
+		tlsOpts = append(tlsOpts, nats.ClientCert(a.cert, a.key))
 	}
 	if a.ca != "" {
-		opts = append(opts, nats.RootCAs(a.ca))
-	}
-	if a.tlsFirst {
-		opts = append(opts, nats.TLSHandshakeFirst())
+		tlsOpts = append(tlsOpts, nats.RootCAs(a.ca))
 	}
 	// Load the files now (nats.go would only at connect): the certificate, the key and the CA
 	// bundle must parse.
 	probe := nats.GetDefaultOptions()
-	for _, o := range opts {
+	for i, o := range tlsOpts {
 		if err := o(&probe); err != nil {
-			return nil, usageErr("NATS TLS or credentials: %v", err)
+			which := settingName("nats-tls-cert") + " or " + settingName("nats-tls-key")
+			if a.cert == "" || i == 1 {
+				which = settingName("nats-tls-ca")
+			}
+			return nil, usageErr("invalid %s: %s", which, hide(err))
 		}
+	}
+	opts = append(opts, tlsOpts...)
+	if a.tlsFirst {
+		opts = append(opts, nats.TLSHandshakeFirst())
 	}
 	return opts, nil
 }

@@ -270,7 +270,7 @@ func TestNATSAuthSettingsAreChecked(t *testing.T) {
 	}{
 		{[]string{"--nats-tls-cert", certs.ClientCert}, "--nats-tls-cert and --nats-tls-key go together"},
 		{[]string{"--nats-tls-cert", certs.ClientCert, "--nats-tls-key", certs.ServerKey}, "private key does not match"},
-		{[]string{"--nats-tls-ca", filepath.Join(certs.Dir, "missing.pem")}, "missing.pem"},
+		{[]string{"--nats-tls-ca", filepath.Join(certs.Dir, "missing.pem")}, "--nats-tls-ca (TXOUTBOX_NATS_TLS_CA): no such file"}, // the path is not shown
 		{[]string{"--nats-nkey", notASeed}, "invalid --nats-nkey"},
 		{[]string{"--nats-creds", filepath.Join(certs.Dir, "missing.creds")}, "invalid --nats-creds"},
 		{[]string{"--nats-creds", garbageCreds}, "invalid --nats-creds"},

@@ -635,12 +635,16 @@ func validHeaderValue(v, k, protocol string) bool {
 // checkCertificate checks a CA certificate variable's file: it must hold a PEM certificate
 // (the exporter would go on with the system's roots without a word).
 func checkCertificate(name, file string) error {
+	// The value is never shown: it may be the secret itself, pasted where its file's path goes.
+	if err := checkSecretFile(name, file); err != nil {
+		return err
+	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return usageErr("invalid %s: %v", name, err)
+		return usageErr("invalid %s: not a readable file: %s (the value is not shown)", name, pathErrReason(err))
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(b) {
-		return usageErr("invalid %s %q: holds no PEM certificate", name, file)
+		return usageErr("invalid %s: the file holds no PEM certificate (the value is not shown)", name)
 	}
 	return nil
 }
@@ -656,16 +660,22 @@ func checkClientCertificate(certVar, keyVar, cert, key string) error {
 	case cert == "":
 		return usageErr("%s is set without %s: set both, the client certificate and its key, or neither", keyVar, certVar)
 	}
+	// The values are never shown: one may be the key itself, pasted where its file's path goes.
+	for _, f := range [][2]string{{certVar, cert}, {keyVar, key}} {
+		if err := checkSecretFile(f[0], f[1]); err != nil {
+			return err
+		}
+	}
 	certPEM, err := os.ReadFile(cert)
 	if err != nil {
-		return usageErr("invalid %s: %v", certVar, err)
+		return usageErr("invalid %s: not a readable file: %s (the value is not shown)", certVar, pathErrReason(err))
 	}
 	keyPEM, err := os.ReadFile(key)
 	if err != nil {
-		return usageErr("invalid %s: %v", keyVar, err)
+		return usageErr("invalid %s: not a readable file: %s (the value is not shown)", keyVar, pathErrReason(err))
 	}
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
-		return usageErr("invalid %s or %s: %v", certVar, keyVar, err)
+		return usageErr("invalid %s or %s: %s", certVar, keyVar, withoutValues(err, cert, key))
 	}
 	return nil
 }
