@@ -510,7 +510,7 @@ func TestLeaseCheckedAgainBeforeTheHandOff(t *testing.T) {
 			t.Fatalf("claim = %d rows, %v", len(rows), err)
 		}
 		// ORDERS in an outage last checked long ago: the row's stream check asks its info.
-		r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "test")
+		r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "test", false)
 		r.outages.mu.Lock()
 		r.outages.m["ORDERS"].checked = time.Now().Add(-time.Minute)
 		r.outages.mu.Unlock()

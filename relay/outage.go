@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -275,8 +274,10 @@ func (o *streamOutages) setGauge(r *Relay, name string, v float64) {
 	r.m.streamUnavailable.WithLabelValues(name).Set(v)
 }
 
-// begin records that stream name is unavailable; subj is the subject that showed it.
-func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, reason string) {
+// begin records that stream name is unavailable; subj is the subject that showed it, reason
+// says why, and lostQuorum says that the stream's leader answers without a quorum of current
+// replicas (logged once per outage, as a warning).
+func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, reason string, lostQuorum bool) {
 	now := time.Now()
 	o.mu.Lock()
 	if o.m == nil {
@@ -295,7 +296,7 @@ func (o *streamOutages) begin(r *Relay, name string, subjects []string, subj, re
 	}
 	e.reason, e.checked, e.met, e.probing = reason, now, now, false
 	o.setGauge(r, name, 1)
-	lost := strings.HasPrefix(reason, quorumLostReason) && !e.lostQuorum
+	lost := lostQuorum && !e.lostQuorum
 	e.lostQuorum = e.lostQuorum || lost
 	o.mu.Unlock()
 	if lost && known {
@@ -642,19 +643,17 @@ func mayLackQuorum(info *jetstream.StreamInfo) bool {
 	return hasLeader(info) && lost
 }
 
-// quorumLostReason begins the reason of an outage whose stream has lost its quorum.
-const quorumLostReason = "has lost its quorum"
-
 // lostQuorumText says that a stream whose info is info has lost its quorum.
 func lostQuorumText(published string, info *jetstream.StreamInfo) string {
 	current, of, _ := quorumOf(info)
-	return fmt.Sprintf("%s: %d of %d replicas current (its leader %q answers and cannot store: %s); waiting for its replicas",
-		quorumLostReason, current, of, leaderOf(info), published)
+	return fmt.Sprintf("has lost its quorum: %d of %d replicas current (its leader %q answers and cannot store: %s); waiting for its replicas",
+		current, of, leaderOf(info), published)
 }
 
 // outageReason says why a stream whose publishes failed with err is taken as unavailable,
-// from what its info said (infoErr; info when it answered).
-func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
+// from what its info said (infoErr; info when it answered), and whether that is a lost
+// quorum: a leader that answers and cannot store.
+func outageReason(err error, info *jetstream.StreamInfo, infoErr error) (reason string, lostQuorum bool) {
 	var apiErr *jetstream.APIError
 	published := "its publishes time out"
 	switch {
@@ -666,18 +665,18 @@ func outageReason(err error, info *jetstream.StreamInfo, infoErr error) string {
 	switch {
 	case infoErr != nil && errors.As(infoErr, &apiErr) && outageCodes[apiErr.ErrorCode] != "":
 		return fmt.Sprintf("has no leader: %s and its info says %q (%d): a leader election under way?",
-			published, outageCodes[apiErr.ErrorCode], apiErr.ErrorCode)
+			published, outageCodes[apiErr.ErrorCode], apiErr.ErrorCode), false
 	case infoErr != nil:
 		return fmt.Sprintf("has no leader: %s and its info does not answer (%s): a leader election under way?",
-			published, safetext.Text(infoErr.Error(), 200))
+			published, safetext.Text(infoErr.Error(), 200)), false
 	case info != nil && !hasLeader(info):
-		return fmt.Sprintf("has no leader: %s and its info names none: a leader election under way?", published)
+		return fmt.Sprintf("has no leader: %s and its info names none: a leader election under way?", published), false
 	case info != nil && !canStore(info):
-		return lostQuorumText(published, info)
+		return lostQuorumText(published, info), true
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10158:
-		return fmt.Sprintf("%s while its info answers with leader %q: an earlier publish of the message is still waiting for the stream's replicas", published, leaderOf(info))
+		return fmt.Sprintf("%s while its info answers with leader %q: an earlier publish of the message is still waiting for the stream's replicas", published, leaderOf(info)), false
 	}
-	return fmt.Sprintf("%s while its info answers with a leader: its leader just changed?", published)
+	return fmt.Sprintf("%s while its info answers with a leader: its leader just changed?", published), false
 }
 
 // isAmbiguous reports a publish outcome that explainFailures must explain: it may be an

@@ -197,7 +197,7 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 			return &StreamError{Subject: subj, Stream: p.name, Err: ErrStreamUnusable, Setting: setting, Reason: reason}
 		}
 	}
-	reason := outageReason(err, p.info, p.infoErr)
+	reason, lostQuorum := outageReason(err, p.info, p.infoErr)
 	switch {
 	case p.infoErr != nil || !hasLeader(p.info):
 		r.strikes.reset(p.name) // an election seen: the next leader has its own allowance
@@ -238,7 +238,7 @@ func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
 	if p.info != nil {
 		subjects = p.info.Config.Subjects
 	}
-	r.outages.begin(r, p.name, subjects, subj, reason)
+	r.outages.begin(r, p.name, subjects, subj, reason, lostQuorum)
 	return &streamOutageError{stream: p.name, subject: subj, reason: reason, sent: true}
 }
 
