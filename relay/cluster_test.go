@@ -876,8 +876,8 @@ func TestStreamOutageUnmetIsForgotten(t *testing.T) {
 		o.checked = time.Now().Add(time.Hour)
 	}
 	r.outages.mu.Unlock()
-	if err := r.knownOutage(context.Background(), "gone.x"); !errors.Is(err, ErrStreamUnavailable) {
-		t.Fatalf("knownOutage(gone.x) = %v, want ErrStreamUnavailable", err)
+	if err := r.knownOutage(context.Background(), "gone.x"); !errors.Is(err, errStreamUnavailable) {
+		t.Fatalf("knownOutage(gone.x) = %v, want errStreamUnavailable", err)
 	}
 	r.syncStreamGauge()
 	// ORDERS is known (the start check learnt it): shown available; GONE is still held.

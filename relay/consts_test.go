@@ -13,9 +13,9 @@ func TestLastErrorMaxBytesIsTheStores(t *testing.T) {
 	}
 }
 
-// ErrStreamUnavailable's documentation states the grace in words: "three publish waves".
-func TestErrStreamUnavailableStatesTheGrace(t *testing.T) {
+// errStreamUnavailable's documentation states the grace in words: "three publish waves".
+func TestStreamUnavailableStatesTheGrace(t *testing.T) {
 	if leaderGraceWaves != 3 {
-		t.Fatalf("leaderGraceWaves is %d; ErrStreamUnavailable's doc says three publish waves", leaderGraceWaves)
+		t.Fatalf("leaderGraceWaves is %d; errStreamUnavailable's doc says three publish waves", leaderGraceWaves)
 	}
 }

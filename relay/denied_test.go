@@ -330,7 +330,7 @@ func TestTimeoutsWhileTheLeaderAnswersAreBounded(t *testing.T) {
 	r.unwatch()
 	ctx := context.Background()
 	testsvc.Eventually(t, 60*time.Second, "the denied rows to fail", func() bool {
-		if _, err := r.runOnce(ctx); err != nil && !errors.Is(err, ErrNoPartitions) && !errors.Is(err, ErrStreamUnavailable) {
+		if _, err := r.runOnce(ctx); err != nil && !errors.Is(err, errNoPartitions) && !errors.Is(err, errStreamUnavailable) {
 			t.Fatalf("runOnce: %v", err)
 		}
 		r.askOutages(ctx)
@@ -356,7 +356,7 @@ func TestTimeoutsWhileTheLeaderAnswersAreBounded(t *testing.T) {
 	// The retry: a message-level failure at once, no outage again; dead after MaxAttempts.
 	e.retryNow()
 	testsvc.Eventually(t, 30*time.Second, "the denied rows to be dead", func() bool {
-		if _, err := r.runOnce(ctx); err != nil && !errors.Is(err, ErrNoPartitions) && !errors.Is(err, ErrStreamUnavailable) {
+		if _, err := r.runOnce(ctx); err != nil && !errors.Is(err, errNoPartitions) && !errors.Is(err, errStreamUnavailable) {
 			t.Fatalf("runOnce: %v", err)
 		}
 		return e.count(deniedRows+" AND state = 'dead'") == 3

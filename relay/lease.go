@@ -319,7 +319,7 @@ func (l *leaser) acquireGen(ctx context.Context) (*pgx.Conn, []int32, uint64, er
 		if l.handedOver {
 			return nil, nil, 0, errHandedOver
 		}
-		return nil, nil, 0, ErrNoPartitions
+		return nil, nil, 0, errNoPartitions
 	}
 	return l.conn, l.held, l.gen, nil
 }
@@ -684,7 +684,7 @@ func memberInterval(m store.RelayMember, def time.Duration) time.Duration {
 }
 
 // errHandedOver: the relay handed its partitions over (its NATS connection is down).
-var errHandedOver = fmt.Errorf("%w: this relay's NATS connection is down; its partitions are handed over", ErrBrokerUnavailable)
+var errHandedOver = fmt.Errorf("%w: this relay's NATS connection is down; its partitions are handed over", errBrokerUnavailable)
 
 // handoverLocked hands the relay's partitions over when its own NATS connection has been down
 // for Config.HandoverAfter while it had messages to publish (their messages would wait for it

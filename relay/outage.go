@@ -23,12 +23,13 @@ import (
 // last_error), its keys are held, and the rows of the other streams go on. See
 // explainFailures for how the relay tells it from "no stream captures this subject".
 
-// ErrStreamUnavailable: a stream capturing rows' subjects has no leader (an election is under
+// errStreamUnavailable: a stream capturing rows' subjects has no leader (an election is under
 // way), or its leader just changed (its publishes time out while its info answers with a
 // leader: at most three publish waves in a row for one leader), while JetStream
 // itself answers. Its rows are left as they are, no attempt counted, and published once it
-// acknowledges again; the other streams' rows go on.
-var ErrStreamUnavailable = errors.New("relay: stream unavailable")
+// acknowledges again; the other streams' rows go on. Never returned to a caller: the run
+// loop waits it out, and the gauge txoutbox_relay_stream_unavailable{stream} shows it.
+var errStreamUnavailable = errors.New("relay: stream unavailable")
 
 // streamOutageError is the outcome of a row whose stream is unavailable: its publish met the
 // outage (sent), or it was not sent for an outage already known.
@@ -38,10 +39,10 @@ type streamOutageError struct {
 }
 
 func (e *streamOutageError) Error() string {
-	return fmt.Sprintf("%v: stream %q (capturing %q) %s", ErrStreamUnavailable, e.stream, e.subject, e.reason)
+	return fmt.Sprintf("%v: stream %q (capturing %q) %s", errStreamUnavailable, e.stream, e.subject, e.reason)
 }
 
-func (e *streamOutageError) Unwrap() error { return ErrStreamUnavailable }
+func (e *streamOutageError) Unwrap() error { return errStreamUnavailable }
 
 // errJetStreamDown marks a publish outcome that is a broker outage: NATS or JetStream's API
 // did not answer the relay's questions about it.

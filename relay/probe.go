@@ -35,7 +35,7 @@ import (
 //     without a quorum of current replicas (see quorumOf: a leader whose followers are gone
 //     answers, and its publishes time out or get 10158 "duplicate message id is in process"
 //     when sent again), or answers with a leader (the leader just changed) → an outage of
-//     that stream (ErrStreamUnavailable):
+//     that stream (errStreamUnavailable):
 //     nothing counted, its rows left as they are, its keys held, the other streams' rows
 //     going on. The stream is remembered (streamOutages): its rows are not sent until its info
 //     answers with a leader that has its quorum again;

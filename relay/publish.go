@@ -25,7 +25,7 @@ type batchResult struct {
 	// brokerErr is the first broker-level error; rows it hit, and the later rows of their
 	// keys, are left untouched.
 	brokerErr error
-	// streamErr is the first ErrStreamUnavailable: rows of a stream without a leader, and
+	// streamErr is the first errStreamUnavailable: rows of a stream without a leader, and
 	// the later rows of their keys, are left untouched; the other rows go on.
 	streamErr error
 	// heldKeys maps the keys with a row that was not published (failed, left to a stream
@@ -130,7 +130,7 @@ func (r *Relay) publish(ctx context.Context, rows []store.Claimed, held map[stri
 					res.brokerErr = o.err
 				}
 				r.m.failures.WithLabelValues("broker").Inc()
-			case errors.Is(o.err, ErrStreamUnavailable):
+			case errors.Is(o.err, errStreamUnavailable):
 				// An outage of the row's stream: the row is left as it is (no attempt), its
 				// key is held, the other rows of the batch go on.
 				streamHit++

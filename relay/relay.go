@@ -54,12 +54,18 @@ var (
 	// be accepted and could never be published. The *StreamError wrapping it names the
 	// stream (none for the server), the setting and both limits.
 	ErrMessageLimit = errors.New("relay: message limit below the producers'")
-	// ErrBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
+)
+
+// The run loop's own outcomes, never returned by Run, CheckStreams or New: the loop waits
+// them out. A user sees them as the relay's Health and its metrics.
+var (
+	// errBrokerUnavailable: NATS or JetStream did not answer (a lost connection; PubAck
 	// timeouts that JetStream gives no other reason for). Rows are left
-	// as they are and retried; no attempt is counted.
-	ErrBrokerUnavailable = errors.New("relay: broker unavailable")
-	// ErrNoPartitions: the relay holds no partition lease (others hold them all).
-	ErrNoPartitions = errors.New("relay: no partition held")
+	// as they are and retried; no attempt is counted. Health: HealthNATSUnavailable.
+	errBrokerUnavailable = errors.New("relay: broker unavailable")
+	// errNoPartitions: the relay holds no partition lease (others hold them all). Health:
+	// HealthStandby.
+	errNoPartitions = errors.New("relay: no partition held")
 )
 
 // Relay publishes outbox rows. Create it with New and start it with Run.
@@ -402,7 +408,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			}
 			serr := r.finish(bctx, cur)
 			progressed = serr == nil
-			if serr != nil && nb != nil && !errors.Is(serr, ErrStreamUnavailable) {
+			if serr != nil && nb != nil && !errors.Is(serr, errStreamUnavailable) {
 				// The settle failed (its rows stay ready and are republished later); do not
 				// run ahead of it: finish what is in flight first.
 				<-nb.done
@@ -444,13 +450,13 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			r.setHealth(healthOK, nil)
 			wait, poll = poll, min(mulSat(2, poll), r.cfg.PollMax)
 			wait = r.capWait(wait) // wake when the next delayed message falls due
-		case errors.Is(err, ErrStreamUnavailable):
+		case errors.Is(err, errStreamUnavailable):
 			// A stream without a leader, and nothing else to publish: its rows wait (no
 			// attempt); look again soon, since an election usually takes seconds. Not a broker
 			// outage: health and the handover are left alone.
 			streamWait++
 			wait = backoff(streamWait, 50*time.Millisecond, outageRecheck, r.cfg.BackoffJitter)
-		case errors.Is(err, ErrNoPartitions):
+		case errors.Is(err, errNoPartitions):
 			r.setHealth(healthStandby, nil)
 			wait = r.cfg.LeaseInterval
 		case errors.Is(err, ErrPartitionMismatch):
@@ -540,7 +546,7 @@ func (r *Relay) finish(ctx context.Context, b *inflight) error {
 		return err
 	}
 	if b.res.brokerErr != nil {
-		return fmt.Errorf("%w: %v", ErrBrokerUnavailable, b.res.brokerErr)
+		return fmt.Errorf("%w: %v", errBrokerUnavailable, b.res.brokerErr)
 	}
 	if b.res.streamErr != nil && len(b.res.published) == 0 {
 		// Nothing went out: every row sent was of a stream without a leader (or held behind
@@ -757,7 +763,7 @@ var healthStates = [...]Health{HealthStarting, HealthOK, HealthStandby, HealthPo
 func (h healthState) String() string { return string(healthStates[h]) }
 
 func classifyHealth(err error) healthState {
-	if errors.Is(err, ErrBrokerUnavailable) {
+	if errors.Is(err, errBrokerUnavailable) {
 		return healthNATSDown
 	}
 	return healthPostgresDown

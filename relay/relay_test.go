@@ -109,12 +109,12 @@ func drain(t *testing.T, r *Relay) {
 	t.Helper()
 	for i := 0; i < 1000; i++ {
 		n, err := r.runOnce(context.Background())
-		if errors.Is(err, ErrNoPartitions) {
+		if errors.Is(err, errNoPartitions) {
 			// A relay closed just before may not have released its leases yet: its backend
 			// ends a moment after the client hangs up.
 			testsvc.Eventually(t, 10*time.Second, "the partitions of a relay closed before to be free", func() bool {
 				n, err = r.runOnce(context.Background())
-				return !errors.Is(err, ErrNoPartitions)
+				return !errors.Is(err, errNoPartitions)
 			})
 		}
 		if err != nil {
@@ -453,8 +453,8 @@ func TestNATSRestartWhileRowsWait(t *testing.T) {
 	e.nats.Stop()
 	// With NATS gone a batch fails as a broker outage: nothing settled, no attempt counted.
 	_, err := r.runOnce(context.Background())
-	if !errors.Is(err, ErrBrokerUnavailable) {
-		t.Fatalf("runOnce with NATS down = %v, want ErrBrokerUnavailable", err)
+	if !errors.Is(err, errBrokerUnavailable) {
+		t.Fatalf("runOnce with NATS down = %v, want errBrokerUnavailable", err)
 	}
 	if n := e.count("state = 'ready' AND attempts = 0"); n != 100 {
 		t.Fatalf("%d untouched ready rows, want 100", n)
@@ -660,8 +660,8 @@ func TestStandbyTakesOverPartitions(t *testing.T) {
 	if got := len(a.Partitions()); got != 4 {
 		t.Fatalf("a holds %d partitions, want 4", got)
 	}
-	if _, err := b.runOnce(context.Background()); !errors.Is(err, ErrNoPartitions) {
-		t.Fatalf("b.runOnce = %v, want ErrNoPartitions while a holds everything", err)
+	if _, err := b.runOnce(context.Background()); !errors.Is(err, errNoPartitions) {
+		t.Fatalf("b.runOnce = %v, want errNoPartitions while a holds everything", err)
 	}
 	e.enqueue(outbox.Message{Subject: "orders.created", Key: "x"}, outbox.Message{Subject: "orders.created", Key: "y"})
 	a.Close() // a dies: its session, and its leases, end

@@ -166,7 +166,7 @@ func TestScheduledFailureHoldsBackItsKey(t *testing.T) {
 	// A publish without a stream counts as a failed attempt once the relay has told "no
 	// stream" from an outage.
 	testsvc.Eventually(t, 20*time.Second, "the promoted message without a stream to fail", func() bool {
-		if _, err := r.runOnce(context.Background()); err != nil && !errors.Is(err, ErrBrokerUnavailable) {
+		if _, err := r.runOnce(context.Background()); err != nil && !errors.Is(err, errBrokerUnavailable) {
 			t.Fatal(err)
 		}
 		return e.count("state IN ('ready', 'dead') AND attempts > 0 AND message_id = $1", a[0]) == 1
