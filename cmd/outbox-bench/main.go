@@ -1,5 +1,7 @@
-// Command outbox-bench runs txoutbox's shared yardstick (README, "Performance"): `outbox-bench drain|latency|idle|consume` against DATABASE_URL and NATS_URL, or
-// embedded services when they are unset. Each scenario checks that nothing was lost or
+// Command outbox-bench runs txoutbox's shared yardstick (README, "Performance"):
+// `outbox-bench drain|latency|idle|consume|scheduled|soak|history` against DATABASE_URL and
+// NATS_URL, or embedded services when they are unset (`drain --relays 1,2,3` measures the
+// scale-out over several relay processes). Each scenario checks that nothing was lost or
 // duplicated, exits non-zero if something was, and prints one final line of key=value pairs.
 // Run `outbox-bench --help` for the scenarios and their flags.
 package main
