@@ -48,7 +48,12 @@ func (s *Server) message(w http.ResponseWriter, r *http.Request) {
 		Headers []string
 		Bytes   int
 		Dead    bool
-	}{M: m, Age: status.Age(time.Since(m.CreatedAt).Seconds(), 1), Headers: names, Bytes: len(m.Payload), Dead: m.State == store.StateDead}
+		// The commands that act on the row, with --schema unless the outbox is in the default.
+		Requeue, Purge, Show string
+	}{M: m, Age: status.Age(time.Since(m.CreatedAt).Seconds(), 1), Headers: names, Bytes: len(m.Payload), Dead: m.State == store.StateDead,
+		Requeue: status.Command(s.cfg.Schema, "relay dead requeue --id", id.String()),
+		Purge:   status.Command(s.cfg.Schema, "relay dead purge --id", id.String()),
+		Show:    status.Command(s.cfg.Schema, "relay dead show", id.String())}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := messageTmpl.Execute(w, d); err != nil {
@@ -82,8 +87,8 @@ td{padding:6px 0}
 </table></section>
 {{if .Dead}}<section><p>A dead row is never published on its own, and the later messages of its key wait behind it.
 Fix the cause, then:</p>
-<p><code>relay dead requeue --id {{.M.MessageID}}</code> &nbsp;(it goes out before the rest of its key), or<br>
-<code>relay dead purge --id {{.M.MessageID}}</code> &nbsp;(deleted for good; the rest of its key goes out).</p>
-<p class="muted"><code>relay dead show {{.M.MessageID}}</code> prints the headers and the payload (this page has no authentication, so it does not).</p></section>{{end}}
+<p><code>{{.Requeue}}</code> &nbsp;(it goes out before the rest of its key), or<br>
+<code>{{.Purge}}</code> &nbsp;(deleted for good; the rest of its key goes out).</p>
+<p class="muted"><code>{{.Show}}</code> prints the headers and the payload (this page has no authentication, so it does not).</p></section>{{end}}
 <p class="muted"><a href="/">Back to the status page</a></p>
 </main></body></html>`))

@@ -62,6 +62,10 @@ type Config struct {
 	// Message returns one outbox row for /messages/{message id} (the page the blocked keys
 	// link their dead rows to), or store.ErrNoRow. Defaults to none (404).
 	Message func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error)
+	// Schema is the schema of the outbox Message reads: the commands the message page
+	// suggests name it (--schema) unless it is the default. The status page takes the
+	// snapshot's.
+	Schema string
 	// CacheTTL: snapshots are reused for this long, so that reloading the page does not
 	// load the database. Defaults to 2s.
 	CacheTTL time.Duration

@@ -146,6 +146,7 @@ func pageEnv(t *testing.T) (srv *Server, snap *status.Snapshot, deadID uuid.UUID
 		Message: func(ctx context.Context, id uuid.UUID) (*store.MessageDetail, error) {
 			return q.Message(ctx, db.Pool, id)
 		},
+		Schema: db.Schema,
 		Self: func() Self {
 			// About 300 messages a second, in waves: the throughput graph has a shape.
 			calls.Add(1)
@@ -188,7 +189,10 @@ func TestStatusPageAndJSON(t *testing.T) {
 		// the fleet: both relays, their version, health, NATS state and throughput
 		"v1.4.0", "v1.3.2", `<span class="pill good">CONNECTED</span>`, `<span class="pill poor">RECONNECTING</span>`,
 		`<span class="pill poor">nats_unavailable</span>`, ">312.4/s<", ">0.2/s<", "relay relay-y: its NATS connection is RECONNECTING",
-		"Fleet throughput", ">312.6/s<"} {
+		"Fleet throughput", ">312.6/s<",
+		// the commands it suggests act on this outbox, outside the default schema: --schema
+		"relay dead requeue --id ID --schema " + snap.Schema, "relay dead purge --id ID --schema " + snap.Schema,
+		"relay dead show ID --schema " + snap.Schema} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
 		}
@@ -200,7 +204,8 @@ func TestStatusPageAndJSON(t *testing.T) {
 	// The dead row's page: what an operator needs to decide, never the payload or header values.
 	msg, code := testsvc.HTTPGet(t, base+"/messages/"+deadID.String())
 	for _, want := range []string{deadID.String(), "orders.paid", "order-7", "dead", "nats: maximum payload exceeded",
-		"relay dead requeue --id " + deadID.String(), "relay dead purge --id " + deadID.String(), "1 bytes"} {
+		"relay dead requeue --id " + deadID.String() + " --schema " + snap.Schema, "relay dead purge --id " + deadID.String() + " --schema " + snap.Schema,
+		"relay dead show " + deadID.String() + " --schema " + snap.Schema, "1 bytes"} {
 		if code != 200 || !strings.Contains(msg, want) {
 			t.Errorf("/messages/%s = %d, lacks %q:\n%s", deadID, code, want, msg)
 		}
@@ -225,6 +230,28 @@ func TestStatusPageAndJSON(t *testing.T) {
 	}
 	if js.Self.Name != "relay-x" {
 		t.Errorf("/status.json self.name = %q", js.Self.Name)
+	}
+	// Every command /status.json suggests (its problems and panel notes) names the schema.
+	var cmds []string
+	for _, text := range append(append([]string{}, js.Snapshot.Problems...), func() (notes []string) {
+		for _, p := range js.Snapshot.Panels {
+			notes = append(notes, p.Note)
+		}
+		return notes
+	}()...) {
+		for _, part := range strings.Split(text, "relay ")[1:] {
+			for _, cmd := range []string{"dead ", "prepared ", "scheduled "} {
+				if strings.HasPrefix(part, cmd) {
+					cmds = append(cmds, "relay "+part)
+					if !strings.Contains(part, "--schema "+snap.Schema) {
+						t.Errorf("/status.json suggests a command without --schema %s: %q", snap.Schema, text)
+					}
+				}
+			}
+		}
+	}
+	if len(cmds) < 3 {
+		t.Errorf("/status.json suggests %d commands, want the dead rows', the scheduled panel's and more: %q", len(cmds), cmds)
 	}
 	// snake_case keys everywhere, and no null where a list is empty.
 	var doc any

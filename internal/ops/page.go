@@ -88,6 +88,9 @@ type pageData struct {
 	Panels   []panelView
 	Problems []string
 	BarMax   int
+	// The commands the blocked keys' note suggests, with --schema unless the outbox is in the
+	// default.
+	Requeue, Purge string
 }
 
 const barMaxPx = 320
@@ -183,6 +186,8 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 			d.Panels = append(d.Panels, v)
 		}
 		d.Problems = snap.Problems
+		d.Requeue = status.Command(snap.Schema, "relay dead requeue --id", "ID")
+		d.Purge = status.Command(snap.Schema, "relay dead purge --id", "ID")
 	} else {
 		d.Cards = append(d.Cards, card{Label: "Throughput", Value: fmt.Sprintf("%.1f/s", tput), Sub: "published by this relay, last minute"})
 	}
@@ -285,7 +290,7 @@ code{font-size:12px}
 <table><tr><th>Key</th><th>Ready rows held back</th><th>Behind dead row</th><th>Subject</th><th>Attempts</th><th>Enqueued</th><th>Last error</th></tr>
 {{range $.Blocked}}<tr><td><code>{{.Key}}</code></td><td class="num">{{.Ready}}</td><td><a href="/messages/{{.DeadID}}"><code>{{.DeadID}}</code></a></td><td>{{.Subject}}</td><td class="num">{{.Attempts}}</td><td>{{.Since}} ago</td><td class="lasterr">{{.LastError}}</td></tr>
 {{end}}</table>
-<p class="muted">The relay publishes a key's messages in order, so the ready rows of a key wait while an earlier row of the key is dead. Fix the cause, then <code>relay dead requeue --id ID</code> (it goes out first) or <code>relay dead purge --id ID</code>.</p></section>{{end}}
+<p class="muted">The relay publishes a key's messages in order, so the ready rows of a key wait while an earlier row of the key is dead. Fix the cause, then <code>{{$.Requeue}}</code> (it goes out first) or <code>{{$.Purge}}</code>.</p></section>{{end}}
 {{end}}
 {{range .Panels}}<section><h2>{{.Title}}</h2><table><tr>{{range .Columns}}<th>{{.}}</th>{{end}}</tr>
 {{range .Lines}}<tr{{if .Flagged}} class="flagged"{{end}}>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>{{end}}</table>{{if .Note}}<p class="muted">{{.Note}}</p>{{end}}</section>{{end}}

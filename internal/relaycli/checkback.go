@@ -185,7 +185,7 @@ func checkbackCmd(ctx context.Context, env *Env, args []string) error {
 	if metricsAddr != "" && !once {
 		cfg.Registerer = reg
 		// Served from the start: /healthz answers and /readyz says what the check-back waits for.
-		srv, t, err := startOpsEarly(metricsAddr, reg, "", waiting, log)
+		srv, t, err := startOpsEarly(metricsAddr, reg, "", schema, waiting, log)
 		if err != nil {
 			return err
 		}

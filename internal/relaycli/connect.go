@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/redact"
+	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -601,7 +602,8 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err != nil {
 		return fmt.Errorf("read the schema version: %w", err)
 	}
-	v, src := 0, "nothing: no version table of txoutbox, golang-migrate or goose in the schema"
+	const nothing = "nothing: no version table of txoutbox, golang-migrate or goose in the schema"
+	v, src := 0, nothing
 	for _, s := range st {
 		if s.Applied {
 			v = s.Version
@@ -609,6 +611,12 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		if s.Source != "" {
 			src = s.Source
 		}
+	}
+	if v == 0 && src == nothing {
+		// No outbox at all: most likely the wrong schema (an outbox outside public, and a
+		// command run without --schema), not one to create.
+		return fmt.Errorf("schema %q has no outbox (read from %s): if the outbox is in another schema, give it with --schema "+
+			"(or TXOUTBOX_SCHEMA); to create one here, %s", schema, src, upgradeAdvice(src, schema, v, m.Latest()))
 	}
 	if v < m.Latest() {
 		return fmt.Errorf("schema %q is at migration version %d (read from %s) but this relay needs %d: %s", schema, v, src, m.Latest(), upgradeAdvice(src, schema, v, m.Latest()))
@@ -634,7 +642,7 @@ func upgradeAdvice(src, schema string, v, latest int) string {
 	case strings.HasPrefix(src, "goose's "):
 		return fmt.Sprintf("apply this binary's migrations with goose (`relay migrate export --format goose`, then `goose ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
 	}
-	return fmt.Sprintf("run `relay migrate up --schema %s` (or apply migrations/ with your deploy tool)", schema)
+	return fmt.Sprintf("run `%s` (or apply migrations/ with your deploy tool)", status.Command(schema, "relay migrate up"))
 }
 
 // optionsSetJIT reports whether a connection's options parameter sets jit itself

@@ -126,14 +126,15 @@ func (t *opsTarget) attachMessages(c *conns, schema string) {
 	t.mu.Unlock()
 }
 
-// startOpsEarly starts the operations listener of a command that has not connected yet:
+// startOpsEarly starts the operations listener of a command (on the outbox in schema) that has not connected yet:
 // /metrics serves reg, /healthz answers 200, /readyz 503 with what the command waits for (from
 // waiting) until attach. name, when set, is the process's name on the status page (which then
 // shows the process itself, as a relay's does).
-func startOpsEarly(addr string, reg *prometheus.Registry, name string, waiting *waitState, log *slog.Logger) (*ops.Server, *opsTarget, error) {
+func startOpsEarly(addr string, reg *prometheus.Registry, name, schema string, waiting *waitState, log *slog.Logger) (*ops.Server, *opsTarget, error) {
 	t := &opsTarget{name: name, waiting: waiting}
 	cfg := &ops.Config{
 		Addr:     addr,
+		Schema:   schema,
 		Gatherer: reg,
 		Logger:   log,
 		Ready: func(ctx context.Context) []string {

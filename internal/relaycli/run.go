@@ -216,7 +216,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
 		cfg.Registerer = reg
 		// Served from the start: /healthz answers and /readyz says what the relay waits for.
-		srv, t, err := startOpsEarly(f.metricsAddr, reg, cfg.WithDefaults().ID, waiting, log)
+		srv, t, err := startOpsEarly(f.metricsAddr, reg, cfg.WithDefaults().ID, f.schema, waiting, log)
 		if err != nil {
 			return err
 		}

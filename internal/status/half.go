@@ -51,7 +51,7 @@ func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot
 		}
 	}
 	if exhausted {
-		t.Note = "check_exhausted rows wait for you: relay prepared list --state check_exhausted, then resume, commit or rollback"
+		t.Note = "check_exhausted rows wait for you: " + Command(q.Schema, "relay prepared list --state check_exhausted") + ", then resume, commit or rollback"
 	}
 	return t, nil
 }

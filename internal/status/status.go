@@ -234,9 +234,9 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 	switch {
 	case len(s.Blocked) > 0:
 		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows: %d ready rows of %s wait behind them (see Blocked keys); "+
-			"`relay dead show` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys")))
+			"`%s` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys"), Command(s.Schema, "relay dead show", "ID")))
 	case s.Totals.Dead > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `relay dead list`, then requeue or purge them", s.Totals.Dead))
+		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `%s`, then requeue or purge them", s.Totals.Dead, Command(s.Schema, "relay dead list")))
 	}
 	for _, r := range s.Relays {
 		if r.Alive && r.NATS != "" && r.NATS != "CONNECTED" {
@@ -244,7 +244,8 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		}
 	}
 	if s.Totals.CheckExhausted > 0 {
-		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `relay prepared list`", s.Totals.CheckExhausted))
+		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `%s`", s.Totals.CheckExhausted,
+			Command(s.Schema, "relay prepared list --state check_exhausted")))
 	}
 
 	s.Scheduled.CountExact = true // nothing scheduled until the panel counts
