@@ -25,7 +25,8 @@ func Command(schema string, words ...string) string {
 var shellSafe = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)
 
 // ShellQuote returns s as one word for a POSIX shell: as it is when it has only characters
-// no shell treats specially, else in single quotes (a single quote in s as '\'').
+// no shell treats specially, else in single quotes (a single quote in s closes them, is
+// escaped with a backslash and reopens them).
 func ShellQuote(s string) string {
 	if shellSafe.MatchString(s) {
 		return s
