@@ -5,10 +5,17 @@
 // The libraries depend on the OpenTelemetry API only: with no TracerProvider or propagator
 // configured they use the global ones (otel.GetTracerProvider, otel.GetTextMapPropagator),
 // which do nothing until the application sets them.
+//
+// Every text a span gets from outside the process (an error's text, a checker's reply, a
+// subject, a header value) goes through Text first, by String, Name, Fail and ErrorTypeOf:
+// OTLP encodes span names, attribute values and status descriptions as protobuf strings,
+// which must be valid UTF-8, and an exporter that meets one that is not fails the whole batch
+// it belongs to, the healthy spans exported with it included.
 package tracing
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"reflect"
 	"strconv"
@@ -22,6 +29,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 
 // ScopePrefix prefixes the instrumentation scope of each package's tracer
@@ -185,7 +194,7 @@ func Server(rawURL string) []attribute.KeyValue {
 	}
 	var attrs []attribute.KeyValue
 	if u, err := url.Parse(rawURL); err == nil && u.Hostname() != "" {
-		attrs = append(attrs, ServerAddress.String(u.Hostname()))
+		attrs = append(attrs, String(ServerAddress, u.Hostname()))
 		if p, err := strconv.Atoi(u.Port()); err == nil {
 			attrs = append(attrs, ServerPort.Int(p))
 		}
@@ -245,24 +254,66 @@ var (
 	OutcomeWaiting = "waiting"
 )
 
-// Fail marks span as failed with err, when err is not nil: an exception event (its text),
-// status error, and error.type typ, a low-cardinality class of the failure; with typ empty,
-// what the conventions fall back to (semconv.ErrorType: err's ErrorType method, else its
-// concrete type).
+// MaxText bounds, in bytes, every text a span gets from outside the process: an attribute
+// value, a status description, an event attribute, a span name. It is the bound of the
+// error texts the database stores (last_error), so a span says what the row says.
+const MaxText = 1024
+
+// Text returns s, which may come from outside the process, as a span can carry it and OTLP
+// can encode it: valid UTF-8 (invalid bytes become U+FFFD), no NUL byte (U+FFFD too), at most
+// MaxText bytes, cut on a character boundary and ending with "…" when cut. Text that already
+// is so comes back as it is, without a copy.
+func Text(s string) string { return safetext.Text(s, MaxText) }
+
+// String is the attribute k=v with v, which may come from outside the process, made safe by
+// Text.
+func String(k attribute.Key, v string) attribute.KeyValue { return k.String(Text(v)) }
+
+// Name is the span name "{operation} {destination}" (destination may come from outside the
+// process: it is made safe by Text), or operation alone when destination is empty.
+func Name(operation, destination string) string {
+	if destination == "" {
+		return operation
+	}
+	return Text(operation + " " + destination)
+}
+
+// Fail marks span as failed with err, when err is not nil: an exception event (err's type and
+// text), status error with err's text, and error.type typ, a low-cardinality class of the
+// failure; with typ empty, what the conventions fall back to (semconv.ErrorType: err's
+// ErrorType method, else its concrete type). err's text goes through Text: it may quote a
+// handler, a checker, the database or the broker.
+//
+// The exception event is the one span.RecordError would add (same name and attributes), made
+// here so that its exception.message is the safe text too.
 func Fail(span trace.Span, err error, typ string) {
 	if err == nil || !span.IsRecording() {
 		return
 	}
-	span.RecordError(err)
-	span.SetStatus(codes.Error, err.Error())
+	msg := Text(err.Error())
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+		semconv.ExceptionType(Text(typeName(err))),
+		semconv.ExceptionMessage(msg),
+	))
+	span.SetStatus(codes.Error, msg)
 	span.SetAttributes(ErrorTypeOf(err, typ))
 }
 
+// typeName is err's type as span.RecordError names it in exception.type.
+func typeName(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String()
+	}
+	return fmt.Sprintf("%s.%s", t.PkgPath(), t.Name())
+}
+
 // ErrorTypeOf is the error.type attribute of err: typ, or with typ empty semconv.ErrorType's
-// fallback (err's ErrorType method, else its concrete type).
+// fallback (err's ErrorType method, else its concrete type), made safe by Text (an ErrorType
+// method may return anything).
 func ErrorTypeOf(err error, typ string) attribute.KeyValue {
 	if typ != "" {
-		return ErrorType.String(typ)
+		return String(ErrorType, typ)
 	}
-	return semconv.ErrorType(err)
+	return String(ErrorType, semconv.ErrorType(err).Value.AsString())
 }
