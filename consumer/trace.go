@@ -81,20 +81,34 @@ func (it *item) spanCtx(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, it.span)
 }
 
-// messageAttrs are the attributes of a process span about one message.
+// messageAttrs are the attributes of a process span about one message. Every text from the
+// message (its subject, its Nats-Msg-Id, its stream) goes through tracing's sanitizer: any
+// publisher may have sent it. A message without a Nats-Msg-Id (its idempotency key is its
+// Txoutbox-Biz-Key) has no messaging.message.id.
 func (c *Consumer) messageAttrs(it *item) []attribute.KeyValue {
-	return []attribute.KeyValue{
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs,
 		tracing.SystemNATS,
 		tracing.OperationProcess,
 		tracing.OperationName.String("process"),
-		tracing.Destination.String(it.msg.Subject),
-		tracing.ConsumerGroup.String(c.cfg.Durable),
-		tracing.MessageID.String(it.msg.ID),
+		tracing.String(tracing.Destination, it.msg.Subject),
+		tracing.String(tracing.ConsumerGroup, c.cfg.Durable),
+	)
+	attrs = appendMessageID(attrs, it)
+	return append(attrs,
 		tracing.BodySize.Int(len(it.msg.Data)),
-		tracing.StreamName.String(it.msg.Stream),
+		tracing.String(tracing.StreamName, it.msg.Stream),
 		tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)),
 		tracing.Delivery.Int(it.attempt()),
+	)
+}
+
+// appendMessageID appends it's messaging.message.id (its Nats-Msg-Id) to attrs, if it has one.
+func appendMessageID(attrs []attribute.KeyValue, it *item) []attribute.KeyValue {
+	if it.msg.ID == "" {
+		return attrs
 	}
+	return append(attrs, tracing.String(tracing.MessageID, it.msg.ID))
 }
 
 // serverAttrs are server.address and server.port of the NATS server the consumer is
@@ -119,7 +133,7 @@ func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Conte
 			if sc := trace.SpanContextFromContext(pctx); sc.IsValid() && sc.IsRemote() {
 				opts = append(opts, trace.WithLinks(tracing.CreationLink(sc)))
 			}
-			_, span := c.trace.t.Start(pctx, "process "+it.msg.Subject, opts...)
+			_, span := c.trace.t.Start(pctx, tracing.Name("process", it.msg.Subject), opts...)
 			if span.IsRecording() {
 				span.SetAttributes(c.messageAttrs(it)...)
 				span.SetAttributes(c.serverAttrs()...)
@@ -141,27 +155,21 @@ func (c *Consumer) startSpans(ctx context.Context, batch []*item) (context.Conte
 		if !sc.IsValid() {
 			continue
 		}
-		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
-			tracing.MessageID.String(it.msg.ID),
-			tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)),
-		}})
+		la := appendMessageID(make([]attribute.KeyValue, 0, 2), it)
+		links = append(links, trace.Link{SpanContext: sc, Attributes: append(la, tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)))})
 	}
-	name := "process"
-	if subject != "" {
-		name += " " + subject
-	}
-	ctx, span := c.trace.t.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
+	ctx, span := c.trace.t.Start(ctx, tracing.Name("process", subject), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...))
 	if span.IsRecording() {
 		attrs := []attribute.KeyValue{
 			tracing.SystemNATS,
 			tracing.OperationProcess,
 			tracing.OperationName.String("process"),
-			tracing.ConsumerGroup.String(c.cfg.Durable),
-			tracing.StreamName.String(c.cfg.Stream),
+			tracing.String(tracing.ConsumerGroup, c.cfg.Durable),
+			tracing.String(tracing.StreamName, c.cfg.Stream),
 			tracing.BatchCount.Int(len(batch)),
 		}
 		if subject != "" {
-			attrs = append(attrs, tracing.Destination.String(subject))
+			attrs = append(attrs, tracing.String(tracing.Destination, subject))
 		}
 		span.SetAttributes(attrs...)
 		span.SetAttributes(c.serverAttrs()...)
@@ -197,9 +205,11 @@ func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []resul
 			if results[i].outcome == outcomeProcessed {
 				continue
 			}
-			attrs := []attribute.KeyValue{tracing.MessageID.String(it.msg.ID), tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)), tracing.Outcome.String(name)}
+			attrs := appendMessageID(make([]attribute.KeyValue, 0, 5), it)
+			attrs = append(attrs, tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)), tracing.Outcome.String(name))
 			if err := results[i].err; err != nil {
-				attrs = append(attrs, tracing.ErrorTypeOf(err, errorType(results[i])), tracing.ErrorText.String(err.Error()))
+				// The handler's text, as the exception event of a process span has it.
+				attrs = append(attrs, tracing.ErrorTypeOf(err, errorType(results[i])), tracing.String(tracing.ErrorText, err.Error()))
 			}
 			batchSpan.AddEvent("message "+name, trace.WithAttributes(attrs...))
 		}
@@ -218,7 +228,7 @@ func (c *Consumer) endSpans(batchSpan trace.Span, batch []*item, results []resul
 func (c *Consumer) traceDeadLetter(ctx context.Context, it *item, h map[string][]string) {
 	ctx = it.spanCtx(ctx)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.AddEvent("dead-lettered", trace.WithAttributes(tracing.Destination.String(c.cfg.DeadLetterSubject)))
+		span.AddEvent("dead-lettered", trace.WithAttributes(tracing.String(tracing.Destination, c.cfg.DeadLetterSubject)))
 	}
 	p := c.trace.p
 	if tracing.HasAny(h, p.Fields()) && tracing.Extract(p, h).IsValid() {
