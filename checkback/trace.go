@@ -35,15 +35,15 @@ func (ct *checkTracer) startCheck(ctx context.Context, r store.HalfRow, prefix s
 			ctx = tracing.ExtractContext(ctx, ct.p, h)
 		}
 	}
-	ctx, span := ct.t.Start(ctx, "check "+r.Group, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := ct.t.Start(ctx, tracing.Name("check", r.Group), trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
 			tracing.OperationSend,
 			tracing.OperationName.String("check"),
-			tracing.Destination.String(checker.Subject(prefix, r.Group)),
+			tracing.String(tracing.Destination, checker.Subject(prefix, r.Group)),
 			tracing.MessageID.String(r.MessageID.String()),
-			tracing.Group.String(r.Group),
+			tracing.String(tracing.Group, r.Group),
 			tracing.CheckNumber.Int(int(r.CheckCount)+1),
 		)
 	}
@@ -51,7 +51,8 @@ func (ct *checkTracer) startCheck(ctx context.Context, r store.HalfRow, prefix s
 }
 
 // endCheck ends a check span with its outcome ("" when the check was abandoned: nothing is
-// counted).
+// counted). detail may quote the checker's reply (its Nats-Service-Error header), written by
+// a program in any language: tracing.Fail makes it safe for the span.
 func endCheck(span trace.Span, outcome, detail string) {
 	if span.IsRecording() {
 		name := outcome

@@ -6,12 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txoutbox/txoutbox/internal/tracing"
+	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/checker"
 )
@@ -122,4 +125,67 @@ func TestCheckSpans(t *testing.T) {
 	if a := traceAttrs(served[1].Attributes); a["txoutbox.outcome"] != "commit" || a["messaging.message.id"] != half.ID.String() {
 		t.Errorf("second checker span: %v", a)
 	}
+}
+
+// Whatever a checker answers — written in any language: an error header with an invalid UTF-8
+// byte, a NUL or 200 KB, a reply that is none of the states — and whatever error a checker
+// made with checker.Serve returns, every check span (and the checker's own span) carries only
+// text an OTLP exporter can send: valid UTF-8, no NUL, at most tracing.MaxText bytes; all of
+// them go out through the OTLP/HTTP exporter in one batch.
+func TestCheckSpanTextsFromCheckersAreExportable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	hostile := tracingtest.HostileText()
+	answers := map[string]func(m *nats.Msg){
+		"errnul":   func(m *nats.Msg) { respondError(m, "db \x00 down") },
+		"errutf":   func(m *nats.Msg) { respondError(m, "bad \xff\xfe bytes") },
+		"errall":   func(m *nats.Msg) { respondError(m, hostile) },
+		"replyutf": func(m *nats.Msg) { _ = m.Respond([]byte("\xffMAYBE\x00")) },
+	}
+	var halves []outbox.Half
+	for group, f := range answers {
+		sub, err := e.nats.Conn.Subscribe(checker.Subject(DefaultSubjectPrefix, group), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		halves = append(halves, e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: group}))
+	}
+	srv, err := checker.Serve(e.nats.Conn, "served", func(context.Context, checker.Request) (outbox.LocalState, error) {
+		return outbox.StateUnknown, errors.New(hostile)
+	}, &checker.Config{Logger: testLogger(), Outbox: e.outbox(), TracerProvider: tp, Propagator: propagation.TraceContext{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	halves = append(halves, e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "served"}))
+
+	cfg := fastConfig()
+	cfg.TransactionTimeout = time.Hour // passed by back-dating the rows
+	cfg.TracerProvider, cfg.Propagator = tp, propagation.TraceContext{}
+	cb := e.checkback(cfg)
+	e.backdate(cfg.TransactionTimeout)
+	res := mustResolve(t, cb)
+	if n := res.Checks[OutcomeError] + res.Checks[OutcomeMalformed]; n != len(halves) {
+		t.Fatalf("checks %+v, want %d errors or malformed replies", res.Checks, len(halves))
+	}
+	var checks, served int
+	for _, s := range exp.GetSpans() {
+		switch s.InstrumentationScope.Name {
+		case tracing.ScopePrefix + "checkback":
+			checks++
+			if s.Status.Code.String() != "Error" || s.Status.Description == "" {
+				t.Errorf("check span %q: status %+v, want the error", s.Name, s.Status)
+			}
+		case tracing.ScopePrefix + "checker":
+			served++
+		}
+	}
+	if checks != len(halves) || served != 1 {
+		t.Fatalf("%d check spans and %d checker spans, want %d and 1", checks, served, len(halves))
+	}
+	tracingtest.RequireExportable(t, exp.GetSpans())
 }

@@ -21,14 +21,14 @@ type checkerTracer struct {
 // start starts the span of answering req; ctx is the server's.
 func (ct *checkerTracer) start(ctx context.Context, req micro.Request) (context.Context, trace.Span) {
 	ctx = tracing.ExtractContext(ctx, ct.p, req.Headers())
-	ctx, span := ct.t.Start(ctx, "check "+ct.group, trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := ct.t.Start(ctx, tracing.Name("check", ct.group), trace.WithSpanKind(trace.SpanKindServer))
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
 			tracing.OperationProcess,
 			tracing.OperationName.String("check"),
-			tracing.Destination.String(req.Subject()),
-			tracing.Group.String(ct.group),
+			tracing.String(tracing.Destination, req.Subject()), // any requester's
+			tracing.String(tracing.Group, ct.group),
 		)
 	}
 	return ctx, span
