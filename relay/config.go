@@ -139,8 +139,9 @@ type Config struct {
 
 	// DoorbellChannel, when set, makes the relay LISTEN on this Postgres channel too (see
 	// outbox.PostgresDoorbell). It costs one more connection. It must be valid UTF-8 of 1 to
-	// 63 bytes without a NUL byte: PostgreSQL would cut a longer name short for LISTEN while
-	// the producers' pg_notify on the full name fails. Defaults to "" (off).
+	// outbox.MaxDoorbellChannelLength (63) bytes without a NUL byte, as the producers'
+	// channel (outbox.ValidateDoorbellChannel): PostgreSQL would cut a longer name short for
+	// LISTEN while the producers' pg_notify on the full name fails. Defaults to "" (off).
 	DoorbellChannel string
 
 	// Subjects are the subjects (wildcards allowed) this relay is expected to serve. At start,
@@ -384,11 +385,9 @@ func (c *Config) validate() error {
 		return bad("ID", "%v", err)
 	}
 	if c.DoorbellChannel != "" {
-		if err := validText(c.DoorbellChannel); err != nil {
+		// The producers' rule (outbox.NewPostgresDoorbell refuses the same names).
+		if err := outbox.ValidateDoorbellChannel(c.DoorbellChannel); err != nil {
 			return bad("DoorbellChannel", "%v", err)
-		}
-		if len(c.DoorbellChannel) > maxChannelBytes {
-			return bad("DoorbellChannel", "is %d bytes, longer than PostgreSQL's %d-byte identifier limit (LISTEN would cut it short; the producers' pg_notify on it fails)", len(c.DoorbellChannel), maxChannelBytes)
 		}
 	}
 	if !c.DisableDoorbell {
@@ -408,10 +407,6 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
-
-// maxChannelBytes is PostgreSQL's identifier limit (NAMEDATALEN-1), which bounds a NOTIFY
-// channel's name.
-const maxChannelBytes = 63
 
 // validText reports whether s can be a PostgreSQL text value: valid UTF-8, no NUL byte.
 func validText(s string) error {

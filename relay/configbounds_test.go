@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // A field set alone, above the default of the field that must be at least it, is valid: the
@@ -117,6 +118,14 @@ func TestIDAndDoorbellChannelAreValidated(t *testing.T) {
 	} {
 		if err := ValidateConfig(cfg); err != nil {
 			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+	// One rule with the producers': every channel the relay refuses, they refuse, and back.
+	for _, ch := range []string{"", "bell", strings.Repeat("c", 63), strings.Repeat("c", 64), "bell\x00", "bell\xc3", strings.Repeat("é", 32)} {
+		relayErr := ValidateConfig(&Config{DoorbellChannel: ch})
+		producerErr := outbox.ValidateDoorbellChannel(ch)
+		if ch != "" && (relayErr == nil) != (producerErr == nil) {
+			t.Errorf("channel %q: relay %v, producers %v; want one rule", ch, relayErr, producerErr)
 		}
 	}
 	// The default ID, hostname:pid, is itself valid.
