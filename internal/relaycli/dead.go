@@ -234,21 +234,22 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	if err != nil && !errors.Is(err, errDryRun) {
 		return err
 	}
-	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[action]
-	if dryRun {
-		verb = "would be " + verb
-	}
-	if asJSON {
-		if changed == nil {
-			changed = []uuid.UUID{}
+	// Every id asked for by name (--id) that was not changed is a failure, with why: a typo,
+	// the wrong schema, a row no longer dead (requeued already) must not read as done.
+	res := changeResult{Action: action, DryRun: &dryRun, MessageIDs: changed}
+	for _, id := range unchanged(f.IDs, changed) {
+		why, err := whyUnchanged(ctx, c.Pool, q, id, []string{store.StateDead}, "dead")
+		if err != nil {
+			return err
 		}
-		return writeJSON(env, map[string]any{"action": action, "dry_run": dryRun, "message_ids": changed})
+		res.fail(id, why)
 	}
-	for _, id := range changed {
-		fmt.Fprintf(env.Stdout, "%s %s\n", verb, id)
+	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[action]
+	notVerb := "not " + verb
+	if dryRun {
+		verb, notVerb = "would be "+verb, "would not be "+verb
 	}
-	fmt.Fprintf(env.Stdout, "%d dead rows %s\n", len(changed), verb)
-	return nil
+	return res.write(env, asJSON, verb, "dead rows "+verb, notVerb)
 }
 
 var errDryRun = errors.New("dry run")

@@ -182,15 +182,19 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return err
 		}
-		res := settleResult{Action: action, MessageIDs: done}
-		for _, id := range notResumed(ids, done) {
-			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "not resumed: no such message, or not check_exhausted"})
+		res := changeResult{Action: action, MessageIDs: done}
+		for _, id := range unchanged(ids, done) {
+			why, err := whyUnchanged(ctx, c.Pool, q, id, []string{store.StateCheckExhausted}, "check_exhausted")
+			if err != nil {
+				return err
+			}
+			res.fail(id, why)
 		}
-		return res.write(env, asJSON, "resumed", "not resumed")
+		return res.write(env, asJSON, "resumed", "resumed", "not resumed")
 	}
 
 	commit := action == "commit"
-	res := settleResult{Action: action}
+	res := changeResult{Action: action}
 	for _, id := range ids {
 		var ok bool
 		var st string
@@ -201,19 +205,19 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		})
 		switch {
 		case errors.Is(err, store.ErrNoRow):
-			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "no such message"})
+			res.fail(id, reasonNoSuchMessage)
 		case err != nil:
 			return fmt.Errorf("%s %s: %w", action, id, err)
 		case !ok:
-			res.Failed = append(res.Failed, settleFailure{MessageID: id, Reason: "not settled, it is " + st})
+			res.fail(id, "not prepared or check_exhausted: it is "+st)
 		default:
 			res.MessageIDs = append(res.MessageIDs, id)
 		}
 	}
 	if commit {
-		return res.write(env, asJSON, "committed", "not settled")
+		return res.write(env, asJSON, "committed", "committed", "not committed")
 	}
-	return res.write(env, asJSON, "rolled back", "not settled")
+	return res.write(env, asJSON, "rolled back", "rolled back", "not rolled back")
 }
 
 // maxAdminLimit bounds --limit of relay dead, prepared and scheduled: a list is printed at
@@ -260,63 +264,6 @@ func refuseIgnored(s *settings, typed map[string]bool, action string, uses map[s
 // what no value of it does (no bound, or a default that depends on the action).
 func helpDefault(s *settings, name, text string) {
 	s.fs.Lookup(name).DefValue = text
-}
-
-// settleResult is what relay prepared resume, commit and rollback did: the ids changed
-// (message_ids, as relay dead requeue --json has them) and those that were not, with why.
-type settleResult struct {
-	Action     string          `json:"action"`
-	MessageIDs []uuid.UUID     `json:"message_ids"`
-	Failed     []settleFailure `json:"failed"`
-}
-
-type settleFailure struct {
-	MessageID uuid.UUID `json:"message_id"`
-	Reason    string    `json:"reason"`
-}
-
-// write prints r as one JSON object, or as text: a line per id changed ("committed ID"), a
-// count ("2 committed", also when it is 0) and, on stderr, a line per id not changed. It
-// returns an error (exit status 1) when an id was not changed.
-func (r settleResult) write(env *Env, asJSON bool, verb, notVerb string) error {
-	if r.MessageIDs == nil {
-		r.MessageIDs = []uuid.UUID{}
-	}
-	if r.Failed == nil {
-		r.Failed = []settleFailure{}
-	}
-	if asJSON {
-		if err := writeJSON(env, r); err != nil {
-			return err
-		}
-	} else {
-		for _, id := range r.MessageIDs {
-			fmt.Fprintf(env.Stdout, "%s %s\n", verb, id)
-		}
-		fmt.Fprintf(env.Stdout, "%d %s\n", len(r.MessageIDs), verb)
-		for _, f := range r.Failed {
-			fmt.Fprintf(env.Stderr, "%s: %s\n", f.MessageID, f.Reason)
-		}
-	}
-	if len(r.Failed) > 0 {
-		return fmt.Errorf("%d of %d messages %s", len(r.Failed), len(r.Failed)+len(r.MessageIDs), notVerb)
-	}
-	return nil
-}
-
-// notResumed returns the asked ids that were not resumed.
-func notResumed(asked, done []uuid.UUID) []uuid.UUID {
-	ok := map[uuid.UUID]bool{}
-	for _, id := range done {
-		ok[id] = true
-	}
-	var not []uuid.UUID
-	for _, id := range asked {
-		if !ok[id] {
-			not = append(not, id)
-		}
-	}
-	return not
 }
 
 // preparedRow is one element of relay prepared list --json: every field present.

@@ -36,7 +36,8 @@ never existed) is not cancelled: cancel says so and exits with status 1. Only --
 --schema are read from the environment: what to select or change is always typed. A setting
 the action would ignore is refused (--subject, --due-within and --limit go with list only,
 --biz-key with cancel), as are an empty --subject or --biz-key. --json prints a JSON array
-(list) or a JSON object (cancel: cancelled and not_cancelled, both always present).
+(list) or a JSON object (what cancel did, as relay dead requeue and relay prepared commit:
+{"action", "message_ids", "failed"}; a failed business key has a null message_id).
 `
 
 func scheduledCmd(ctx context.Context, env *Env, args []string) error {
@@ -183,7 +184,7 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		return nil
 	}
 
-	out := cancelResult{Cancelled: []uuid.UUID{}, NotCancelled: []notCancelled{}}
+	res := changeResult{Action: action}
 	if bizKey != "" {
 		// The producer's own call: the cancel, and the key's latest state when none was
 		// scheduled (a *outbox.ScheduleError).
@@ -200,15 +201,13 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		var se *outbox.ScheduleError
 		switch {
 		case errors.As(err, &se) && se.State == "":
-			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey,
-				Reason: "no message has this business key (never enqueued, or published and deleted)"})
+			res.Failed = append(res.Failed, changeFailure{Reason: fmt.Sprintf("business key %q: no message has it (never enqueued, or published and deleted)", bizKey)})
 		case errors.As(err, &se):
-			out.NotCancelled = append(out.NotCancelled, notCancelled{BizKey: bizKey, State: se.State,
-				Reason: "none is scheduled: the latest message of this business key is " + se.State})
+			res.Failed = append(res.Failed, changeFailure{Reason: fmt.Sprintf("business key %q: none is scheduled: its latest message is %s", bizKey, se.State)})
 		case err != nil:
 			return fmt.Errorf("cancel business key %q: %w", bizKey, err)
 		default:
-			out.Cancelled = append(out.Cancelled, got...)
+			res.MessageIDs = append(res.MessageIDs, got...)
 		}
 	}
 	seen := map[uuid.UUID]bool{}
@@ -226,46 +225,14 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		})
 		switch {
 		case errors.Is(err, store.ErrNoRow):
-			out.NotCancelled = append(out.NotCancelled, notCancelled{MessageID: id.String(), Reason: "no such message (never enqueued, or published and deleted)"})
+			res.fail(id, reasonNoSuchMessage)
 		case err != nil:
 			return fmt.Errorf("cancel %s: %w", id, err)
 		case !ok:
-			out.NotCancelled = append(out.NotCancelled, notCancelled{MessageID: id.String(), State: st, Reason: "not scheduled: it is " + st})
+			res.fail(id, "not scheduled: it is "+st)
 		default:
-			out.Cancelled = append(out.Cancelled, id)
+			res.MessageIDs = append(res.MessageIDs, id)
 		}
 	}
-	if asJSON {
-		if err := writeJSON(env, out); err != nil {
-			return err
-		}
-	} else {
-		for _, id := range out.Cancelled {
-			fmt.Fprintf(env.Stdout, "cancelled %s\n", id)
-		}
-		for _, n := range out.NotCancelled {
-			what := n.MessageID
-			if what == "" {
-				what = fmt.Sprintf("business key %q", n.BizKey)
-			}
-			fmt.Fprintf(env.Stderr, "%s: %s\n", what, n.Reason)
-		}
-	}
-	if len(out.NotCancelled) > 0 {
-		return fmt.Errorf("%d not cancelled", len(out.NotCancelled))
-	}
-	return nil
-}
-
-// cancelResult is relay scheduled cancel --json.
-type cancelResult struct {
-	Cancelled    []uuid.UUID    `json:"cancelled"`
-	NotCancelled []notCancelled `json:"not_cancelled"`
-}
-
-type notCancelled struct {
-	MessageID string `json:"message_id"`
-	BizKey    string `json:"biz_key"`
-	State     string `json:"state"`
-	Reason    string `json:"reason"`
+	return res.write(env, asJSON, "cancelled", "cancelled", "not cancelled")
 }

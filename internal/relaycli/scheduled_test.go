@@ -136,38 +136,40 @@ func TestScheduledCommands(t *testing.T) {
 	}
 	checkJSONConvention(t, "scheduled cancel --json", out)
 	var res struct {
-		Cancelled    []string `json:"cancelled"`
-		NotCancelled []struct {
-			MessageID string `json:"message_id"`
-			State     string `json:"state"`
-		} `json:"not_cancelled"`
+		Action     string   `json:"action"`
+		MessageIDs []string `json:"message_ids"`
+		Failed     []struct {
+			MessageID *string `json:"message_id"`
+			Reason    string  `json:"reason"`
+		} `json:"failed"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Cancelled) != 1 || res.Cancelled[0] != ids[1].String() || len(res.NotCancelled) != 1 || res.NotCancelled[0].MessageID != ids[3].String() || res.NotCancelled[0].State != "ready" {
+	if res.Action != "cancel" || len(res.MessageIDs) != 1 || res.MessageIDs[0] != ids[1].String() || len(res.Failed) != 1 ||
+		res.Failed[0].MessageID == nil || *res.Failed[0].MessageID != ids[3].String() || res.Failed[0].Reason != "not scheduled: it is ready" {
 		t.Fatalf("cancel --json = %s", out)
 	}
 	// By business key.
 	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y")
-	if code != 0 || !strings.Contains(out, "cancelled "+ids[2].String()) {
-		t.Fatalf("cancel --biz-key: exit %d, %s %s", code, out, errOut)
+	if code != 0 || out != "cancelled "+ids[2].String()+"\n1 cancelled\n" {
+		t.Fatalf("cancel --biz-key: exit %d, %q %s; want a line per message and the count", code, out, errOut)
 	}
 	// Again: nothing scheduled, and the key's latest state says why (as CancelBizKeyTx does).
 	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:2:remind:y", "--json")
 	var byKey struct {
-		Cancelled    []string `json:"cancelled"`
-		NotCancelled []struct {
-			BizKey string `json:"biz_key"`
-			State  string `json:"state"`
-		} `json:"not_cancelled"`
+		MessageIDs []string `json:"message_ids"`
+		Failed     []struct {
+			MessageID *string `json:"message_id"`
+			Reason    string  `json:"reason"`
+		} `json:"failed"`
 	}
-	if err := json.Unmarshal([]byte(out), &byKey); code != 1 || err != nil || len(byKey.Cancelled) != 0 || len(byKey.NotCancelled) != 1 ||
-		byKey.NotCancelled[0].State != "rolled_back" || byKey.NotCancelled[0].BizKey != "order:2:remind:y" {
+	if err := json.Unmarshal([]byte(out), &byKey); code != 1 || err != nil || len(byKey.MessageIDs) != 0 || len(byKey.Failed) != 1 ||
+		byKey.Failed[0].MessageID != nil || byKey.Failed[0].Reason != `business key "order:2:remind:y": none is scheduled: its latest message is rolled_back` {
 		t.Fatalf("second cancel --biz-key --json: exit %d, %s %s; want not cancelled, state rolled_back", code, out, errOut)
 	}
-	code, _, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:9:none")
-	if code != 1 || !strings.Contains(errOut, "no message has this business key") {
+	code, out, errOut = cliEnv(t, vars, "scheduled", "cancel", "--biz-key", "order:9:none")
+	if code != 1 || !strings.Contains(errOut, `business key "order:9:none": no message has it`) || out != "0 cancelled\n" {
 		t.Fatalf("cancel --biz-key of an unknown key: exit %d, %s", code, errOut)
 	}
 	// A key the producer would refuse is a usage error naming the setting, not "none scheduled".
