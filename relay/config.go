@@ -122,9 +122,10 @@ type Config struct {
 	// one outbox should use the same value. At least 10ms. Defaults to 2s.
 	LeaseInterval time.Duration
 
-	// HandoverAfter: once this relay's own NATS connection has been down this long while it
-	// had messages to publish, the relay hands its partitions to the relays that can still
-	// publish: it releases them and leaves the membership, then rejoins when its connection
+	// HandoverAfter: once this relay's own NATS connection has been down this long (whether
+	// or not it had messages to publish: it counts from the first failed publish, or from the
+	// first idle poll that found the connection down), the relay hands its partitions to the
+	// relays that can still publish: it releases them and leaves the membership, then rejoins when its connection
 	// is back and JetStream answers (it looks every lease round). A broker failing everyone
 	// with the connections up is no reason to hand over. It needs a connection that does not
 	// buffer publishes while it reconnects (nats.ReconnectBufSize(-1)); on any other, New

@@ -191,3 +191,53 @@ func TestOutageBackoffEndsWhenNATSReconnects(t *testing.T) {
 		t.Fatalf("published %s after NATS came back, want within a few hundred ms of the reconnect", d)
 	}
 }
+
+// An idle relay whose own NATS connection is down is not ready: its health says so without a
+// row to publish (the /readyz answer and the health gauge agree), its handover clock starts
+// then, and it is healthy again once the connection is back.
+func TestIdleRelayWithItsConnectionDownIsNotReady(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
+	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &recordLog{}
+	r, err := New(e.db.Pool, js, &Config{ID: "idle", Schema: e.db.Schema, Partitions: 4, LeaseInterval: 50 * time.Millisecond,
+		HandoverAfter: 300 * time.Millisecond, PollMin: 10 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		PublishTimeout: 200 * time.Millisecond, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testsvc.Eventually(t, 10*time.Second, "the relay to hold all 4 and be ok", func() bool {
+		return len(r.Partitions()) == 4 && r.Health() == HealthOK
+	})
+
+	proxy.cut() // nothing is enqueued: the relay has nothing to publish
+	testsvc.Eventually(t, 10*time.Second, "health nats_unavailable while idle", func() bool { return r.Health() == HealthNATSUnavailable })
+	testsvc.Eventually(t, 10*time.Second, "the idle relay to hand its partitions over", func() bool { return len(r.Partitions()) == 0 })
+	if n := logs.countMsg(slog.LevelWarn, "relay degraded; backing off and retrying"); n != 1 {
+		t.Fatalf("%d degraded lines, want 1 (one per state change)", n)
+	}
+	if e.count("true") != 0 {
+		t.Fatal("rows were enqueued: the test is about an idle relay")
+	}
+
+	proxy.restore(t)
+	testsvc.Eventually(t, 15*time.Second, "health ok with its partitions back", func() bool {
+		return r.Health() == HealthOK && len(r.Partitions()) == 4
+	})
+	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k"})
+	testsvc.Eventually(t, 10*time.Second, "the row published after the connection came back", func() bool { return e.count("true") == 0 })
+}

@@ -687,8 +687,8 @@ func memberInterval(m store.RelayMember, def time.Duration) time.Duration {
 var errHandedOver = fmt.Errorf("%w: this relay's NATS connection is down; its partitions are handed over", errBrokerUnavailable)
 
 // handoverLocked hands the relay's partitions over when its own NATS connection has been down
-// for Config.HandoverAfter while it had messages to publish (their messages would wait for it
-// while other relays can publish them), and rejoins once the connection is back and
+// for Config.HandoverAfter (their messages would wait for it while other relays can publish
+// them; an idle relay counts from the poll that found the connection down), and rejoins once the connection is back and
 // JetStream answers. A broker that fails everyone (JetStream down, a stream without quorum)
 // with the connection up is not a reason: handing over would only move the waiting. It
 // reports whether the relay is out of the shares (the round is over).

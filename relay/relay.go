@@ -447,7 +447,14 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		switch {
 		case err == nil:
 			outage, streamWait = 0, 0
-			r.setHealth(healthOK, nil)
+			if nc := r.pub.Conn(); !nc.IsConnected() {
+				// Nothing was due, but nothing could have been published either: an idle
+				// relay whose connection is down is not ready (/readyz, the health gauge), and
+				// the handover clock starts now, not at the first row that fails to go out.
+				r.setHealth(healthNATSDown, fmt.Errorf("%w: NATS connection %s", errBrokerUnavailable, nc.Status()))
+			} else {
+				r.setHealth(healthOK, nil)
+			}
 			wait, poll = poll, min(mulSat(2, poll), r.cfg.PollMax)
 			wait = r.capWait(wait) // wake when the next delayed message falls due
 		case errors.Is(err, errStreamUnavailable):
