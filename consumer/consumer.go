@@ -308,8 +308,8 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 
 // checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
 // needs, or the consumer's role cannot use it. A database that does not answer is not a
-// configuration error: the handlers wait for it like for any outage. A cancelled ctx is
-// returned, wrapped, and not logged.
+// configuration error: the handlers wait for it like for any outage. A done ctx (cancelled,
+// or past its deadline) is returned, wrapped, and not logged.
 func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	var err error
 	if c.sqlDB != nil {
@@ -330,7 +330,7 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
 	case errors.Is(err, store.ErrKeyOrderPrivileges):
 		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (relay migrate grants --role consumer)", ErrKeyOrderTable, c.cfg.Schema)
-	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+	case err != nil && ctx.Err() != nil: // stopped (cancelled, or its deadline passed): not the database's fault
 		return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
 	case err != nil:
 		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
