@@ -734,3 +734,85 @@ func TestAdminChangeConvention(t *testing.T) {
 	text([]string{"scheduled", "cancel", s[1].String()}, 0, "cancelled "+s[1].String()+"\n1 cancelled\n", nil)
 	text([]string{"scheduled", "cancel", s[1].String()}, 1, "0 cancelled\n", map[uuid.UUID]string{s[1]: "not scheduled: it is rolled_back"})
 }
+
+// relay dead list, prepared list and scheduled list share their rows' common fields (--json:
+// message_id, state, subject, key, attempts, created_at, last_error, payload_bytes, headers,
+// each list's own after them) and their text column headers' style (words separated by
+// spaces: MESSAGE ID, LAST ERROR). relay run --help and relay checkback --help give --nats-url
+// the default each uses when it is unset.
+func TestAdminListsShareRowFields(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testsvc.NewDB(t)
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TXOUTBOX_SCHEMA": db.Schema}
+	c, err := outbox.NewClient(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := map[string][]string{"Content-Type": {"application/json"}}
+	payload := []byte(`{"order":7}`)
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		ids, err = c.EnqueueTx(ctx, tx, outbox.Message{Subject: "orders.paid", Key: "o1", Payload: payload, Headers: headers},
+			outbox.Message{Subject: "orders.timeout", Key: "o2", Payload: payload, Headers: headers, DeliverAt: time.Now().Add(time.Hour)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'dead', attempts = 3, last_error = 'x' WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "orders.created", Key: "o3", Payload: payload, Headers: headers},
+		&outbox.PrepareOptions{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"message_id", "state", "subject", "key", "attempts", "created_at", "last_error", "payload_bytes", "headers"}
+	for _, c := range []struct {
+		list  string
+		id    uuid.UUID
+		state string
+		own   []string
+	}{
+		{"dead", ids[0], "dead", nil},
+		{"prepared", h.ID, "prepared", []string{"group", "mode", "checks", "next_check_at"}},
+		{"scheduled", ids[1], "scheduled", []string{"biz_key", "deliver_at", "due_at"}},
+	} {
+		code, out, errOut := cliEnv(t, vars, c.list, "list", "--json")
+		if code != 0 {
+			t.Fatalf("%s list --json: exit %d: %s", c.list, code, errOut)
+		}
+		l, ok := checkJSONConvention(t, c.list+" list --json", out).([]any)
+		if !ok || len(l) != 1 {
+			t.Fatalf("%s list --json is not an array of one row:\n%s", c.list, out)
+		}
+		row := l[0].(map[string]any)
+		var keys []string
+		for k := range row {
+			keys = append(keys, k)
+		}
+		want := append(append([]string{}, common...), c.own...)
+		slices.Sort(keys)
+		slices.Sort(want)
+		if !slices.Equal(keys, want) {
+			t.Errorf("%s list --json row keys %v, want %v", c.list, keys, want)
+		}
+		if row["message_id"] != c.id.String() || row["state"] != c.state || row["payload_bytes"] != float64(len(payload)) ||
+			fmt.Sprint(row["headers"]) != "map[Content-Type:[application/json]]" {
+			t.Errorf("%s list --json row = %v", c.list, row)
+		}
+		code, out, errOut = cliEnv(t, vars, c.list, "list")
+		head, _, _ := strings.Cut(out, "\n")
+		if code != 0 || !strings.HasPrefix(head, "MESSAGE ID ") || strings.Contains(head, "_") {
+			t.Errorf("%s list: exit %d, header %q; want MESSAGE ID first and words separated by spaces (%s)", c.list, code, head, errOut)
+		}
+	}
+	for _, cmd := range []string{"run", "checkback"} {
+		_, out, _ := cliEnv(t, nil, cmd, "--help")
+		_, after, _ := strings.Cut(out, "--nats-url string")
+		if line := strings.SplitN(after, "\n", 3); len(line) < 2 || !strings.Contains(line[1], "default "+DefaultNATSURL) {
+			t.Errorf("%s --help: --nats-url's default is not %s:%s", cmd, DefaultNATSURL, after[:min(len(after), 200)])
+		}
+	}
+}

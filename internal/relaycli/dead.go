@@ -254,26 +254,14 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 
 var errDryRun = errors.New("dry run")
 
-// deadRowJSON is one element of relay dead list --json: every field present.
-type deadRowJSON struct {
-	MessageID    uuid.UUID           `json:"message_id"`
-	State        string              `json:"state"`
-	Subject      string              `json:"subject"`
-	Key          string              `json:"key"`
-	Attempts     int32               `json:"attempts"`
-	CreatedAt    time.Time           `json:"created_at"`
-	LastError    string              `json:"last_error"`
-	PayloadBytes int                 `json:"payload_bytes"`
-	Headers      map[string][]string `json:"headers"`
-}
+// deadRowJSON is one element of relay dead list --json: the common list row.
+type deadRowJSON = listRow
 
 func newDeadRowJSON(r store.DeadRow) deadRowJSON {
-	h := r.Headers
-	if h == nil {
-		h = map[string][]string{}
-	}
-	return deadRowJSON{MessageID: r.MessageID, State: store.StateDead, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
-		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: r.PayloadBytes, Headers: h}
+	row := listRow{MessageID: r.MessageID, State: store.StateDead, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
+		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: int64(r.PayloadBytes), Headers: r.Headers}
+	row.noNilHeaders()
+	return row
 }
 
 func writeJSON(env *Env, v any) error {

@@ -150,14 +150,22 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		more := len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 		if asJSON {
+			ids := make([]uuid.UUID, 0, len(rows))
+			for _, r := range rows {
+				ids = append(ids, r.MessageID)
+			}
+			more, err := listRowFields(ctx, c.Pool, q, ids)
+			if err != nil {
+				return err
+			}
 			out := make([]preparedRow, 0, len(rows))
 			for _, r := range rows {
-				out = append(out, preparedJSON(r))
+				out = append(out, preparedJSON(r, more[r.MessageID]))
 			}
 			return writeJSON(env, out)
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "MESSAGE_ID\tSTATE\tGROUP\tMODE\tSUBJECT\tKEY\tCHECKS\tAGE\tNEXT_CHECK\tLAST_ERROR")
+		fmt.Fprintln(tw, "MESSAGE ID\tSTATE\tGROUP\tMODE\tSUBJECT\tKEY\tCHECKS\tAGE\tNEXT CHECK\tLAST ERROR")
 		now := time.Now()
 		for _, r := range rows {
 			next := "-"
@@ -266,23 +274,22 @@ func helpDefault(s *settings, name, text string) {
 	s.fs.Lookup(name).DefValue = text
 }
 
-// preparedRow is one element of relay prepared list --json: every field present.
+// preparedRow is one element of relay prepared list --json: the common list row, then the
+// half message's own fields.
 type preparedRow struct {
-	MessageID   uuid.UUID  `json:"message_id"`
-	State       string     `json:"state"`
-	Subject     string     `json:"subject"`
-	Key         string     `json:"key"`
+	listRow
 	Group       string     `json:"group"`
 	Mode        string     `json:"mode"`
 	Checks      int32      `json:"checks"`
-	CreatedAt   time.Time  `json:"created_at"`
 	NextCheckAt *time.Time `json:"next_check_at"`
-	LastError   string     `json:"last_error"`
 }
 
-func preparedJSON(r store.HalfRow) preparedRow {
-	return preparedRow{MessageID: r.MessageID, State: r.State, Group: r.Group, Mode: r.Mode, Subject: r.Subject, Key: r.Key,
-		Checks: r.CheckCount, CreatedAt: r.CreatedAt, NextCheckAt: r.NextCheckAt, LastError: r.LastError}
+// preparedJSON is r with the common fields its query leaves out (more, from listRowFields).
+func preparedJSON(r store.HalfRow, more listRow) preparedRow {
+	row := listRow{MessageID: r.MessageID, State: r.State, Subject: r.Subject, Key: r.Key, Attempts: more.Attempts,
+		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: more.PayloadBytes, Headers: more.Headers}
+	row.noNilHeaders()
+	return preparedRow{listRow: row, Group: r.Group, Mode: r.Mode, Checks: r.CheckCount, NextCheckAt: r.NextCheckAt}
 }
 
 func dash(s string) string {

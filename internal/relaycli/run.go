@@ -74,7 +74,10 @@ func defineRunFlags(s *settings, f *runFlags) {
 	sec := s.Section("Connections")
 	s.String(&f.dsn, "database-url", "DATABASE_URL", "", "PostgreSQL connection URL (required unless --embedded)")
 	sec("database-url")
-	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL (default "+DefaultNATSURL+"; with --embedded, an in-process server)")
+	s.String(&f.natsURL, "nats-url", "NATS_URL", "", "NATS server URL")
+	// Unset, it is DefaultNATSURL (connect), as relay checkback's default, or with --embedded
+	// an in-process server: --help says so, not "".
+	helpDefault(s, "nats-url", DefaultNATSURL+" (with --embedded: an in-process nats-server)")
 	s.String(&f.schema, "schema", "", txoutbox.DefaultSchema, "Postgres schema holding the outbox tables")
 	s.Bool(&f.embedded, "embedded", "", false, "development only: start a throwaway PostgreSQL and an in-process NATS for what is not configured, and migrate")
 	// A development convenience is typed, never inherited: a stray TXOUTBOX_EMBEDDED in a

@@ -158,15 +158,28 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		more := len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 		if asJSON {
-			if rows == nil {
-				rows = []store.ScheduledRow{}
+			ids := make([]uuid.UUID, 0, len(rows))
+			for _, r := range rows {
+				ids = append(ids, r.MessageID)
 			}
-			return writeJSON(env, rows)
+			more, err := listRowFields(ctx, c.Pool, q, ids)
+			if err != nil {
+				return err
+			}
+			out := make([]scheduledRowJSON, 0, len(rows))
+			for _, r := range rows {
+				m := more[r.MessageID]
+				row := listRow{MessageID: r.MessageID, State: store.StateScheduled, Subject: r.Subject, Key: r.Key, Attempts: m.Attempts,
+					CreatedAt: r.CreatedAt, LastError: m.LastError, PayloadBytes: r.PayloadBytes, Headers: m.Headers}
+				row.noNilHeaders()
+				out = append(out, scheduledRowJSON{listRow: row, BizKey: r.BizKey, DeliverAt: r.DeliverAt, DueAt: r.DueAt})
+			}
+			return writeJSON(env, out)
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		// DUE counts from the due time, as the status page's overdue does (a delivery time
 		// already past when the message was committed is due from the commit).
-		fmt.Fprintln(tw, "MESSAGE_ID\tSUBJECT\tKEY\tBIZ_KEY\tDUE\tDELIVER_AT\tBYTES")
+		fmt.Fprintln(tw, "MESSAGE ID\tSUBJECT\tKEY\tBIZ KEY\tDUE\tDELIVER AT\tBYTES")
 		now := time.Now()
 		for _, r := range rows {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.MessageID, cell(r.Subject, 0), cell(r.Key, 0), cell(r.BizKey, 60),
@@ -235,4 +248,13 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	return res.write(env, asJSON, "cancelled", "cancelled", "not cancelled")
+}
+
+// scheduledRowJSON is one element of relay scheduled list --json: the common list row, then
+// the delayed message's own fields.
+type scheduledRowJSON struct {
+	listRow
+	BizKey    string    `json:"biz_key"`
+	DeliverAt time.Time `json:"deliver_at"`
+	DueAt     time.Time `json:"due_at"`
 }
