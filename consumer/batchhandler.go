@@ -181,7 +181,7 @@ func (c *Consumer) runSet(ctx context.Context, items []*item, live []int, result
 		case inserted[items[i].msg.IdempotencyKey]:
 			states[i] = stateOK
 			fresh = append(fresh, i)
-			msgs = append(msgs, items[i].msg)
+			msgs = append(msgs, items[i].msg.handlerCopy()) // each run its own (see handlerCopy)
 		default:
 			states[i] = stateDuplicate
 		}

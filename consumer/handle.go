@@ -452,7 +452,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, it *item) (err er
 		}
 		c.observeHandler(time.Since(start))
 	}()
-	err = c.handler(it.spanCtx(ctx), handlerTx{tx}, it.msg)
+	err = c.handler(it.spanCtx(ctx), handlerTx{tx}, it.msg.handlerCopy())
 	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
 		err = ErrTxAborted
 	}

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -16,6 +17,11 @@ import (
 // consumer never trims or normalises what arrived. For a message enqueued with package outbox,
 // Subject, Data, Key, BizKey and every header name and value are exactly what the producer gave
 // (the producer refuses, at enqueue, anything NATS would not carry exactly).
+//
+// Each handler call gets its own copy of Data and Headers: a handler may change them (or keep
+// them), and no one else sees the change — not a later run of a handler with the same message
+// (a retry, a batch handled again), not its dead letter, which carries the message as it was
+// delivered.
 type Message struct {
 	// Subject is the subject the message was published on.
 	Subject string
@@ -45,6 +51,45 @@ type Message struct {
 	// Delivery is the 1-based attempt number: JetStream's delivery count, plus the in-place
 	// retries of ordered mode.
 	Delivery int
+}
+
+// handlerCopy returns m for one handler call: Data and Headers (the map and each name's
+// values) are the call's own, so that what a handler changes in them, or keeps and changes
+// later, never reaches what the consumer does with the delivered message afterwards — the
+// dead letter (payload and headers), a rerun of the handler (a batch's savepoint path, a
+// batch handler's split, an ordered key's in-place retry, the one-by-one handling after a
+// refused commit), the dedup row. The consumer's own copy (item.msg, the raw message) is
+// never given out. Header values are strings, immutable: only the slices holding them are
+// copied, all into one allocation.
+func (m Message) handlerCopy() Message {
+	m.Data = bytes.Clone(m.Data)
+	m.Headers = cloneHeader(m.Headers)
+	return m
+}
+
+// cloneHeader copies h: a new map, and each name's values in a slice of their own (capped,
+// so that an append to one name's values cannot overwrite the next name's).
+func cloneHeader(h nats.Header) nats.Header {
+	if h == nil {
+		return nil
+	}
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	all := make([]string, n)
+	out := make(nats.Header, len(h))
+	for k, vs := range h {
+		if vs == nil {
+			out[k] = nil
+			continue
+		}
+		c := all[:len(vs):len(vs)]
+		copy(c, vs)
+		all = all[len(vs):]
+		out[k] = c
+	}
+	return out
 }
 
 // ErrMalformed is wrapped by the errors of messages that cannot be decoded: no idempotency key

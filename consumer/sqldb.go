@@ -236,7 +236,7 @@ func (c *Consumer) callSQLHandler(ctx context.Context, tx *sql.Tx, it *item) (er
 		}
 		c.observeHandler(time.Since(start))
 	}()
-	return c.sqlHandler(it.spanCtx(ctx), tx, it.msg)
+	return c.sqlHandler(it.spanCtx(ctx), tx, it.msg.handlerCopy())
 }
 
 // sqlRejected is rejected for any driver whose errors carry the SQLSTATE: the server answered
