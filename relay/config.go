@@ -48,6 +48,11 @@ const (
 	DefaultRetention time.Duration = 0
 )
 
+// maxLeaseInterval bounds Config.LeaseInterval: the lease arithmetic (the 10× lease, the 11×
+// fence, the duplicate window's 14×) stays far from overflowing, and failover from taking
+// more than hours.
+const maxLeaseInterval = time.Hour
+
 // Config configures a Relay. The zero value, given a pool and a JetStream, is usable.
 type Config struct {
 	// ID names this relay in logs, metrics, partition listings and its lease connection's
@@ -119,7 +124,8 @@ type Config struct {
 	// start: it publishes nothing once that has passed without a renewal (a pause, a database
 	// it cannot reach). Another relay ends the lease session of a relay whose heartbeat it has
 	// seen unchanged for 11×LeaseInterval (the fence) and takes its partitions. Every relay of
-	// one outbox should use the same value. At least 10ms. Defaults to 2s.
+	// one outbox should use the same value. At least 10ms, at most 1h (a dead relay's
+	// partitions would wait that long, and a frozen one's 11 times as long). Defaults to 2s.
 	LeaseInterval time.Duration
 
 	// HandoverAfter: once this relay's own NATS connection has been down this long (whether
@@ -371,8 +377,8 @@ func (c *Config) validate() error {
 		return bad("HandoverAfter", "must not be negative except txoutbox.Off (-1), got %s", c.HandoverAfter)
 	case c.Partitions < 1 || c.Partitions > 4096:
 		return bad("Partitions", "must be between 1 and 4096, got %d", c.Partitions)
-	case c.LeaseInterval < 10*time.Millisecond:
-		return bad("LeaseInterval", "must be at least 10ms, got %s", c.LeaseInterval)
+	case c.LeaseInterval < 10*time.Millisecond || c.LeaseInterval > maxLeaseInterval:
+		return bad("LeaseInterval", "must be at least 10ms and at most %s, got %s", maxLeaseInterval, c.LeaseInterval)
 	case c.StreamDuplicates < 0:
 		return bad("StreamDuplicates", "must not be negative, got %s", c.StreamDuplicates)
 	case c.MaxMessageBytes != txoutbox.Off && (c.MaxMessageBytes < 1024 || c.MaxMessageBytes > outbox.MaxMessageBytesLimit):

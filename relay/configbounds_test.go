@@ -133,3 +133,15 @@ func TestIDAndDoorbellChannelAreValidated(t *testing.T) {
 		t.Errorf("default ID %q", c.ID)
 	}
 }
+
+// LeaseInterval is bounded above too: its multiples (the lease, the fence, the duplicate
+// window the relays need) stay far from overflowing.
+func TestLeaseIntervalIsBounded(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{maxLeaseInterval + time.Nanosecond, math.MaxInt64} {
+		assertFieldError(t, "LeaseInterval", ValidateConfig(&Config{LeaseInterval: d}))
+	}
+	if err := ValidateConfig(&Config{LeaseInterval: maxLeaseInterval}); err != nil {
+		t.Fatalf("LeaseInterval %s: %v", maxLeaseInterval, err)
+	}
+}
