@@ -38,7 +38,8 @@
 //     relay.Config.ID (hostname:pid), consumer.Config.DeadLetterSubject
 //     (DefaultDeadLetterPrefix + Durable), InProgressInterval (AckWait/3), PullMaxMessages
 //     (from Concurrency and BatchSize) and StopTimeout (AckWait), checkback.Config.Outbox (the
-//     database's identity), and the Logger, TracerProvider and Propagator fields (slog.Default
+//     database's identity), relay.Config.PollMax (its default, or PollMin when that is
+//     larger), every BackoffMax (its default, or BackoffBase when that is larger), and the Logger, TracerProvider and Propagator fields (slog.Default
 //     and OpenTelemetry's globals);
 //   - Off (-1) turns a feature off and Forever (-1) lifts a limit, only for the fields whose
 //     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off),
