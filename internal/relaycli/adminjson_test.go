@@ -641,18 +641,20 @@ func TestAdminChangeConvention(t *testing.T) {
 			t.Errorf("%s --json: dry_run %v, want %v", what, doc["dry_run"], dryRun)
 		}
 		var changed []uuid.UUID
-		for _, x := range doc["message_ids"].([]any) {
-			changed = append(changed, uuid.MustParse(x.(string)))
+		list, _ := doc["message_ids"].([]any)
+		for _, x := range list {
+			id, _ := x.(string)
+			changed = append(changed, uuid.MustParse(id))
 		}
 		if !sameIDs(changed, wantChanged) {
 			t.Errorf("%s --json: message_ids %v, want %v", what, changed, wantChanged)
 		}
-		failed := doc["failed"].([]any)
+		failed, _ := doc["failed"].([]any)
 		if len(failed) != len(wantFailed) {
 			t.Errorf("%s --json: failed %v, want %d entries", what, failed, len(wantFailed))
 		}
 		for _, f := range failed {
-			m := f.(map[string]any)
+			m, _ := f.(map[string]any)
 			var fk []string
 			for k := range m {
 				fk = append(fk, k)
@@ -661,8 +663,10 @@ func TestAdminChangeConvention(t *testing.T) {
 			if !slices.Equal(fk, []string{"message_id", "reason"}) {
 				t.Errorf("%s --json: a failed entry has keys %v, want message_id and reason", what, fk)
 			}
-			id := uuid.MustParse(m["message_id"].(string))
-			if want, ok := wantFailed[id]; !ok || !strings.HasPrefix(m["reason"].(string), want) {
+			sid, _ := m["message_id"].(string)
+			reason, _ := m["reason"].(string)
+			id, _ := uuid.Parse(sid)
+			if want, ok := wantFailed[id]; !ok || !strings.HasPrefix(reason, want) {
 				t.Errorf("%s --json: failed %s with %q, want %q", what, id, m["reason"], want)
 			}
 		}
