@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 )
 
 // countLimit bounds the counting scans of the stale job.
@@ -71,7 +73,7 @@ func (c *CheckBack) staleOnce(ctx context.Context) (StaleResult, error) {
 	s.stale = r.StaleReady
 	if r.Exhausted != s.exhausted {
 		if r.Exhausted > 0 {
-			c.log.Warn("half messages await an operator in state check_exhausted: `relay prepared list --state check_exhausted`",
+			c.log.Warn("half messages await an operator in state check_exhausted: `"+cmdline.Command(c.cfg.Schema, "relay prepared list --state check_exhausted")+"`",
 				"check_exhausted", r.Exhausted)
 		} else {
 			c.log.Info("no check_exhausted half messages any more")

@@ -45,8 +45,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/jserr"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -54,7 +52,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/dbhandle"
+	"github.com/txoutbox/txoutbox/internal/jserr"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsignal"
 )
@@ -329,7 +330,8 @@ func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
 	case errors.Is(err, store.ErrNoKeyOrderTable):
 		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
 	case errors.Is(err, store.ErrKeyOrderPrivileges):
-		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (relay migrate grants --role consumer)", ErrKeyOrderTable, c.cfg.Schema)
+		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (%s)", ErrKeyOrderTable, c.cfg.Schema,
+			cmdline.Command(c.cfg.Schema, "relay migrate grants --role consumer"))
 	case err != nil && ctx.Err() != nil: // stopped (cancelled, or its deadline passed): not the database's fault
 		return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
 	case err != nil:

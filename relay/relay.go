@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"slices"
 	"sync"
@@ -30,7 +29,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/store"
@@ -694,7 +695,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		// them after taking this one's partitions over (rare), or the relay's role cannot see
 		// or change them (row-level security without the relay's policy: the rows stay ready
 		// and are published again and again).
-		r.log.Warn("settle found fewer of the published rows ready than were published: taken over by another relay, or hidden from this role (row-level security: re-run relay migrate grants --role relay)",
+		r.log.Warn("settle found fewer of the published rows ready than were published: taken over by another relay, or hidden from this role (row-level security: re-run "+cmdline.Command(r.cfg.Schema, "relay migrate grants --role relay")+")",
 			"published", n, "settled", out.Published)
 	}
 	r.stats.Batches.Add(1)

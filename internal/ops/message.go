@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
@@ -51,9 +52,9 @@ func (s *Server) message(w http.ResponseWriter, r *http.Request) {
 		// The commands that act on the row, with --schema unless the outbox is in the default.
 		Requeue, Purge, Show string
 	}{M: m, Age: status.Age(time.Since(m.CreatedAt).Seconds(), 1), Headers: names, Bytes: len(m.Payload), Dead: m.State == store.StateDead,
-		Requeue: status.Command(s.cfg.Schema, "relay dead requeue --id", id.String()),
-		Purge:   status.Command(s.cfg.Schema, "relay dead purge --id", id.String()),
-		Show:    status.Command(s.cfg.Schema, "relay dead show", id.String())}
+		Requeue: cmdline.Command(s.cfg.Schema, "relay dead requeue --id", id.String()),
+		Purge:   cmdline.Command(s.cfg.Schema, "relay dead purge --id", id.String()),
+		Show:    cmdline.Command(s.cfg.Schema, "relay dead show", id.String())}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := messageTmpl.Execute(w, d); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/status"
 )
 
@@ -186,8 +187,8 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 			d.Panels = append(d.Panels, v)
 		}
 		d.Problems = snap.Problems
-		d.Requeue = status.Command(snap.Schema, "relay dead requeue --id", "ID")
-		d.Purge = status.Command(snap.Schema, "relay dead purge --id", "ID")
+		d.Requeue = cmdline.Command(snap.Schema, "relay dead requeue --id", "ID")
+		d.Purge = cmdline.Command(snap.Schema, "relay dead purge --id", "ID")
 	} else {
 		d.Cards = append(d.Cards, card{Label: "Throughput", Value: fmt.Sprintf("%.1f/s", tput), Sub: "published by this relay, last minute"})
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/redact"
-	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
 )
@@ -642,7 +642,7 @@ func upgradeAdvice(src, schema string, v, latest int) string {
 	case strings.HasPrefix(src, "goose's "):
 		return fmt.Sprintf("apply this binary's migrations with goose (`relay migrate export --format goose`, then `goose ... up`), which keeps %s (`relay migrate up` leaves such a schema to it)", src)
 	}
-	return fmt.Sprintf("run `%s` (or apply migrations/ with your deploy tool)", status.Command(schema, "relay migrate up"))
+	return fmt.Sprintf("run `%s` (or apply migrations/ with your deploy tool)", cmdline.Command(schema, "relay migrate up"))
 }
 
 // optionsSetJIT reports whether a connection's options parameter sets jit itself

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/txoutbox/txoutbox/checkback"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -51,7 +52,7 @@ func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot
 		}
 	}
 	if exhausted {
-		t.Note = "check_exhausted rows wait for you: " + Command(q.Schema, "relay prepared list --state check_exhausted") + ", then resume, commit or rollback"
+		t.Note = "check_exhausted rows wait for you: " + cmdline.Command(q.Schema, "relay prepared list --state check_exhausted") + ", then resume, commit or rollback"
 	}
 	return t, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -110,7 +111,7 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 	sum.Stuck = overdue > 0 && now.Sub(first) > OverdueAfter
 	t.Rows = append(t.Rows, []string{"TOTAL", count(st.Counted, !st.Capped), count(overdue, overdue < int64(limit)),
 		Until(first, now), first.UTC().Format(time.RFC3339), st.LastDue.UTC().Format(time.RFC3339)})
-	t.Note = Command(q.Schema, "relay scheduled list") + " shows them; " + Command(q.Schema, "relay scheduled cancel", "ID") + " withdraws one"
+	t.Note = cmdline.Command(q.Schema, "relay scheduled list") + " shows them; " + cmdline.Command(q.Schema, "relay scheduled cancel", "ID") + " withdraws one"
 	if st.Capped {
 		t.Note = fmt.Sprintf("counted over the first %d in due order (subjects due only later are not listed); ", limit) + t.Note
 	}
@@ -121,7 +122,7 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 	if late := now.Sub(first); overdue > 0 && late > OverdueAfter {
 		t.Problems = append(t.Problems, fmt.Sprintf("%s scheduled rows overdue, the oldest by %s: no relay is running, "+
 			"or a key is held by an open transaction (see Oldest transactions; %s lists them, overdue first)",
-			count(overdue, overdue < int64(limit)), Age(late.Seconds(), 1), Command(q.Schema, "relay scheduled list")))
+			count(overdue, overdue < int64(limit)), Age(late.Seconds(), 1), cmdline.Command(q.Schema, "relay scheduled list")))
 	}
 	return t, nil
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 
@@ -234,9 +235,9 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 	switch {
 	case len(s.Blocked) > 0:
 		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows: %d ready rows of %s wait behind them (see Blocked keys); "+
-			"`%s` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys"), Command(s.Schema, "relay dead show", "ID")))
+			"`%s` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys"), cmdline.Command(s.Schema, "relay dead show", "ID")))
 	case s.Totals.Dead > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `%s`, then requeue or purge them", s.Totals.Dead, Command(s.Schema, "relay dead list")))
+		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `%s`, then requeue or purge them", s.Totals.Dead, cmdline.Command(s.Schema, "relay dead list")))
 	}
 	for _, r := range s.Relays {
 		if r.Alive && r.NATS != "" && r.NATS != "CONNECTED" {
@@ -245,7 +246,7 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 	}
 	if s.Totals.CheckExhausted > 0 {
 		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `%s`", s.Totals.CheckExhausted,
-			Command(s.Schema, "relay prepared list --state check_exhausted")))
+			cmdline.Command(s.Schema, "relay prepared list --state check_exhausted")))
 	}
 
 	s.Scheduled.CountExact = true // nothing scheduled until the panel counts

@@ -65,7 +65,7 @@ func (q *Queries) QueueAdvanceKeyOrder(b *pgx.Batch, consumer, stream, key strin
 var ErrNoKeyOrderTable = errors.New("store: " + KeyOrderTable + " does not exist (run the migrations)")
 
 // ErrKeyOrderPrivileges: the session's role may not read, insert and update the table.
-var ErrKeyOrderPrivileges = errors.New("store: " + KeyOrderTable + " needs SELECT, INSERT and UPDATE (relay migrate grants --role consumer)")
+var ErrKeyOrderPrivileges = errors.New("store: " + KeyOrderTable + " needs SELECT, INSERT and UPDATE")
 
 // CheckKeyOrderTable reports ErrNoKeyOrderTable when the schema lacks the table, and
 // ErrKeyOrderPrivileges when the session's role cannot use it.

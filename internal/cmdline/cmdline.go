@@ -1,4 +1,6 @@
-package status
+// Package cmdline builds the admin command lines txoutbox suggests to an operator, in logs,
+// errors, the status page and /status.json.
+package cmdline
 
 import (
 	"regexp"
