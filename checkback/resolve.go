@@ -332,7 +332,17 @@ func (c *CheckBack) askChecker(ctx context.Context, r store.HalfRow) (outcome, d
 	req := checker.Request{MessageID: r.MessageID, Subject: r.Subject, Key: r.Key, Group: r.Group,
 		Check: int(r.CheckCount) + 1, PreparedAt: r.CreatedAt, Outbox: id}
 	if len(r.Headers) > 0 {
-		_ = json.Unmarshal(r.Headers, &req.Headers)
+		// The producer stored them (EnqueueTx, Prepare and the SQL functions write a JSON
+		// object of string arrays): a row they do not decode is a bug or a hand-made row. Ask
+		// nothing rather than ask without them (the checker's answer may depend on them):
+		// the check is an error, recorded on the row (last_error) and retried up to
+		// MaxChecks like any, and logged here.
+		if err := json.Unmarshal(r.Headers, &req.Headers); err != nil {
+			detail := "stored headers are not a JSON object of string arrays (" + err.Error() + "): the checker is not asked"
+			c.log.Error("check-back: a half message's stored headers do not decode; its checker is not asked",
+				"message_id", r.MessageID.String(), "group", r.Group, "err", err)
+			return OutcomeError, detail
+		}
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -371,6 +381,12 @@ func (c *CheckBack) askChecker(ctx context.Context, r store.HalfRow) (outcome, d
 	}
 	return OutcomeUnknown, "checker answered UNKNOWN"
 }
+
+// OutboxIdentity returns the identity of the outbox this check-back sends with its checks, the
+// one its producers' checkers must serve (checker.Config.Outbox): Config.Outbox, or, when that
+// is empty, checker.OutboxIdentity of its pool and schema, read once (at the first check, or
+// here) and kept. Config().Outbox stays as configured.
+func (c *CheckBack) OutboxIdentity(ctx context.Context) (string, error) { return c.outbox(ctx) }
 
 // outbox returns the identity of the outbox this check-back asks about: Config.Outbox, or
 // OutboxIdentity of its pool and schema, read once (and logged once).
