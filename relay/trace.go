@@ -55,13 +55,13 @@ func (rt *relayTracer) startPublish(ctx context.Context, row *store.Claimed, msg
 	if !sc.IsValid() || !sc.IsRemote() {
 		return nil // no creation context: no trace to join
 	}
-	_, span := rt.t.Start(ctx, "publish "+row.Subject, trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(tracing.CreationLink(sc)))
+	_, span := rt.t.Start(ctx, tracing.Name("publish", row.Subject), trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(tracing.CreationLink(sc)))
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.SystemNATS,
 			tracing.OperationSend,
 			tracing.OperationName.String("publish"),
-			tracing.Destination.String(row.Subject),
+			tracing.String(tracing.Destination, row.Subject),
 			tracing.MessageID.String(row.MessageID.String()),
 			tracing.BodySize.Int(len(row.Payload)),
 			tracing.Attempt.Int(int(row.Attempts)+1),
@@ -89,7 +89,7 @@ func endPublish(span trace.Span, o outcome) {
 			tracing.Fail(span, o.err, typ)
 		case o.ack != nil:
 			span.SetAttributes(
-				tracing.StreamName.String(o.ack.Stream),
+				tracing.String(tracing.StreamName, o.ack.Stream),
 				tracing.StreamSequence.Int64(int64(o.ack.Sequence)),
 				tracing.Duplicate.Bool(o.ack.Duplicate),
 			)

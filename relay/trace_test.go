@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -219,5 +221,53 @@ func TestNoPublishSpanWithoutATraceContext(t *testing.T) {
 		if len(spans) != 1 || spans[0] != traced {
 			t.Errorf("%s: publish spans for messages %v, want one for the traced message %s (not %s)", tc.name, spans, traced, untraced)
 		}
+	}
+}
+
+// A publish span's texts from outside the process (the subject, in its name and destination,
+// and the stream the PubAck names) obey the tracing rules like the consumer's and the
+// check-back's: valid UTF-8, no NUL, at most tracing.MaxText bytes. A subject longer than that
+// (the producer allows 1,024 bytes) made the span name exceed the cap.
+func TestPublishSpanTextsAreBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	prop := propagation.TraceContext{}
+	client, err := outbox.NewClient(&outbox.Config{Schema: e.db.Schema, TracerProvider: tp, Propagator: prop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "orders." + strings.TrimSuffix(strings.Repeat("ééééé.", 92), ".") // 1,018 bytes: "publish " and it are over the cap
+	rctx, req := tp.Tracer("app").Start(ctx, "POST /orders")
+	req.End()
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		_, err := client.EnqueueTx(rctx, tx, outbox.Message{Subject: subject, Payload: []byte("a")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.relay(&Config{TracerProvider: tp, Propagator: prop})
+	drain(t, r)
+	r.Close()
+	if got := r.Stats().Published; got != 1 {
+		t.Fatalf("published %d, want 1", got)
+	}
+	var publish tracetest.SpanStubs
+	for _, s := range exp.GetSpans() {
+		if s.InstrumentationScope.Name == "github.com/txoutbox/txoutbox/relay" {
+			publish = append(publish, s)
+		}
+	}
+	if len(publish) != 1 {
+		t.Fatalf("%d publish spans, want 1", len(publish))
+	}
+	for _, p := range tracingtest.Problems(publish) {
+		t.Error(p)
+	}
+	if name := publish[0].Name; !strings.HasPrefix(name, "publish orders.éé") {
+		t.Errorf("span name %.40q…, want it to start with the subject", name)
 	}
 }
