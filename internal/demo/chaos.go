@@ -90,8 +90,9 @@ type ChaosConfig struct {
 	// needs the working directory inside the txoutbox module).
 	RelayBin string
 	// ConsumerExe and ConsumerEnv start a consumer process: ConsumerExe runs Main with the
-	// arguments given (the demo binary itself, or a test binary that calls Main when it finds
-	// ConsumerEnv in its environment).
+	// arguments given (a demo binary built with the txoutbox_fault tag: the consumer's fault
+	// point is armed with -fault, which only such a build has). Defaults to building
+	// ./cmd/producer-demo so, as RelayBin.
 	ConsumerExe string
 	ConsumerEnv []string
 	// Seed makes the random choices repeatable (not the timing); 0 picks one.
@@ -229,9 +230,6 @@ func RunChaos(ctx context.Context, cfg ChaosConfig) (*ChaosResult, error) {
 	}
 	if cfg.Relays < 2 {
 		return nil, fmt.Errorf("chaos: Relays is %d, want at least 2: a frozen relay's partitions must be taken over by another", cfg.Relays)
-	}
-	if cfg.ConsumerExe == "" {
-		return nil, fmt.Errorf("chaos: ConsumerExe is required")
 	}
 	c := &chaos{cfg: cfg, out: cfg.Out}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
@@ -447,6 +445,13 @@ func (c *chaos) setup(ctx context.Context) error {
 		c.say("building the relay: go build -o %s github.com/txoutbox/txoutbox/cmd/relay", c.relayBin)
 		if out, err := exec.CommandContext(ctx, goTool(), "build", "-tags", "txoutbox_fault", "-o", c.relayBin, "github.com/txoutbox/txoutbox/cmd/relay").CombinedOutput(); err != nil {
 			return fmt.Errorf("chaos: build the relay (run from inside the txoutbox module, or pass -relay-bin): %w\n%s", err, out)
+		}
+	}
+	if c.cfg.ConsumerExe == "" {
+		c.cfg.ConsumerExe = filepath.Join(c.workDir, "producer-demo")
+		c.say("building the consumer: go build -tags txoutbox_fault -o %s github.com/txoutbox/txoutbox/cmd/producer-demo", c.cfg.ConsumerExe)
+		if out, err := exec.CommandContext(ctx, goTool(), "build", "-tags", "txoutbox_fault", "-o", c.cfg.ConsumerExe, "github.com/txoutbox/txoutbox/cmd/producer-demo").CombinedOutput(); err != nil {
+			return fmt.Errorf("chaos: build the consumer (run from inside the txoutbox module): %w\n%s", err, out)
 		}
 	}
 	c.svc, err = startServices(ctx, serviceOptions{DSN: c.cfg.DSN, NoNATS: true, Keep: c.cfg.Keep, Log: func(f string, a ...any) { c.say(f, a...) }})

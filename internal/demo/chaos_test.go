@@ -55,17 +55,12 @@ func testChaos(t *testing.T, cluster bool) {
 		}
 		messages = n
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out bytes.Buffer
 	res, err := RunChaos(context.Background(), ChaosConfig{
 		DSN:         testsvc.PostgresDSN(t),
 		Messages:    messages,
 		RelayBin:    relayBinary(t),
-		ConsumerExe: exe,
-		ConsumerEnv: []string{childEnvVar + "=1"},
+		ConsumerExe: demoBinary(t),
 		Out:         &out,
 		Timeout:     time.Duration(messages)*10*time.Millisecond + 10*time.Minute,
 		Cluster:     cluster,

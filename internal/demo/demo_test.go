@@ -3,38 +3,64 @@ package demo
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
-// childEnvVar makes the test binary run Main instead of the tests: the chaos run and the
-// fault tests start it as the consumer process.
-const childEnvVar = "TXOUTBOX_DEMO_CHILD"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnvVar) == "1" {
-		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+	code := testsvc.Main(m)
+	if demoDir != "" {
+		_ = os.RemoveAll(demoDir)
 	}
-	os.Exit(testsvc.Main(m))
+	os.Exit(code)
 }
 
 // relayBinary is the real relay command, built once per test binary.
 func relayBinary(t *testing.T) string { return testsvc.RelayBinary(t) }
 
+var (
+	demoOnce sync.Once
+	demoDir  string
+	demoPath string
+	demoErr  error
+)
+
+// demoBinary builds ./cmd/producer-demo with the txoutbox_fault tag once per test binary and
+// returns its path: the consumer process of the chaos run and the fault tests, whose fault
+// point only such a build can arm (a production build has no -fault and ignores
+// TXOUTBOX_FAULTS, as the relay).
+func demoBinary(t *testing.T) string {
+	t.Helper()
+	demoOnce.Do(func() {
+		if demoDir, demoErr = os.MkdirTemp("", "txoutbox-demo-bin-"); demoErr != nil {
+			return
+		}
+		demoPath = filepath.Join(demoDir, "producer-demo")
+		cmd := exec.Command(testsvc.GoTool(), "build", "-tags", "txoutbox_fault", "-o", demoPath, "github.com/txoutbox/txoutbox/cmd/producer-demo")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as testsvc.RelayBinary: the build cache is shared
+		if out, err := cmd.CombinedOutput(); err != nil {
+			demoErr = fmt.Errorf("%w\n%s", err, out)
+		}
+	})
+	if demoErr != nil {
+		t.Fatalf("go build -tags txoutbox_fault ./cmd/producer-demo: %v", demoErr)
+	}
+	return demoPath
+}
+
 // consumerChild returns a command that runs the consumer role in a child process.
 func consumerChild(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, exe, append([]string{"-role", "consumer"}, args...)...)
-	cmd.Env = childEnv(childEnvVar + "=1")
+	cmd := exec.CommandContext(ctx, demoBinary(t), append([]string{"-role", "consumer"}, args...)...)
+	cmd.Env = childEnv()
 	return cmd
 }
 

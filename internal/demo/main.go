@@ -107,7 +107,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&role.AppName, "app-name", "txoutbox-chaos-consumer", "")
 	fs.IntVar(&role.BatchSize, "batch", 1, "")
 	fs.DurationVar(&role.AckWait, "ack-wait", 2*time.Second, "")
-	fs.StringVar(&role.Faults, "fault", "", "")
+	if fault.Enabled { // only in binaries built with -tags txoutbox_fault, as the relay's --fault
+		fs.StringVar(&role.Faults, "fault", "", "")
+	}
 	fs.DurationVar(&role.StatsEvery, "stats-every", 100*time.Millisecond, "")
 
 	if err := fs.Parse(args); err != nil {
@@ -124,7 +126,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if cfg.NATSURL == "" {
 		cfg.NATSURL = os.Getenv("NATS_URL")
 	}
-	if role.Faults == "" {
+	if fault.Enabled && role.Faults == "" { // a production build ignores it, as the relay does
 		role.Faults = os.Getenv(fault.EnvVar)
 	}
 	if fs.NArg() > 0 {
@@ -164,7 +166,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "producer-demo: %v\n", err)
 			return 1
 		}
-		cc.ConsumerExe = self
+		if fault.Enabled {
+			cc.ConsumerExe = self // it can arm the consumer's fault point
+		} // else RunChaos builds one that can, as it builds the relay
 		res, err := RunChaos(ctx, cc)
 		return exitStatus(ctx, stderr, res != nil && res.Tally.OK(), err)
 	}

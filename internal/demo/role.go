@@ -41,6 +41,12 @@ func runConsumerRole(ctx context.Context, o consumerRole, stdout, stderr io.Writ
 			fmt.Fprintf(stderr, "consumer: fault point %s is not the consumer's\n", name)
 			return 2
 		}
+		// Armed like the relay's point: only a binary built with the txoutbox_fault tag can
+		// (Arm returns fault.ErrNotCompiled otherwise); the point fires with its probability.
+		if err := fault.Arm(name, points[name], nil); err != nil {
+			fmt.Fprintf(stderr, "consumer: %v\n", err)
+			return 2
+		}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := newPool(ctx, o.DSN, o.Schema, o.AppName, 8)
@@ -62,8 +68,8 @@ func runConsumerRole(ctx context.Context, o consumerRole, stdout, stderr io.Writ
 	}
 	inv := &inventory{poisonPermanent: true}
 	var db txoutbox.Beginner = pool
-	if p := points[fault.ConsumerAfterCommit]; p > 0 {
-		db = &crashAfterCommit{db: pool, p: p, crash: func() { fault.Kill(fault.ConsumerAfterCommit) }}
+	if points[fault.ConsumerAfterCommit] > 0 {
+		db = &crashAfterCommit{db: pool, p: 1, crash: func() { fault.Point(fault.ConsumerAfterCommit) }}
 	}
 	c, err := consumer.New(db, js, inv.handle, &consumer.Config{
 		Stream: streamName, Durable: durableName, Schema: o.Schema, Concurrency: 4, BatchSize: max(o.BatchSize, 1),

@@ -5,6 +5,7 @@ package fault
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -92,4 +93,15 @@ func Reset() {
 	clear(table)
 	anyArmed.Store(false)
 	hits.Clear()
+}
+
+// Kill writes KillMarker and the point's name to stderr, then kills the process with SIGKILL
+// (no deferred calls, no graceful shutdown: a crash). It does not return. It exists only in
+// builds with the txoutbox_fault tag.
+func Kill(point string) {
+	fmt.Fprintf(os.Stderr, "%s%s\n", KillMarker, point)
+	if p, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = p.Kill()
+	}
+	select {} // the signal is on its way; never let the caller go on
 }

@@ -9,14 +9,15 @@
 // Points are armed by the programs that want them (`relay run --fault`), never by this package
 // on its own, and only in binaries built with the build tag txoutbox_fault (the crash tests
 // and the chaos proof build the relay so). Without it, which is how every production binary is
-// built, Point compiles to nothing and Arm returns ErrNotCompiled: no flag, environment
-// variable or input can make a production process kill itself.
+// built, Point compiles to nothing, Arm returns ErrNotCompiled and Kill does not exist (it is
+// only in the tagged build): no flag, environment variable or input can make a production
+// process kill itself. A program that reads a specification (a flag, EnvVar) does so only
+// when Enabled, so that a production build has neither.
 package fault
 
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,14 +100,4 @@ func Hits(name string) int64 { return counter(name).Load() }
 func counter(name string) *atomic.Int64 {
 	c, _ := hits.LoadOrStore(name, new(atomic.Int64))
 	return c.(*atomic.Int64)
-}
-
-// Kill writes KillMarker and the point's name to stderr, then kills the process with SIGKILL
-// (no deferred calls, no graceful shutdown: a crash). It does not return.
-func Kill(point string) {
-	fmt.Fprintf(os.Stderr, "%s%s\n", KillMarker, point)
-	if p, err := os.FindProcess(os.Getpid()); err == nil {
-		_ = p.Kill()
-	}
-	select {} // the signal is on its way; never let the caller go on
 }
