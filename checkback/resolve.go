@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/tracing"
 	"golang.org/x/time/rate"
 
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -477,7 +478,7 @@ func (c *CheckBack) record(ctx context.Context, r store.HalfRow, outcome, detail
 		res.Exhausted++
 		mu.Unlock()
 		log.Error("half message check_exhausted: no COMMIT or ROLLBACK after the maximum number of checks; "+
-			"list it with `relay prepared list`, then resume, commit or roll it back",
+			"list it with `"+cmdline.Command(c.cfg.Schema, "relay prepared list --state check_exhausted")+"`, then resume, commit or roll it back",
 			"checks", count, "outcome", outcome, "detail", detail)
 		return nil
 	}
