@@ -22,7 +22,6 @@ package checkback
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -30,11 +29,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/robfig/cron/v3"
-	"golang.org/x/time/rate"
-
+	"github.com/txoutbox/txoutbox"
 	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"golang.org/x/time/rate"
 )
 
 // CheckBack runs the check-back jobs. Create it with New; run it with Run, or RunOnce.

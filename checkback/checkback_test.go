@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/outbox/checker"
-	"golang.org/x/time/rate"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -21,9 +18,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
+	"golang.org/x/time/rate"
 )
 
 func TestMain(m *testing.M) { os.Exit(testsvc.Main(m)) }

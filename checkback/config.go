@@ -3,9 +3,6 @@ package checkback
 import (
 	"cmp"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"math"
 	"strings"
@@ -13,8 +10,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/robfig/cron/v3"
+	"github.com/txoutbox/txoutbox"
+	backoffpkg "github.com/txoutbox/txoutbox/internal/backoff"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )

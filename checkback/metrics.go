@@ -1,11 +1,11 @@
 package checkback
 
 import (
-	"github.com/txoutbox/txoutbox/internal/prom"
-	"github.com/txoutbox/txoutbox/internal/store"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/internal/prom"
+	"github.com/txoutbox/txoutbox/internal/store"
 )
 
 // Check outcomes, the label values of txoutbox_checkback_checks_total.

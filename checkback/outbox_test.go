@@ -3,7 +3,6 @@ package checkback
 import (
 	"context"
 	"errors"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
 // Two services, two outboxes (two schemas), one NATS, the same producer group name. Each

@@ -3,9 +3,9 @@ package checkback
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"time"
 
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 

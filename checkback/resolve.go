@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/safetext"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"maps"
 	"math"
 	"slices"
@@ -19,12 +16,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/txoutbox/txoutbox/internal/tracing"
-	"golang.org/x/time/rate"
-
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/cmdline"
+	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
+	"golang.org/x/time/rate"
 )
 
 // ResolveResult is what one resolve pass did.

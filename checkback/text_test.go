@@ -2,7 +2,6 @@ package checkback
 
 import (
 	"context"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
 // Whatever a checker answers — an error text or a reply with a NUL, invalid UTF-8, or so long

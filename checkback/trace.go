@@ -4,12 +4,11 @@ import (
 	"context"
 	"encoding/json"
 
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/tracing"
 	"github.com/txoutbox/txoutbox/outbox/checker"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Check spans. Each check request gets a span "check <group>" (kind client), a child of the

@@ -7,16 +7,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox/internal/tracing"
+	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/tracing"
-	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
-	"github.com/txoutbox/txoutbox/outbox"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
 func traceAttrs(kvs []attribute.KeyValue) map[string]string {

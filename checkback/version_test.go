@@ -3,11 +3,11 @@ package checkback
 import (
 	"context"
 	"errors"
-	"github.com/txoutbox/txoutbox"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 

@@ -3,14 +3,14 @@ package consumer
 import (
 	"cmp"
 	"fmt"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/backoff"
-	"github.com/txoutbox/txoutbox/internal/natsname"
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/backoff"
+	"github.com/txoutbox/txoutbox/internal/natsname"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
 	"go.opentelemetry.io/otel/propagation"

@@ -2,9 +2,10 @@ package consumer
 
 import (
 	"errors"
-	"github.com/txoutbox/txoutbox"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox"
 )
 
 func TestConfigValidation(t *testing.T) {

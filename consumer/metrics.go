@@ -1,11 +1,11 @@
 package consumer
 
 import (
-	"github.com/txoutbox/txoutbox/internal/prom"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/internal/prom"
 )
 
 // Stats are a consumer's running totals, always counted (with or without Prometheus), for

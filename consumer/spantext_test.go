@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/internal/tracing"
 	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
 	"github.com/txoutbox/txoutbox/outbox"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // Whatever a handler's error or a publisher's message holds (an invalid UTF-8 byte, a NUL,

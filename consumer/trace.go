@@ -4,12 +4,10 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
-
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/tracing"
 )
 
 // Process spans. Each time the consumer handles a message (a per-message Handler, in either

@@ -3,13 +3,13 @@ package consumer
 import (
 	"context"
 	"errors"
-	"github.com/txoutbox/txoutbox"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 

@@ -27,8 +27,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/dbhandle"
 	"io/fs"
 	"regexp"
 	"sort"
@@ -38,6 +36,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
 )
 
 // FS holds the migration files, for tools that want to read or copy them.

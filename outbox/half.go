@@ -16,9 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/dbhandle"
-	"github.com/txoutbox/txoutbox/internal/prom"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -26,6 +23,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox"
+	"github.com/txoutbox/txoutbox/internal/dbhandle"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 

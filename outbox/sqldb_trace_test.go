@@ -7,12 +7,11 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/testsvc"
-	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // PrepareSQL traces as Prepare does, with each driver: with Config.EnqueueSpan, the same

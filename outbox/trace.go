@@ -7,12 +7,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/store"
-	"github.com/txoutbox/txoutbox/internal/tracing"
 )
 
 // tracer is a client's OpenTelemetry side (see Config.TracerProvider and Config.Propagator).

@@ -10,15 +10,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/internal/tracing"
+	"github.com/txoutbox/txoutbox/outbox"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/testsvc"
-	"github.com/txoutbox/txoutbox/internal/tracing"
-	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // newTracing returns an always-sampling tracer provider recording into an in-memory exporter.

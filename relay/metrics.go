@@ -3,11 +3,11 @@ package relay
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox/internal/prom"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox/internal/prom"
 	"github.com/txoutbox/txoutbox/internal/store"
 )
 

@@ -4,11 +4,10 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/tracing"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Publish spans. The relay starts one span per message it hands to NATS that carries a trace

@@ -9,16 +9,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/consumer"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
+	"github.com/txoutbox/txoutbox/outbox"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/consumer"
-	"github.com/txoutbox/txoutbox/internal/testsvc"
-	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
-	"github.com/txoutbox/txoutbox/outbox"
 )
 
 func traceAttrs(kvs []attribute.KeyValue) map[string]string {

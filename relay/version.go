@@ -2,7 +2,6 @@ package relay
 
 import (
 	"github.com/nats-io/nats.go"
-
 	"github.com/txoutbox/txoutbox/internal/natsver"
 )
 

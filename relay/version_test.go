@@ -3,12 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
-	"github.com/txoutbox/txoutbox"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )

@@ -7,11 +7,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/relay"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // The tracing cost (drain --trace): the same backlog drained again, in the same run, by a

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
 	"math/rand/v2"
 	"net/url"
@@ -27,6 +26,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
 )
 

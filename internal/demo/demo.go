@@ -3,8 +3,6 @@ package demo
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -19,10 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 	"github.com/txoutbox/txoutbox/relay"
 )
 

@@ -2,7 +2,6 @@ package demo
 
 import (
 	"context"
-	"github.com/txoutbox/txoutbox/relay"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,6 +10,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/ops"
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
+	"github.com/txoutbox/txoutbox/relay"
 )
 
 // registerer is where the components register their metrics: the run's registry, or none.

@@ -3,12 +3,12 @@ package demo
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"io"
 	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/consumer"
 	"github.com/txoutbox/txoutbox/internal/fault"
 )

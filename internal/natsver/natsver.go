@@ -4,11 +4,11 @@ package natsver
 
 import (
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/txoutbox/txoutbox"
 )
 
 // Check returns a *ServerVersionError when the server nc is connected to announced a version

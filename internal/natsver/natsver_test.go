@@ -2,9 +2,10 @@ package natsver
 
 import (
 	"errors"
-	"github.com/txoutbox/txoutbox"
 	"strings"
 	"testing"
+
+	"github.com/txoutbox/txoutbox"
 )
 
 func TestLess(t *testing.T) {

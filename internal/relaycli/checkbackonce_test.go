@@ -1,9 +1,8 @@
 package relaycli
 
 import (
-	"errors"
-
 	"context"
+	"errors"
 	"strings"
 	"testing"
 

@@ -18,10 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/relay"
+	"go.yaml.in/yaml/v3"
 )
 
 const deployDir = "../../deploy"

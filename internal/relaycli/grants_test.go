@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox/outbox/checker"
 	"log/slog"
 	"net/url"
 	"slices"
@@ -27,6 +26,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/checker"
 )
 
 // wantDenied fails unless err is PostgreSQL's insufficient_privilege (42501).

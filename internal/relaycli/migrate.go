@@ -3,9 +3,9 @@ package relaycli
 import (
 	"context"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"text/tabwriter"
 
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/migrations"
 )
 

@@ -5,15 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"log/slog"
-
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/checkback"
 	"github.com/txoutbox/txoutbox/internal/fault"
 	"github.com/txoutbox/txoutbox/internal/redact"

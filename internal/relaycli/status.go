@@ -2,8 +2,8 @@ package relaycli
 
 import (
 	"context"
-	"github.com/txoutbox/txoutbox"
 
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/status"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/migrations"

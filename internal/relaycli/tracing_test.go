@@ -29,14 +29,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
+	"github.com/txoutbox/txoutbox/outbox"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/txoutbox/txoutbox/internal/testsvc"
-	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver: it records the spans exported to it.

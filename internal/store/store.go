@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/txoutbox/txoutbox"
 	"hash/fnv"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/txoutbox/txoutbox"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 )
 

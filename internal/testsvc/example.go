@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/txoutbox/txoutbox/internal/embedded"
 )
 

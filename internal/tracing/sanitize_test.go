@@ -9,15 +9,14 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/txoutbox/txoutbox/internal/tracing"
+	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/tracing"
-	"github.com/txoutbox/txoutbox/internal/tracing/tracingtest"
 )
 
 func recorder(t *testing.T) (trace.Tracer, *tracetest.InMemoryExporter) {

@@ -4,10 +4,9 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go/micro"
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txoutbox/txoutbox/internal/tracing"
 )
 
 // checkerTracer is a checker's OpenTelemetry side: a span per check answered, continuing the

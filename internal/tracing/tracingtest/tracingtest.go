@@ -16,13 +16,12 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/txoutbox/txoutbox/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/txoutbox/txoutbox/internal/tracing"
 )
 
 // HostileText is an error text as any outside party may write it: an invalid UTF-8 byte, a
