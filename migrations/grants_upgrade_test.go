@@ -135,9 +135,14 @@ func TestProducerGrantedBeforeMigration5KeepsWorking(t *testing.T) {
 	}
 	// The Go client's commit statement reads deliver_at too (internal/store/half.go).
 	asProducer("read deliver_at", `SELECT deliver_at FROM txoutbox_messages LIMIT 1`)
-	// Reverting 012 gives the role EXECUTE on them back, as it had it.
-	if _, err := m.Down(ctx, db.Pool, 1); err != nil {
-		t.Fatalf("down from 12: %v", err)
+	// Migration 13: txoutbox_prepare's new txoutbox_check_immunity is the producer's to call
+	// (EXECUTE carried over from txoutbox_prepare's grantees), and both bounds are TX008.
+	asProducer("prepare after 013", `SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', check_immunity => '1 hour')`)
+	asProducerRefused("prepare with a negative check immunity after 013", `SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', check_immunity => '-1 day')`, "TX008")
+	asProducerRefused("prepare with a check immunity of 1000 years after 013", `SELECT txoutbox_prepare('orders.x', 'p', producer_group => 'g1', check_immunity => '1000 years')`, "TX008")
+	// Reverting 013 and 012 gives the role EXECUTE on 004's functions back, as it had it.
+	if _, err := m.Down(ctx, db.Pool, 2); err != nil {
+		t.Fatalf("down from 13 to 11: %v", err)
 	}
 	asProducer("migration 004's enqueue after 012 is reverted", `SELECT txoutbox_enqueue_v4('orders.x', 'p')`)
 }

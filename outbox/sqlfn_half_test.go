@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/migrations"
@@ -188,9 +190,24 @@ func TestSQLHalfMessagesAgreeWithGo(t *testing.T) {
 			t.Errorf("prepare with check immunity %s: Go %s, SQL %s; want %s", tc.immunity, g, s, tc.want)
 		}
 	}
+	// The largest check immunity Prepare can be given (the largest time.Duration) is accepted
+	// by both; above it, which only SQL can be given, is TX008 naming check_immunity (it was
+	// 'timestamp out of range', 22008, from the INSERT), however large.
+	_, goErr := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "h.v"}, &outbox.PrepareOptions{Group: "orders", CheckImmunity: math.MaxInt64})
+	sqlErr := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'orders', check_immunity => $1)`, time.Duration(math.MaxInt64)).Scan(new(uuid.UUID))
+	if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != "ok" || s != "ok" {
+		t.Errorf("prepare with the largest check immunity: Go %s (%v), SQL %s (%v); want ok", g, goErr, s, sqlErr)
+	}
+	for _, iv := range []string{"2562047:47:16.854776", "300 years", "100000000 years"} {
+		err := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'orders', check_immunity => $1::interval)`, iv).Scan(new(uuid.UUID))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "TX008" || !strings.HasPrefix(pgErr.Message, "txoutbox_prepare: check_immunity: invalid argument: at most ") {
+			t.Errorf("txoutbox_prepare with check immunity %s: %v; want TX008 naming check_immunity", iv, err)
+		}
+	}
 	// Both wrong: the same first complaint.
-	_, goErr := c.Prepare(ctx, db.Pool, outbox.Message{Subject: "h.v"}, &outbox.PrepareOptions{Group: "bad group", CheckImmunity: -time.Second})
-	sqlErr := db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'bad group', check_immunity => '-1 second')`).Scan(new(uuid.UUID))
+	_, goErr = c.Prepare(ctx, db.Pool, outbox.Message{Subject: "h.v"}, &outbox.PrepareOptions{Group: "bad group", CheckImmunity: -time.Second})
+	sqlErr = db.Pool.QueryRow(ctx, `SELECT txoutbox_prepare('h.v', '', producer_group => 'bad group', check_immunity => '-1 second')`).Scan(new(uuid.UUID))
 	if g, s := goOutcome(goErr), sqlOutcome(sqlErr); g != "TX008" || s != "TX008" {
 		t.Errorf("prepare with a bad group and a negative check immunity: Go %s, SQL %s; want TX008", g, s)
 	}

@@ -682,8 +682,8 @@ func TestProducerCannotForgeOtherMessagesState(t *testing.T) {
 	_, err = producer.Exec(ctx, `SELECT txoutbox_prepare_v4('orders.x', 'p', producer_group => 'g1', check_immunity => '-1 day')`)
 	wantDenied(t, "producer calls txoutbox_prepare_v4", err)
 	var contract int
-	if err := producer.QueryRow(ctx, `SELECT txoutbox_contract_version()`).Scan(&contract); err != nil || contract != 12 {
-		t.Errorf("producer reads txoutbox_contract_version: %d, %v; want 12", contract, err)
+	if err := producer.QueryRow(ctx, `SELECT txoutbox_contract_version()`).Scan(&contract); err != nil || contract != 13 {
+		t.Errorf("producer reads txoutbox_contract_version: %d, %v; want 13", contract, err)
 	}
 	if err := client.Rollback(ctx, producer, half.ID); err != nil {
 		t.Errorf("producer Rollback: %v", err)
