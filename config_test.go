@@ -487,6 +487,9 @@ func TestNilArgumentsAreConfigErrors(t *testing.T) {
 		{"checkback", "db", func() error { _, err := checkback.New((*pgxpool.Pool)(nil), nil, nil); return err }()},
 		{"checker", "nc", func() error { _, err := checker.Serve(nil, "g", answer, nil); return err }()},
 		{"checker", "check", func() error { _, err := checker.Serve(new(nats.Conn), "g", nil, nil); return err }()},
+		{"outbox", "nc", outbox.NewNATSDoorbell(nil, "").Err()},
+		{"outbox", "db", outbox.NewPostgresDoorbell(nil, "").Err()},
+		{"outbox", "db", outbox.NewPostgresSQLDoorbell(nil, "").Err()},
 	} {
 		var ce *txoutbox.ConfigError
 		if !errors.As(tc.err, &ce) || ce.Package != tc.pkg || ce.Field != tc.arg || !errors.Is(tc.err, txoutbox.ErrInvalidConfig) {
