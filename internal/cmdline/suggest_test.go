@@ -24,7 +24,7 @@ func TestEverySuggestedCommandNamesTheSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := regexp.MustCompile("relay (dead|prepared|scheduled|migrate|status|checkback)\\b")
+	cmd := regexp.MustCompile(`relay (dead|prepared|scheduled|migrate|status|checkback)\b`)
 	skip := map[string]bool{"internal/relaycli": true, "migrations": true, "cmd": true}
 	var bad []string
 	seen := 0
