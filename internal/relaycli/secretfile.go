@@ -79,15 +79,26 @@ func pathErrReason(err error) string {
 
 // withoutValues returns err's text with every non-empty value of values replaced by a mask:
 // for the errors of a library (nats.go, pgx) about a setting whose value must not be shown.
+// A value shorter than minMasked bytes that occurs in the text may be one of the text's own
+// words (a password "TLS" in "failed to configure TLS"): masking it would both garble the
+// text and show where, and what, the value is. The whole text is withheld instead.
 func withoutValues(err error, values ...string) string {
 	s := err.Error()
 	for _, v := range values {
-		if v = strings.TrimSpace(v); v != "" {
-			s = strings.ReplaceAll(s, v, "<value not shown>")
+		v = strings.TrimSpace(v)
+		if v == "" || !strings.Contains(s, v) {
+			continue
 		}
+		if len(v) < minMasked {
+			return "the library's error is not shown: it holds a value that must not be shown"
+		}
+		s = strings.ReplaceAll(s, v, "<value not shown>")
 	}
 	return s
 }
+
+// minMasked is the shortest secret withoutValues masks in place.
+const minMasked = 8
 
 // settingName names a setting that is a flag and an environment variable, as errors do.
 func settingName(flag string) string {

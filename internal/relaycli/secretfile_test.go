@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"errors"
 	"net/url"
 	"os"
 	"strings"
@@ -164,5 +165,22 @@ func TestSecretSettingsAreNeverEchoed(t *testing.T) {
 				t.Errorf("run with %s: a secret is echoed: %q", c.name, out)
 			}
 		}
+	}
+}
+
+// A short secret is not masked inside the library's text, where it may be one of the text's
+// own words: the text is withheld whole. A long one is masked where it occurs.
+func TestWithoutValuesShortSecretWithholdsTheText(t *testing.T) {
+	t.Parallel()
+	err := errors.New("failed to configure TLS (sslmode is invalid)")
+	if got := withoutValues(err, "TLS"); strings.Contains(got, "TLS") || strings.Contains(got, "configure") {
+		t.Errorf("short secret: %q, want the text withheld", got)
+	}
+	if got := withoutValues(err, "absent-secret"); got != err.Error() {
+		t.Errorf("a secret not in the text: %q, want the text as it is", got)
+	}
+	long := errors.New("open s3cr3t-passw0rd: no such file")
+	if got := withoutValues(long, "s3cr3t-passw0rd"); got != "open <value not shown>: no such file" {
+		t.Errorf("long secret: %q", got)
 	}
 }
