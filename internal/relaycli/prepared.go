@@ -2,6 +2,7 @@ package relaycli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -150,17 +151,13 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		more := len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 		if asJSON {
-			ids := make([]uuid.UUID, 0, len(rows))
-			for _, r := range rows {
-				ids = append(ids, r.MessageID)
-			}
-			more, err := listRowFields(ctx, c.Pool, q, ids)
-			if err != nil {
-				return err
-			}
 			out := make([]preparedRow, 0, len(rows))
 			for _, r := range rows {
-				out = append(out, preparedJSON(r, more[r.MessageID]))
+				row, err := preparedJSON(r)
+				if err != nil {
+					return err
+				}
+				out = append(out, row)
 			}
 			return writeJSON(env, out)
 		}
@@ -284,12 +281,17 @@ type preparedRow struct {
 	NextCheckAt *time.Time `json:"next_check_at"`
 }
 
-// preparedJSON is r with the common fields its query leaves out (more, from listRowFields).
-func preparedJSON(r store.HalfRow, more listRow) preparedRow {
-	row := listRow{MessageID: r.MessageID, State: r.State, Subject: r.Subject, Key: r.Key, Attempts: more.Attempts,
-		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: more.PayloadBytes, Headers: more.Headers}
+// preparedJSON is r as a row of relay prepared list --json.
+func preparedJSON(r store.HalfRow) (preparedRow, error) {
+	row := listRow{MessageID: r.MessageID, State: r.State, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
+		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: r.PayloadBytes}
+	if len(r.Headers) > 0 {
+		if err := json.Unmarshal(r.Headers, &row.Headers); err != nil {
+			return preparedRow{}, fmt.Errorf("message %s: its stored headers: %w", r.MessageID, err)
+		}
+	}
 	row.noNilHeaders()
-	return preparedRow{listRow: row, Group: r.Group, Mode: r.Mode, Checks: r.CheckCount, NextCheckAt: r.NextCheckAt}
+	return preparedRow{listRow: row, Group: r.Group, Mode: r.Mode, Checks: r.CheckCount, NextCheckAt: r.NextCheckAt}, nil
 }
 
 func dash(s string) string {

@@ -158,19 +158,11 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 		more := len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 		if asJSON {
-			ids := make([]uuid.UUID, 0, len(rows))
-			for _, r := range rows {
-				ids = append(ids, r.MessageID)
-			}
-			more, err := listRowFields(ctx, c.Pool, q, ids)
-			if err != nil {
-				return err
-			}
 			out := make([]scheduledRowJSON, 0, len(rows))
 			for _, r := range rows {
-				m := more[r.MessageID]
-				row := listRow{MessageID: r.MessageID, State: store.StateScheduled, Subject: r.Subject, Key: r.Key, Attempts: m.Attempts,
-					CreatedAt: r.CreatedAt, LastError: m.LastError, PayloadBytes: r.PayloadBytes, Headers: m.Headers}
+				// The list reads scheduled rows only.
+				row := listRow{MessageID: r.MessageID, State: store.StateScheduled, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
+					CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: r.PayloadBytes, Headers: r.Headers}
 				row.noNilHeaders()
 				out = append(out, scheduledRowJSON{listRow: row, BizKey: r.BizKey, DeliverAt: r.DeliverAt, DueAt: r.DueAt})
 			}

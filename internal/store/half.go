@@ -160,7 +160,7 @@ WHERE state = 'prepared' AND check_count > 0 AND producer_group = ANY($1::text[]
   FOR UPDATE SKIP LOCKED
 ))`
 	h.list = `SELECT id, message_id, subject, coalesce(msg_key, ''), state, coalesce(producer_group, ''), coalesce(check_mode, ''),
-    check_count, created_at, next_check_at, coalesce(last_error, '')
+    check_count, created_at, next_check_at, coalesce(last_error, ''), attempts, coalesce(octet_length(payload), 0), headers
 FROM ` + m + `
 WHERE state = ANY($1::text[]) AND ($2::text = '' OR producer_group = $2)
 ORDER BY created_at, id
@@ -286,6 +286,9 @@ type HalfRow struct {
 	CreatedAt   time.Time
 	NextCheckAt *time.Time
 	LastError   string
+	// Attempts and PayloadBytes are read by ListHalf only.
+	Attempts     int32
+	PayloadBytes int64
 }
 
 // ClaimChecks leases up to limit checker-mode rows prepared longer than timeout whose next
@@ -438,7 +441,8 @@ func (q *Queries) CheckedGroups(ctx context.Context, db DBTX, groups []string) (
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// ListHalf returns up to limit rows in the given states (of group, unless ""), oldest first.
+// ListHalf returns up to limit rows in the given states (of group, unless ""), oldest first,
+// with their attempts, payload size and headers.
 func (q *Queries) ListHalf(ctx context.Context, db DBTX, states []string, group string, limit int) ([]HalfRow, error) {
 	rows, err := db.Query(ctx, q.half.list, states, group, limit)
 	if err != nil {
@@ -448,7 +452,8 @@ func (q *Queries) ListHalf(ctx context.Context, db DBTX, states []string, group 
 	var out []HalfRow
 	for rows.Next() {
 		var r HalfRow
-		if err := rows.Scan(&r.ID, &r.MessageID, &r.Subject, &r.Key, &r.State, &r.Group, &r.Mode, &r.CheckCount, &r.CreatedAt, &r.NextCheckAt, &r.LastError); err != nil {
+		if err := rows.Scan(&r.ID, &r.MessageID, &r.Subject, &r.Key, &r.State, &r.Group, &r.Mode, &r.CheckCount, &r.CreatedAt, &r.NextCheckAt, &r.LastError,
+			&r.Attempts, &r.PayloadBytes, &r.Headers); err != nil {
 			return nil, err
 		}
 		out = append(out, r)

@@ -194,7 +194,8 @@ WHERE `
           (SELECT min(` + dueSQL("o") + `) FROM (SELECT deliver_at, created_at, settled_at FROM ` + m + `
             WHERE state = 'scheduled' AND deliver_at <= now() ORDER BY deliver_at LIMIT ` + strconv.Itoa(overdueScan) + `) o),
           (SELECT deliver_at FROM ` + m + ` WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1)) - now())::float8)`
-	s.list = `SELECT message_id, subject, coalesce(msg_key, ''), coalesce(` + bizKey + `, ''), deliver_at, ` + dueSQL("o") + `, created_at, length(payload)
+	s.list = `SELECT message_id, subject, coalesce(msg_key, ''), coalesce(` + bizKey + `, ''), deliver_at, ` + dueSQL("o") + `, created_at, coalesce(octet_length(payload), 0),
+    attempts, coalesce(last_error, ''), headers
 FROM ` + m + ` o
 WHERE state = 'scheduled' AND ($1::text = '' OR subject = $1) AND ($2::timestamptz IS NULL OR deliver_at <= $2)
 ORDER BY deliver_at, id
@@ -436,9 +437,12 @@ type ScheduledRow struct {
 	DeliverAt time.Time `json:"deliver_at"`
 	// DueAt is when it became or becomes due (see dueSQL): its delivery time, or its insert
 	// or last reschedule when that came later.
-	DueAt        time.Time `json:"due_at"`
-	CreatedAt    time.Time `json:"created_at"`
-	PayloadBytes int64     `json:"payload_bytes"`
+	DueAt        time.Time           `json:"due_at"`
+	CreatedAt    time.Time           `json:"created_at"`
+	PayloadBytes int64               `json:"payload_bytes"`
+	Attempts     int32               `json:"attempts"`
+	LastError    string              `json:"last_error"`
+	Headers      map[string][]string `json:"headers"`
 }
 
 // ListScheduled returns up to limit scheduled messages in due order, of subject (any when
@@ -450,7 +454,8 @@ func (q *Queries) ListScheduled(ctx context.Context, db DBTX, subject string, du
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduledRow, error) {
 		var s ScheduledRow
-		err := r.Scan(&s.MessageID, &s.Subject, &s.Key, &s.BizKey, &s.DeliverAt, &s.DueAt, &s.CreatedAt, &s.PayloadBytes)
+		err := r.Scan(&s.MessageID, &s.Subject, &s.Key, &s.BizKey, &s.DeliverAt, &s.DueAt, &s.CreatedAt, &s.PayloadBytes,
+			&s.Attempts, &s.LastError, &s.Headers)
 		return s, err
 	})
 }
