@@ -252,7 +252,7 @@ func (c *Client) prepareRowAndInsert(ctx context.Context, msg Message, opts *Pre
 	if err != nil {
 		if dup(err) {
 			return Half{}, &MessageError{Index: 0, ID: row.MessageID, Subject: msg.Subject, Err: ErrDuplicateID,
-				Detail: "a message with this id is already in the outbox"}
+				Detail: fmt.Sprintf("a message with this id is already in the outbox (%v)", err)}
 		}
 		return Half{}, fmt.Errorf("outbox: prepare: %w", err)
 	}

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,8 +75,8 @@ func TestPrepareValidation(t *testing.T) {
 	// A duplicate id is a bad message like any other: a *MessageError naming it.
 	_, err := c.Prepare(ctx, db.Pool, outbox.Message{ID: id, Subject: "a.b"}, &outbox.PrepareOptions{Group: "g"})
 	var me *outbox.MessageError
-	if !errors.Is(err, outbox.ErrDuplicateID) || !errors.As(err, &me) || me.Index != 0 || me.ID != id || me.Subject != "a.b" || me.Detail == "" {
-		t.Fatalf("duplicate prepare: got %#v, want a *MessageError of message 0 (id %s, subject a.b) wrapping ErrDuplicateID", err, id)
+	if !errors.Is(err, outbox.ErrDuplicateID) || !errors.As(err, &me) || me.Index != 0 || me.ID != id || me.Subject != "a.b" || !strings.Contains(me.Detail, "already in the outbox (") || !strings.Contains(me.Detail, "23505") {
+		t.Fatalf("duplicate prepare: got %#v, want a *MessageError of message 0 (id %s, subject a.b) wrapping ErrDuplicateID, its detail keeping the server's error", err, id)
 	}
 }
 

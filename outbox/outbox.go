@@ -354,8 +354,10 @@ func (c *Client) enqueue(ctx context.Context, msgs []Message, insert func([]stor
 					Detail: "a message with this id is already in the outbox"}
 			}
 			if len(msgs) == 1 { // the server did not say which id, but there is only one
+				// Its error is kept: on a driver that names no constraint, a unique violation
+				// is taken for the id's, and the text lets a user see if it was something else.
 				return nil, &MessageError{Index: 0, ID: ids[0], Subject: msgs[0].Subject, Err: ErrDuplicateID,
-					Detail: "a message with this id is already in the outbox"}
+					Detail: fmt.Sprintf("a message with this id is already in the outbox (%v)", err)}
 			}
 			return nil, fmt.Errorf("outbox: %w: a message with one of these ids is already in the outbox: %v", ErrDuplicateID, err)
 		}
