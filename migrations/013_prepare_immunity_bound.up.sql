@@ -9,9 +9,12 @@
 -- SQL contract's version is 13.
 
 -- Raises TX008 naming ctx's check_immunity when it is negative or above the largest Go
--- time.Duration (its microseconds: 2562047:47:16.854775).
+-- time.Duration (its microseconds: 2562047:47:16.854775). PostgreSQL compares intervals with
+-- a month counted as 30 days and a day as 24 hours, so an interval given in years passes up to
+-- about 296 of them (a year counted as 360 days): harmless, the INSERT's timestamp reaches
+-- year 294276. STABLE, not IMMUTABLE: the error text depends on IntervalStyle.
 CREATE FUNCTION txoutbox_check_immunity(ctx text, check_immunity interval) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $fn$
+LANGUAGE plpgsql STABLE AS $fn$
 BEGIN
     IF check_immunity < interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'TX008',
@@ -19,7 +22,7 @@ BEGIN
     END IF;
     IF check_immunity > interval '2562047:47:16.854775' THEN
         RAISE EXCEPTION USING ERRCODE = 'TX008',
-            MESSAGE = format('%scheck_immunity: invalid argument: at most 2562047:47:16.854775 (about 292 years, the largest Go time.Duration), got %s', ctx, check_immunity);
+            MESSAGE = format('%scheck_immunity: invalid argument: at most 2562047:47:16.854775, the largest Go time.Duration (a month counted as 30 days), got %s', ctx, check_immunity);
     END IF;
 END
 $fn$;
