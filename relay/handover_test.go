@@ -241,3 +241,47 @@ func TestIdleRelayWithItsConnectionDownIsNotReady(t *testing.T) {
 	e.enqueue(outbox.Message{Subject: "orders.created", Key: "k"})
 	testsvc.Eventually(t, 10*time.Second, "the row published after the connection came back", func() bool { return e.count("true") == 0 })
 }
+
+// So is a relay on standby (every partition held by another): with its connection down it
+// could not take over a partition's publishing either, and it is not ready until the
+// connection is back, when it is on standby again.
+func TestStandbyRelayWithItsConnectionDownIsNotReady(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := func(id string) *Config {
+		return &Config{ID: id, Schema: e.db.Schema, Partitions: 1, LeaseInterval: 50 * time.Millisecond,
+			HandoverAfter: 300 * time.Millisecond, PollMin: 10 * time.Millisecond, PollMax: 50 * time.Millisecond,
+			PublishTimeout: 200 * time.Millisecond, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: quietLogger()}
+	}
+	holder := e.start(cfg("holder"))
+	testsvc.Eventually(t, 10*time.Second, "the first relay to hold the partition", func() bool { return len(holder.Partitions()) == 1 })
+
+	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
+	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standby, err := New(e.db.Pool, js, cfg("standby"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- standby.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testsvc.Eventually(t, 10*time.Second, "the second relay on standby", func() bool { return standby.Health() == HealthStandby })
+
+	proxy.cut()
+	testsvc.Eventually(t, 10*time.Second, "the standby relay nats_unavailable", func() bool { return standby.Health() == HealthNATSUnavailable })
+	if len(holder.Partitions()) != 1 || holder.Health() != HealthOK {
+		t.Fatalf("the holder: %v partitions, health %s; want it untouched", holder.Partitions(), holder.Health())
+	}
+	proxy.restore(t)
+	testsvc.Eventually(t, 15*time.Second, "the relay on standby again", func() bool { return standby.Health() == HealthStandby })
+}

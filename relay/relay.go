@@ -448,14 +448,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		switch {
 		case err == nil:
 			outage, streamWait = 0, 0
-			if nc := r.pub.Conn(); !nc.IsConnected() {
-				// Nothing was due, but nothing could have been published either: an idle
-				// relay whose connection is down is not ready (/readyz, the health gauge), and
-				// the handover clock starts now, not at the first row that fails to go out.
-				r.setHealth(healthNATSDown, fmt.Errorf("%w: NATS connection %s", errBrokerUnavailable, nc.Status()))
-			} else {
-				r.setHealth(healthOK, nil)
-			}
+			r.setIdleHealth(healthOK)
 			wait, poll = poll, min(mulSat(2, poll), r.cfg.PollMax)
 			wait = r.capWait(wait) // wake when the next delayed message falls due
 		case errors.Is(err, errStreamUnavailable):
@@ -465,7 +458,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			streamWait++
 			wait = backoff(streamWait, 50*time.Millisecond, outageRecheck, r.cfg.BackoffJitter)
 		case errors.Is(err, errNoPartitions):
-			r.setHealth(healthStandby, nil)
+			r.setIdleHealth(healthStandby)
 			wait = r.cfg.LeaseInterval
 		case errors.Is(err, ErrPartitionMismatch):
 			return err
@@ -775,6 +768,18 @@ func classifyHealth(err error) healthState {
 		return healthNATSDown
 	}
 	return healthPostgresDown
+}
+
+// setIdleHealth sets h, the state of a relay that had nothing to publish (ok, or standby
+// without partitions), unless its NATS connection is down: then nothing could have been
+// published either, and the relay is not ready (/readyz, the health gauge); the handover
+// clock starts then, not at the first row that fails to go out.
+func (r *Relay) setIdleHealth(h healthState) {
+	if nc := r.pub.Conn(); !nc.IsConnected() {
+		r.setHealth(healthNATSDown, fmt.Errorf("%w: NATS connection %s", errBrokerUnavailable, nc.Status()))
+		return
+	}
+	r.setHealth(h, nil)
 }
 
 // setHealth logs state changes only, never each retry.
