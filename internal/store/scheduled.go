@@ -133,7 +133,11 @@ func newScheduledSQL(q *Queries) scheduledSQL {
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM due),
        (SELECT extract(epoch FROM deliver_at - now())::float8 FROM ` + m + `
         WHERE state = 'scheduled' AND deliver_at > now() ORDER BY deliver_at LIMIT 1),
-       busy.keys, busy.most
+       busy.keys, busy.most,
+       -- A promotion commits synchronously (the relay's session has synchronous_commit off):
+       -- a row promoted, published and then lost with the commit in a crash would be
+       -- scheduled again, and a cancel would then succeed for a message already in the stream.
+       CASE WHEN EXISTS (SELECT 1 FROM moved) THEN set_config('synchronous_commit', 'on', true) END
 FROM busy`
 	// The next due row of each of the keys $1, one statement per row of a key, run after
 	// promote in its transaction (PromoteAndClaim): a key with many due rows gets them all
@@ -161,7 +165,7 @@ FROM busy`
   FROM locked l WHERE o.id = l.id AND o.state = 'scheduled'
   RETURNING 1
 )
-SELECT count(*) FROM moved`
+SELECT count(*), CASE WHEN count(*) > 0 THEN set_config('synchronous_commit', 'on', true) END FROM moved` // as promote
 	cancel := `UPDATE ` + m + ` SET state = 'rolled_back', settled_by = '` + SettledByCancel + `', settled_at = clock_timestamp()
 WHERE `
 	s.cancel = cancel + `message_id = $1 AND state = 'scheduled'`
@@ -269,7 +273,8 @@ func scanPromotion(row pgx.Row, limit int) (Promotion, error) {
 	var secs *float64
 	var p Promotion
 	var most int64
-	if err := row.Scan(&moved, &due, &secs, &p.Busy, &most); err != nil {
+	var syncCommit *string
+	if err := row.Scan(&moved, &due, &secs, &p.Busy, &most, &syncCommit); err != nil {
 		return Promotion{}, err
 	}
 	p.Moved, p.More, p.Rows = int(moved), due > moved || due == int64(limit) || most > 1, int(most)
@@ -301,7 +306,8 @@ func (q *Queries) PromoteAndClaim(ctx context.Context, db DBTX, limit int, f Fol
 	}
 	for range b.Len() - 2 {
 		var moved int64
-		if err := br.QueryRow().Scan(&moved); err != nil {
+		var syncCommit *string
+		if err := br.QueryRow().Scan(&moved, &syncCommit); err != nil {
 			_ = br.Close()
 			return Promotion{}, nil, err
 		}

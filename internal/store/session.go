@@ -28,7 +28,9 @@ import "context"
 //     310 ms after Run instead of 15 ms (the yardstick's drain includes the start).
 //   - synchronous_commit off: a settle lost in a PostgreSQL crash only makes its rows ready
 //     again, and they are republished and deduplicated as after a relay crash; in exchange the
-//     relay never waits for a WAL flush.
+//     relay waits for no WAL flush, except when a claim promotes delayed messages: a lost
+//     promotion would make a published row scheduled again, which a cancel could then
+//     withdraw, so the promotion statements turn synchronous_commit on for their transaction.
 //   - TCP keepalives and user timeout: when the relay's host dies or its network is cut,
 //     PostgreSQL ends this session — and releases its partition locks — within seconds instead
 //     of the system default of about two hours, so a standby takes over.
