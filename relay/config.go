@@ -156,8 +156,9 @@ type Config struct {
 	// no_ack, sealed, a mirror or a counter stream: ErrStreamUnusable), takes messages as large
 	// as the producers may enqueue (MaxMessageBytes: ErrMessageLimit) and that its duplicate
 	// window covers the relays' worst republish delay, RequiredDuplicateWindow: PublishTimeout
-	// + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
-	// 14×LeaseInterval), 65s with the defaults. See CheckStreams. Defaults to none.
+	// + min(PublishTimeout, 2s) + PollMax + max(BackoffMax, HandoverAfter + 2×LeaseInterval,
+	// 11s + 2×LeaseInterval, 14×LeaseInterval), 68s with the defaults. See CheckStreams.
+	// Defaults to none.
 	Subjects []string
 
 	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no
@@ -267,8 +268,10 @@ func hostname() string {
 // the relays of one outbox make while they run, all configured like c. A message stored at
 // time S is republished (sent again, because its row was not settled) at the latest:
 //
-//   - by the same relay, after a publish whose PubAck timed out and its outage backoff:
-//     PublishTimeout + BackoffMax;
+//   - by the same relay, after a publish whose PubAck timed out, the look at JetStream that
+//     explains it (min(PublishTimeout, 2s)) and its backoff: PublishTimeout + min(PublishTimeout,
+//     2s) + BackoffMax, and a poll interval more (PollMax) when the backoff was the row's own
+//     (a failed row waits for the next claim after its retry time);
 //   - by the relay its partitions were handed to while its NATS connection was down:
 //     PublishTimeout + HandoverAfter + 2×LeaseInterval (unless HandoverAfter is txoutbox.Off);
 //   - by the relay that takes its partitions once PostgreSQL ended its lease session (the
@@ -280,9 +283,12 @@ func hostname() string {
 //     see that heartbeat and one to take the partitions and claim: PublishTimeout +
 //     14×LeaseInterval.
 //
-// So: PublishTimeout + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
+// A relay that took partitions while it slept (it already held some) claims their rows at its
+// next poll: each takeover may wait PollMax more; and the look at JetStream comes before the
+// handover clock starts. So, every term with both: PublishTimeout + min(PublishTimeout, 2s) +
+// PollMax + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval,
 // 14×LeaseInterval). The configuration's defaults apply to unset fields (a nil Config is the
-// defaults'): with the defaults, 5s + 1m = 65s. The frozen relay itself never
+// defaults'): with the defaults, 5s + 2s + 1s + 1m = 68s. The frozen relay itself never
 // republishes: a lease also expires on its holder's monotonic clock, 10 lease intervals
 // after its last successful lease round, and a relay checks that expiry immediately before it
 // hands each message to the NATS client, so a relay that wakes after being fenced sends
@@ -319,7 +325,7 @@ func (c *Config) RequiredDuplicateWindow() time.Duration {
 		d = max(d, addSat(c.HandoverAfter, mulSat(2, c.LeaseInterval)))
 	}
 	d = max(d, addSat(sessionEndBound, mulSat(2, c.LeaseInterval)), mulSat(fenceFactor+3, c.LeaseInterval))
-	return addSat(c.PublishTimeout, d)
+	return addSat(addSat(addSat(c.PublishTimeout, min(c.PublishTimeout, probeBound)), c.PollMax), d)
 }
 
 // addSat is a+b for non-negative durations, saturating at the largest time.Duration.

@@ -84,8 +84,8 @@ func TestRequiredDuplicateWindowSaturates(t *testing.T) {
 	if got := (&Config{PublishTimeout: math.MaxInt64}).MaxStopTime(); got != math.MaxInt64 {
 		t.Errorf("MaxStopTime = %s, want the largest duration", got)
 	}
-	if got := (&Config{}).RequiredDuplicateWindow(); got != 65*time.Second {
-		t.Errorf("RequiredDuplicateWindow with the defaults = %s, want 65s", got)
+	if got := (&Config{}).RequiredDuplicateWindow(); got != 68*time.Second {
+		t.Errorf("RequiredDuplicateWindow with the defaults = %s, want 68s (5s + 2s + 1s + 1m)", got)
 	}
 	if got := mulSat(2, math.MaxInt64/2+1); got != math.MaxInt64 {
 		t.Errorf("mulSat = %s", got)

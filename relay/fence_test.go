@@ -413,11 +413,14 @@ func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
 		cfg  Config
 		want time.Duration
 	}{
-		{"defaults: the backoff", Config{}, 5*time.Second + time.Minute},
-		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 140*time.Second},
-		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: txoutbox.Off}, 5*time.Second + 11200*time.Millisecond},
-		{"the handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: 30 * time.Second}, 5*time.Second + 30200*time.Millisecond},
-		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: txoutbox.Off, PublishTimeout: time.Second}, 13 * time.Second},
+		// Every term: PublishTimeout, the look at JetStream (min(PublishTimeout, 2s)) and PollMax
+		// (1s by default), then the longest delay.
+		{"defaults: the backoff", Config{}, 5*time.Second + 2*time.Second + time.Second + time.Minute},
+		{"the fence", Config{LeaseInterval: 10 * time.Second, BackoffMax: 30 * time.Second, HandoverAfter: txoutbox.Off}, 8*time.Second + 140*time.Second},
+		{"a dead host's session", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: txoutbox.Off}, 8*time.Second + 11200*time.Millisecond},
+		{"the handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: time.Second, HandoverAfter: 30 * time.Second}, 8*time.Second + 30200*time.Millisecond},
+		{"no handover", Config{LeaseInterval: 100 * time.Millisecond, BackoffMax: 12 * time.Second, HandoverAfter: txoutbox.Off, PublishTimeout: time.Second}, 15 * time.Second},
+		{"a short poll", Config{PollMax: 100 * time.Millisecond, PublishTimeout: 500 * time.Millisecond}, 500*time.Millisecond + 500*time.Millisecond + 100*time.Millisecond + time.Minute},
 	} {
 		if got := c.cfg.WithDefaults().RequiredDuplicateWindow(); got != c.want {
 			t.Errorf("%s: RequiredDuplicateWindow = %s, want %s", c.name, got, c.want)
@@ -427,8 +430,8 @@ func TestRequiredDuplicateWindowCoversEveryRepublish(t *testing.T) {
 			t.Errorf("%s: RequiredDuplicateWindow without WithDefaults = %s, want %s", c.name, got, c.want)
 		}
 	}
-	if got := (*Config)(nil).RequiredDuplicateWindow(); got != 5*time.Second+time.Minute {
-		t.Errorf("RequiredDuplicateWindow of a nil Config = %s, want the defaults' 1m5s", got)
+	if got := (*Config)(nil).RequiredDuplicateWindow(); got != 68*time.Second {
+		t.Errorf("RequiredDuplicateWindow of a nil Config = %s, want the defaults' 1m8s", got)
 	}
 }
 

@@ -312,7 +312,11 @@ func isBrokerError(err error) bool {
 var errAckWaitExpired = errors.New("relay: no PubAck within the publish timeout")
 
 // probeTimeout bounds a question asked to JetStream about the broker, a subject or a stream.
-func (r *Relay) probeTimeout() time.Duration { return min(r.cfg.PublishTimeout, 2*time.Second) }
+func (r *Relay) probeTimeout() time.Duration { return min(r.cfg.PublishTimeout, probeBound) }
+
+// probeBound bounds a look at JetStream that explains failed publishes (probeTimeout);
+// RequiredDuplicateWindow counts it.
+const probeBound = 2 * time.Second
 
 // jetStreamAnswers asks JetStream for account info, to tell "no stream for this subject" from
 // "JetStream is not there".
