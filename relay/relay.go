@@ -195,6 +195,13 @@ func (c *counters) snapshot() Stats {
 // Config.MaxInFlight bound it, and the relay handles every outcome itself, so js's
 // asynchronous publishing options (jetstream.WithPublishAsyncErrHandler and the like, which
 // nats.go does not show) do not apply to the relay's publishes.
+//
+// The connection decides how fast the relay notices that NATS is gone: connect with
+// nats.ReconnectBufSize(-1) (without it the handover and the write fence are off) and a
+// keepalive shorter than Config.HandoverAfter, as relay run does (nats.PingInterval(2s),
+// nats.MaxPingsOutstanding(2)): with nats.go's default, a server that stops answering without
+// closing the connection is noticed after minutes, and the relay keeps its partitions
+// meanwhile.
 func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg *Config) (*Relay, error) {
 	if err := dbhandle.RequireArg("relay", "pool", "a *pgxpool.Pool", pool); err != nil {
 		return nil, err

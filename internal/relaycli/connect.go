@@ -192,6 +192,12 @@ type connectOptions struct {
 	Waiting *waitState
 }
 
+// The NATS connection's keepalive: see connect.
+const (
+	natsPingInterval = 2 * time.Second
+	natsMaxPingsOut  = 2
+)
+
 func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	c := &conns{DSN: o.DSN, NATSURL: o.NATSURL, natsLost: make(chan struct{})}
 	fail := func(err error) (*conns, error) { c.Close(); return nil, err }
@@ -292,6 +298,13 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 		// Publishes fail while the connection is down instead of waiting in a buffer to go out
 		// late: the relay retries them itself, and may hand its partitions over meanwhile.
 		nats.ReconnectBufSize(-1),
+		// A connection whose server stopped answering without closing it (a network cut with
+		// no reset: a routing change, a firewall, a NAT timeout) is taken for lost after
+		// natsPingInterval × (natsMaxPingsOut + 1), 6 s, not nats.go's default 2 min × 3: the
+		// relay's publishes would time out meanwhile while the connection looked up, and it
+		// would keep its partitions instead of handing them over (--handover-after, 10 s).
+		nats.PingInterval(natsPingInterval),
+		nats.MaxPingsOutstanding(natsMaxPingsOut),
 		// Every write to the socket checks that it carries no message handed to the client
 		// under a partition lease that has ended since (a relay paused between the hand-off
 		// and the client's write): see relay.WriteFence.

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/relay"
@@ -70,4 +71,31 @@ func TestNATSConnectionIsWriteFenced(t *testing.T) {
 	if !c.NC.IsConnected() {
 		t.Fatal("the fenced connection is not connected")
 	}
+}
+
+// A NATS server that stops answering without closing the connection (a network cut with no
+// reset) is noticed within seconds: the connection leaves CONNECTED, so the relay's handover
+// clock runs (nats.go's default keepalive took minutes, while every publish timed out and the
+// relay kept its partitions).
+func TestHalfOpenNATSConnectionIsNoticed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testsvc.NewNATS(t)
+	proxy := newPausingProxy(t, strings.TrimPrefix(n.URL(), "nats://"))
+	c, err := connect(ctx, connectOptions{DSN: testsvc.PostgresDSN(t), NATSURL: "nats://" + proxy.Addr(), NeedNATS: true,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.NC.Opts.PingInterval != natsPingInterval || c.NC.Opts.MaxPingsOut != natsMaxPingsOut {
+		t.Fatalf("ping interval %s, max pings out %d", c.NC.Opts.PingInterval, c.NC.Opts.MaxPingsOut)
+	}
+	proxy.Pause() // every byte held, the sockets open
+	start := time.Now()
+	bound := natsPingInterval*(natsMaxPingsOut+1) + 5*time.Second
+	testsvc.Eventually(t, bound, "the connection to leave CONNECTED", func() bool { return !c.NC.IsConnected() })
+	t.Logf("half-open connection noticed after %s", time.Since(start).Round(time.Millisecond))
+	proxy.Resume()
+	testsvc.Eventually(t, 15*time.Second, "the connection back", func() bool { return c.NC.IsConnected() })
 }
