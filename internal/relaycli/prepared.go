@@ -178,6 +178,9 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		if len(rows) == 0 {
+			fmt.Fprintln(env.Stdout, noHalfMessages(states, group))
+		}
 		if more {
 			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
 		}
@@ -299,4 +302,14 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// noHalfMessages is what prepared list prints under its header when no row matches: the
+// states (and the group) it looked for, as scheduled list says "(no scheduled messages)".
+func noHalfMessages(states []string, group string) string {
+	s := "(no " + strings.Join(states, " or ") + " messages"
+	if group != "" {
+		s += " of group " + cell(group, 0)
+	}
+	return s + ")"
 }
