@@ -89,6 +89,10 @@ var (
 	// ErrKeyOrderTable: Config.Ordered is set and the schema lacks the key-order table, or the
 	// consumer's role may not read, insert and update it.
 	ErrKeyOrderTable = errors.New("consumer: Config.Ordered needs the txoutbox_consumer_key_order table (migration 003) with SELECT, INSERT and UPDATE")
+	// ErrDedupTable: the schema (Config.Schema) lacks the dedup table every consumer records
+	// its messages in, or the consumer's role may not insert into it and read it: a schema
+	// not migrated, or a Schema that is not the outbox's.
+	ErrDedupTable = errors.New("consumer: the consumer needs the txoutbox_consumer_dedup table (migration 001) with INSERT and SELECT")
 	// ErrOutOfOrder: in ordered mode, a message arrived after a later message of its key was
 	// applied, and no dedup row says it was applied itself. It is dead-lettered, never applied
 	// out of order nor dropped. It happens only when the dedup row was purged before the
@@ -251,10 +255,8 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	case dlq == c.cfg.Stream && len(c.cfg.FilterSubjects) == 0:
 		return nil, fmt.Errorf("%w: stream %q captures %q and the consumer reads all of it", ErrDeadLetterLoop, dlq, c.cfg.DeadLetterSubject)
 	}
-	if c.cfg.Ordered {
-		if err := c.checkKeyOrderTable(ctx); err != nil {
-			return nil, err
-		}
+	if err := c.checkTables(ctx); err != nil {
+		return nil, err
 	}
 	return cons, nil
 }
@@ -308,35 +310,49 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 	}
 }
 
-// checkKeyOrderTable fails when the schema lacks migration 003's table, which ordered mode
-// needs, or the consumer's role cannot use it. A database that does not answer is not a
-// configuration error: the handlers wait for it like for any outage. A done ctx (cancelled,
-// or past its deadline) is returned, wrapped, and not logged.
-func (c *Consumer) checkKeyOrderTable(ctx context.Context) error {
+// checkTables fails when the schema lacks the dedup table (migration 001) or, in ordered
+// mode, the key-order table (migration 003), or the consumer's role cannot use them: a
+// consumer pointed at a schema that was not migrated, or at the wrong schema, would otherwise
+// put every message back as if the database were down. A database that does not answer is
+// not a configuration error: the handlers wait for it like for any outage. A done ctx
+// (cancelled, or past its deadline) is returned, wrapped, and not logged.
+func (c *Consumer) checkTables(ctx context.Context) error {
+	check := func(ctx context.Context, tx pgx.Tx) error {
+		if err := c.q.CheckDedupTable(ctx, tx); err != nil || !c.cfg.Ordered {
+			return err
+		}
+		return c.q.CheckKeyOrderTable(ctx, tx)
+	}
 	var err error
 	if c.sqlDB != nil {
-		err = c.q.CheckKeyOrderTableSQL(ctx, c.sqlDB)
+		if err = c.q.CheckDedupTableSQL(ctx, c.sqlDB); err == nil && c.cfg.Ordered {
+			err = c.q.CheckKeyOrderTableSQL(ctx, c.sqlDB)
+		}
 	} else {
 		// A transaction only because the handle begins them; rolled back, never committed
 		// (the application's Beginner may act on commits).
 		var tx pgx.Tx
 		if tx, err = c.db.Begin(ctx); err == nil {
-			err = c.q.CheckKeyOrderTable(ctx, tx)
+			err = check(ctx, tx)
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_ = tx.Rollback(rctx)
 			cancel()
 		}
 	}
+	grants := cmdline.Command(c.cfg.Schema, "relay migrate grants --role consumer")
 	switch {
+	case errors.Is(err, store.ErrNoDedupTable):
+		return fmt.Errorf("%w: schema %q has no such table (run the migrations, or set Config.Schema to the outbox's schema)", ErrDedupTable, c.cfg.Schema)
+	case errors.Is(err, store.ErrDedupPrivileges):
+		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (%s)", ErrDedupTable, c.cfg.Schema, grants)
 	case errors.Is(err, store.ErrNoKeyOrderTable):
 		return fmt.Errorf("%w: schema %q has no such table (run the migrations)", ErrKeyOrderTable, c.cfg.Schema)
 	case errors.Is(err, store.ErrKeyOrderPrivileges):
-		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (%s)", ErrKeyOrderTable, c.cfg.Schema,
-			cmdline.Command(c.cfg.Schema, "relay migrate grants --role consumer"))
+		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (%s)", ErrKeyOrderTable, c.cfg.Schema, grants)
 	case err != nil && ctx.Err() != nil: // stopped (cancelled, or its deadline passed): not the database's fault
-		return fmt.Errorf("consumer: check the key-order table: %w", ctx.Err())
+		return fmt.Errorf("consumer: check the dedup and key-order tables: %w", ctx.Err())
 	case err != nil:
-		c.log.Warn("could not check the key-order table; the database does not answer", "err", err)
+		c.log.Warn("could not check the consumer's tables; the database does not answer", "err", err)
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ func TestKeyOrderCheckStoppedByItsContextIsQuiet(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	for name, ctx := range map[string]context.Context{"deadline": past, "cancelled": cancelled} {
-		err := c.checkKeyOrderTable(ctx)
+		err := c.checkTables(ctx)
 		if !errors.Is(err, ctx.Err()) {
 			t.Fatalf("%s: checkKeyOrderTable = %v, want the ctx's error %v", name, err, ctx.Err())
 		}

@@ -212,13 +212,13 @@ func TestKeyOrderCheckCancelledIsNotLogged(t *testing.T) {
 	c := e.newConsumer(nil, &Config{Ordered: true, Logger: logs.Logger()}, recordEffect)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := c.checkKeyOrderTable(ctx); !errors.Is(err, context.Canceled) {
-		t.Errorf("checkKeyOrderTable(cancelled): %v; want context.Canceled", err)
+	if err := c.checkTables(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("checkTables(cancelled): %v; want context.Canceled", err)
 	}
 	if out := logs.String(); out != "" {
 		t.Errorf("logged:\n%s", out)
 	}
-	if err := c.checkKeyOrderTable(context.Background()); err != nil {
-		t.Errorf("checkKeyOrderTable: %v", err)
+	if err := c.checkTables(context.Background()); err != nil {
+		t.Errorf("checkTables: %v", err)
 	}
 }

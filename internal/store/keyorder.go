@@ -89,14 +89,46 @@ const checkKeyOrderTableSQL = `SELECT to_regclass($1) IS NOT NULL,
             ELSE has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT')
                  AND has_table_privilege(to_regclass($1), 'UPDATE') END`
 
+// ErrNoDedupTable: the schema lacks migration 001's consumer dedup table.
+var ErrNoDedupTable = errors.New("store: " + DedupTable + " does not exist (run the migrations)")
+
+// ErrDedupPrivileges: the session's role may not insert into the dedup table and read it
+// (the batch insert returns the keys it recorded).
+var ErrDedupPrivileges = errors.New("store: " + DedupTable + " needs INSERT and SELECT")
+
+// checkDedupTableSQL reads whether the dedup table ($1) exists and the session's role may
+// insert into it and read it.
+const checkDedupTableSQL = `SELECT to_regclass($1) IS NOT NULL,
+       CASE WHEN to_regclass($1) IS NULL THEN false
+            ELSE has_table_privilege(to_regclass($1), 'SELECT') AND has_table_privilege(to_regclass($1), 'INSERT') END`
+
+// CheckDedupTable reports ErrNoDedupTable when the schema lacks the consumer dedup table, and
+// ErrDedupPrivileges when the session's role cannot use it.
+func (q *Queries) CheckDedupTable(ctx context.Context, db DBTX) error {
+	var exists, allowed bool
+	err := db.QueryRow(ctx, checkDedupTableSQL, q.Dedup).Scan(&exists, &allowed)
+	return tableState(err, exists, allowed, ErrNoDedupTable, ErrDedupPrivileges)
+}
+
+// CheckDedupTableSQL is CheckDedupTable over database/sql.
+func (q *Queries) CheckDedupTableSQL(ctx context.Context, db SQLDBTX) error {
+	var exists, allowed bool
+	err := db.QueryRowContext(ctx, checkDedupTableSQL, q.Dedup).Scan(&exists, &allowed)
+	return tableState(err, exists, allowed, ErrNoDedupTable, ErrDedupPrivileges)
+}
+
 func keyOrderTableState(err error, exists, allowed bool) error {
+	return tableState(err, exists, allowed, ErrNoKeyOrderTable, ErrKeyOrderPrivileges)
+}
+
+func tableState(err error, exists, allowed bool, missing, denied error) error {
 	switch {
 	case err != nil:
 		return err
 	case !exists:
-		return ErrNoKeyOrderTable
+		return missing
 	case !allowed:
-		return ErrKeyOrderPrivileges
+		return denied
 	}
 	return nil
 }
