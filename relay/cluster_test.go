@@ -1105,9 +1105,9 @@ func TestClusterFrozenRelayPublishesNothingAfterTakeover(t *testing.T) {
 	// message of each key) and freezes before the second.
 	fr := newFreezer(t, 2)
 	fr.armed.Store(true)
-	frozen := e.start(cfg("frozen", nil), func(r *Relay) { r.hooks.beforeWave = fr.hook })
+	frozen := e.start(cfg("frozen", nil), fr.freeze)
 	fr.wait(t, "the first relay")
-	if got := len(frozen.Partitions()); got != 4 {
+	if got := heldInDB(t, e.db, frozen.Relay); got != 4 {
 		t.Fatalf("the frozen relay holds %d partitions, want 4", got)
 	}
 	// The stream's leader changes while the relay is frozen.

@@ -371,7 +371,8 @@ func (r *Relay) startPublish(ctx context.Context, conn *pgx.Conn, gen uint64, ro
 // are in flight, batch N+1 is claimed (excluding N's rows); once N's PubAcks are all in,
 // N+1's publishes start and N is settled. Per-key order holds across batches: N+1's rows are
 // sent only after every PubAck of N is in, and N+1 leaves alone the keys that failed in N
-// (the claim after N's settle sees them as blocked).
+// (the claim after N's settle sees them as blocked). While it waits for a batch's publishing
+// to end, lease rounds that fall due run (see awaitBatch).
 func (r *Relay) pipeline(ctx context.Context) error {
 	// A claimed batch is published and settled after ctx is cancelled too, within the drain
 	// bound: its PubAcks (PublishTimeout) and then DrainSettleTimeout for the database.
@@ -406,7 +407,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		}
 		progressed := false // a batch was published and settled in this iteration
 		if cur != nil {
-			<-cur.done
+			r.awaitBatch(bctx, cur)
 			if cur.res.brokerErr != nil {
 				next = nil // the broker is gone: publish nothing more, leave the rows ready
 			}
@@ -419,7 +420,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			if serr != nil && nb != nil && !errors.Is(serr, errStreamUnavailable) {
 				// The settle failed (its rows stay ready and are republished later); do not
 				// run ahead of it: finish what is in flight first.
-				<-nb.done
+				r.awaitBatch(bctx, nb)
 				_ = r.finish(bctx, nb)
 				nb = nil
 			}
@@ -447,7 +448,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		}
 		if cur != nil {
 			// An error with a batch in flight: finish it before backing off.
-			<-cur.done
+			r.awaitBatch(bctx, cur)
 			_ = r.finish(bctx, cur)
 			cur = nil
 		}
@@ -484,6 +485,58 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		if wasDown && r.pub.Conn().IsConnected() {
 			outage = 0 // NATS reconnected: the backoff starts over (JetStream may need a moment)
 		}
+	}
+}
+
+// awaitBatch waits until the publishing of batch b ends, running the lease rounds that fall
+// due meanwhile, or that the membership watch asks for (leaser.recheck), as a claim or the
+// relay's sleep would. A batch can take long: a hot key's rows go out one wave after another,
+// each after the previous PubAck, and waves wait out PublishTimeout and a probe while a
+// stream elects a leader. Without rounds then, the relay would take no partition freed
+// meanwhile, its own lease would expire (it withholds the rest of its batch), and its peers
+// would fence it, live, after fenceFactor lease intervals. A round here may release
+// partitions: that bumps the lease generation, and b sends nothing more (leaser.valid), as
+// after a round at a claim.
+//
+// The lease connection is idle while the pipeline waits here: the claim is done and the
+// settle has not started, and the publishing goroutine never touches it. Rounds run under
+// dctx, the drain context (shutdown must not cancel a query on the lease connection: pgx
+// closes a connection whose query is cancelled), each bounded by claimTimeout, and only on a
+// lease connection that is up: reconnecting is left to the next claim. A failed round ends
+// the rounds of this wait, not the wait: b's settle and the next claim deal with a broken
+// connection as they would have. One timer per wait, woken when a round falls due and every
+// memberWatchEvery to look at the recheck flag.
+func (r *Relay) awaitBatch(dctx context.Context, b *inflight) {
+	select {
+	case <-b.done:
+		return
+	default:
+	}
+	l := r.lease
+	round := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.conn == nil || l.conn.IsClosed() {
+			return false
+		}
+		mctx, cancel := context.WithTimeout(dctx, claimTimeout)
+		defer cancel()
+		return l.maintainLocked(mctx) == nil
+	}
+	every := memberWatchEvery(r.cfg.LeaseInterval)
+	t := time.NewTimer(min(max(l.untilRound(), 0), every))
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+		}
+		if !round() {
+			<-b.done
+			return
+		}
+		t.Reset(min(max(l.untilRound(), 0), every))
 	}
 }
 
