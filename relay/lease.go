@@ -69,7 +69,9 @@ import (
 // again by the release rule once that member comes back or is fenced. Rounds
 // run when the relay claims (the previous batch may still be publishing: a release bumps the
 // lease generation, so its old holder sends nothing more of it; the rows it already sent may
-// be sent again by the new holder at once) or sleeps. Because a key's messages are published
+// be sent again by the new holder at once), sleeps, or waits for a batch in flight (on the
+// lease connection, idle then: a long batch neither leaves freed partitions unheld nor lets
+// the relay's own lease run out). Because a key's messages are published
 // one after another (the next only after the previous PubAck, whoever sent it) and deduplicated
 // by Nats-Msg-Id, order per key holds across a handover and the overlap costs only duplicate
 // PubAcks.
@@ -103,9 +105,9 @@ const (
 	// see waitingLocked) whose heartbeat has not moved for this many of its lease intervals
 	// waits for nothing either, though it is not silent yet. A relay that has seen itself
 	// below its share runs a lease round (which moves its heartbeat) every waitingRounds-th of
-	// its lease interval, at a claim or while idle: one whose heartbeat has not moved for half
-	// an interval (five such rounds) froze only just now, or is stuck in one publish longer
-	// than that: free partitions are not kept for it, nothing is released for it, and once its
+	// its lease interval, at a claim, while idle or while it waits for a batch in flight: one
+	// whose heartbeat has not moved for half an interval (five such rounds) froze only just
+	// now, or cannot reach its database: free partitions are not kept for it, nothing is released for it, and once its
 	// heartbeat moves it waits as before and is given its share. The half interval counts from
 	// when the member wrote its heartbeat, as this relay estimates it (seenBeat.written), not
 	// from when this relay first read it (up to one of its own rounds later).
