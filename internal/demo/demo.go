@@ -2,11 +2,13 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -146,7 +148,8 @@ type Result struct {
 }
 
 // Run runs the demo and prints its story and summary to out. It returns what happened and an
-// error when the run itself failed (a service could not start, the timeout passed).
+// error when the run itself failed (a service could not start, a component stopped on an
+// error that restarting cannot fix, the timeout passed).
 func Run(ctx context.Context, cfg Config, out io.Writer) (*Result, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
@@ -208,6 +211,10 @@ func (r *run) setup(ctx context.Context) error {
 		r.ownStreams = true
 	}
 	if err := createStreams(ctx, r.js); err != nil {
+		var oe *streamOverlapError
+		if errors.As(err, &oe) && svc.NATS == nil {
+			return fmt.Errorf("%w.\n  Remove or change %s at NATS_URL, or unset NATS_URL to use an embedded server", err, oe.them())
+		}
 		return err
 	}
 	return nil
@@ -222,17 +229,85 @@ func createStreams(ctx context.Context, js jetstream.JetStream) error {
 // createStreamsReplicas is createStreams with the given number of replicas per stream and
 // duplicate window.
 func createStreamsReplicas(ctx context.Context, js jetstream.JetStream, replicas int, dup time.Duration) error {
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas,
-	}); err != nil {
-		return fmt.Errorf("create stream %s: %w", streamName, err)
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas,
-	}); err != nil {
-		return fmt.Errorf("create stream %s: %w", deadStreamName, err)
+	for _, cfg := range []jetstream.StreamConfig{
+		{Name: streamName, Subjects: streamSubjects, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas},
+		{Name: deadStreamName, Subjects: []string{consumer.DefaultDeadLetterPrefix + durableName}, Storage: jetstream.FileStorage, Duplicates: dup, Replicas: replicas},
+	} {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeSubjectsOverlap {
+				return &streamOverlapError{Stream: cfg.Name, Subjects: cfg.Subjects, Others: overlappingStreams(ctx, js, cfg), Err: err}
+			}
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
 	}
 	return nil
+}
+
+// jsErrCodeSubjectsOverlap is nats-server's error code for a stream whose subjects overlap
+// another stream's (JSStreamSubjectOverlapErr, "subjects overlap with an existing stream");
+// nats.go has no name for it.
+const jsErrCodeSubjectsOverlap jetstream.ErrorCode = 10065
+
+// streamOverlapError is a demo stream the server refused because another stream captures
+// some of its subjects. The server does not say which; Others are the ones found.
+type streamOverlapError struct {
+	Stream   string
+	Subjects []string
+	Others   []string // "NAME (subject, …)"; empty when the lookup failed
+	Err      error
+}
+
+func (e *streamOverlapError) Error() string {
+	verb := "captures"
+	if len(e.Others) > 1 {
+		verb = "capture"
+	}
+	return fmt.Sprintf("cannot create stream %s for %s: %s %s some of them, and a subject belongs to one stream only",
+		e.Stream, strings.Join(e.Subjects, ", "), e.who(), verb)
+}
+
+func (e *streamOverlapError) Unwrap() error { return e.Err }
+
+// who names the streams in the way.
+func (e *streamOverlapError) who() string {
+	switch len(e.Others) {
+	case 0:
+		return "an existing stream (the server does not say which)"
+	case 1:
+		return "stream " + e.Others[0]
+	}
+	return "streams " + strings.Join(e.Others, ", ")
+}
+
+// them is who, short.
+func (e *streamOverlapError) them() string {
+	switch len(e.Others) {
+	case 0:
+		return "that stream"
+	case 1:
+		return "it"
+	}
+	return "them"
+}
+
+// overlappingStreams returns the streams other than cfg's that capture some of cfg's
+// subjects, each with its subjects, or nil if the server does not say.
+func overlappingStreams(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) []string {
+	var out []string
+	for _, subj := range cfg.Subjects {
+		l := js.ListStreams(ctx, jetstream.WithStreamListSubject(subj))
+		for info := range l.Info() { // read to the end: the lister's goroutine waits for it
+			name := fmt.Sprintf("%s (%s)", info.Config.Name, strings.Join(info.Config.Subjects, ", "))
+			if info.Config.Name != cfg.Name && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+		if l.Err() != nil {
+			return nil
+		}
+	}
+	return out
 }
 
 func (r *run) close() {
@@ -353,11 +428,29 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 	var wg sync.WaitGroup
 	compCtx, stopComponents := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() { stopComponents(); wg.Wait() }()
-	relayErr := make(chan error, 1)
+	// A component that returns before compCtx ends stopped for good (the consumer's supervisor
+	// restarts the demo's simulated crashes itself): the demo cannot finish without it, so it
+	// ends, saying why, instead of waiting for its timeout.
+	stopped := make(chan error, 3)
 	wg.Add(3)
-	go func() { defer wg.Done(); relayErr <- r.relay.Run(compCtx) }()
-	go func() { defer wg.Done(); _ = cb.Run(compCtx) }()
-	go func() { defer wg.Done(); r.superviseConsumer(compCtx) }()
+	go func() {
+		defer wg.Done()
+		if err := r.relay.Run(compCtx); err != nil {
+			stopped <- r.explain("relay stopped", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := cb.Run(compCtx); err != nil {
+			stopped <- r.explain("check-back stopped", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := r.superviseConsumer(compCtx); err != nil {
+			stopped <- r.explain("consumer stopped", err)
+		}
+	}()
 
 	// The producers.
 	prodCtx, stopProducers := context.WithCancel(ctx)
@@ -379,8 +472,8 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("the demo did not finish within %s: %w", cfg.Timeout, ctx.Err())
-		case err := <-relayErr:
-			return nil, fmt.Errorf("relay stopped: %w", err)
+		case err := <-stopped:
+			return nil, err
 		case err := <-prodErr:
 			if err != nil {
 				return nil, fmt.Errorf("producer: %w", err)
@@ -503,12 +596,12 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 
 // superviseConsumer runs the consumer until ctx ends, restarting it after each crash. A crash
 // is the fault point between commit and ack: the instance's NATS connection dies under it, so
-// its acks never leave, as if the process had died there.
-func (r *run) superviseConsumer(ctx context.Context) {
+// its acks never leave, as if the process had died there. Only those crashes are restarted:
+// it returns any other error of the consumer (see consumerExit).
+func (r *run) superviseConsumer(ctx context.Context) error {
 	pool, err := newPool(ctx, r.svc.DSN, r.schema, "txoutbox-demo-consumer", 8)
 	if err != nil {
-		r.say("consumer: %v", err)
-		return
+		return err
 	}
 	defer pool.Close()
 	inv := &inventory{}
@@ -526,10 +619,13 @@ func (r *run) superviseConsumer(ctx context.Context) {
 	for ctx.Err() == nil {
 		nc, err := connectNATS(r.svc.NATSURL, "txoutbox-demo-consumer")
 		if err != nil {
-			r.say("consumer: connect: %v", err)
-			return
+			return fmt.Errorf("connect to NATS: %w", err)
 		}
-		js, _ := jetstream.New(nc)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return err
+		}
 		c, err := consumer.New(db, js, inv.handle, &consumer.Config{
 			Stream: streamName, Durable: durableName, Schema: r.schema, Concurrency: 4,
 			MaxDeliveries: 5, BackoffBase: 200 * time.Millisecond, BackoffMax: time.Second,
@@ -537,22 +633,23 @@ func (r *run) superviseConsumer(ctx context.Context) {
 		})
 		if err != nil {
 			nc.Close()
-			r.say("consumer: %v", err)
-			return
+			return err
 		}
 		ictx, stop := context.WithCancel(ctx)
 		var once sync.Once
+		var crashed atomic.Bool
 		r.cons.mu.Lock()
 		r.cons.cur = c
 		r.cons.crash = func() {
 			once.Do(func() {
+				crashed.Store(true)
 				r.cons.crashes.Add(1)
 				nc.Close() // the ack after this commit, and every other in flight, is lost
 				stop()
 			})
 		}
 		r.cons.mu.Unlock()
-		_ = c.Run(ictx)
+		err = c.Run(ictx)
 		stop()
 		nc.Close()
 		r.cons.mu.Lock()
@@ -561,10 +658,50 @@ func (r *run) superviseConsumer(ctx context.Context) {
 		}
 		r.cons.cur, r.cons.crash = nil, nil
 		r.cons.mu.Unlock()
-		if ctx.Err() == nil {
-			time.Sleep(100 * time.Millisecond) // "restart"
+		if restart, err := consumerExit(err, crashed.Load(), ctx.Err() != nil); !restart {
+			return err
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) { // "restart"
+			return nil
 		}
 	}
+	return nil
+}
+
+// consumerExit decides what the supervisor does once an instance's Run returned err: after
+// the demo's own simulated crash it restarts the consumer; when the demo is ending it stops;
+// any other return ends the demo with the error. Run returns early only when restarting
+// cannot help — a nats-server older than the consumer needs (txoutbox.ErrServerTooOld), a
+// configuration refused (txoutbox.ErrInvalidConfig), no such stream or no dead-letter stream
+// (Setup's answers: it waits out outages itself), or JetStream no longer delivering
+// (consumer.ErrConsumeStopped) — and a restart would only repeat it, forever and unseen.
+func consumerExit(err error, crashed, stopping bool) (restart bool, fatal error) {
+	switch {
+	case stopping:
+		return false, nil
+	case crashed:
+		return true, nil
+	case err == nil:
+		return false, errors.New("the consumer returned before the demo ended")
+	}
+	return false, err
+}
+
+// explain wraps the error of a component that stopped for good with what to do about it.
+func (r *run) explain(what string, err error) error {
+	external := r.svc.NATS == nil
+	var ve *txoutbox.ServerVersionError
+	switch {
+	case errors.As(err, &ve) && external:
+		return fmt.Errorf("%s: %w.\n  Unset NATS_URL to use the embedded server, or point it at nats-server %s or later (the README's \"nats-server versions\" says what each component needs)",
+			what, err, ve.Required)
+	case errors.Is(err, txoutbox.ErrInvalidConfig):
+		return fmt.Errorf("%s: its configuration was refused (a bug of the demo's): %w", what, err)
+	case external && (errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, consumer.ErrNoDeadLetterStream) || errors.Is(err, consumer.ErrDeadLetterLoop)):
+		return fmt.Errorf("%s: %w.\n  The demo created its streams %s and %s at NATS_URL: were they deleted or changed while it ran? Run it again, or unset NATS_URL to use an embedded server",
+			what, err, streamName, deadStreamName)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // events remembers what was already told, so that each kind of event is explained once.
