@@ -222,6 +222,11 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err := c.checkServerVersion(); err != nil {
 		return nil, err
 	}
+	// The tables first: a consumer pointed at the wrong schema must not change the durable
+	// the consumers that work share (its filter, ack wait, pending limit) before it refuses.
+	if err := c.checkTables(ctx); err != nil {
+		return nil, err
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -254,9 +259,6 @@ func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, fmt.Errorf("consumer: look up the stream of %q: %w", c.cfg.DeadLetterSubject, err)
 	case dlq == c.cfg.Stream && len(c.cfg.FilterSubjects) == 0:
 		return nil, fmt.Errorf("%w: stream %q captures %q and the consumer reads all of it", ErrDeadLetterLoop, dlq, c.cfg.DeadLetterSubject)
-	}
-	if err := c.checkTables(ctx); err != nil {
-		return nil, err
 	}
 	return cons, nil
 }

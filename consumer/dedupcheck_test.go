@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -39,5 +41,37 @@ func TestConsumerNeedsDedupTable(t *testing.T) {
 	}
 	if e.effects() != 0 {
 		t.Fatal("a message was applied")
+	}
+}
+
+// A role without USAGE on the outbox's schema (to_regclass itself is refused, 42501) is
+// refused with ErrDedupTable too, naming the grants command, not taken for a database that
+// does not answer (the consumer then started and put every message back for ever).
+func TestConsumerRoleWithoutSchemaUsageIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	role := "txoutbox_nousage_" + strings.ReplaceAll(newID()[:8], "-", "")
+	testsvc.CreateRole(t, e.db.Pool, role, "LOGIN")
+	pcfg, err := pgxpool.ParseConfig(testsvc.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := New(pool, e.nats.JS, recordEffect, e.config(&Config{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Setup(ctx)
+	if !errors.Is(err, ErrDedupTable) || !strings.Contains(err.Error(), "relay migrate grants --role consumer") {
+		t.Fatalf("Setup as a role without USAGE on the schema: %v, want ErrDedupTable naming the grants command", err)
+	}
+	if _, err := e.nats.JS.Consumer(ctx, testStream, testDurable); err == nil {
+		t.Fatal("the durable was created before the refusal")
 	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -123,6 +124,8 @@ func keyOrderTableState(err error, exists, allowed bool) error {
 
 func tableState(err error, exists, allowed bool, missing, denied error) error {
 	switch {
+	case SQLState(err) == "42501": // no USAGE on the schema: to_regclass itself is refused
+		return fmt.Errorf("%w: %v", denied, err)
 	case err != nil:
 		return err
 	case !exists:
