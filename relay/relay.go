@@ -407,9 +407,15 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		}
 		progressed := false // a batch was published and settled in this iteration
 		if cur != nil {
-			r.awaitBatch(bctx, cur)
+			r.awaitBatch(ctx, bctx, cur)
 			if cur.res.brokerErr != nil {
 				next = nil // the broker is gone: publish nothing more, leave the rows ready
+			}
+			if len(next) > 0 && !r.lease.valid(gen) {
+				// A round during the wait released or lost partitions (a rebalance): next was
+				// claimed under the old lease generation and would be withheld row by row.
+				// Its rows stay ready; the next claim takes them under the new one.
+				next = nil
 			}
 			var nb *inflight
 			if len(next) > 0 && ctx.Err() == nil { // stopping: claimed rows stay ready, unsent
@@ -420,7 +426,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 			if serr != nil && nb != nil && !errors.Is(serr, errStreamUnavailable) {
 				// The settle failed (its rows stay ready and are republished later); do not
 				// run ahead of it: finish what is in flight first.
-				r.awaitBatch(bctx, nb)
+				r.awaitBatch(ctx, bctx, nb)
 				_ = r.finish(bctx, nb)
 				nb = nil
 			}
@@ -448,7 +454,7 @@ func (r *Relay) pipeline(ctx context.Context) error {
 		}
 		if cur != nil {
 			// An error with a batch in flight: finish it before backing off.
-			r.awaitBatch(bctx, cur)
+			r.awaitBatch(ctx, bctx, cur)
 			_ = r.finish(bctx, cur)
 			cur = nil
 		}
@@ -505,8 +511,10 @@ func (r *Relay) pipeline(ctx context.Context) error {
 // lease connection that is up: reconnecting is left to the next claim. A failed round ends
 // the rounds of this wait, not the wait: b's settle and the next claim deal with a broken
 // connection as they would have. One timer per wait, woken when a round falls due and every
-// memberWatchEvery to look at the recheck flag.
-func (r *Relay) awaitBatch(dctx context.Context, b *inflight) {
+// memberWatchEvery to look at the recheck flag. Once ctx (Run's) is done the relay is
+// stopping: it runs no more rounds (it would take partitions it never claims, or have
+// partitions released to it, until Run returns) and only waits for b.
+func (r *Relay) awaitBatch(ctx, dctx context.Context, b *inflight) {
 	select {
 	case <-b.done:
 		return
@@ -532,7 +540,7 @@ func (r *Relay) awaitBatch(dctx context.Context, b *inflight) {
 			return
 		case <-t.C:
 		}
-		if !round() {
+		if ctx.Err() != nil || !round() {
 			<-b.done
 			return
 		}

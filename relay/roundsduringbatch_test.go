@@ -163,3 +163,58 @@ func TestLeaseRoundsRunWhileABatchIsInFlight(t *testing.T) {
 	t.Logf("batch held %s (%d lease intervals); k's partition taken %s after k stopped",
 		heldFor.Round(time.Millisecond), heldFor/lease, took.Round(time.Millisecond))
 }
+
+// A relay stopping while a batch is in flight runs no more lease rounds while it drains it:
+// it would take free partitions it never claims, or have partitions released to it, until
+// Run returns.
+func TestNoLeaseRoundsWhileStoppingWithABatchInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const parts = 2
+	const lease = 50 * time.Millisecond
+	cfg := func(id string) *Config {
+		return &Config{ID: id, Partitions: parts, LeaseInterval: lease, BackoffBase: 10 * time.Millisecond,
+			BackoffMax: time.Second, Subjects: []string{"orders.>"}, Logger: quietLogger()}
+	}
+	hold := newFreezer(t, 2)
+	var aRounds <-chan round
+	a := e.startWith(cfg("a"), func(r *Relay) {
+		aRounds = roundsOf(r)
+		r.hooks.beforeWave = hold.hook
+	})
+	testsvc.Eventually(t, 10*time.Second, "a to take every partition", func() bool { return len(a.Partitions()) == parts })
+	var kRounds <-chan round
+	k := e.startWith(cfg("k"), func(r *Relay) { kRounds = roundsOf(r) })
+	testsvc.Eventually(t, 20*time.Second, "shares 1/1", func() bool { return slices.Equal(shares(a, k), []int{1, 1}) })
+
+	key := keyIn(t, a.Partitions()[0], parts)
+	var msgs []outbox.Message
+	for i := range 20 {
+		msgs = append(msgs, outbox.Message{Subject: "orders.seq", Key: key, Payload: []byte(strconv.Itoa(i))})
+	}
+	hold.armed.Store(true)
+	e.enqueue(msgs...)
+	a.Wake()
+	hold.wait(t, "a's batch to be held before its second wave")
+
+	stopped := make(chan error, 1)
+	cancelled := time.Now()
+	go func() { stopped <- a.stop() }()
+	// k's rounds are the clock: six of them, six lease intervals in which a's rounds fell due.
+	for i := range 6 {
+		nextRound(t, kRounds, fmt.Sprintf("k's round %d after a was told to stop", i+1), func(rd round) bool { return rd.start.After(cancelled) })
+	}
+	after := 0
+	for len(aRounds) > 0 {
+		if rd := <-aRounds; rd.start.After(cancelled.Add(lease / 2)) {
+			after++
+		}
+	}
+	close(hold.release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("a's Run: %v", err)
+	}
+	if after != 0 {
+		t.Fatalf("a ran %d lease rounds while stopping with its batch in flight, want none", after)
+	}
+}

@@ -51,8 +51,8 @@ func (e *StreamError) Error() string {
 	}
 	if errors.Is(e.Err, ErrDuplicateWindow) {
 		return fmt.Sprintf("%v: stream %q (capturing %q) keeps duplicates for %s, but the relay may republish up to %s later "+
-			"(PublishTimeout + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval, 14×LeaseInterval)); "+
-			"raise the stream's duplicate window, or lower BackoffMax or LeaseInterval", e.Err, e.Stream, e.Subject, e.Window, e.Required)
+			"(PublishTimeout + min(PublishTimeout, 2s) + PollMax + max(BackoffMax, HandoverAfter + 2×LeaseInterval, 11s + 2×LeaseInterval, 14×LeaseInterval)); "+
+			"raise the stream's duplicate window, or lower PublishTimeout, PollMax, BackoffMax, HandoverAfter or LeaseInterval", e.Err, e.Stream, e.Subject, e.Window, e.Required)
 	}
 	if len(e.Partial) > 0 {
 		return fmt.Sprintf("%v %q: stream(s) %s capture only part of it; give one stream a subject that covers it, or serve narrower subjects",

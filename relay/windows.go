@@ -141,7 +141,7 @@ func (r *Relay) checkWindows(ctx context.Context) {
 			r.m.windowShort.WithLabelValues(name).Set(1)
 			r.log.Warn("a stream the relay publishes to keeps duplicates for less than the relay may republish: "+
 				"a republish past its window is stored twice (the consumer's dedup absorbs it); raise its duplicate window, "+
-				"or lower BackoffMax or LeaseInterval", "stream", name, "duplicate_window", w.String(), "required", required.String())
+				"or lower PublishTimeout, PollMax, BackoffMax, HandoverAfter or LeaseInterval", "stream", name, "duplicate_window", w.String(), "required", required.String())
 		case w >= required && was != 0:
 			r.m.windowShort.WithLabelValues(name).Set(0)
 			r.log.Info("a stream's duplicate window is long enough again", "stream", name, "duplicate_window", w.String())

@@ -33,7 +33,7 @@ func TestWindowOfStreamsPublishedToIsChecked(t *testing.T) {
 	r.checkWindows(ctx) // a second look at a stream not due again says nothing more
 	const short = "a stream the relay publishes to keeps duplicates for less than the relay may republish: " +
 		"a republish past its window is stored twice (the consumer's dedup absorbs it); raise its duplicate window, " +
-		"or lower BackoffMax or LeaseInterval"
+		"or lower PublishTimeout, PollMax, BackoffMax, HandoverAfter or LeaseInterval"
 	if n := logs.countMsg(slog.LevelWarn, short); n != 1 {
 		t.Fatalf("%d short-window warnings, want 1", n)
 	}
