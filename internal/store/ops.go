@@ -540,15 +540,15 @@ func SubjectRegexp(pattern string) (string, error) {
 
 // DeadRow is a dead message, for operators.
 type DeadRow struct {
-	ID           int64               `json:"id"`
-	MessageID    uuid.UUID           `json:"message_id"`
-	Subject      string              `json:"subject"`
-	Key          string              `json:"key,omitempty"`
-	Attempts     int32               `json:"attempts"`
-	LastError    string              `json:"last_error"`
-	CreatedAt    time.Time           `json:"created_at"`
-	PayloadBytes int                 `json:"payload_bytes"`
-	Headers      map[string][]string `json:"headers,omitempty"`
+	ID           int64     `json:"id"`
+	MessageID    uuid.UUID `json:"message_id"`
+	Subject      string    `json:"subject"`
+	Key          string    `json:"key,omitempty"`
+	Attempts     int32     `json:"attempts"`
+	LastError    string    `json:"last_error"`
+	CreatedAt    time.Time `json:"created_at"`
+	PayloadBytes int       `json:"payload_bytes"`
+	Headers      HeaderMap `json:"headers,omitempty"`
 }
 
 // ListDead returns the dead rows f selects, in id order.

@@ -443,12 +443,12 @@ type ScheduledRow struct {
 	DeliverAt time.Time `json:"deliver_at"`
 	// DueAt is when it became or becomes due (see dueSQL): its delivery time, or its insert
 	// or last reschedule when that came later.
-	DueAt        time.Time           `json:"due_at"`
-	CreatedAt    time.Time           `json:"created_at"`
-	PayloadBytes int64               `json:"payload_bytes"`
-	Attempts     int32               `json:"attempts"`
-	LastError    string              `json:"last_error"`
-	Headers      map[string][]string `json:"headers"`
+	DueAt        time.Time `json:"due_at"`
+	CreatedAt    time.Time `json:"created_at"`
+	PayloadBytes int64     `json:"payload_bytes"`
+	Attempts     int32     `json:"attempts"`
+	LastError    string    `json:"last_error"`
+	Headers      HeaderMap `json:"headers"`
 }
 
 // ListScheduled returns up to limit scheduled messages in due order, of subject (any when

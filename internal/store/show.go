@@ -17,7 +17,7 @@ type MessageDetail struct {
 	State       string
 	Subject     string
 	Key         string
-	Headers     map[string][]string
+	Headers     HeaderMap
 	Payload     []byte
 	Attempts    int32
 	LastError   string
