@@ -289,9 +289,11 @@ func preparedJSON(r store.HalfRow) (preparedRow, error) {
 	row := listRow{MessageID: r.MessageID, State: r.State, Subject: r.Subject, Key: r.Key, Attempts: r.Attempts,
 		CreatedAt: r.CreatedAt, LastError: r.LastError, PayloadBytes: r.PayloadBytes}
 	if len(r.Headers) > 0 {
-		if err := json.Unmarshal(r.Headers, &row.Headers); err != nil {
+		var h store.HeaderMap // never fails: odd headers are shown, not refused
+		if err := json.Unmarshal(r.Headers, &h); err != nil {
 			return preparedRow{}, fmt.Errorf("message %s: its stored headers: %w", r.MessageID, err)
 		}
+		row.Headers = h
 	}
 	row.noNilHeaders()
 	return preparedRow{listRow: row, Group: r.Group, Mode: r.Mode, Checks: r.CheckCount, NextCheckAt: r.NextCheckAt}, nil
