@@ -128,6 +128,15 @@ func (r *Relay) probeSubject(ctx context.Context, subj string, byStream map[stri
 		return p
 	}
 	if ctx.Err() != nil {
+		if known {
+			// The wave's probe time went on another stream's info (a leaderless stream's
+			// request times out): this known stream was not asked, and counts as asked without
+			// an answer, a stream outage, as that one did. Two streams electing at once (their
+			// leaders on one node) must not turn into a broker outage that stops the batch.
+			p := &streamProbe{name: name, infoErr: ctx.Err()}
+			byStream[name] = p
+			return p
+		}
 		return &streamProbe{skipped: true}
 	}
 	for attempt := 0; ; attempt++ {

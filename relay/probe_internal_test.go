@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,5 +65,33 @@ func TestSuspectQuorumCountsNoStrike(t *testing.T) {
 		if err := r.verdict("orders.x", &streamProbe{name: "ORDERS", info: info}, jetstream.ErrAsyncPublishTimeout); !errors.As(err, &so) {
 			t.Fatalf("wave %d: %v, want a stream outage (no strike)", wave, err)
 		}
+	}
+}
+
+// When a wave's probe time is spent (another stream's info timed out: its leader is being
+// elected), a stream the relay knows that was not asked yet counts as a stream outage, as the
+// one that timed out did, not as a broker outage that stops the whole batch and marks the
+// relay nats_unavailable: two streams whose leaders were on one node elect at once. A subject
+// of no known stream is still a broker outage (nothing says which stream it is).
+func TestUnaskedKnownStreamIsAStreamOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.relay(nil)
+	r.known.learn(&jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}})
+	spent, cancel := context.WithCancel(context.Background())
+	cancel()
+	byStream := map[string]*streamProbe{}
+	timeout := fmt.Errorf("publish: %w", jetstream.ErrNoStreamResponse)
+	p := r.probeSubject(spent, "payments.charged", byStream, false)
+	var so *streamOutageError
+	if err := r.verdict("payments.charged", p, timeout); !errors.As(err, &so) {
+		t.Fatalf("a known stream not asked for lack of time: %v, want a stream outage", err)
+	}
+	if byStream["PAYMENTS"] != p {
+		t.Fatal("the stream's probe is not kept for the wave's other subjects")
+	}
+	p = r.probeSubject(spent, "unknown.subject", byStream, false)
+	if !p.skipped || !isBrokerError(r.verdict("unknown.subject", p, timeout)) {
+		t.Fatalf("a subject of no known stream, not asked: %+v, want skipped and a broker outage", p)
 	}
 }
