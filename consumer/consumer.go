@@ -292,6 +292,10 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 			return nil, nil, ctx.Err()
 		case !jserr.Waitable(err):
 			return nil, nil, err
+		case !waited && errors.Is(err, errTablesUnanswered):
+			waited = true
+			c.log.Warn("waiting for PostgreSQL to answer the check of the consumer's tables", "err", err,
+				"why", "the database slow or out of reach; tried again until it answers")
 		case !waited:
 			waited = true
 			c.log.Warn("waiting for JetStream to set the consumer up", "err", err,
@@ -311,6 +315,10 @@ func (c *Consumer) setupWaiting(ctx context.Context) (jetstream.Consumer, jetstr
 		}
 	}
 }
+
+// errTablesUnanswered: the check of the consumer's tables ran out of time (its Setup pass's,
+// or Run's); setupWaiting says it waits for PostgreSQL, not JetStream.
+var errTablesUnanswered = errors.New("consumer: PostgreSQL did not answer the check of the dedup and key-order tables")
 
 // checkTables fails when the schema lacks the dedup table (migration 001) or, in ordered
 // mode, the key-order table (migration 003), or the consumer's role cannot use them: a
@@ -352,7 +360,7 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 	case errors.Is(err, store.ErrKeyOrderPrivileges):
 		return fmt.Errorf("%w: the consumer's role lacks them in schema %q (%s)", ErrKeyOrderTable, c.cfg.Schema, grants)
 	case err != nil && ctx.Err() != nil: // stopped (cancelled, or its deadline passed): not the database's fault
-		return fmt.Errorf("consumer: check the dedup and key-order tables: %w", ctx.Err())
+		return fmt.Errorf("%w: %w", errTablesUnanswered, ctx.Err())
 	case err != nil:
 		c.log.Warn("could not check the consumer's tables; the database does not answer", "err", err)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -73,5 +75,41 @@ func TestConsumerRoleWithoutSchemaUsageIsRefused(t *testing.T) {
 	}
 	if _, err := e.nats.JS.Consumer(ctx, testStream, testDurable); err == nil {
 		t.Fatal("the durable was created before the refusal")
+	}
+}
+
+// stallingBeginner's Begin waits until its ctx ends, stalls times, then begins on db.
+type stallingBeginner struct {
+	db     *pgxpool.Pool
+	stalls atomic.Int32
+}
+
+func (s *stallingBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.stalls.Add(-1) >= 0 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.db.Begin(ctx)
+}
+
+// A database that does not answer the table check within a Setup pass is waited for, and the
+// warning says PostgreSQL, not JetStream: the pass's own deadline ended the check.
+func TestTableCheckWaitsForPostgreSQLAndSaysSo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var logs testsvc.LogBuffer
+	db := &stallingBeginner{db: e.db.Pool}
+	db.stalls.Store(1)
+	c, err := New(db, e.nats.JS, recordEffect, e.config(&Config{Logger: logs.Logger()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID()}}, "x")
+	e.run(c)
+	e.waitEffects(1)
+	out := logs.String()
+	if !strings.Contains(out, "waiting for PostgreSQL to answer the check of the consumer's tables") ||
+		strings.Contains(out, "waiting for JetStream to set the consumer up") {
+		t.Fatalf("logged:\n%s\nwant the wait blamed on PostgreSQL", out)
 	}
 }
