@@ -94,58 +94,68 @@ func secretKey(k string) bool {
 // with backslash escapes, and spaces may surround '='.
 func keyValue(s string) string {
 	var b strings.Builder
+	last := 0
+	scanKeyValues(s, func(key string, start, end int, _ string) {
+		if secretKey(key) {
+			b.WriteString(s[last:start])
+			b.WriteString(Mask)
+			last = end
+		}
+	})
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// KeyValues returns the parameters of a libpq key=value connection string (host=h
+// password='p w'), their values unquoted and unescaped; of a key given twice, the last.
+func KeyValues(s string) map[string]string {
+	p := map[string]string{}
+	scanKeyValues(s, func(key string, _, _ int, value string) { p[key] = value })
+	return p
+}
+
+// scanKeyValues calls f for each key=value of the libpq connection string s, in order, with
+// the span s[start:end] of the value as written (quotes and escapes included) and the value
+// itself. Values may be single-quoted with backslash escapes, and spaces may surround '='.
+func scanKeyValues(s string, f func(key string, start, end int, value string)) {
 	i := 0
 	for i < len(s) {
-		// Copy whitespace.
 		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			b.WriteByte(s[i])
 			i++
 		}
-		// Key.
 		start := i
 		for i < len(s) && s[i] != '=' && !unicode.IsSpace(rune(s[i])) {
 			i++
 		}
 		key := s[start:i]
-		b.WriteString(key)
 		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			b.WriteByte(s[i])
 			i++
 		}
 		if i >= len(s) || s[i] != '=' {
 			continue
 		}
-		b.WriteByte('=')
 		i++
 		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			b.WriteByte(s[i])
 			i++
 		}
-		// Value.
 		start = i
+		var v strings.Builder
 		if i < len(s) && s[i] == '\'' {
-			i++
-			for i < len(s) && s[i] != '\'' {
-				if s[i] == '\\' {
+			for i++; i < len(s) && s[i] != '\''; i++ {
+				if s[i] == '\\' && i+1 < len(s) {
 					i++
 				}
-				i++
+				v.WriteByte(s[i])
 			}
 			i = min(i+1, len(s))
 		} else {
-			for i < len(s) && !unicode.IsSpace(rune(s[i])) {
-				if s[i] == '\\' {
+			for ; i < len(s) && !unicode.IsSpace(rune(s[i])); i++ {
+				if s[i] == '\\' && i+1 < len(s) {
 					i++
 				}
-				i++
+				v.WriteByte(s[i])
 			}
-			i = min(i, len(s))
 		}
-		if secretKey(key) {
-			b.WriteString(Mask)
-		} else {
-			b.WriteString(s[start:i])
-		}
+		f(key, start, i, v.String())
 	}
-	return b.String()
 }

@@ -61,3 +61,21 @@ func TestNATS(t *testing.T) {
 		}
 	}
 }
+
+// KeyValues reads a libpq key=value string as keyValue masks it: quoted values with escapes,
+// spaces around '='; the values unquoted and unescaped.
+func TestKeyValues(t *testing.T) {
+	got := KeyValues(`host=h  password = 'p w\'x' sslkey=/k\ ey user=u empty=''`)
+	want := map[string]string{"host": "h", "password": `p w'x`, "sslkey": "/k ey", "user": "u", "empty": ""}
+	if len(got) != len(want) {
+		t.Fatalf("KeyValues = %q, want %q", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("KeyValues[%q] = %q, want %q", k, got[k], v)
+		}
+	}
+	if m := DSN(`host=h  password = 'p w\'x' sslkey=/k\ ey user=u`); m != `host=h  password = xxxxx sslkey=xxxxx user=u` {
+		t.Errorf("DSN = %q", m)
+	}
+}

@@ -7,7 +7,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"unicode"
+
+	"github.com/txoutbox/txoutbox/internal/redact"
 )
 
 // Settings that name a file holding secret material (an NKey seed, a credentials file, a
@@ -144,47 +145,7 @@ func dsnParams(dsn string) map[string]string {
 		}
 		return p
 	}
-	// key=value pairs; values may be single-quoted with backslash escapes.
-	s := dsn
-	for i := 0; i < len(s); {
-		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			i++
-		}
-		start := i
-		for i < len(s) && s[i] != '=' && !unicode.IsSpace(rune(s[i])) {
-			i++
-		}
-		key := s[start:i]
-		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			i++
-		}
-		if i >= len(s) || s[i] != '=' {
-			continue
-		}
-		i++
-		for i < len(s) && unicode.IsSpace(rune(s[i])) {
-			i++
-		}
-		var b strings.Builder
-		if i < len(s) && s[i] == '\'' {
-			for i++; i < len(s) && s[i] != '\''; i++ {
-				if s[i] == '\\' && i+1 < len(s) {
-					i++
-				}
-				b.WriteByte(s[i])
-			}
-			i++
-		} else {
-			for ; i < len(s) && !unicode.IsSpace(rune(s[i])); i++ {
-				if s[i] == '\\' && i+1 < len(s) {
-					i++
-				}
-				b.WriteByte(s[i])
-			}
-		}
-		p[key] = b.String()
-	}
-	return p
+	return redact.KeyValues(dsn)
 }
 
 // checkDSNFiles refuses (a usage error naming the parameter) an sslkey, sslcert or
