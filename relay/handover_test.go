@@ -20,17 +20,7 @@ import (
 func TestHandoverWhenOnlyThisRelayLosesJetStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
-	// No reconnect buffer: the relay hands over only on such a connection.
-	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, js := e.proxiedJetStream(t)
 	logs := &recordLog{}
 	cfg := func(id string, log *slog.Logger) *Config {
 		return &Config{ID: id, Schema: e.db.Schema, Partitions: 4, LeaseInterval: 50 * time.Millisecond, HandoverAfter: 300 * time.Millisecond,
@@ -198,16 +188,7 @@ func TestOutageBackoffEndsWhenNATSReconnects(t *testing.T) {
 func TestIdleRelayWithItsConnectionDownIsNotReady(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
-	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, js := e.proxiedJetStream(t)
 	logs := &recordLog{}
 	r, err := New(e.db.Pool, js, &Config{ID: "idle", Schema: e.db.Schema, Partitions: 4, LeaseInterval: 50 * time.Millisecond,
 		HandoverAfter: 300 * time.Millisecond, PollMin: 10 * time.Millisecond, PollMax: 50 * time.Millisecond,
@@ -215,11 +196,7 @@ func TestIdleRelayWithItsConnectionDownIsNotReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(r.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runUntilCleanup(t, r)
 	testsvc.Eventually(t, 10*time.Second, "the relay to hold all 4 and be ok", func() bool {
 		return len(r.Partitions()) == 4 && r.Health() == HealthOK
 	})
@@ -256,6 +233,27 @@ func TestStandbyRelayWithItsConnectionDownIsNotReady(t *testing.T) {
 	holder := e.start(cfg("holder"))
 	testsvc.Eventually(t, 10*time.Second, "the first relay to hold the partition", func() bool { return len(holder.Partitions()) == 1 })
 
+	proxy, js := e.proxiedJetStream(t)
+	standby, err := New(e.db.Pool, js, cfg("standby"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, standby)
+	testsvc.Eventually(t, 10*time.Second, "the second relay on standby", func() bool { return standby.Health() == HealthStandby })
+
+	proxy.cut()
+	testsvc.Eventually(t, 10*time.Second, "the standby relay nats_unavailable", func() bool { return standby.Health() == HealthNATSUnavailable })
+	if len(holder.Partitions()) != 1 || holder.Health() != HealthOK {
+		t.Fatalf("the holder: %v partitions, health %s; want it untouched", holder.Partitions(), holder.Health())
+	}
+	proxy.restore(t)
+	testsvc.Eventually(t, 15*time.Second, "the relay on standby again", func() bool { return standby.Health() == HealthStandby })
+}
+
+// proxiedJetStream is a JetStream on e's server through a TCP proxy the test can cut, on a
+// connection without a reconnect buffer (a relay hands over only on such a connection).
+func (e *env) proxiedJetStream(t *testing.T) (*tcpProxy, jetstream.JetStream) {
+	t.Helper()
 	proxy := startProxy(t, e.nats.URL()[len("nats://"):])
 	nc, err := nats.Connect("nats://"+proxy.addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
 	if err != nil {
@@ -266,22 +264,13 @@ func TestStandbyRelayWithItsConnectionDownIsNotReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	standby, err := New(e.db.Pool, js, cfg("standby"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(standby.Close)
+	return proxy, js
+}
+
+// runUntilCleanup runs r until the test ends, then stops and closes it.
+func runUntilCleanup(t *testing.T, r *Relay) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- standby.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	testsvc.Eventually(t, 10*time.Second, "the second relay on standby", func() bool { return standby.Health() == HealthStandby })
-
-	proxy.cut()
-	testsvc.Eventually(t, 10*time.Second, "the standby relay nats_unavailable", func() bool { return standby.Health() == HealthNATSUnavailable })
-	if len(holder.Partitions()) != 1 || holder.Health() != HealthOK {
-		t.Fatalf("the holder: %v partitions, health %s; want it untouched", holder.Partitions(), holder.Health())
-	}
-	proxy.restore(t)
-	testsvc.Eventually(t, 15*time.Second, "the relay on standby again", func() bool { return standby.Health() == HealthStandby })
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
 }
