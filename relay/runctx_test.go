@@ -2,16 +2,12 @@ package relay
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txoutbox/txoutbox"
-	"github.com/txoutbox/txoutbox/internal/embedded"
 	"github.com/txoutbox/txoutbox/internal/testsvc"
 )
 
@@ -49,21 +45,8 @@ func TestRunReturnsNilWhenItsDeadlinePasses(t *testing.T) {
 	e := newEnv(t)
 
 	t.Run("during the start-up check", func(t *testing.T) {
-		port, err := embedded.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?connect_timeout=1", port))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
 		logs := &testsvc.LogBuffer{}
-		r, err := New(pool, e.nats.JS, &Config{Schema: e.db.Schema, Subjects: []string{"orders.>"}, Logger: logs.LoggerAt(slog.LevelInfo)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(r.Close)
+		r := e.relayWithoutPostgres(t, logs)
 		ctx := newExpiringCtx()
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()

@@ -381,21 +381,8 @@ func TestCheckStreamsReadsTheSQLProducersLimit(t *testing.T) {
 func TestRunWaitsForPostgresAtTheStreamCheck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	port, err := embedded.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?connect_timeout=1", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	logs := &testsvc.LogBuffer{}
-	r, err := New(pool, e.nats.JS, &Config{Schema: e.db.Schema, Subjects: []string{"orders.>"}, Logger: logs.LoggerAt(slog.LevelInfo)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
+	r := e.relayWithoutPostgres(t, logs)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -411,4 +398,25 @@ func TestRunWaitsForPostgresAtTheStreamCheck(t *testing.T) {
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run after cancel = %v", err)
 	}
+}
+
+// relayWithoutPostgres is a relay for orders.> on e's JetStream whose pool points at a port
+// where no PostgreSQL answers, logging to logs (info and above).
+func (e *env) relayWithoutPostgres(t *testing.T, logs *testsvc.LogBuffer) *Relay {
+	t.Helper()
+	port, err := embedded.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?connect_timeout=1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	r, err := New(pool, e.nats.JS, &Config{Schema: e.db.Schema, Subjects: []string{"orders.>"}, Logger: logs.LoggerAt(slog.LevelInfo)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
 }
