@@ -131,7 +131,7 @@ func components() []component {
 		{"checker", func() any { return &checker.Config{Outbox: "o"} },
 			func(c any) error { return checker.ValidateConfig(c.(*checker.Config)) },
 			func(c any) any { return c.(*checker.Config).WithDefaults() },
-			map[string]fieldRule{"Concurrency": {def: checker.DefaultConcurrency}, "Timeout": {def: checker.DefaultTimeout}}},
+			map[string]fieldRule{"Concurrency": {def: checker.DefaultConcurrency}, "RequestTimeout": {def: checker.DefaultRequestTimeout}}},
 		{"outbox", func() any { return &outbox.Config{} },
 			func(c any) error { return outbox.ValidateConfig(c.(*outbox.Config)) },
 			func(c any) any { return c.(*outbox.Config).WithDefaults() },
@@ -442,8 +442,8 @@ func TestOneStreamNameRule(t *testing.T) {
 // Where two packages share a default, one is defined as the other: they cannot drift.
 func TestSharedDefaultsAgree(t *testing.T) {
 	t.Parallel()
-	if checkback.DefaultRequestTimeout != checker.DefaultTimeout {
-		t.Errorf("checkback.DefaultRequestTimeout %s, checker.DefaultTimeout %s", checkback.DefaultRequestTimeout, checker.DefaultTimeout)
+	if checkback.DefaultRequestTimeout != checker.DefaultRequestTimeout {
+		t.Errorf("checkback.DefaultRequestTimeout %s, checker.DefaultRequestTimeout %s", checkback.DefaultRequestTimeout, checker.DefaultRequestTimeout)
 	}
 	if checkback.DefaultSubjectPrefix != checker.DefaultSubjectPrefix {
 		t.Errorf("checkback.DefaultSubjectPrefix %q, checker.DefaultSubjectPrefix %q", checkback.DefaultSubjectPrefix, checker.DefaultSubjectPrefix)

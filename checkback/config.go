@@ -26,9 +26,9 @@ const (
 	DefaultTransactionTimeout = 6 * time.Second
 	// DefaultMaxChecks is RocketMQ's: after 15 inconclusive checks a row is check_exhausted.
 	DefaultMaxChecks = 15
-	// DefaultRequestTimeout is checker.DefaultTimeout, the one value the check-back and the
-	// checkers share (a checker bounds a request that does not say its timeout by it).
-	DefaultRequestTimeout = checker.DefaultTimeout
+	// DefaultRequestTimeout is checker.DefaultRequestTimeout, the one value the check-back and
+	// the checkers share (a checker bounds a request that does not say its timeout by it).
+	DefaultRequestTimeout = checker.DefaultRequestTimeout
 	DefaultBackoffBase    = 5 * time.Second
 	DefaultBackoffMax     = time.Minute
 	DefaultBackoffJitter  = 0.2

@@ -56,9 +56,9 @@ const (
 	// DefaultQueueGroup is the NATS micro default queue group.
 	DefaultQueueGroup  = micro.DefaultQueueGroup
 	DefaultConcurrency = 16
-	// DefaultTimeout is also the check-back's default request timeout
+	// DefaultRequestTimeout is also the check-back's default Config.RequestTimeout
 	// (checkback.DefaultRequestTimeout is defined as it).
-	DefaultTimeout = 3 * time.Second
+	DefaultRequestTimeout = 3 * time.Second
 	// ServiceVersion is the version the checker micro services announce.
 	ServiceVersion = "1.0.0"
 )
@@ -66,7 +66,7 @@ const (
 // Config configures Serve. nil means all defaults, but Outbox is required. It follows the
 // txoutbox Config convention: a zero field means its default (Config.WithDefaults applies
 // them), no field takes txoutbox.Off or txoutbox.Forever (-1 is refused), and an invalid value
-// (a negative Concurrency or Timeout among them) is a *txoutbox.ConfigError naming the field.
+// (a negative Concurrency or RequestTimeout among them) is a *txoutbox.ConfigError naming the field.
 type Config struct {
 	// SubjectPrefix must match the check-back's Config.SubjectPrefix. Defaults to
 	// "txoutbox.check".
@@ -89,9 +89,10 @@ type Config struct {
 	// Concurrency bounds the checks answered at once by this process. Defaults to 16.
 	Concurrency int
 
-	// Timeout bounds a check whose request does not say how long the check-back waits.
-	// Defaults to 3s (the check-back's default request timeout).
-	Timeout time.Duration
+	// RequestTimeout bounds a check whose request does not say how long the check-back waits
+	// (the check-back sends its own Config.RequestTimeout with every request). Defaults to
+	// DefaultRequestTimeout, 3s (the check-back's default RequestTimeout).
+	RequestTimeout time.Duration
 
 	// Logger receives errors of the checker. Defaults to slog.Default(). Failed checks are
 	// logged when they start (a warning with the first error) and when a check answers again
@@ -125,7 +126,7 @@ func (c *Config) WithDefaults() *Config {
 	out.SubjectPrefix = cmp.Or(out.SubjectPrefix, DefaultSubjectPrefix)
 	out.QueueGroup = cmp.Or(out.QueueGroup, DefaultQueueGroup)
 	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
-	out.Timeout = cmp.Or(out.Timeout, DefaultTimeout)
+	out.RequestTimeout = cmp.Or(out.RequestTimeout, DefaultRequestTimeout)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -154,8 +155,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.Concurrency < 1:
 		return bad("Concurrency", "must be at least 1, got %d", c.Concurrency)
-	case c.Timeout <= 0:
-		return bad("Timeout", "must be positive, got %s", c.Timeout)
+	case c.RequestTimeout <= 0:
+		return bad("RequestTimeout", "must be positive, got %s", c.RequestTimeout)
 	}
 	return nil
 }
@@ -280,7 +281,7 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.sem }()
-			s.answer(req, replier{nc: nc, subject: req.Reply()}, check, c.Timeout, log, tr)
+			s.answer(req, replier{nc: nc, subject: req.Reply()}, check, c.RequestTimeout, log, tr)
 		}()
 	})
 	svc, err := micro.AddService(nc, micro.Config{

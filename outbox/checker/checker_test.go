@@ -110,14 +110,14 @@ func TestServeAnswersItsOwnOutboxOnly(t *testing.T) {
 }
 
 // Config follows the txoutbox Config convention: zero takes the documented default, a negative
-// Concurrency or Timeout is refused by Serve as a *txoutbox.ConfigError naming the field
+// Concurrency or RequestTimeout is refused by Serve as a *txoutbox.ConfigError naming the field
 // (it used to become the default silently), and a missing Outbox is ErrNoOutbox, also a
 // ConfigError.
 func TestConfigFollowsTheConvention(t *testing.T) {
 	t.Parallel()
 	d := (*checker.Config)(nil).WithDefaults()
 	if d.SubjectPrefix != checker.DefaultSubjectPrefix || d.QueueGroup != checker.DefaultQueueGroup ||
-		d.Concurrency != checker.DefaultConcurrency || d.Timeout != checker.DefaultTimeout || d.Logger == nil {
+		d.Concurrency != checker.DefaultConcurrency || d.RequestTimeout != checker.DefaultRequestTimeout || d.Logger == nil {
 		t.Fatalf("WithDefaults: %+v", d)
 	}
 	if err := checker.ValidateConfig(&checker.Config{Outbox: "db/one"}); err != nil {
@@ -131,10 +131,10 @@ func TestConfigFollowsTheConvention(t *testing.T) {
 	n := testsvc.NewNATS(t)
 	check := func(context.Context, checker.Request) (outbox.LocalState, error) { return outbox.StateCommit, nil }
 	for field, o := range map[string]*checker.Config{
-		"Config.Concurrency":   {Outbox: "db/one", Concurrency: -1},
-		"Config.Timeout":       {Outbox: "db/one", Timeout: -time.Second},
-		"Config.SubjectPrefix": {Outbox: "db/one", SubjectPrefix: "a b"},
-		"Config.QueueGroup":    {Outbox: "db/one", QueueGroup: "q q"},
+		"Config.Concurrency":    {Outbox: "db/one", Concurrency: -1},
+		"Config.RequestTimeout": {Outbox: "db/one", RequestTimeout: -time.Second},
+		"Config.SubjectPrefix":  {Outbox: "db/one", SubjectPrefix: "a b"},
+		"Config.QueueGroup":     {Outbox: "db/one", QueueGroup: "q q"},
 	} {
 		srv, err := checker.Serve(n.Conn, "pay", check, o)
 		if err == nil {
