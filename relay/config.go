@@ -216,7 +216,9 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default.
+// WithDefaults returns a copy of c with every unset field set to its default, except
+// TracerProvider and Propagator: left nil, they mean the OpenTelemetry globals (see those
+// fields).
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {

@@ -29,7 +29,9 @@ import (
 // publish to the subject (or with the relay's reply subject). The error also matches
 // nats.ErrPermissionViolation. The row's publish fails as a message-level failure (retried
 // with backoff, dead after MaxAttempts): grant the user the permission, then requeue the
-// dead rows.
+// dead rows. Run returns it at start, instead of waiting, when the server denies the relay's
+// user the JetStream API requests of the start-up stream check (or the reply subjects
+// JetStream answers on).
 var ErrPublishDenied = errors.New("relay: the NATS server denies the relay's user this publish")
 
 var (

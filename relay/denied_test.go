@@ -333,7 +333,7 @@ func TestTimeoutsWhileTheLeaderAnswersAreBounded(t *testing.T) {
 		if _, err := r.runOnce(ctx); err != nil && !errors.Is(err, errNoPartitions) && !errors.Is(err, errStreamUnavailable) {
 			t.Fatalf("runOnce: %v", err)
 		}
-		r.askOutages(ctx)
+		r.askOutages()
 		return e.count(deniedRows+" AND attempts > 0") == 3
 	})
 	if n := e.count(deniedRows + ` AND state = 'ready' AND attempts = 1 AND last_error LIKE '%on subject "acc.denied", captured by stream "ACC"%not a leader election%'`); n != 3 {

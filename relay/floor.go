@@ -185,9 +185,7 @@ func (r *Relay) checkFloor(ctx context.Context, conn store.DBTX) {
 
 // probeFloor looks for a ready row at or below the floor, on a pool connection, and lowers
 // the floor below it if there is one (there should not be: see store/floor.go).
-func (r *Relay) probeFloor(parts []int32, gen uint64, after int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
-	defer cancel()
+func (r *Relay) probeFloor(ctx context.Context, parts []int32, gen uint64, after int64) {
 	a := store.FloorArgs{After: after, PartitionCount: int32(r.cfg.Partitions)}
 	if len(parts) < r.cfg.Partitions {
 		a.Partitions = parts

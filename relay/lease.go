@@ -218,6 +218,9 @@ type leaser struct {
 	validUntil time.Time
 	gen        uint64
 	snap       atomic.Pointer[leaseSnap]
+	// status is what Relay.Lease returns: statusLocked as of the last time l.mu was released
+	// (see unlock), read without the lock, which a lease round holds while PostgreSQL answers.
+	status atomic.Pointer[LeaseStatus]
 	// seen is, per member, the heartbeat last read and when this relay first read it (its
 	// monotonic clock, when the answer arrived).
 	seen map[uuid.UUID]seenBeat
@@ -272,7 +275,16 @@ func newLeaser(r *Relay) *leaser {
 		LeaseInterval: r.cfg.LeaseInterval,
 	}, seen: map[uuid.UUID]seenBeat{}}
 	l.snap.Store(&leaseSnap{})
+	l.status.Store(&LeaseStatus{})
 	return l
+}
+
+// unlock publishes the lease status for Relay.Lease and releases l.mu. Every section that
+// may change the status ends with it.
+func (l *leaser) unlock() {
+	st := l.statusLocked()
+	l.status.Store(&st)
+	l.mu.Unlock()
 }
 
 // valid reports whether a batch claimed under lease generation gen may still be published:
@@ -313,7 +325,7 @@ func (l *leaser) acquire(ctx context.Context) (*pgx.Conn, []int32, error) {
 // valid).
 func (l *leaser) acquireGen(ctx context.Context) (*pgx.Conn, []int32, uint64, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	if err := l.maintainLocked(ctx); err != nil {
 		return nil, nil, 0, err
 	}
@@ -331,7 +343,7 @@ func (l *leaser) acquireGen(ctx context.Context) (*pgx.Conn, []int32, uint64, er
 // partition to some.
 func (l *leaser) maintain(ctx context.Context) (gained bool, err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	before := len(l.held)
 	err = l.maintainLocked(ctx)
 	return before == 0 && len(l.held) > 0, err
@@ -789,7 +801,7 @@ func (l *leaser) broken(err error) {
 		return
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	if l.conn != nil && l.conn.IsClosed() {
 		l.dropLocked()
 	}
@@ -833,19 +845,17 @@ func (r *Relay) appName() string {
 	return n
 }
 
-// Partitions returns the partitions this relay holds.
+// Partitions returns the partitions this relay holds: Lease().Held.
 func (r *Relay) Partitions() []int32 {
-	r.lease.mu.Lock()
-	defer r.lease.mu.Unlock()
-	return slices.Clone(r.lease.held)
+	return r.Lease().Held
 }
 
-// Lease returns what the relay last saw of the partition sharing.
+// Lease returns what the relay last saw of the partition sharing. It does not wait for a
+// lease round under way (a round waits for PostgreSQL): it returns what the last one left.
 func (r *Relay) Lease() LeaseStatus {
-	l := r.lease
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.statusLocked()
+	st := *r.lease.status.Load()
+	st.Held = slices.Clone(st.Held)
+	return st
 }
 
 func (l *leaser) statusLocked() LeaseStatus {
@@ -855,17 +865,22 @@ func (l *leaser) statusLocked() LeaseStatus {
 // close leaves the membership table and releases every lease by closing the connection.
 func (l *leaser) close() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.resetLocked("released")
 }
 
-// Close releases the relay's partitions and its lease connection, as Run does when it
-// returns, and stops watching the NATS connection's errors for permission violations (see
-// ErrPublishDenied), which Run leaves in place for a later Run, and leaves the connection's
-// WriteFence, if it has one. Call it once the relay is no
-// longer needed (running or not): until then, the relay's error handler stays chained onto
-// the connection's.
+// Close stops the relay for good. A running Run is stopped as cancelling its context does
+// (the batch in flight is published and settled, within Config.MaxStopTime) and Close waits
+// for it to return; then Close releases the relay's partitions and its lease connection (as
+// Run does when it returns), stops watching the NATS connection's errors for permission
+// violations (see ErrPublishDenied), which Run leaves in place for a later Run, and leaves
+// the connection's WriteFence, if it has one. Call it once the relay is no longer needed:
+// until then, the relay's error handler stays chained onto the connection's. Run returns
+// ErrClosed after Close; a second Close does nothing.
 func (r *Relay) Close() {
+	if !r.run.close() {
+		return
+	}
 	r.lease.close()
 	r.unwatch()
 	if r.fenceOwner != nil {

@@ -48,6 +48,7 @@ type metrics struct {
 	duplicates prometheus.Counter
 	failures   *prometheus.CounterVec
 	dead       prometheus.Counter
+	unsettled  prometheus.Counter
 	batchSize  prometheus.Histogram
 	latency    prometheus.Histogram
 	claimDur   prometheus.Histogram
@@ -97,6 +98,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Failed publishes by kind: message (counts an attempt) or broker (outage, no attempt counted).")), []string{"kind"}),
 		dead: prometheus.NewCounter(prometheus.CounterOpts(relay("dead_total",
 			"Rows that became dead after MaxAttempts failed publishes."))),
+		unsettled: prometheus.NewCounter(prometheus.CounterOpts(relay("unsettled_total",
+			"Rows this relay published whose settle did not find them ready: settled by a relay that took the partition over, or hidden from the relay's role by row-level security (then published again and again)."))),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "txoutbox", Subsystem: "relay", Name: "batch_size",
 			Help:    "Rows per claimed batch.",
@@ -183,7 +186,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.setHealth(healthStarting)
 	if err := prom.Register(reg, "relay",
-		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.streamUnavailable), prom.Of(&m.windowShort), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
+		prom.Of(&m.published), prom.Of(&m.duplicates), prom.Of(&m.failures), prom.Of(&m.dead), prom.Of(&m.unsettled), prom.Of(&m.batchSize), prom.Of(&m.latency), prom.Of(&m.partitions), prom.Of(&m.target), prom.Of(&m.relays), prom.Of(&m.changes), prom.Of(&m.mismatch), prom.Of(&m.health), prom.Of(&m.streamUnavailable), prom.Of(&m.windowShort), prom.Of(&m.backlog), prom.Of(&m.oldestPart), prom.Of(&m.rows), prom.Of(&m.oldest), prom.Of(&m.subjects), prom.Of(&m.oldestSubj), prom.Of(&m.sampleErrs),
 		prom.Of(&m.claimDur), prom.Of(&m.settleDur), prom.Of(&m.oldestXact), prom.Of(&m.xminAge), prom.Of(&m.prepared), prom.Of(&m.oldestPrep), prom.Of(&m.horizonError)); err != nil {
 		return nil, err
 	}

@@ -221,25 +221,33 @@ func (o *streamOutages) exclusions(gen uint64) (ids []int64, keys []string) {
 // leave out and whose last answer is older than outageRecheck (knownOutage does it for rows
 // that come up; these do not): once it answers with a leader, its rows are claimed and sent
 // again, and the first acknowledged publish ends the outage.
-func (r *Relay) askOutages(ctx context.Context) {
+func (r *Relay) askOutages() {
 	if r.outages.n.Load() == 0 {
 		return
 	}
 	o := &r.outages
+	type ask struct {
+		name string
+		e    *streamOutage
+	}
+	var asks []ask
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	for name, e := range o.m {
 		if e.probing || e.asking || len(e.heldIDs)+len(e.heldKeys) == 0 || time.Since(e.checked) < outageRecheck {
 			continue
 		}
 		e.asking = true
-		go func() {
-			// Not the claim's context: the claim returns (and cancels it) long before.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.probeTimeout(), outageAsk))
-			info, err := r.streamInfo(actx, name)
-			cancel()
+		asks = append(asks, ask{name, e})
+	}
+	o.mu.Unlock()
+	for _, a := range asks {
+		// Not the claim's context: the claim returns (and cancels it) long before. Run waits
+		// for the ask, which ends when Run's context does.
+		r.run.goBackground(min(r.probeTimeout(), outageAsk), func(actx context.Context) {
+			info, err := r.streamInfo(actx, a.name)
 			o.mu.Lock()
 			defer o.mu.Unlock()
+			e := a.e
 			e.asking = false
 			e.met = time.Now() // its rows are still held here: not an outage to forget
 			switch {
@@ -248,9 +256,9 @@ func (r *Relay) askOutages(ctx context.Context) {
 				r.Wake()
 			default:
 				e.checked = time.Now()
-				o.quorumLost(r, name, e, info)
+				o.quorumLost(r, a.name, e, info)
 			}
-		}()
+		})
 	}
 }
 

@@ -85,8 +85,11 @@ type Relay struct {
 	wake  chan struct{}
 	trace *relayTracer
 
-	running atomic.Bool
-	health  atomic.Int32 // a healthState
+	run    runControl
+	health atomic.Int32 // a healthState
+	// settleShort is set while settles find fewer published rows ready than were published
+	// (logged when it changes).
+	settleShort atomic.Bool
 	// natsDownSince is when health last became nats_unavailable (unix ns; 0 once it is ok).
 	natsDownSince atomic.Int64
 	failing       failingSubjects
@@ -277,13 +280,17 @@ func (r *Relay) Wake() {
 // ctx ends during the start-up check or after). When ctx ends it stops claiming, finishes and settles the batch in flight, releases its
 // partitions and returns nil, within Config.MaxStopTime even when PostgreSQL or NATS stops
 // answering (a batch whose settle does not end in time stays ready, to be published again). It returns a *PartitionMismatchError (ErrPartitionMismatch) at
-// start when a live relay of the same outbox has another partition count, and
-// txoutbox.ErrRunning while another Run of this relay has not returned.
+// start when a live relay of the same outbox has another partition count, ErrPublishDenied
+// at start when the server denies the relay's NATS user the start-up check's JetStream
+// requests, the start-up check's refusals (see CheckStreams), txoutbox.ErrRunning while
+// another Run of this relay has not returned, and ErrClosed after Close (which also stops a
+// running Run, see Close).
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("relay: Run: %w", txoutbox.ErrRunning)
+	ctx, end, err := r.run.start(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: Run: %w", err)
 	}
-	defer r.running.Store(false)
+	defer end()
 	if err := r.checkStreamsWaiting(ctx); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil // stopped (cancelled or past its deadline) while waiting for JetStream
@@ -321,7 +328,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
 		"batch_size", r.cfg.BatchSize, "retention", retentionText(r.cfg.Retention))
-	err := r.pipeline(ctx)
+	err = r.pipeline(ctx)
 	r.log.Info("relay stopped")
 	return err
 }
@@ -688,7 +695,7 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 	}
 	args := store.ClaimArgs{Limit: r.cfg.BatchSize, PartitionCount: int32(r.cfg.Partitions), Exclude: exclude}
 	// Rows held back for a stream outage stay out of the claim while it lasts (outage.go).
-	r.askOutages(ctx)
+	r.askOutages()
 	if ids, keys := r.outages.exclusions(gen); len(ids)+len(keys) > 0 {
 		args.Exclude = append(slices.Clip(exclude), ids...)
 		args.ExcludeKeys = keys
@@ -709,7 +716,7 @@ func (r *Relay) claim(ctx context.Context, exclude []int64) (conn *pgx.Conn, gen
 		r.checkFloor(ctx, conn) // nothing to publish: the check delays nothing
 	}
 	if p, g, after, ok := r.floor.probeDue(time.Now()); ok {
-		go r.probeFloor(p, g, after)
+		r.run.goBackground(claimTimeout, func(ctx context.Context) { r.probeFloor(ctx, p, g, after) })
 	}
 	if len(rows) > 0 {
 		r.lastWork.Store(time.Now().UnixNano())
@@ -755,9 +762,15 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		// Rows this relay published that its settle did not find ready: another relay settled
 		// them after taking this one's partitions over (rare), or the relay's role cannot see
 		// or change them (row-level security without the relay's policy: the rows stay ready
-		// and are published again and again).
-		r.log.Warn("settle found fewer of the published rows ready than were published: taken over by another relay, or hidden from this role (row-level security: re-run "+cmdline.Command(r.cfg.Schema, "relay migrate grants --role relay")+")",
-			"published", n, "settled", out.Published)
+		// and are published again and again, so the line is logged once until a settle finds
+		// every row again; the counter counts them all).
+		r.m.unsettled.Add(float64(n - out.Published))
+		if r.settleShort.CompareAndSwap(false, true) {
+			r.log.Warn("settle found fewer of the published rows ready than were published: taken over by another relay, or hidden from this role (row-level security: re-run "+cmdline.Command(r.cfg.Schema, "relay migrate grants --role relay")+"); logged once until settles find every row again (txoutbox_relay_unsettled_total counts them)",
+				"published", n, "settled", out.Published)
+		}
+	} else if len(res.published) > 0 && r.settleShort.CompareAndSwap(true, false) {
+		r.log.Info("settle finds every published row ready again")
 	}
 	r.stats.Batches.Add(1)
 	r.stats.Published.Add(out.Published)

@@ -837,34 +837,45 @@ func TestScheduledBurstOfOneKey(t *testing.T) {
 
 // A settle that finds fewer of the published rows ready than were published (another relay
 // settled them, or row-level security hides them from the relay's role: they would be
-// published again and again) says so.
+// published again and again) says so once per state change, and counts every such row.
 func TestSettleOfRowsNoLongerReadyIsLogged(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
 	logs := newEventLog()
-	r := e.relay(&Config{Logger: slog.New(logs)})
-	e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
-	r.hooks.afterPublish = func(context.Context, int) error {
+	reg := prometheus.NewRegistry()
+	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg})
+	const warning, recovered = "settle found fewer of the published rows ready", "settle finds every published row ready again"
+	short := func(context.Context, int) error {
 		// Settled meanwhile by someone else.
-		_, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published' WHERE id = (SELECT min(id) FROM txoutbox_messages)`)
+		_, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET state = 'published' WHERE id = (SELECT min(id) FROM txoutbox_messages WHERE state = 'ready')`)
 		return err
 	}
-	if n, err := r.runOnce(ctx); n != 2 || err != nil {
-		t.Fatalf("runOnce = %d, %v", n, err)
+	pass := func(hook func(context.Context, int) error, msgs int, warnings, recoveries int) {
+		t.Helper()
+		r.hooks.afterPublish = hook
+		for range msgs {
+			e.enqueue(outbox.Message{Subject: "orders.created"})
+		}
+		if n, err := r.runOnce(ctx); n != msgs || err != nil {
+			t.Fatalf("runOnce = %d, %v, want %d rows", n, err, msgs)
+		}
+		if got := logs.count(slog.LevelWarn, warning); got != warnings {
+			t.Fatalf("%d warnings about the rows the settle did not find, want %d", got, warnings)
+		}
+		if got := logs.count(slog.LevelInfo, recovered); got != recoveries {
+			t.Fatalf("%d lines saying settles find every row again, want %d", got, recoveries)
+		}
 	}
-	if got := logs.count(slog.LevelWarn, "settle found fewer of the published rows ready"); got != 1 {
-		t.Fatalf("%d warnings about the rows the settle did not find, want 1", got)
-	}
+	pass(short, 2, 1, 0)
 	if st := r.Stats(); st.Published != 1 {
 		t.Fatalf("Stats.Published = %d, want 1 (the row the settle found)", st.Published)
 	}
-	r.hooks.afterPublish = nil
-	e.enqueue(outbox.Message{Subject: "orders.created"})
-	if n, err := r.runOnce(ctx); n != 1 || err != nil {
-		t.Fatalf("runOnce = %d, %v", n, err)
-	}
-	if got := logs.count(slog.LevelWarn, "settle found fewer of the published rows ready"); got != 1 {
-		t.Fatalf("a settle of every row warned too (%d warnings)", got)
+	pass(short, 2, 1, 0) // still short: not logged again
+	pass(nil, 1, 1, 1)   // every row found: one line says so
+	pass(nil, 1, 1, 1)
+	pass(short, 2, 2, 1) // short again: a new warning
+	if got := testutil.ToFloat64(r.m.unsettled); got != 3 {
+		t.Fatalf("txoutbox_relay_unsettled_total = %v, want 3", got)
 	}
 }

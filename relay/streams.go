@@ -96,7 +96,10 @@ func unusable(cfg *jetstream.StreamConfig) (setting, reason string) {
 // duplicates at least RequiredDuplicateWindow. It refuses a server whose max_payload, or such a
 // stream whose max_msg_size, is below what producers may enqueue (ErrMessageLimit; see
 // Config.MaxMessageBytes). It creates, or extends, the stream Config.CreateStream names when a
-// subject has none. It logs a warning for a stream that rewrites subjects.
+// subject has none. It logs a warning for a stream that rewrites subjects. Each refusal of a
+// stream or subject is a *StreamError wrapping ErrNoStream, ErrStreamUnusable,
+// ErrDuplicateWindow or ErrMessageLimit; other errors are JetStream's or ctx's (Run waits
+// and checks again on those that waiting can fix).
 func (r *Relay) CheckStreams(ctx context.Context) error {
 	if err := r.checkServerVersion(); err != nil {
 		return err
