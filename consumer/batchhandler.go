@@ -33,7 +33,7 @@ const DefaultBatchHandlerSize = 100
 // at once when it is handled alone.
 //
 // The handler can run several times for one delivery of a message (see NewBatch): keep every
-// side effect inside tx. Each call gets its own copy of every message's Data and Headers.
+// side effect inside tx. Each call gets its own copy of every message's Payload and Headers.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []Message) error
 
 // BatchError is what a BatchHandler returns to name the message that made the batch fail:

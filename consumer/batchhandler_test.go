@@ -24,7 +24,7 @@ func recordEffects(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 	idem, subj, payload := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
 	delivery := make([]int32, len(msgs))
 	for i, m := range msgs {
-		idem[i], subj[i], payload[i], delivery[i] = m.IdempotencyKey, m.Subject, string(m.Data), int32(m.Delivery)
+		idem[i], subj[i], payload[i], delivery[i] = m.IdempotencyKey, m.Subject, string(m.Payload), int32(m.Delivery)
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO effects (idem, subject, payload, delivery)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[])`, idem, subj, payload, delivery)
@@ -40,7 +40,7 @@ type calls struct {
 func (c *calls) add(msgs []Message) {
 	b := make([]string, len(msgs))
 	for i, m := range msgs {
-		b[i] = string(m.Data)
+		b[i] = string(m.Payload)
 	}
 	c.mu.Lock()
 	c.batches = append(c.batches, b)
@@ -244,7 +244,7 @@ func TestBatchHandlerPoisonIsolated(t *testing.T) {
 			return err
 		}
 		for _, m := range msgs {
-			if string(m.Data) == "6" {
+			if string(m.Payload) == "6" {
 				return errors.New("some message of the batch is bad")
 			}
 		}
@@ -312,7 +312,7 @@ func TestBatchHandlerPoisonRun(t *testing.T) {
 			return err
 		}
 		for _, m := range msgs {
-			if string(m.Data) == "37" {
+			if string(m.Payload) == "37" {
 				return errors.New("poison")
 			}
 		}
@@ -353,7 +353,7 @@ func TestBatchHandlerRefusedCommit(t *testing.T) {
 		seen.add(msgs)
 		skus := make([]int32, len(msgs))
 		for i, m := range msgs {
-			sku, err := strconv.Atoi(strings.TrimPrefix(string(m.Data), "sku:"))
+			sku, err := strconv.Atoi(strings.TrimPrefix(string(m.Payload), "sku:"))
 			if err != nil {
 				return &BatchError{Index: i, Err: Permanent(err)}
 			}
@@ -427,7 +427,7 @@ func TestBatchHandlerPermanent(t *testing.T) {
 					return err
 				}
 				for i, m := range msgs {
-					if string(m.Data) == "bad" {
+					if string(m.Payload) == "bad" {
 						return tc.fail(i)
 					}
 				}

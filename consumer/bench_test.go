@@ -141,7 +141,7 @@ func benchConsume(b *testing.B, batch, conc, keys int, ordered bool) {
 func BenchmarkHandlerCopy(b *testing.B) {
 	payload := make([]byte, 512)
 	_, _ = rand.Read(payload)
-	m := Message{Data: payload, Headers: nats.Header{
+	m := Message{Payload: payload, Headers: nats.Header{
 		outbox.HeaderMsgID:  {newID()},
 		outbox.HeaderKey:    {"acct-42"},
 		outbox.HeaderBizKey: {"order-42-paid"},

@@ -76,10 +76,10 @@ func TestClusterOrderedAcrossConsumerCrashAndLeaderKill(t *testing.T) {
 			}
 			n := 0
 			if msg.Key != "" {
-				k, num, _ := strings.Cut(string(msg.Data), ":")
+				k, num, _ := strings.Cut(string(msg.Payload), ":")
 				var err error
 				if n, err = strconv.Atoi(num); err != nil || k != msg.Key {
-					return Permanent(fmt.Errorf("payload %q of key %q: %v", msg.Data, msg.Key, err))
+					return Permanent(fmt.Errorf("payload %q of key %q: %v", msg.Payload, msg.Key, err))
 				}
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO applied (k, n, seq, idem, by_instance) VALUES ($1, $2, $3, $4, $5)`,
@@ -119,7 +119,7 @@ func TestClusterOrderedAcrossConsumerCrashAndLeaderKill(t *testing.T) {
 	var blockOnce sync.Once
 	var heldK0 atomic.Int32
 	aConn, _, aStop := start1("a", cfg, handler("a", func(msg Message) {
-		if string(msg.Data) != "k0:2" {
+		if string(msg.Payload) != "k0:2" {
 			return
 		}
 		blockOnce.Do(func() { close(blocked) })

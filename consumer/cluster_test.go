@@ -46,7 +46,7 @@ func TestClusterConsumerStartedDuringElectionWaits(t *testing.T) {
 	}
 	handled := make(chan string, 4)
 	c, err := New(db.Pool, js, func(_ context.Context, _ pgx.Tx, m Message) error {
-		handled <- string(m.Data)
+		handled <- string(m.Payload)
 		return nil
 	}, &Config{Stream: "CL", Durable: "cl", Schema: db.Schema, AckWait: 2 * time.Second, Ordered: true, Logger: quietLogger()})
 	if err != nil {
@@ -136,7 +136,7 @@ func TestClusterConsumerResumesAfterLeaderKill(t *testing.T) {
 	}
 	handled := make(chan string, 4)
 	c, err := New(db.Pool, js, func(_ context.Context, _ pgx.Tx, m Message) error {
-		handled <- string(m.Data)
+		handled <- string(m.Payload)
 		return nil
 	}, &Config{Stream: "CR", Durable: "cr", Schema: db.Schema, Logger: quietLogger()})
 	if err != nil {

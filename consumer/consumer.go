@@ -63,7 +63,7 @@ import (
 // Handler applies one message's business effect in tx, the consumer's transaction, which
 // already holds the message's dedup row. It must not commit or roll back tx (those calls
 // return ErrTxControl); returning an error rolls everything back and schedules a retry.
-// Wrap an error with Permanent to dead-letter the message at once. msg.Data and msg.Headers
+// Wrap an error with Permanent to dead-letter the message at once. msg.Payload and msg.Headers
 // are this call's own copy: changing them changes nothing else.
 type Handler func(ctx context.Context, tx pgx.Tx, msg Message) error
 

@@ -187,7 +187,7 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 	e := newEnv(t)
 	var poisonRuns atomic.Int32
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-		if string(msg.Data) == "poison" {
+		if string(msg.Payload) == "poison" {
 			poisonRuns.Add(1)
 			return errors.New("cannot parse order: unexpected token\nat line 1")
 		}
@@ -432,7 +432,7 @@ func TestBatchFailingMessageInTheMiddle(t *testing.T) {
 		if err := recordEffect(ctx, tx, msg); err != nil {
 			return err
 		}
-		if string(msg.Data) == "4" && failing.Load() {
+		if string(msg.Payload) == "4" && failing.Load() {
 			return errors.New("message 4 fails after writing") // its write must roll back
 		}
 		return nil
@@ -501,7 +501,7 @@ func TestBatchModeRun(t *testing.T) {
 		if err := recordEffect(ctx, tx, msg); err != nil {
 			return err
 		}
-		if string(msg.Data) == "37" {
+		if string(msg.Payload) == "37" {
 			return errors.New("poison")
 		}
 		return nil
@@ -540,7 +540,7 @@ func TestPerKeyOrdering(t *testing.T) {
 			maxPerKey, total, maxTotal := 0, 0, 0
 			var failedOnce atomic.Bool
 			h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-				n, _ := strconv.Atoi(strings.TrimPrefix(string(msg.Data), msg.Key+":"))
+				n, _ := strconv.Atoi(strings.TrimPrefix(string(msg.Payload), msg.Key+":"))
 				mu.Lock()
 				active[msg.Key]++
 				total++
@@ -844,7 +844,7 @@ func TestThroughOutboxAndRelay(t *testing.T) {
 		seen = append(seen, msg)
 		mu.Unlock()
 		_, err := tx.Exec(ctx, `INSERT INTO effects (idem, subject, payload, delivery, note) VALUES ($1, $2, $3, $4, $5)`,
-			msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery, msg.Headers.Get("traceparent"))
+			msg.IdempotencyKey, msg.Subject, string(msg.Payload), msg.Delivery, msg.Headers.Get("traceparent"))
 		return err
 	}
 	c := e.newConsumer(nil, &Config{Ordered: true}, h)
@@ -1007,7 +1007,7 @@ func TestDeadLetterErrorTextIsAlwaysSendable(t *testing.T) {
 		"long":    "x" + strings.Repeat("é", 2000),
 	}
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-		return Permanent(errors.New(texts[string(msg.Data)]))
+		return Permanent(errors.New(texts[string(msg.Payload)]))
 	}
 	for name := range texts {
 		e.publishID("orders.created", newID(), name)

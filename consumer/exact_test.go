@@ -85,7 +85,7 @@ func TestKeysUsedByteExact(t *testing.T) {
 	seen := map[string]Message{} // by payload
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		mu.Lock()
-		seen[string(msg.Data)] = msg
+		seen[string(msg.Payload)] = msg
 		mu.Unlock()
 		return recordEffect(ctx, tx, msg)
 	}
@@ -219,11 +219,11 @@ func TestByteExactThroughOutboxAndRelay(t *testing.T) {
 	seen := map[string]Message{} // by message id
 	h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
 		mu.Lock()
-		msg.Data = bytes.Clone(msg.Data)
+		msg.Payload = bytes.Clone(msg.Payload)
 		seen[msg.ID] = msg
 		mu.Unlock()
 		_, err := tx.Exec(ctx, `INSERT INTO effects (idem, subject, payload, delivery) VALUES ($1, $2, $3, $4)`,
-			msg.IdempotencyKey, msg.Subject, hex.EncodeToString(msg.Data), msg.Delivery) // binary payloads are not text
+			msg.IdempotencyKey, msg.Subject, hex.EncodeToString(msg.Payload), msg.Delivery) // binary payloads are not text
 		return err
 	}
 	c := e.newConsumer(nil, &Config{Ordered: true}, h)
@@ -245,9 +245,9 @@ func TestByteExactThroughOutboxAndRelay(t *testing.T) {
 		if wantIdem == "" {
 			wantIdem = ids[i]
 		}
-		if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Payload) || got.Key != m.Key || got.BizKey != m.BizKey || got.IdempotencyKey != wantIdem {
+		if got.Subject != m.Subject || !bytes.Equal(got.Payload, m.Payload) || got.Key != m.Key || got.BizKey != m.BizKey || got.IdempotencyKey != wantIdem {
 			t.Errorf("message %d: handler saw subject %q data %q key %q biz key %q idempotency key %q; want %q %q %q %q %q",
-				i, got.Subject, got.Data, got.Key, got.BizKey, got.IdempotencyKey, m.Subject, m.Payload, m.Key, m.BizKey, wantIdem)
+				i, got.Subject, got.Payload, got.Key, got.BizKey, got.IdempotencyKey, m.Subject, m.Payload, m.Key, m.BizKey, wantIdem)
 		}
 		want := map[string][]string{outbox.HeaderMsgID: {ids[i]}}
 		for k, v := range m.Headers {

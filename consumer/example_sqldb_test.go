@@ -97,7 +97,7 @@ func ExampleNewSQL() {
 			OrderID int `json:"order_id"`
 			Amount  int `json:"amount"`
 		}
-		if err := json.Unmarshal(msg.Data, &p); err != nil {
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return consumer.Permanent(err) // no retry can fix it: dead-letter it now
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO `+refunds+` (order_id, amount) VALUES ($1, $2)`, p.OrderID, p.Amount)

@@ -155,7 +155,7 @@ func (e *env) publishID(subject, id, data string) *jetstream.PubAck {
 // recordEffect is the standard handler: one business row per call.
 func recordEffect(ctx context.Context, tx pgx.Tx, msg Message) error {
 	_, err := tx.Exec(ctx, `INSERT INTO effects (idem, subject, payload, delivery) VALUES ($1, $2, $3, $4)`,
-		msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery)
+		msg.IdempotencyKey, msg.Subject, string(msg.Payload), msg.Delivery)
 	return err
 }
 

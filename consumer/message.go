@@ -15,18 +15,18 @@ import (
 
 // Message is a delivered message as the handler sees it. Every field is byte-exact: the
 // consumer never trims or normalises what arrived. For a message enqueued with package outbox,
-// Subject, Data, Key, BizKey and every header name and value are exactly what the producer gave
-// (the producer refuses, at enqueue, anything NATS would not carry exactly).
+// Subject, Payload, Key, BizKey and every header name and value are exactly what the producer
+// gave (the producer refuses, at enqueue, anything NATS would not carry exactly).
 //
-// Each handler call gets its own copy of Data and Headers: a handler may change them (or keep
+// Each handler call gets its own copy of Payload and Headers: a handler may change them (or keep
 // them), and no one else sees the change — not a later run of a handler with the same message
 // (a retry, a batch handled again), not its dead letter, which carries the message as it was
 // delivered.
 type Message struct {
 	// Subject is the subject the message was published on.
 	Subject string
-	// Data is the payload.
-	Data []byte
+	// Payload is the message body: outbox.Message.Payload as the producer enqueued it.
+	Payload []byte
 	// Headers are all the message's headers: the producer's own (traceparent and the like)
 	// and those the relay sets (Nats-Msg-Id, Txoutbox-Key, Txoutbox-Biz-Key). Header names
 	// are case-sensitive, as the producer wrote them (names differing only in case are two
@@ -53,7 +53,7 @@ type Message struct {
 	Delivery int
 }
 
-// handlerCopy returns m for one handler call: Data and Headers (the map and each name's
+// handlerCopy returns m for one handler call: Payload and Headers (the map and each name's
 // values) are the call's own, so that what a handler changes in them, or keeps and changes
 // later, never reaches what the consumer does with the delivered message afterwards — the
 // dead letter (payload and headers), a rerun of the handler (a batch's savepoint path, a
@@ -62,7 +62,7 @@ type Message struct {
 // never given out. Header values are strings, immutable: only the slices holding them are
 // copied, all into one allocation.
 func (m Message) handlerCopy() Message {
-	m.Data = bytes.Clone(m.Data)
+	m.Payload = bytes.Clone(m.Payload)
 	m.Headers = cloneHeader(m.Headers)
 	return m
 }
@@ -101,7 +101,7 @@ var ErrMalformed = errors.New("consumer: malformed message")
 
 // decode builds the handler's view of raw, or reports why it is malformed.
 func decode(raw jetstream.Msg) (Message, error) {
-	m := Message{Subject: raw.Subject(), Data: raw.Data(), Headers: raw.Headers()}
+	m := Message{Subject: raw.Subject(), Payload: raw.Data(), Headers: raw.Headers()}
 	md, err := raw.Metadata()
 	if err != nil {
 		return m, fmt.Errorf("%w: no JetStream metadata: %v", ErrMalformed, err)

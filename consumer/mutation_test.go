@@ -48,15 +48,15 @@ func (v *vandal) wreck(msg Message) {
 	if v.seen == nil {
 		v.seen = map[string][]string{}
 	}
-	v.seen[name] = append(v.seen[name], snapshot(msg.Data, msg.Headers))
+	v.seen[name] = append(v.seen[name], snapshot(msg.Payload, msg.Headers))
 	for _, old := range v.kept { // what an earlier call kept, changed after its call
-		for i := range old.Data {
-			old.Data[i] = 'L'
+		for i := range old.Payload {
+			old.Payload[i] = 'L'
 		}
 		old.Headers["X-Late"] = []string{"late"}
 	}
-	for i := range msg.Data {
-		msg.Data[i] = 'X'
+	for i := range msg.Payload {
+		msg.Payload[i] = 'X'
 	}
 	for k, vs := range msg.Headers {
 		for i := range vs {
@@ -276,22 +276,22 @@ func TestHandlerChangesStayInTheCall(t *testing.T) {
 
 // handlerCopy gives each call its own payload and header slices, and leaves nil as nil.
 func TestHandlerCopy(t *testing.T) {
-	m := Message{Data: []byte("abc"), Headers: nats.Header{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}}}
+	m := Message{Payload: []byte("abc"), Headers: nats.Header{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}}}
 	c := m.handlerCopy()
-	c.Data[0] = 'X'
+	c.Payload[0] = 'X'
 	c.Headers["A"][0] = "x"
 	c.Headers["A"] = append(c.Headers["A"], "appended")
 	c.Headers["B"] = append(c.Headers["B"], "appended") // must not spill into another name's values
 	delete(c.Headers, "Nil")
 	c.Headers["New"] = []string{"n"}
-	if string(m.Data) != "abc" || snapshot(m.Data, m.Headers) != snapshot([]byte("abc"), nats.Header{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}}) {
-		t.Fatalf("the original changed: %s", snapshot(m.Data, m.Headers))
+	if string(m.Payload) != "abc" || snapshot(m.Payload, m.Headers) != snapshot([]byte("abc"), nats.Header{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}}) {
+		t.Fatalf("the original changed: %s", snapshot(m.Payload, m.Headers))
 	}
-	if got := snapshot(c.Data, c.Headers); !strings.Contains(got, `A=["x" "2" "appended"]`) || !strings.Contains(got, `B=["3" "appended"]`) {
+	if got := snapshot(c.Payload, c.Headers); !strings.Contains(got, `A=["x" "2" "appended"]`) || !strings.Contains(got, `B=["3" "appended"]`) {
 		t.Fatalf("copy %s", got)
 	}
 	var empty Message
-	if c := empty.handlerCopy(); c.Data != nil || c.Headers != nil {
+	if c := empty.handlerCopy(); c.Payload != nil || c.Headers != nil {
 		t.Fatalf("a message without payload or headers copied as %#v", c)
 	}
 	if c := (Message{Headers: nats.Header{"Nil": nil}}).handlerCopy(); c.Headers["Nil"] != nil {

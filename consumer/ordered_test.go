@@ -130,7 +130,7 @@ func testOrderedAcrossCrashAndInstances(t *testing.T, viaSQL bool) {
 	const insertApplied = `INSERT INTO applied (k, seq, idem, by_instance) VALUES ($1, $2, $3, $4)`
 	apply := func(ctx context.Context, name string, block func(ctx context.Context, msg Message) error, msg Message,
 		exec func(args ...any) error) error {
-		if string(msg.Data) == poison {
+		if string(msg.Payload) == poison {
 			return Permanent(errors.New("poison"))
 		}
 		if block != nil {
@@ -179,7 +179,7 @@ func testOrderedAcrossCrashAndInstances(t *testing.T, viaSQL bool) {
 	var blockOnce sync.Once
 	var heldK0 atomic.Int32
 	a := start(cfg, "postgres", "a", func(ctx context.Context, msg Message) error {
-		if string(msg.Data) != "k0:2" {
+		if string(msg.Payload) != "k0:2" {
 			return nil
 		}
 		blockOnce.Do(func() { close(blocked) })

@@ -42,7 +42,7 @@ func TestSpanTextsFromOutsideAreExportable(t *testing.T) {
 				return first
 			}
 			fail := func(msg Message) error {
-				switch string(msg.Data) {
+				switch string(msg.Payload) {
 				case "poison":
 					return Permanent(errors.New(hostile))
 				case "flaky":

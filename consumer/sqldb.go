@@ -24,7 +24,7 @@ import (
 // the message is retried as a handler failure wrapping ErrTxControl (a redelivery after a
 // commit the handler made finds the dedup row and is skipped). Returning an error rolls
 // everything back and schedules a retry; wrap it with Permanent to dead-letter the message at
-// once. msg.Data and msg.Headers are this call's own copy.
+// once. msg.Payload and msg.Headers are this call's own copy.
 type SQLHandler func(ctx context.Context, tx *sql.Tx, msg Message) error
 
 // NewSQL returns a consumer of cfg.Stream that runs handler for each message in a

@@ -44,7 +44,7 @@ func (e *env) newSQLConsumer(sdb *sql.DB, cfg *Config, h SQLHandler) *Consumer {
 // recordEffectSQL is recordEffect through database/sql.
 func recordEffectSQL(ctx context.Context, tx *sql.Tx, msg Message) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO effects (idem, subject, payload, delivery) VALUES ($1, $2, $3, $4)`,
-		msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery)
+		msg.IdempotencyKey, msg.Subject, string(msg.Payload), msg.Delivery)
 	return err
 }
 
@@ -206,7 +206,7 @@ func TestSQLConsumerHandlerWithSqlxAndGorm(t *testing.T) {
 	h := func(ctx context.Context, tx *sql.Tx, msg Message) error {
 		stx := &sqlx.Tx{Tx: tx, Mapper: sqlxDB.Mapper}
 		if _, err := stx.ExecContext(ctx, `INSERT INTO effects (idem, subject, payload, delivery, note) VALUES ($1, $2, $3, $4, 'sqlx')`,
-			msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery); err != nil {
+			msg.IdempotencyKey, msg.Subject, string(msg.Payload), msg.Delivery); err != nil {
 			return err
 		}
 		var n int
@@ -218,7 +218,7 @@ func TestSQLConsumerHandlerWithSqlxAndGorm(t *testing.T) {
 			return err
 		}
 		if err := gdb.WithContext(ctx).Exec(`INSERT INTO effects (idem, subject, payload, delivery, note) VALUES (?, ?, ?, ?, 'gorm')`,
-			msg.IdempotencyKey, msg.Subject, string(msg.Data), msg.Delivery).Error; err != nil {
+			msg.IdempotencyKey, msg.Subject, string(msg.Payload), msg.Delivery).Error; err != nil {
 			return err
 		}
 		if fail {
@@ -261,7 +261,7 @@ func TestSQLOrderedDeadLettersWithAPoolOfOne(t *testing.T) {
 			e.exec(`INSERT INTO txoutbox_consumer_key_order (consumer, stream, order_key, applied_seq) VALUES ($1, $2, 'j', $3)`,
 				testDurable, testStream, int64(lost.Sequence)+10)
 			c := e.newSQLConsumer(sdb, &Config{Ordered: true, Concurrency: 1}, func(ctx context.Context, tx *sql.Tx, msg Message) error {
-				if string(msg.Data) == "poison" {
+				if string(msg.Payload) == "poison" {
 					return Permanent(errors.New("poison"))
 				}
 				return recordEffectSQL(ctx, tx, msg)

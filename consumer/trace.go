@@ -94,7 +94,7 @@ func (c *Consumer) messageAttrs(it *item) []attribute.KeyValue {
 	)
 	attrs = appendMessageID(attrs, it)
 	return append(attrs,
-		tracing.BodySize.Int(len(it.msg.Data)),
+		tracing.BodySize.Int(len(it.msg.Payload)),
 		tracing.String(tracing.StreamName, it.msg.Stream),
 		tracing.StreamSequence.Int64(int64(it.msg.StreamSeq)),
 		tracing.Delivery.Int(it.attempt()),

@@ -126,7 +126,7 @@ func TestProcessSpans(t *testing.T) {
 			var mu sync.Mutex
 			failedOnce := false
 			h := func(ctx context.Context, tx pgx.Tx, msg Message) error {
-				p := string(msg.Data)
+				p := string(msg.Payload)
 				hs.add(ctx, p)
 				switch p {
 				case "flaky":
@@ -152,7 +152,7 @@ func TestProcessSpans(t *testing.T) {
 			c.hooks.afterCommit = func(_ context.Context, msgs []Message) error {
 				var err error
 				for _, m := range msgs {
-					if string(m.Data) == "ok" {
+					if string(m.Payload) == "ok" {
 						lostOnce.Do(func() { err = errors.New("crash before the ack") })
 					}
 				}
@@ -251,7 +251,7 @@ func TestBatchHandlerSpan(t *testing.T) {
 	var hs handlerSpans
 	h := func(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 		for _, m := range msgs {
-			hs.add(ctx, string(m.Data))
+			hs.add(ctx, string(m.Payload))
 		}
 		return recordEffects(ctx, tx, msgs)
 	}

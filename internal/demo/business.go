@@ -159,7 +159,7 @@ func (inv *inventory) handle(ctx context.Context, tx pgx.Tx, msg consumer.Messag
 	switch {
 	case strings.HasPrefix(msg.Subject, "orders."):
 		var o orderEvent
-		if err := json.Unmarshal(msg.Data, &o); err != nil {
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return consumer.Permanent(fmt.Errorf("decode order: %w", err))
 		}
 		if o.Poison {
@@ -172,7 +172,7 @@ func (inv *inventory) handle(ctx context.Context, tx pgx.Tx, msg consumer.Messag
 		queueEffect(b, "order", o.OrderID, msg)
 	case strings.HasPrefix(msg.Subject, "payments."):
 		var p paymentEvent
-		if err := json.Unmarshal(msg.Data, &p); err != nil {
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return consumer.Permanent(fmt.Errorf("decode payment: %w", err))
 		}
 		b.Queue(`INSERT INTO demo_points (customer, balance) VALUES ($1, $2)

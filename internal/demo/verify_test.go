@@ -207,7 +207,7 @@ func TestVerifyAppliedOrderDetectsViolations(t *testing.T) {
 		t.Helper()
 		data, _ := json.Marshal(orderEvent{OrderID: ref, Customer: "c1", SKU: "sku-1", Qty: 1})
 		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			return (&inventory{}).handle(ctx, tx, consumer.Message{Subject: orderSubject, ID: id, Key: "c1", Data: data})
+			return (&inventory{}).handle(ctx, tx, consumer.Message{Subject: orderSubject, ID: id, Key: "c1", Payload: data})
 		}); err != nil {
 			t.Fatal(err)
 		}
