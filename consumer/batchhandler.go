@@ -51,9 +51,9 @@ func (e *BatchError) Error() string {
 
 func (e *BatchError) Unwrap() error { return e.Err }
 
-// ErrBatchIndex: a BatchHandler returned a *BatchError whose Index is outside its batch, or
+// errBatchIndex: a BatchHandler returned a *BatchError whose Index is outside its batch, or
 // whose Err is nil; the batch is treated as failed without a named message.
-var ErrBatchIndex = errors.New("consumer: BatchError names no message of the batch")
+var errBatchIndex = errors.New("consumer: BatchError names no message of the batch")
 
 // NewBatch returns a consumer of cfg.Stream that applies messages in batches with handler, in
 // transactions begun on db; like New otherwise. Config.BatchSize bounds the batch and
@@ -235,7 +235,7 @@ func (c *Consumer) splitSet(ctx context.Context, items []*item, live []int, stat
 	case errors.As(herr, &be) && be.Index >= 0 && be.Index < len(fresh) && be.Err != nil:
 		culprit, cerr = fresh[be.Index], be.Err
 	case errors.As(herr, &be):
-		herr = fmt.Errorf("%w (index %d of %d, error %v): %w", ErrBatchIndex, be.Index, len(fresh), be.Err, herr)
+		herr = fmt.Errorf("%w (index %d of %d, error %v): %w", errBatchIndex, be.Index, len(fresh), be.Err, herr)
 		cerr = herr
 		if len(fresh) == 1 {
 			culprit = fresh[0]
@@ -265,13 +265,13 @@ func (c *Consumer) callBatchHandler(ctx context.Context, tx pgx.Tx, msgs []Messa
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			err = fmt.Errorf("%w: %v", errHandlerPanic, r)
 		}
 		c.observeHandler(time.Since(start))
 	}()
 	err = c.batchHandler(ctx, handlerTx{tx}, msgs)
 	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
-		err = ErrTxAborted
+		err = errTxAborted
 	}
 	return err
 }

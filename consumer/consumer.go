@@ -69,9 +69,12 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg Message) error
 
 // Sentinel errors.
 var (
-	// ErrNoDeadLetterStream: no JetStream stream captures Config.DeadLetterSubject.
+	// ErrNoDeadLetterStream: no JetStream stream captures Config.DeadLetterSubject. Setup and
+	// Run return it.
 	ErrNoDeadLetterStream = errors.New("consumer: no stream captures the dead-letter subject")
-	// ErrDeadLetterLoop: the dead-letter subject would be delivered to this consumer again.
+	// ErrDeadLetterLoop: the dead-letter subject would be delivered to this consumer again
+	// (its stream is the consumed stream, and the consumer reads all of it). Setup and Run
+	// return it.
 	ErrDeadLetterLoop = errors.New("consumer: dead letters would loop back to the consumer")
 	// ErrConsumeStopped: JetStream ended the subscription (connection closed, consumer
 	// deleted); Run stops gracefully and returns it.
@@ -79,27 +82,29 @@ var (
 	// ErrTxControl is what the handler's Commit and Rollback return: the consumer owns the
 	// transaction.
 	ErrTxControl = errors.New("consumer: the handler must not commit or roll back the consumer's transaction")
-	// ErrTxAborted: the handler returned nil although a statement of its transaction failed.
-	ErrTxAborted = errors.New("consumer: the handler returned nil but its transaction is aborted")
-	// ErrHandlerPanic wraps a recovered handler panic.
-	ErrHandlerPanic = errors.New("consumer: handler panicked")
-	// ErrDeliveriesExhausted: the message arrived after MaxDeliveries deliveries without an
-	// outcome (earlier deliveries timed out: a crashed or stuck consumer).
-	ErrDeliveriesExhausted = errors.New("consumer: deliveries exhausted")
 	// ErrKeyOrderTable: Config.Ordered is set and the schema lacks the key-order table, or the
-	// consumer's role may not read, insert and update it.
+	// consumer's role may not read, insert and update it. Setup and Run return it.
 	ErrKeyOrderTable = errors.New("consumer: Config.Ordered needs the txoutbox_consumer_key_order table (migration 003) with SELECT, INSERT and UPDATE")
 	// ErrDedupTable: the schema (Config.Schema) lacks the dedup table every consumer records
 	// its messages in, or the consumer's role may not insert into it and read it: a schema
-	// not migrated, or a Schema that is not the outbox's.
+	// not migrated, or a Schema that is not the outbox's. Setup and Run return it.
 	ErrDedupTable = errors.New("consumer: the consumer needs the txoutbox_consumer_dedup table (migration 001) with INSERT and SELECT")
-	// ErrOutOfOrder: in ordered mode, a message arrived after a later message of its key was
-	// applied, and no dedup row says it was applied itself. It is dead-lettered, never applied
-	// out of order nor dropped. It happens only when the dedup row was purged before the
-	// message's last redelivery, when the stream lost the message while it was in flight, or
-	// when the stream was recreated (its sequences start again) without deleting the durable's
-	// rows of txoutbox_consumer_key_order.
-	ErrOutOfOrder = errors.New("consumer: message arrived after its key moved past it")
+)
+
+// Errors of one message's handling. No call returns them: they reach the logs, the process
+// span's status and a dead letter's HeaderDeadError, whose text they start (its
+// HeaderDeadReason, a DeadReason… constant, says the same in one word).
+var (
+	// errTxAborted: the handler returned nil although a statement of its transaction failed.
+	errTxAborted = errors.New("consumer: the handler returned nil but its transaction is aborted")
+	// errHandlerPanic wraps a recovered handler panic.
+	errHandlerPanic = errors.New("consumer: handler panicked")
+	// errDeliveriesExhausted: the message arrived after MaxDeliveries deliveries without an
+	// outcome (DeadReasonExhausted).
+	errDeliveriesExhausted = errors.New("consumer: deliveries exhausted")
+	// errOutOfOrder: in ordered mode, a message arrived after a later message of its key was
+	// applied, and no dedup row says it was applied itself (DeadReasonOutOfOrder).
+	errOutOfOrder = errors.New("consumer: message arrived after its key moved past it")
 )
 
 // Consumer is an idempotent JetStream consumer. Create it with New and start it with Run.
@@ -172,7 +177,9 @@ type testSignals struct {
 // db must be safe for concurrent use (a pool, usually a *pgxpool.Pool): the workers begin
 // transactions on it at once. One connection or transaction (a *pgx.Conn, a *pgxpool.Conn, a
 // pgx.Tx) is refused with a *txoutbox.ConfigError naming db, and so is a nil db, js or
-// handler (naming it).
+// handler (naming it), and an invalid cfg (naming the field, as ValidateConfig does). Every
+// *txoutbox.ConfigError matches txoutbox.ErrInvalidConfig. It also fails when
+// Config.Registerer refuses the consumer's metrics (a different collector of the same name).
 func New(db txoutbox.Beginner, js jetstream.JetStream, handler Handler, cfg *Config) (*Consumer, error) {
 	if err := dbhandle.RequireArg("consumer", "db", "a pool, such as a *pgxpool.Pool", db); err != nil {
 		return nil, err
@@ -215,9 +222,22 @@ func (c *Consumer) Stats() Stats { return c.stats.snapshot() }
 // Setup creates the durable JetStream consumer, or updates it to the configuration (explicit
 // acks, AckWait, unlimited server-side deliveries, MaxAckPending, FilterSubjects), and checks
 // that a stream captures the dead-letter subject without sending it back to this consumer.
-// It first refuses a nats-server older than the configuration needs (a *txoutbox.ServerVersionError,
-// txoutbox.ErrServerTooOld: MinServerVersion). Run calls it, and waits
-// while JetStream cannot answer; call it yourself to fail fast at start-up.
+// Run calls it, and waits while JetStream cannot answer; call it yourself to fail fast at
+// start-up.
+//
+// Its errors, in the order it checks them (the first three before it creates or updates the
+// durable):
+//   - a nats-server older than the configuration needs: a *txoutbox.ServerVersionError
+//     (txoutbox.ErrServerTooOld; see MinServerVersion);
+//   - ErrDedupTable: Config.Schema has no dedup table, or the consumer's role may not use it;
+//   - ErrKeyOrderTable: with Config.Ordered, the same for the key-order table;
+//   - ErrNoDeadLetterStream: no stream captures Config.DeadLetterSubject;
+//   - ErrDeadLetterLoop: that stream is the consumed one, read whole by this consumer.
+//
+// A ctx that ends during the table check is an error wrapping ctx.Err(); JetStream's own
+// errors (no such stream, a refused consumer configuration, a timeout) are returned wrapped.
+// A database that does not answer the table check is not an error: it is logged, and the
+// handlers wait for it like for any outage.
 func (c *Consumer) Setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err := c.checkServerVersion(); err != nil {
 		return nil, err
@@ -371,10 +391,13 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 // messages it holds that no handler has started (so another instance gets them at once),
 // lets running handlers finish (their context is cancelled after Config.StopTimeout), acks
 // what committed, and returns nil. It sets the consumer up first (Setup), waiting — one
-// warning — while JetStream or the stream cannot answer (a leader election, a restart), and
-// returns Setup's error when the answer says the configuration is wrong. It returns an error
-// when JetStream stops delivering (ErrConsumeStopped), and txoutbox.ErrRunning while
-// another Run of this consumer has not returned.
+// warning — while JetStream, the stream or PostgreSQL cannot answer (a leader election, a
+// restart), and returns Setup's error when the answer says the configuration is wrong: a
+// *txoutbox.ServerVersionError (txoutbox.ErrServerTooOld), ErrDedupTable, ErrKeyOrderTable,
+// ErrNoDeadLetterStream or ErrDeadLetterLoop, or JetStream's refusal (no such stream, say).
+// A ctx cancelled while it waits makes it return nil. It returns an error wrapping
+// ErrConsumeStopped when JetStream stops delivering, and txoutbox.ErrRunning while another
+// Run of this consumer has not returned.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("consumer: Run: %w", txoutbox.ErrRunning)

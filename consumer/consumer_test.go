@@ -773,14 +773,14 @@ func TestHandlerMisbehaviour(t *testing.T) {
 			_ = recordEffect(ctx, tx, msg)
 			_, _ = tx.Exec(ctx, `SELECT 1/0`)
 			return nil
-		}, outcomeRetry, ErrTxAborted},
+		}, outcomeRetry, errTxAborted},
 		{"commits", func(ctx context.Context, tx pgx.Tx, msg Message) error {
 			if err := recordEffect(ctx, tx, msg); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)
 		}, outcomeRetry, ErrTxControl},
-		{"panics", func(context.Context, pgx.Tx, Message) error { panic("boom") }, outcomeRetry, ErrHandlerPanic},
+		{"panics", func(context.Context, pgx.Tx, Message) error { panic("boom") }, outcomeRetry, errHandlerPanic},
 	}
 	for _, tc := range cases {
 		e.publishID("orders.created", newID(), tc.name)

@@ -25,7 +25,7 @@ import (
 // (consumer:stream:sequence) so that a dead letter published twice is stored once.
 const (
 	HeaderDeadConsumer   = "Txoutbox-Dead-Consumer"   // the durable name
-	HeaderDeadReason     = "Txoutbox-Dead-Reason"     // one of the DeadReason values
+	HeaderDeadReason     = "Txoutbox-Dead-Reason"     // a DeadReason… constant: failed, permanent, malformed, exhausted or out-of-order
 	HeaderDeadError      = "Txoutbox-Dead-Error"      // the last error (one line, at most 1 KiB)
 	HeaderDeadDeliveries = "Txoutbox-Dead-Deliveries" // attempts made
 	HeaderDeadSubject    = "Txoutbox-Dead-Subject"    // the original subject
@@ -44,14 +44,28 @@ const (
 	HeaderDeadHeadersDropped = "Txoutbox-Dead-Headers-Dropped"
 )
 
-// Values of HeaderDeadReason.
+// Values of HeaderDeadReason; HeaderDeadError carries the error behind each.
 const (
-	DeadReasonFailed    = "failed"    // the handler failed MaxDeliveries times
-	DeadReasonPermanent = "permanent" // the handler returned a Permanent error
-	DeadReasonMalformed = "malformed" // the message could not be decoded
-	DeadReasonExhausted = "exhausted" // MaxDeliveries deliveries timed out without an outcome
-	// DeadReasonOutOfOrder: in ordered mode, the message arrived after its key had moved past
-	// it, with no dedup row saying it was applied (see ErrOutOfOrder).
+	// DeadReasonFailed: the handler failed MaxDeliveries times (a panic is a failure, and so
+	// is a nil return from a handler whose transaction is aborted).
+	DeadReasonFailed = "failed"
+	// DeadReasonPermanent: the handler returned a Permanent error.
+	DeadReasonPermanent = "permanent"
+	// DeadReasonMalformed: the message could not be decoded: no idempotency key (neither
+	// Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous one (several different values), an
+	// empty Nats-Msg-Id, Txoutbox-Key or Txoutbox-Biz-Key, one PostgreSQL cannot store (longer
+	// than outbox.MaxKeyLength, the producers' bound, or not valid text; in ordered mode the
+	// Txoutbox-Key too), or no JetStream metadata. It is dead-lettered at once.
+	DeadReasonMalformed = "malformed"
+	// DeadReasonExhausted: the message arrived after MaxDeliveries deliveries without an
+	// outcome (earlier deliveries timed out: a crashed or stuck consumer).
+	DeadReasonExhausted = "exhausted"
+	// DeadReasonOutOfOrder: in ordered mode, the message arrived after a later message of its
+	// key was applied, and no dedup row says it was applied itself. It is dead-lettered,
+	// never applied out of order nor dropped. It happens only when the dedup row was purged
+	// before the message's last redelivery, when the stream lost the message while it was in
+	// flight, or when the stream was recreated (its sequences start again) without deleting
+	// the durable's rows of txoutbox_consumer_key_order.
 	DeadReasonOutOfOrder = "out-of-order"
 )
 
@@ -146,7 +160,7 @@ func (c *Consumer) handle(ctx context.Context, it *item) result {
 	if it.attempt() > c.cfg.MaxDeliveries {
 		_ = tx.Rollback(ctx)
 		return c.deadLetter(ctx, it, DeadReasonExhausted,
-			fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+			fmt.Errorf("%w: delivered %d times without an outcome", errDeliveriesExhausted, it.attempt()-1))
 	}
 	if herr := c.callHandler(ctx, tx, it); herr != nil {
 		isBroken := broken(ctx, tx) // before the rollback hands the connection back to the pool
@@ -414,7 +428,7 @@ func (c *Consumer) commitBatch(ctx context.Context, tx pgx.Tx, items []*item, li
 			results[i] = c.failed(ctx, items[i], errs[i])
 		case stateExhausted:
 			results[i] = c.deadLetter(ctx, items[i], DeadReasonExhausted,
-				fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, items[i].attempt()-1))
+				fmt.Errorf("%w: delivered %d times without an outcome", errDeliveriesExhausted, items[i].attempt()-1))
 		}
 	}
 	return results
@@ -443,18 +457,18 @@ func (handlerTx) Commit(context.Context) error   { return ErrTxControl }
 func (handlerTx) Rollback(context.Context) error { return ErrTxControl }
 
 // callHandler runs the handler, turning a panic into an error and a swallowed statement
-// failure (the transaction is aborted though the handler returned nil) into ErrTxAborted.
+// failure (the transaction is aborted though the handler returned nil) into errTxAborted.
 func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, it *item) (err error) {
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			err = fmt.Errorf("%w: %v", errHandlerPanic, r)
 		}
 		c.observeHandler(time.Since(start))
 	}()
 	err = c.handler(it.spanCtx(ctx), handlerTx{tx}, it.msg.handlerCopy())
 	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
-		err = ErrTxAborted
+		err = errTxAborted
 	}
 	return err
 }
@@ -777,7 +791,7 @@ func (c *Consumer) checkTurn(ctx context.Context, tx turnTx, it *item) (r result
 			return result{outcome: outcomeDuplicate}, true
 		}
 		return c.deadLetter(ctx, it, DeadReasonOutOfOrder,
-			fmt.Errorf("%w: stream sequence %d of key %q, which is already at %d", ErrOutOfOrder, seq, it.orderKey, applied)), true
+			fmt.Errorf("%w: stream sequence %d of key %q, which is already at %d", errOutOfOrder, seq, it.orderKey, applied)), true
 	}
 	if c.order.blocked(it.orderKey, applied, seq) {
 		tx.rollback(ctx)

@@ -92,19 +92,16 @@ func cloneHeader(h nats.Header) nats.Header {
 	return out
 }
 
-// ErrMalformed is wrapped by the errors of messages that cannot be decoded: no idempotency key
-// (neither Txoutbox-Biz-Key nor Nats-Msg-Id), an ambiguous one (several different values), an
-// empty Nats-Msg-Id, Txoutbox-Key or Txoutbox-Biz-Key, one PostgreSQL cannot store (longer
-// than outbox.MaxKeyLength, the producers' bound, or not valid text), or no JetStream
-// metadata. Such messages go to the dead-letter subject at once.
-var ErrMalformed = errors.New("consumer: malformed message")
+// errMalformed is wrapped by the errors of messages that cannot be decoded (the cases
+// DeadReasonMalformed lists). Such messages go to the dead-letter subject at once.
+var errMalformed = errors.New("consumer: malformed message")
 
 // decode builds the handler's view of raw, or reports why it is malformed.
 func decode(raw jetstream.Msg) (Message, error) {
 	m := Message{Subject: raw.Subject(), Payload: raw.Data(), Headers: raw.Headers()}
 	md, err := raw.Metadata()
 	if err != nil {
-		return m, fmt.Errorf("%w: no JetStream metadata: %v", ErrMalformed, err)
+		return m, fmt.Errorf("%w: no JetStream metadata: %v", errMalformed, err)
 	}
 	m.Stream, m.StreamSeq, m.Timestamp = md.Stream, md.Sequence.Stream, md.Timestamp
 	m.Delivery = int(md.NumDelivered)
@@ -131,16 +128,16 @@ func decodeHeaders(m *Message) error {
 	case m.ID != "":
 		m.IdempotencyKey = m.ID
 	default:
-		return fmt.Errorf("%w: neither %s nor %s is set", ErrMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
+		return fmt.Errorf("%w: neither %s nor %s is set", errMalformed, outbox.HeaderBizKey, outbox.HeaderMsgID)
 	}
 	// Both end up in text columns of the dedup row: a value PostgreSQL refuses would make the
 	// insert fail on every delivery, forever, instead of dead-lettering the message.
 	for _, v := range []struct{ what, s string }{{"idempotency key", m.IdempotencyKey}, {outbox.HeaderMsgID, m.ID}} {
 		if len(v.s) > outbox.MaxKeyLength {
-			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, v.what, len(v.s), outbox.MaxKeyLength)
+			return fmt.Errorf("%w: %s is %d bytes, more than %d", errMalformed, v.what, len(v.s), outbox.MaxKeyLength)
 		}
 		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
-			return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, v.what)
+			return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", errMalformed, v.what)
 		}
 	}
 	return nil
@@ -155,14 +152,14 @@ func single(h nats.Header, name string) (string, error) {
 	}
 	for _, v := range vals[1:] {
 		if v != vals[0] {
-			return "", fmt.Errorf("%w: header %s has %d different values", ErrMalformed, name, len(vals))
+			return "", fmt.Errorf("%w: header %s has %d different values", errMalformed, name, len(vals))
 		}
 	}
 	// Byte-exact: never trimmed nor normalised, so that "order-1" and "order-1 " stay two
 	// keys (the producer refuses the second one; another publisher may send it).
 	v := vals[0]
 	if v == "" {
-		return "", fmt.Errorf("%w: header %s is empty", ErrMalformed, name)
+		return "", fmt.Errorf("%w: header %s is empty", errMalformed, name)
 	}
 	return v, nil
 }

@@ -43,10 +43,10 @@ var errStreamBehind = errors.New("consumer: the stream does not hold every messa
 // key cannot is malformed in ordered mode.
 func validOrderKey(key string) error {
 	if len(key) > outbox.MaxKeyLength {
-		return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrMalformed, outbox.HeaderKey, len(key), outbox.MaxKeyLength)
+		return fmt.Errorf("%w: %s is %d bytes, more than %d", errMalformed, outbox.HeaderKey, len(key), outbox.MaxKeyLength)
 	}
 	if !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
-		return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", ErrMalformed, outbox.HeaderKey)
+		return fmt.Errorf("%w: %s is not valid UTF-8 or holds a NUL byte", errMalformed, outbox.HeaderKey)
 	}
 	return nil
 }

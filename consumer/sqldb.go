@@ -36,10 +36,11 @@ type SQLHandler func(ctx context.Context, tx *sql.Tx, msg Message) error
 // commits, and only then is the message acked; a handler error rolls back the effect and the
 // dedup row together and naks the message with backoff, up to the dead letters. A handler
 // that returns nil after a statement of tx failed (the transaction is aborted) makes the
-// commit fail: the message is retried with an error wrapping ErrTxAborted. When a commit
-// fails, the consumer asks the same connection whether it is alive: if it answers, the commit
-// was refused (a handler failure, an attempt counted); if not, the outcome is unknown and the
-// message is put back without counting an attempt, never acked.
+// commit fail: the message is retried as a handler failure whose error says "the handler
+// returned nil but its transaction is aborted". When a commit fails, the consumer asks the
+// same connection whether it is alive: if it answers, the commit was refused (a handler
+// failure, an attempt counted); if not, the outcome is unknown and the message is put back
+// without counting an attempt, never acked.
 //
 // Config.Ordered works as with New: the key's applied sequence is locked, checked and
 // advanced in the same database/sql transaction as the dedup row and the handler's effect.
@@ -145,7 +146,7 @@ func (c *Consumer) handleSQLConn(ctx context.Context, it *item, conn *sql.Conn, 
 		_ = tx.Rollback()
 		return result{}, func() result {
 			return c.deadLetter(ctx, it, DeadReasonExhausted,
-				fmt.Errorf("%w: delivered %d times without an outcome", ErrDeliveriesExhausted, it.attempt()-1))
+				fmt.Errorf("%w: delivered %d times without an outcome", errDeliveriesExhausted, it.attempt()-1))
 		}
 	}
 	if herr := c.callSQLHandler(ctx, tx, it); herr != nil {
@@ -175,7 +176,7 @@ func (c *Consumer) handleSQLConn(ctx context.Context, it *item, conn *sql.Conn, 
 		case store.Alive(ctx, conn) == nil:
 			// The driver refused the commit of an aborted transaction (pgx's stdlib
 			// pgx.ErrTxCommitRollback, lib/pq's ErrInFailedTransaction) on a live session.
-			return result{}, failed(fmt.Errorf("%w: commit: %w", ErrTxAborted, err))
+			return result{}, failed(fmt.Errorf("%w: commit: %w", errTxAborted, err))
 		default:
 			// The outcome is unknown: never ack. If it committed, the redelivery finds the
 			// dedup row.
@@ -232,7 +233,7 @@ func (c *Consumer) callSQLHandler(ctx context.Context, tx *sql.Tx, it *item) (er
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			err = fmt.Errorf("%w: %v", errHandlerPanic, r)
 		}
 		c.observeHandler(time.Since(start))
 	}()

@@ -102,7 +102,7 @@ func TestSQLConsumerExactlyOnce(t *testing.T) {
 
 // A handler error rolls back its effect and the dedup row together: the retry runs the
 // handler again (it is no duplicate) and its effect is the only one. A handler that swallows a
-// statement's error is caught at the commit (ErrTxAborted); one that commits the transaction
+// statement's error is caught at the commit (errTxAborted); one that commits the transaction
 // itself gets ErrTxControl.
 func TestSQLConsumerHandlerErrors(t *testing.T) {
 	t.Parallel()
@@ -138,8 +138,8 @@ func TestSQLConsumerHandlerErrors(t *testing.T) {
 				if r.outcome != outcomeRetry {
 					t.Fatalf("%s: %v (%v), want retry", m, r.outcome, r.err)
 				}
-				if m == "swallow" && !errors.Is(r.err, ErrTxAborted) {
-					t.Fatalf("swallowed error: %v, want ErrTxAborted", r.err)
+				if m == "swallow" && !errors.Is(r.err, errTxAborted) {
+					t.Fatalf("swallowed error: %v, want errTxAborted", r.err)
 				}
 				if n, d := e.effects(), dedup(); n != 0 || d != 0 {
 					t.Fatalf("%s: after the failure %d effects and %d dedup rows, want none", m, n, d)
