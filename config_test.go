@@ -562,6 +562,31 @@ func TestEveryNumericBoundIsDocumented(t *testing.T) {
 	}
 }
 
+// Every Config.Schema is validated by migrations.ValidateSchemaName (at most 63 bytes, no NUL
+// byte), and every one's documentation states that bound in the same words.
+func TestEverySchemaBoundIsDocumented(t *testing.T) {
+	t.Parallel()
+	docs := configDocs(t)
+	for _, c := range components() {
+		f, ok := reflect.TypeOf(c.fresh()).Elem().FieldByName("Schema")
+		if !ok {
+			continue
+		}
+		doc := strings.Join(strings.Fields(docs[c.name]["Schema"]), " ")
+		if !strings.Contains(doc, "at most 63 bytes, no NUL byte") {
+			t.Errorf("%s Config.Schema: its documentation does not say \"at most 63 bytes, no NUL byte\": %q", c.name, doc)
+		}
+		for _, bad := range []string{strings.Repeat("s", 64), "out\x00box"} {
+			cfg := c.fresh()
+			reflect.ValueOf(cfg).Elem().FieldByIndex(f.Index).SetString(bad)
+			var ce *txoutbox.ConfigError
+			if err := c.validate(cfg); !errors.As(err, &ce) || ce.Field != "Config.Schema" {
+				t.Errorf("%s Config.Schema %q: %v, want a *txoutbox.ConfigError naming Config.Schema", c.name, bad, err)
+			}
+		}
+	}
+}
+
 // A field set alone above the default of the field that must be at least it is valid: that
 // field's default follows it (PollMin: 2s alone failed on PollMax; BackoffBase above the
 // default BackoffMax alone failed on BackoffMax, in the relay, the consumer and the

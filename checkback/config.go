@@ -180,7 +180,11 @@ type Config struct {
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default, and the
-// schedules trimmed of surrounding white space.
+// schedules trimmed of surrounding white space, except: Outbox stays empty (its default, the
+// database's identity, is read at the first check: see CheckBack.OutboxIdentity); Registerer
+// stays nil (no metrics, its default); and a nil TracerProvider and Propagator stay nil: they
+// mean OpenTelemetry's global provider and propagator (otel.GetTracerProvider,
+// otel.GetTextMapPropagator), taken by New, not filled in here. c may be nil.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {

@@ -202,7 +202,12 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default.
+// WithDefaults returns a copy of c with every unset field set to its default (Stream and
+// Durable, required, have none), except: DeadLetterSubject stays empty while Durable is (its
+// default derives from it); Registerer stays nil (no metrics, its default); and a nil
+// TracerProvider and Propagator stay nil: they mean OpenTelemetry's global provider and
+// propagator (otel.GetTracerProvider, otel.GetTextMapPropagator), taken by New, not filled in
+// here. c may be nil.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {

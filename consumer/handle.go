@@ -24,8 +24,10 @@ import (
 // Nats-* headers: its Nats-Msg-Id moves to HeaderDeadMsgID, and the dead letter gets its own
 // (consumer:stream:sequence) so that a dead letter published twice is stored once.
 const (
-	HeaderDeadConsumer   = "Txoutbox-Dead-Consumer"   // the durable name
-	HeaderDeadReason     = "Txoutbox-Dead-Reason"     // a DeadReason… constant: failed, permanent, malformed, exhausted or out-of-order
+	HeaderDeadConsumer = "Txoutbox-Dead-Consumer" // the durable name
+	// HeaderDeadReason says why the message was dead-lettered: DeadReasonFailed,
+	// DeadReasonPermanent, DeadReasonMalformed, DeadReasonExhausted or DeadReasonOutOfOrder.
+	HeaderDeadReason     = "Txoutbox-Dead-Reason"
 	HeaderDeadError      = "Txoutbox-Dead-Error"      // the last error (one line, at most 1 KiB)
 	HeaderDeadDeliveries = "Txoutbox-Dead-Deliveries" // attempts made
 	HeaderDeadSubject    = "Txoutbox-Dead-Subject"    // the original subject

@@ -70,12 +70,14 @@ type Migration struct {
 
 // Config configures a Migrator.
 type Config struct {
-	// Schema is the Postgres schema that holds txoutbox's tables. It is created by Up if it
-	// does not exist. Defaults to txoutbox.DefaultSchema ("public").
+	// Schema is the Postgres schema that holds txoutbox's tables: at most 63 bytes, no NUL
+	// byte. It is created by Up if it does not exist. Defaults to txoutbox.DefaultSchema
+	// ("public").
 	Schema string
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default.
+// WithDefaults returns a copy of c with Schema, its only field, set to its default when
+// unset. c may be nil.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
@@ -103,7 +105,9 @@ type Migrator struct {
 	migrations []Migration
 }
 
-// New returns a Migrator for the embedded migrations.
+// New returns a Migrator for the embedded migrations. An invalid cfg is refused with a
+// *txoutbox.ConfigError naming the field (ValidateConfig's errors; it matches
+// txoutbox.ErrInvalidConfig).
 func New(cfg *Config) (*Migrator, error) {
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
@@ -140,7 +144,7 @@ var fileRe = regexp.MustCompile(`^(\d+)_([A-Za-z0-9_]+)\.(up|down)\.sql$`)
 
 // Load reads and checks migrations from fsys: every file must be named NNN_name.up.sql or
 // NNN_name.down.sql, every version must have both, and versions must run 1, 2, 3, … with no
-// duplicate or gap.
+// duplicate or gap. Errors wrap ErrInvalidFiles.
 func Load(fsys fs.FS) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
@@ -213,8 +217,15 @@ type Status struct {
 	Name      string
 	Applied   bool
 	AppliedAt time.Time // zero when the version was read from another tool's table
-	// Source says where Applied was read: VersionTable, golang-migrate's or goose's version
-	// table (see GolangMigrateTable, GooseTable); "" when nothing is recorded.
+	// Source says where Applied was read, in one of these forms (the same in every Status of
+	// one call):
+	//   - VersionTable ("txoutbox_schema_migrations"): txoutbox's runner recorded the versions;
+	//   - "<tool>'s <schema>.<table>", such as "goose's public.txoutbox_goose_db_version": the
+	//     version table of golang-migrate or goose (tool "golang-migrate" or "goose"; table
+	//     OwnGolangMigrateTable, OwnGooseTable, GolangMigrateTable or GooseTable);
+	//   - HandAppliedSource followed by ` in schema "<schema>" (no version table records
+	//     txoutbox's migrations)`: the version was read from the tables themselves;
+	//   - "": nothing is applied.
 	Source string
 }
 
@@ -294,8 +305,13 @@ const (
 	OwnGooseTable         = "txoutbox_goose_db_version"
 )
 
-// ErrManagedElsewhere: the schema's versions are recorded by another tool (golang-migrate or
-// goose), so `relay migrate up|down` leave it to that tool.
+// ErrManagedElsewhere: Up and Down leave alone a schema whose versions txoutbox's runner did
+// not record (VersionTable records nothing) and which has txoutbox's tables: either another
+// tool's version table records them (golang-migrate or goose: apply the missing migrations
+// with that tool), or none does and they were read from the tables themselves (Status.Source
+// starts with HandAppliedSource: applied by hand, or by a tool whose version table is the
+// application's; apply the rest the way the others were). Up on such a schema that is up to
+// date returns no error and applies nothing.
 var ErrManagedElsewhere = errors.New("migrations: schema managed by another migration tool")
 
 // foreignTable is a version table another tool keeps.
@@ -592,7 +608,12 @@ func checkEncoding(ctx context.Context, tx pgx.Tx) error {
 }
 
 // Up applies every pending migration, each in its own transaction, and returns the versions
-// it applied. It refuses a database whose encoding is not UTF8 (ErrNotUTF8).
+// it applied. It refuses, with an error wrapping the sentinel: a database whose encoding is
+// not UTF8 (ErrNotUTF8); a schema whose recorded versions are not a prefix of the known
+// migrations (ErrInconsistentDatabase: a skipped version, a version newer than this binary
+// knows, or a golang-migrate version marked dirty); and a schema whose versions another tool
+// records or that was migrated by hand (ErrManagedElsewhere). A nil db is a
+// *txoutbox.ConfigError naming it.
 func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) {
 	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
 		return nil, err
@@ -637,7 +658,9 @@ func (m *Migrator) Up(ctx context.Context, db txoutbox.Beginner) ([]int, error) 
 // Down reverts the newest steps applied migrations (every one with DownAll; none with 0) and
 // returns the versions it reverted, newest first. steps below DownAll are refused, before
 // anything is read, with a *txoutbox.ConfigError (Field "steps"; errors.Is(err,
-// txoutbox.ErrInvalidConfig) holds).
+// txoutbox.ErrInvalidConfig) holds), and so is a nil db (naming it). It refuses, as Up does,
+// a schema whose recorded versions are inconsistent (ErrInconsistentDatabase) and one whose
+// versions another tool records or that was migrated by hand (ErrManagedElsewhere).
 func (m *Migrator) Down(ctx context.Context, db txoutbox.Beginner, steps int) ([]int, error) {
 	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
 		return nil, err
@@ -715,7 +738,10 @@ func (m *Migrator) notManagedElsewhere(ctx context.Context, db txoutbox.Beginner
 // (-1), the convention's "no bound", under the name Down's callers read best.
 const DownAll = txoutbox.Forever
 
-// Status lists every known migration and whether the database has it.
+// Status lists every known migration and whether the database has it. Recorded versions
+// that are not a prefix of the known migrations (a skipped version, a version newer than this
+// binary knows, a golang-migrate version marked dirty) are an error wrapping
+// ErrInconsistentDatabase; a nil db is a *txoutbox.ConfigError naming it.
 func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, error) {
 	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
 		return nil, err
@@ -740,7 +766,7 @@ func (m *Migrator) Status(ctx context.Context, db txoutbox.Beginner) ([]Status, 
 	return out, nil
 }
 
-// Version returns the newest applied version (0 when none is).
+// Version returns the newest applied version (0 when none is). Its errors are Status's.
 func (m *Migrator) Version(ctx context.Context, db txoutbox.Beginner) (int, error) {
 	if err := dbhandle.RequireArg("migrations", "db", "a pool or a connection (a *pgxpool.Pool, a *pgx.Conn)", db); err != nil {
 		return 0, err

@@ -103,7 +103,7 @@ func (s LocalState) String() string {
 }
 
 // ParseLocalState parses COMMIT, ROLLBACK or UNKNOWN (case-insensitive, surrounding space
-// ignored).
+// ignored). Any other text is an error wrapping ErrInvalidLocalState, with StateUnknown.
 func ParseLocalState(s string) (LocalState, error) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "COMMIT":
@@ -124,7 +124,7 @@ const MaxGroupLength = 128
 
 // ValidateGroup reports whether g is a valid producer group name: 1 to MaxGroupLength letters,
 // digits, '-' and '_'. The check-back asks a group's checker on the NATS subject
-// <prefix>.<group>, served by a NATS micro service of that name.
+// <prefix>.<group>, served by a NATS micro service of that name. Errors wrap ErrInvalidGroup.
 func ValidateGroup(g string) error {
 	if g == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidGroup)

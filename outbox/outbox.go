@@ -92,8 +92,8 @@ const MaxMessageBytesLimit = 32<<20 - 34 - MaxSubjectLength
 
 // Config configures a Client. The zero value is usable.
 type Config struct {
-	// Schema is the Postgres schema holding the outbox table. Defaults to
-	// txoutbox.DefaultSchema ("public").
+	// Schema is the Postgres schema holding the outbox table: at most 63 bytes, no NUL byte.
+	// Defaults to txoutbox.DefaultSchema ("public").
 	Schema string
 
 	// MaxMessageBytes bounds payload plus headers, counted as NATS counts them (including the
@@ -135,7 +135,11 @@ type Config struct {
 	EnqueueSpan bool
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default.
+// WithDefaults returns a copy of c with Schema and MaxMessageBytes set to their defaults when
+// unset. The other fields keep their zero value, which is their default: no Doorbell, no
+// Registerer, EnqueueSpan false, and a nil TracerProvider and Propagator, which mean
+// OpenTelemetry's global provider and propagator (otel.GetTracerProvider,
+// otel.GetTextMapPropagator), taken by NewClient, not filled in here. c may be nil.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
@@ -177,7 +181,11 @@ type Client struct {
 	trace *tracer
 }
 
-// NewClient returns a Client for cfg (nil means all defaults).
+// NewClient returns a Client for cfg (nil means all defaults). An invalid cfg is refused with
+// a *txoutbox.ConfigError naming the field (ValidateConfig's errors; it matches
+// txoutbox.ErrInvalidConfig), a Config.Doorbell whose constructor refused its arguments
+// included. It also fails when Config.Registerer refuses the client's counters (a different
+// collector of the same name).
 func NewClient(cfg *Config) (*Client, error) {
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {

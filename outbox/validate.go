@@ -150,7 +150,8 @@ var reservedSubjectTokens = [...]string{"$JS", "$JSC", "$SYS", "$NRG"}
 // DEL, or C1: U+0080–U+009F, which includes NEL, U+0085), no empty
 // token (leading, trailing or doubled dots), no wildcard token (* or >), and a first token
 // that is not reserved for NATS: $JS (the JetStream API), $JSC, $SYS (the system account) or
-// $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token.
+// $NRG (Raft). Subjects are case-sensitive: "$js" is an ordinary token. Errors wrap
+// ErrInvalidSubject.
 func ValidateSubject(s string) error {
 	if detail := subjectProblem(s); detail != "" {
 		return fmt.Errorf("%w: %s", ErrInvalidSubject, detail)
@@ -210,7 +211,7 @@ func subjectProblem(s string) string {
 // but * may stand for any one token and a final > for one or more. A filter whose first token
 // is literally reserved for NATS ($JS, $JSC, $SYS, $NRG) is refused too: the relay never
 // publishes there, so neither the relay nor a consumer has anything to select there; a
-// wildcard first token (">", "*.x") is fine.
+// wildcard first token (">", "*.x") is fine. Errors wrap ErrInvalidSubject.
 func ValidateSubjectFilter(s string) error {
 	toks := strings.Split(s, ".")
 	for i, tok := range toks {

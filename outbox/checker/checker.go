@@ -117,7 +117,11 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// WithDefaults returns a copy of c with every unset field set to its default. c may be nil.
+// WithDefaults returns a copy of c with SubjectPrefix, QueueGroup, Concurrency,
+// RequestTimeout and Logger set to their defaults when unset. Outbox, required, has no
+// default; Registerer stays nil (no metrics); a nil TracerProvider and Propagator stay nil:
+// they mean OpenTelemetry's global provider and propagator (otel.GetTracerProvider,
+// otel.GetTextMapPropagator), taken by Serve, not filled in here. c may be nil.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
@@ -235,8 +239,10 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // back as COMMIT, ROLLBACK or UNKNOWN, and an error as a micro service error (counted by the
 // check-back as an inconclusive check). cfg may be nil. A nil nc or check, and a group that
 // outbox.ValidateGroup refuses, are a *txoutbox.ConfigError naming the argument (group's
-// matching outbox.ErrInvalidGroup), as an invalid cfg is one naming the field. check's ctx ends with the request's timeout, or
-// when Stop is called.
+// matching outbox.ErrInvalidGroup), as an invalid cfg is one naming the field (a missing
+// Config.Outbox's matching ErrNoOutbox); each matches txoutbox.ErrInvalidConfig. Serve also
+// fails when Config.Registerer refuses the checker's counters, or when NATS refuses the micro
+// service. check's ctx ends with the request's timeout, or when Stop is called.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
 func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error) {
