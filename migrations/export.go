@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/txoutbox/txoutbox"
 )
 
 // Export formats.
@@ -48,8 +50,15 @@ var earlierDowns = map[int][]string{
 // txoutbox's migrations go in a directory of their own, applied with a version table of their
 // own (goose -table txoutbox_goose_db_version; golang-migrate
 // x-migrations-table=txoutbox_golang_migrate) or in a schema of their own, so that they never
-// mix with the application's.
+// mix with the application's. A format other than FormatGolangMigrate and FormatGoose is a
+// *txoutbox.ConfigError naming it (Field "format"; errors.Is(err, txoutbox.ErrInvalidConfig)
+// holds), before anything is read or written; the errors of reading dir and writing files
+// are returned wrapped.
 func Export(dir, format string) ([]string, error) {
+	if format != FormatGolangMigrate && format != FormatGoose {
+		return nil, &txoutbox.ConfigError{Package: "migrations", Field: "format",
+			Reason: fmt.Sprintf("%q is unknown: want %s or %s", format, FormatGolangMigrate, FormatGoose)}
+	}
 	ms, err := Load(FS)
 	if err != nil {
 		return nil, err
@@ -75,8 +84,6 @@ func Export(dir, format string) ([]string, error) {
 				old.Down = d
 				earlier[base+".sql"] = append(earlier[base+".sql"], gooseFile(old))
 			}
-		default:
-			return nil, fmt.Errorf("migrations: unknown export format %q (want %s or %s)", format, FormatGolangMigrate, FormatGoose)
 		}
 	}
 	// Every .sql file already there must be one of ours, with our contents, before anything

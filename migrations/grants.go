@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/txoutbox/txoutbox"
 )
 
 // Roles of least privilege, for Grants.
@@ -41,7 +43,8 @@ const (
 // Roles lists the roles Grants knows, in the order of the README.
 var Roles = []string{RoleProducer, RoleRelay, RoleConsumer, RoleAdmin}
 
-// ErrUnknownRole: Grants was asked for a role it does not know.
+// ErrUnknownRole: Grants was asked for a role it does not know (not one of Roles). Grants
+// returns it as the Err of a *txoutbox.ConfigError naming the argument role.
 var ErrUnknownRole = errors.New("migrations: unknown role: want producer, relay, consumer or admin")
 
 // GrantOptions tune Grants.
@@ -353,15 +356,27 @@ var roleNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // more. The SQL does not depend on the migration version beyond the tables it names (those
 // of every version so far); run it as the schema's owner or a superuser after the
 // migrations, and again after a migration that adds tables.
+//
+// A bad argument is a *txoutbox.ConfigError naming it (Field "role", "schema" or "grantee";
+// errors.Is(err, txoutbox.ErrInvalidConfig) holds), and no SQL: a role not in Roles (its Err
+// is ErrUnknownRole), a schema ValidateSchemaName refuses or holding a '$', a grantee that is
+// not 1 to 63 letters, digits and '_' not starting with a digit.
 func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
+	bad := func(field, reason string, err error) error {
+		return &txoutbox.ConfigError{Package: "migrations", Field: field, Reason: reason, Err: err}
+	}
 	if err := ValidateSchemaName(schema); err != nil {
-		return "", err
+		return "", bad("schema", err.Error(), nil)
 	}
 	if strings.Contains(schema, "$") {
-		return "", fmt.Errorf("schema: %q: Grants does not take a '$' in the schema name", schema)
+		// The SQL's DO blocks are dollar-quoted ($txoutbox$) and hold the schema's name.
+		return "", bad("schema", fmt.Sprintf("%q holds a '$', which Grants does not take", schema), nil)
 	}
 	if !roleNameRe.MatchString(grantee) {
-		return "", fmt.Errorf("migrations: grantee %q: want a role name of letters, digits and '_' (63 at most)", grantee)
+		return "", bad("grantee", fmt.Sprintf("%q is not a role name of letters, digits and '_' (63 at most, not starting with a digit)", grantee), nil)
+	}
+	if !slices.Contains(Roles, role) {
+		return "", bad("role", fmt.Sprintf("%q is unknown: want %s", role, strings.Join(Roles, ", ")), ErrUnknownRole)
 	}
 	var o GrantOptions
 	if opts != nil {
@@ -467,8 +482,6 @@ func Grants(role, schema, grantee string, opts *GrantOptions) (string, error) {
 		b.WriteString("-- or drops functions, which only their owner may), and runs every admin command.\n")
 		fmt.Fprintf(&b, "ALTER SCHEMA %s OWNER TO %s;\n", s, g)
 		fmt.Fprintf(&b, adminOwnership, lit(schema), lit(grantee), "ARRAY["+lit(VersionTable)+", "+lit(OwnGolangMigrateTable)+", "+lit(OwnGooseTable)+"]::name[]")
-	default:
-		return "", fmt.Errorf("%w (got %q)", ErrUnknownRole, role)
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
