@@ -162,8 +162,9 @@ type Config struct {
 	Subjects []string
 
 	// CreateStream, when set, names a stream Run creates (file storage) for Subjects that no
-	// stream captures, with a duplicate window of StreamDuplicates; a valid stream name.
-	// Defaults to "" (a missing stream is an error).
+	// stream captures, with a duplicate window of StreamDuplicates; a valid stream name, and
+	// only with Subjects (without them it would create nothing). Defaults to "" (a missing
+	// stream is an error).
 	CreateStream string
 
 	// StreamDuplicates is the duplicate window of a stream created by CreateStream. Defaults
@@ -418,6 +419,9 @@ func (c *Config) validate() error {
 	if c.CreateStream != "" {
 		if err := natsname.ValidateName(c.CreateStream); err != nil {
 			return bad("CreateStream", "is not a valid stream name: %v", err)
+		}
+		if len(c.Subjects) == 0 {
+			return bad("CreateStream", "needs Subjects: the stream is created for the subjects no stream captures, and none are named")
 		}
 	}
 	return nil

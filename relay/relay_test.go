@@ -732,6 +732,15 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 			t.Errorf("%s: err = %v", field, err)
 		}
 	}
+	// CreateStream without Subjects would create nothing (it was silently ignored).
+	err := (&Config{CreateStream: "ORDERS"}).WithDefaults().validate()
+	var ce *txoutbox.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Config.CreateStream" || !strings.Contains(err.Error(), "needs Subjects") {
+		t.Errorf("CreateStream without Subjects: err = %v", err)
+	}
+	if err := (&Config{CreateStream: "ORDERS", Subjects: []string{"orders.>"}}).WithDefaults().validate(); err != nil {
+		t.Errorf("CreateStream with Subjects: err = %v", err)
+	}
 }
 
 func TestBackoff(t *testing.T) {

@@ -399,6 +399,13 @@ func TestAdminCommandsRefuseWhatTheyWouldIgnore(t *testing.T) {
 		{[]string{"scheduled", "cancel", id, "--due-within", "1h"}, "--due-within goes with list only: cancel would ignore it"},
 		{[]string{"scheduled", "cancel", id, "--limit", "5"}, "--limit goes with list only: cancel would ignore it"},
 		{[]string{"scheduled", "list", "--biz-key", "k"}, "--biz-key goes with cancel only: list would ignore it"},
+		// migrate: down --steps 2 --all reverted every migration.
+		{[]string{"migrate", "down", "--steps", "2", "--all"}, "--steps and --all together"},
+		{[]string{"migrate", "up", "--all"}, "--all goes with down only: up would ignore it"},
+		{[]string{"migrate", "status", "--steps", "3"}, "--steps goes with down only: status would ignore it"},
+		{[]string{"migrate", "export", "--dir", t.TempDir(), "--steps", "3"}, "--steps goes with down only: export would ignore it"},
+		{[]string{"migrate", "up", "--dir", "d"}, "--dir goes with export only: up would ignore it"},
+		{[]string{"migrate", "down", "--format", "goose"}, "--format goes with export only: down would ignore it"},
 	} {
 		// An unreachable database: each is refused before a connection is tried.
 		code, out, errOut := cli(t, append(c.args, "--database-url", "postgres://127.0.0.1:1/none")...)

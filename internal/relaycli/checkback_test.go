@@ -131,6 +131,11 @@ func TestHelpListsCheckbackSettings(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "--check-max") {
 		t.Errorf("relay run --check-max 0: exit %d: %s", code, errOut)
 	}
+	// --create-stream without --subjects created nothing, silently.
+	code, _, errOut = cliEnv(t, nil, "run", "--create-stream", "ORDERS", "--database-url", "postgres://x")
+	if code != 2 || !strings.Contains(errOut, "invalid --create-stream: needs Subjects") {
+		t.Errorf("relay run --create-stream without --subjects: exit %d: %s", code, errOut)
+	}
 }
 
 // --check-group-rate takes -1 for no rate limit (checkback.Config.GroupRate = txoutbox.Forever)

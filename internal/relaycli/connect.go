@@ -1,6 +1,7 @@
 package relaycli
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -190,7 +191,16 @@ type connectOptions struct {
 	// does not answer (but may) leaves NC connecting in the background and NATSDown set.
 	Wait    bool
 	Waiting *waitState
+	// ConnectTimeout bounds each PostgreSQL connection attempt when the connection string
+	// (connect_timeout) and PGCONNECT_TIMEOUT set none. Defaults to pgConnectTimeout.
+	ConnectTimeout time.Duration
 }
+
+// pgConnectTimeout bounds a PostgreSQL connection attempt whose connection string sets no
+// connect_timeout: pgx waits for ever by default, and a server that accepts the TCP
+// connection and never answers (a half-open connection, a hung proxy) would hang a one-shot
+// command (relay status, checkback --once) for ever. A daemon waiting at start tries again.
+const pgConnectTimeout = 10 * time.Second
 
 // The NATS connection's keepalive: see connect.
 const (
@@ -232,6 +242,9 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	pcfg, err := pgxpool.ParseConfig(c.DSN)
 	if err != nil {
 		return fail(usageErr("invalid DATABASE_URL (--database-url): %s", dsnError(c.DSN, err)))
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = cmp.Or(o.ConnectTimeout, pgConnectTimeout)
 	}
 	if o.AppName != "" {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = o.AppName

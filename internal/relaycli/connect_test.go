@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -98,4 +99,78 @@ func TestHalfOpenNATSConnectionIsNoticed(t *testing.T) {
 	t.Logf("half-open connection noticed after %s", time.Since(start).Round(time.Millisecond))
 	proxy.Resume()
 	testsvc.Eventually(t, 15*time.Second, "the connection back", func() bool { return c.NC.IsConnected() })
+}
+
+// A PostgreSQL connection attempt is bounded when the connection string sets no
+// connect_timeout (pgx waits for ever by default): a server that accepts the TCP connection
+// and never answers hung relay status, dead list, migrate status and checkback --once for
+// ever. connect_timeout in the string still wins.
+func TestPostgresConnectAttemptIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := testsvc.PostgresDSN(t)
+	for _, tc := range []struct {
+		dsn  string
+		want time.Duration
+	}{
+		{base, pgConnectTimeout},
+		{withParam(base, "connect_timeout", "3"), 3 * time.Second},
+	} {
+		c, err := connect(ctx, connectOptions{DSN: tc.dsn, Log: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.Pool.Config().ConnConfig.ConnectTimeout
+		c.Close()
+		if got != tc.want {
+			t.Errorf("%s: connect timeout %s, want %s", tc.dsn, got, tc.want)
+		}
+	}
+
+	// A server that accepts and says nothing.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+		}
+	}()
+	dsn := "postgres://u:Secret-pw@" + ln.Addr().String() + "/db?sslmode=disable"
+	c, err := connect(ctx, connectOptions{DSN: dsn, Log: quiet, ConnectTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.Pool.Ping(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Ping of a server that never answers succeeded")
+		}
+		if !strings.Contains(err.Error(), "timeout") {
+			t.Errorf("Ping of a server that never answers = %v, want a timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a connection attempt to a server that never answers hung")
+	}
+}
+
+// withParam adds name=value to a URL or a keyword/value connection string.
+func withParam(dsn, name, value string) string {
+	switch {
+	case !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://"):
+		return dsn + " " + name + "=" + value
+	case strings.Contains(dsn, "?"):
+		return dsn + "&" + name + "=" + value
+	}
+	return dsn + "?" + name + "=" + value
 }

@@ -57,6 +57,17 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 	if err := parseSettings(s, env, args[1:]); err != nil {
 		return err
 	}
+	// A setting the action would ignore is refused, naming it: down --steps 2 --all reverted
+	// every migration.
+	typed := typedSettings(s)
+	if err := refuseIgnored(s, typed, action, map[string][]string{
+		"steps": {"down"}, "all": {"down"}, "dir": {"export"}, "format": {"export"},
+	}); err != nil {
+		return err
+	}
+	if typed["steps"] && typed["all"] {
+		return usageErr("--steps and --all together: revert --steps N migrations, or --all of them, not both")
+	}
 	if action == "export" {
 		if dir == "" {
 			return usageErr("export needs --dir")
