@@ -58,9 +58,10 @@ type CheckBack struct {
 	natsDown atomic.Bool
 	hooks    hooks
 
-	// failing are the jobs whose last run failed, with how many runs failed in a row.
-	failMu  sync.Mutex
-	failing map[string]int
+	// jobFailures are the jobs whose last run failed, groupFailures the producer groups whose
+	// last checks a scheduled resolve pass could not record (see recordedGroup).
+	jobFailures   failures
+	groupFailures failures
 
 	// inconclusive are the groups whose checks end inconclusively (see inconclusiveGroups).
 	inconclusive inconclusiveGroups
@@ -181,17 +182,7 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 	if err != nil && ctx.Err() != nil {
 		return err
 	}
-	c.failMu.Lock()
-	n := c.failing[j.name]
-	if err != nil {
-		if c.failing == nil {
-			c.failing = make(map[string]int)
-		}
-		c.failing[j.name] = n + 1
-	} else {
-		delete(c.failing, j.name)
-	}
-	c.failMu.Unlock()
+	n := c.jobFailures.record(j.name, err != nil)
 	switch {
 	case err != nil && n == 0:
 		c.m.jobErrors.WithLabelValues(j.name).Inc()
@@ -203,6 +194,30 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 		c.log.Info("check-back job succeeds again", "job", j.name, "failed_runs", n)
 	}
 	return err
+}
+
+// failures counts, per key (a job, a producer group), the runs that failed in a row, so that a
+// failure that lasts is logged when it starts and when it ends, not once per run.
+type failures struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// record notes a run of key as failed or not, and returns how many runs of key had failed in
+// a row before it (0: key was not failing).
+func (f *failures) record(key string, failed bool) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.n[key]
+	switch {
+	case failed && f.n == nil:
+		f.n = map[string]int{key: 1}
+	case failed:
+		f.n[key] = n + 1
+	default:
+		delete(f.n, key)
+	}
+	return n
 }
 
 // Run schedules the jobs and runs them until ctx is cancelled; then it waits for the runs in

@@ -1108,3 +1108,85 @@ func TestFailingJobLogsOncePerStateChange(t *testing.T) {
 		t.Fatalf("%d warnings and %d recovery lines, want 1 and 1:\n%s", w, i, out)
 	}
 }
+
+const (
+	msgRecordFailed    = "check-back: recording a producer group's checks failed; its rows are asked again later (further failures of the group are logged at debug level until its checks are recorded again)"
+	msgRecordRecovered = "check-back: a producer group's checks are recorded again"
+)
+
+// A scheduled resolve pass (Run's: it does not wait for the checkers) whose group's checks
+// cannot be recorded — PostgreSQL refuses the write, pass after pass — logs one warning when
+// the group starts failing and one info line when its checks are recorded again, not a
+// warning per pass (every second by default); each failed pass counts in
+// job_errors_total{job="resolve"}.
+func TestScheduledResolveLogsARecordingFailureOncePerGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	var logs testsvc.LogBuffer
+	cfg := fastConfig()
+	cfg.Logger = logs.LoggerAt(slog.LevelInfo)
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	cb := e.checkback(cfg)
+	ck := e.serve("orders", answer(outbox.StateUnknown))
+	h := e.prepare(outbox.Message{}, &outbox.PrepareOptions{Group: "orders"})
+	e.backdate(time.Second)
+	// PostgreSQL refuses to record a check (an UPDATE of check_count): the claim, which only
+	// moves next_check_at, still works.
+	if _, err := e.db.Pool.Exec(ctx, `
+CREATE FUNCTION refuse_check() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'recording refused by the test'; END $$;
+CREATE TRIGGER refuse_check BEFORE UPDATE ON txoutbox_messages FOR EACH ROW
+  WHEN (NEW.check_count IS DISTINCT FROM OLD.check_count) EXECUTE FUNCTION refuse_check()`); err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	// pass runs one scheduled pass and waits for its unit, which asks the checker once.
+	pass := func() {
+		t.Helper()
+		e.due()
+		if _, err := cb.resolve(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		cb.bg.Wait()
+		asked++
+		if n := len(ck.requests()); n != asked {
+			t.Fatalf("the checker was asked %d times after %d passes, want once a pass", n, asked)
+		}
+	}
+	const failing = 4
+	for range failing {
+		pass()
+	}
+	if _, checks := e.state(h.ID); checks != 0 {
+		t.Fatalf("%d checks recorded while PostgreSQL refused them", checks)
+	}
+	if w := logs.Lines(t, msgRecordFailed, "group", "orders"); len(w) != 1 || w[0]["level"] != "WARN" {
+		t.Fatalf("%d failed passes logged %d lines saying so, want 1 warning: %v", failing, len(w), w)
+	}
+	if n := counter(t, reg, "txoutbox_checkback_job_errors_total", "resolve"); n != failing {
+		t.Errorf("job_errors_total{job=\"resolve\"} = %v after %d failed passes, want %d", n, failing, failing)
+	}
+	if n := len(logs.Lines(t, msgRecordRecovered)); n != 0 {
+		t.Fatalf("%d lines saying the checks are recorded again while they are not", n)
+	}
+
+	if _, err := e.db.Pool.Exec(ctx, `DROP TRIGGER refuse_check ON txoutbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	pass()
+	pass()
+	if _, checks := e.state(h.ID); checks != 2 {
+		t.Fatalf("%d checks recorded after two passes that could record them, want 2", checks)
+	}
+	if r := logs.Lines(t, msgRecordRecovered, "group", "orders"); len(r) != 1 || r[0]["level"] != "INFO" || r[0]["failed_passes"] != float64(failing) {
+		t.Errorf("lines saying the checks are recorded again: %v, want one info line counting %d failed passes", r, failing)
+	}
+	if w := logs.Lines(t, msgRecordFailed); len(w) != 1 {
+		t.Errorf("%d warnings, want still 1", len(w))
+	}
+	if n := counter(t, reg, "txoutbox_checkback_job_errors_total", "resolve"); n != failing {
+		t.Errorf("job_errors_total{job=\"resolve\"} = %v, want still %d", n, failing)
+	}
+}

@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		jobErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "job_errors_total",
-			Help: "Job runs that failed, by job: resolve, stale, purge.",
+			Help: "Job runs that failed, by job: resolve, stale, purge; resolve also counts each producer group whose checks a scheduled pass could not record.",
 		}, []string{"job"}),
 		jobDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "job_duration_seconds",

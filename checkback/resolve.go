@@ -190,10 +190,11 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool
 			defer c.bg.Done()
 			defer units.Done()
 			defer c.setBusy(group, false)
-			if err := c.askGroup(ctx, rows, lease, res, &mu); err != nil {
-				if !wait && ctx.Err() == nil {
-					c.log.Warn("check-back: recording checks failed; the rows are asked again later", "group", group, "err", err)
-				}
+			err := c.askGroup(ctx, rows, lease, res, &mu)
+			if !wait && ctx.Err() == nil {
+				c.recordedGroup(group, err)
+			}
+			if err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -205,6 +206,27 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool
 	}
 	units.Wait()
 	return errors.Join(errs...)
+}
+
+// recordedGroup logs and counts how a scheduled pass's unit of group ended, whose error (err)
+// no caller sees: the resolve job returned before it. A group whose checks cannot be recorded
+// (PostgreSQL failing, for one) is one warning when it starts failing, a debug line for each
+// failed unit after it, and one info line when a unit of the group succeeds again, as runJob
+// logs a job; each failed unit counts in txoutbox_checkback_job_errors_total{job="resolve"}.
+// With wait (RunOnce) the errors go back to the job, which runJob logs and counts instead.
+func (c *CheckBack) recordedGroup(group string, err error) {
+	n := c.groupFailures.record(group, err != nil)
+	switch {
+	case err != nil && n == 0:
+		c.m.jobErrors.WithLabelValues("resolve").Inc()
+		c.log.Warn("check-back: recording a producer group's checks failed; its rows are asked again later "+
+			"(further failures of the group are logged at debug level until its checks are recorded again)", "group", group, "err", err)
+	case err != nil:
+		c.m.jobErrors.WithLabelValues("resolve").Inc()
+		c.log.Debug("check-back: recording a producer group's checks failed again", "group", group, "failed_passes", n+1, "err", err)
+	case n > 0:
+		c.log.Info("check-back: a producer group's checks are recorded again", "group", group, "failed_passes", n)
+	}
 }
 
 // askGroup asks the checker of one group about its claimed rows and records the answers; rows
