@@ -38,6 +38,11 @@ func (f *failingSubjects) failed(log *slog.Logger, row *store.Claimed, errText s
 		log.Debug("publish failed", attrs...)
 		return
 	}
+	if !willRetry {
+		// MaxAttempts reached (1, say, or a permanent failure): the row is dead, not retried.
+		log.Warn("publishing on a subject fails; this message is not retried (it becomes dead), the subject's others are retried with backoff until their attempts run out (further failures are logged at debug level until one succeeds)", attrs...)
+		return
+	}
 	log.Warn("publishing on a subject fails; its messages are retried with backoff (further failures are logged at debug level until one succeeds)", attrs...)
 }
 

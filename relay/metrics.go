@@ -130,8 +130,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Partition leases taken, released (rebalancing or shutdown), lost (connection gone), fenced (another relay ended the session of this relay, frozen, counted by the relay that fenced it), or expired (once per batch this relay stopped sending because its lease had ended or a partition was released or lost since the claim).")), []string{"change"}),
 		mismatch: prometheus.NewGauge(prometheus.GaugeOpts(relay("partition_count_mismatch",
 			"1 while a live relay is configured with another partition count (a misconfiguration), else 0."))),
-		health: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("health",
-			"1 for the relay's current state (starting, ok, standby, postgres_unavailable, nats_unavailable), 0 for the others.")), []string{"state"}),
+		health: newHealthGauge(),
 		streamUnavailable: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("stream_unavailable",
 			"1 while this relay holds back the rows of a stream as unavailable (no leader: publishes get no responders or no PubAck while JetStream answers; no attempt counted), 0 for the other streams it knows. Cleared by the stream's next acknowledged publish, or when none of its rows came up for 30s.")), []string{"stream"}),
 		windowShort: prometheus.NewGaugeVec(prometheus.GaugeOpts(relay("stream_window_short",
@@ -191,6 +190,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// newHealthGauge returns the txoutbox_relay_health family (see New and RegisterHealth).
+func newHealthGauge() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "relay", Name: "health",
+		Help: "1 for the relay's current state (starting, ok, standby, postgres_unavailable, nats_unavailable), 0 for the others."}, []string{"state"})
+}
+
+// RegisterHealth registers the relay's health gauge, txoutbox_relay_health{state}, on reg with
+// the state starting: for a process that serves its metrics before it can create the relay
+// (the relay binary, while it waits for PostgreSQL or NATS at start), so that an alert on the
+// gauge sees a relay that never gets going. New, given the same registerer, adopts the gauge.
+func RegisterHealth(reg prometheus.Registerer) error {
+	m := &metrics{health: newHealthGauge()}
+	m.setHealth(healthStarting)
+	return prom.Register(reg, "relay", prom.Of(&m.health))
 }
 
 // setHealth sets the health gauges: 1 for h, 0 for every other state.

@@ -26,7 +26,8 @@ func DSN(s string) string {
 }
 
 // NATS returns the NATS server URL, or comma-separated list of them, s with its credentials
-// masked: the password of user:password, or a lone token, in each server's userinfo. A server
+// masked: the password of user:password, or a lone token, in each server's userinfo, and every
+// query value (nats.go reads none). A server
 // given without a scheme (u:p@host:4222, which nats.go takes as nats://) is masked too.
 func NATS(s string) string {
 	parts := strings.Split(s, ",")
@@ -63,11 +64,13 @@ func url(p string) string {
 		}
 		rest = cred + rest[at:]
 	}
-	return maskQueryIn(head + rest)
+	return maskQueryIn(head+rest, !strings.HasPrefix(head, "postgres"))
 }
 
-// maskQueryIn masks a password given as a query parameter (postgres://h/db?password=p).
-func maskQueryIn(p string) string {
+// maskQueryIn masks a password given as a query parameter (postgres://h/db?password=p), or,
+// with all, every query value: nats.go reads none of a NATS URL's query, so a value there is
+// nothing the reader needs and may be a secret put in the wrong place (nats://h?token=t).
+func maskQueryIn(p string, all bool) string {
 	q := strings.IndexByte(p, '?')
 	if q < 0 {
 		return p
@@ -75,7 +78,7 @@ func maskQueryIn(p string) string {
 	params := strings.Split(p[q+1:], "&")
 	for i, kv := range params {
 		k, _, ok := strings.Cut(kv, "=")
-		if ok && secretKey(k) {
+		if ok && (all || secretKey(k)) {
 			params[i] = k + "=" + Mask
 		}
 	}

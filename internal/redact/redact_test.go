@@ -48,6 +48,10 @@ func TestNATS(t *testing.T) {
 		{"wss://u:Secret@h:443/ws", "wss://u:xxxxx@h:443/ws"},
 		{"127.0.0.1:4222", "127.0.0.1:4222"},
 		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		// nats.go reads no query: every value there is masked (a token put in the wrong place).
+		{"ws://usr:Secret@h:4222/p?q=tok3n", "ws://usr:xxxxx@h:4222/p?q=xxxxx"},
+		{"nats://usr:Secret@h:4222?token=tok3n&x", "nats://usr:xxxxx@h:4222?token=xxxxx&x"},
+		{"h:4222?token=s3cr3ttoken", "h:4222?token=xxxxx"},
 		{"", ""},
 	} {
 		got := NATS(tc.in)

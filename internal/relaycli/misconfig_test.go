@@ -146,6 +146,16 @@ func TestUnreachablePostgresIsWaitedForAndReported(t *testing.T) {
 			if code != 503 || !strings.Contains(body, "waiting for PostgreSQL: ") || !strings.Contains(body, "connection refused") {
 				t.Errorf("/readyz while waiting = %d %q, want 503 with the reason", code, body)
 			}
+			if cmd == "run" {
+				// The health gauge says starting (with no txoutbox series at all, an alert on
+				// it could not fire for a relay that never gets going).
+				body, _ := testsvc.HTTPGet(t, "http://"+addr+"/metrics")
+				for _, want := range []string{`txoutbox_relay_health{state="starting"} 1`, `txoutbox_relay_health{state="ok"} 0`} {
+					if !strings.Contains(body, want) {
+						t.Errorf("/metrics while waiting lacks %q:\n%s", want, body)
+					}
+				}
+			}
 			if code := p.stop(t, syscall.SIGTERM); code != 0 {
 				t.Errorf("exit %d after SIGTERM while waiting, want 0", code)
 			}

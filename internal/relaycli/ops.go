@@ -3,6 +3,7 @@ package relaycli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -54,7 +55,8 @@ func newRegistry() *prometheus.Registry {
 func startOps(cfg *ops.Config, log *slog.Logger) (*ops.Server, error) {
 	srv, err := ops.Start(cfg)
 	if err != nil {
-		return nil, err
+		// A port in use, say: name the setting.
+		return nil, fmt.Errorf("--metrics-addr (%s): %w", envName("metrics-addr"), err)
 	}
 	log.Info("serving metrics, health and the status page", "addr", srv.Addr())
 	return srv, nil

@@ -3,6 +3,7 @@ package relaycli
 import (
 	"bytes"
 	"context"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -191,6 +192,18 @@ func TestMetricsAddrPortIsChecked(t *testing.T) {
 			if code != 2 || !strings.Contains(errOut, "metrics-addr") {
 				t.Errorf("relay %s with TXOUTBOX_METRICS_ADDR=%s: exit %d: %s; want exit 2 naming the setting", cmd[0], addr, code, errOut)
 			}
+		}
+	}
+	// A port in use fails at listen time (exit 1: it may be freed), naming the setting.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, cmd := range []string{"run", "checkback"} {
+		code, _, errOut := cliEnv(t, nil, cmd, "--nats-url", "nats://127.0.0.1:1", "--database-url", dsn, "--metrics-addr", ln.Addr().String())
+		if code != 1 || !strings.Contains(errOut, "--metrics-addr (TXOUTBOX_METRICS_ADDR)") || !strings.Contains(errOut, "address already in use") {
+			t.Errorf("relay %s --metrics-addr on a port in use: exit %d: %s; want exit 1 naming the setting", cmd, code, errOut)
 		}
 	}
 	for _, addr := range []string{"", "127.0.0.1:0", ":9090", "[::1]:65535", "localhost:09090"} {

@@ -217,6 +217,11 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 	var target *opsTarget
 	if f.metricsAddr != "" { // nobody would read the metrics (and the backlog sampling costs queries)
 		cfg.Registerer = reg
+		// txoutbox_relay_health says starting while the relay waits for PostgreSQL or NATS (no
+		// txoutbox series at all would keep TxoutboxRelayNotReady from firing); New adopts it.
+		if err := relay.RegisterHealth(reg); err != nil {
+			return err
+		}
 		// Served from the start: /healthz answers and /readyz says what the relay waits for.
 		srv, t, err := startOpsEarly(f.metricsAddr, reg, cfg.WithDefaults().ID, f.schema, waiting, log)
 		if err != nil {
