@@ -39,8 +39,10 @@
 //     (DefaultDeadLetterPrefix + Durable), InProgressInterval (AckWait/3), PullMaxMessages
 //     (from Concurrency and BatchSize) and StopTimeout (AckWait), checkback.Config.Outbox (the
 //     database's identity), relay.Config.PollMax (its default, or PollMin when that is
-//     larger), every BackoffMax (its default, or BackoffBase when that is larger), and the Logger, TracerProvider and Propagator fields (slog.Default
-//     and OpenTelemetry's globals);
+//     larger), every BackoffMax (its default, or BackoffBase when that is larger), the Logger
+//     fields (slog.Default), and the TracerProvider and Propagator fields (OpenTelemetry's
+//     global provider and propagator, which WithDefaults leaves nil: the constructor takes
+//     them);
 //   - Off (-1) turns a feature off and Forever (-1) lifts a limit, only for the fields whose
 //     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off),
 //     MaxMessageBytes (off: no size check of its own) and Retention (forever),
