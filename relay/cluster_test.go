@@ -566,6 +566,10 @@ func TestClusterRelayStartedDuringElectionWaits(t *testing.T) {
 	if n := logs.count(slog.LevelWarn, waiting); n != 1 {
 		t.Fatalf("%d waiting warnings, want 1", n)
 	}
+	// Health (/readyz, the gauge) says what it waits for, not "starting".
+	if h := r.Health(); h != HealthNATSUnavailable {
+		t.Fatalf("Health while waiting for the stream = %s, want %s", h, HealthNATSUnavailable)
+	}
 	if n := e.count("true"); n != 20 {
 		t.Fatalf("%d rows left, want 20 (nothing published before the check passes)", n)
 	}

@@ -40,6 +40,7 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 		case err == nil:
 			if waited {
 				r.log.Info("streams checked: JetStream answers")
+				r.setStartHealth(healthStarting)
 			}
 			return nil
 		case ctx.Err() != nil:
@@ -48,6 +49,7 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 			return err
 		case !waited:
 			waited = true
+			r.setStartHealth(startWaitHealth(err))
 			var pe *postgresUnavailableError
 			if errors.As(err, &pe) {
 				r.log.Warn("waiting for PostgreSQL to answer the start-up stream check", "err", err,
@@ -57,6 +59,7 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 					"why", "a stream or the cluster electing a leader, JetStream starting or out of reach; checked again until it answers")
 			}
 		default:
+			r.setStartHealth(startWaitHealth(err))
 			r.log.Debug("still waiting for JetStream to answer the start-up stream check", "err", err)
 		}
 		t := time.NewTimer(r.streamCheckDelay(pass))
@@ -66,6 +69,24 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 		}
+	}
+}
+
+// startWaitHealth is the health of a relay waiting at its start-up stream check after err (a
+// waitable one): what it waits for, which /readyz and the health gauge show, not "starting".
+func startWaitHealth(err error) healthState {
+	var pe *postgresUnavailableError
+	if errors.As(err, &pe) {
+		return healthPostgresDown
+	}
+	return healthNATSDown
+}
+
+// setStartHealth sets the relay's health while it waits at its start-up stream check, without
+// the log line of setHealth: the wait logs its own.
+func (r *Relay) setStartHealth(h healthState) {
+	if healthState(r.health.Swap(int32(h))) != h {
+		r.m.setHealth(h)
 	}
 }
 
