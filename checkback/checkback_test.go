@@ -773,6 +773,8 @@ func TestStaleReadyRowsAreReportedNotTouched(t *testing.T) {
 	cfg.StaleReadyAfter = time.Minute
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
+	logs := &testsvc.LogBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	cb := e.checkback(cfg)
 	var ids []uuid.UUID
 	_ = pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
@@ -804,6 +806,33 @@ func TestStaleReadyRowsAreReportedNotTouched(t *testing.T) {
 		if mf.GetName() == "txoutbox_checkback_stale_ready_rows" && mf.GetMetric()[0].GetGauge().GetValue() != 2 {
 			t.Fatalf("stale_ready_rows gauge: %v", mf.GetMetric()[0].GetGauge().GetValue())
 		}
+	}
+
+	// One line per state change: the stale backlog is logged when it starts (naming the dead
+	// rows that may hold it back), not on every pass (it was again every 5 minutes), and once
+	// when it ends.
+	for range 3 {
+		if _, err := cb.staleOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const warning, ended = "ready rows are waiting longer than they should", "no stale ready rows any more"
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Fatalf("%d stale warnings over 4 passes, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "relay dead list") {
+		t.Errorf("the stale warning does not point at the dead rows that may hold the key back:\n%s", logs.String())
+	}
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE txoutbox_messages SET ready_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := cb.staleOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), ended); n != 1 {
+		t.Fatalf("%d lines saying the stale backlog ended, want 1:\n%s", n, logs.String())
 	}
 }
 

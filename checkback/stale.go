@@ -12,9 +12,6 @@ import (
 // countLimit bounds the counting scans of the stale job.
 const countLimit = 100000
 
-// staleRelogEvery is how often a persisting stale backlog is logged again.
-const staleRelogEvery = 5 * time.Minute
-
 // StaleResult is what one run of the stale job found.
 type StaleResult struct {
 	// StaleReady counts ready rows older than StaleReadyAfter (up to 100000).
@@ -26,11 +23,12 @@ type StaleResult struct {
 	Exhausted int64
 }
 
-// staleState remembers what was last logged, so that the job logs state changes.
+// staleState remembers what was last logged, so that the job logs state changes: the start
+// and the end of a stale backlog (its size in between is the gauge's, not the log's), and each
+// change of the check_exhausted count.
 type staleState struct {
 	mu        sync.Mutex
 	stale     int64
-	loggedAt  time.Time
 	exhausted int64
 }
 
@@ -60,13 +58,12 @@ func (c *CheckBack) staleOnce(ctx context.Context) (StaleResult, error) {
 	s := &c.stale
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
 	switch {
-	case r.StaleReady > 0 && (s.stale == 0 || now.Sub(s.loggedAt) >= staleRelogEvery):
-		c.log.Warn("ready rows are waiting longer than they should: is the relay running, and are their subjects publishable?",
+	case r.StaleReady > 0 && s.stale == 0:
+		c.log.Warn("ready rows are waiting longer than they should: is the relay running, are their subjects publishable, or does a dead row of their key hold them back (`"+
+			cmdline.Command(c.cfg.Schema, "relay dead list")+"`)? Logged again once they are all published; txoutbox_checkback_stale_ready_rows follows them",
 			"stale_ready_rows", r.StaleReady, "older_than", c.cfg.StaleReadyAfter.String(),
 			"oldest_ready_age", r.OldestReady.Round(time.Second).String())
-		s.loggedAt = now
 	case r.StaleReady == 0 && s.stale > 0:
 		c.log.Info("no stale ready rows any more", "oldest_ready_age", r.OldestReady.Round(time.Millisecond).String())
 	}
