@@ -199,7 +199,13 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 			for _, r := range rows {
 				out = append(out, newDeadRowJSON(r))
 			}
-			return writeJSON(env, out)
+			if err := writeJSON(env, out); err != nil {
+				return err
+			}
+			if more {
+				writeMore(env.Stderr, limit)
+			}
+			return nil
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE ID\tSUBJECT\tKEY\tATTEMPTS\tENQUEUED\tLAST ERROR")
@@ -210,7 +216,7 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.Stdout, "%d dead rows listed", len(rows))
+		fmt.Fprintf(env.Stdout, "%d %s listed", len(rows), plural(len(rows), "dead row", "dead rows"))
 		if more {
 			fmt.Fprintf(env.Stdout, " (the first %d; raise --limit for more)", limit)
 		}
@@ -249,7 +255,7 @@ func deadCmd(ctx context.Context, env *Env, args []string) error {
 	if dryRun {
 		verb, notVerb = "would be "+verb, "would not be "+verb
 	}
-	return res.write(env, asJSON, verb, "dead rows "+verb, notVerb)
+	return res.write(env, asJSON, verb, plural(len(res.MessageIDs), "dead row", "dead rows")+" "+verb, notVerb)
 }
 
 var errDryRun = errors.New("dry run")

@@ -1,6 +1,8 @@
 package relaycli
 
 import (
+	"fmt"
+	"io"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,4 +28,12 @@ func (r *listRow) noNilHeaders() {
 	if r.Headers == nil {
 		r.Headers = map[string][]string{}
 	}
+}
+
+// writeMore says that a list was cut at limit and more rows match: "(first N shown; raise
+// --limit for more)". Text lists print it under their table; with --json it goes to stderr
+// (w is env.Stderr), so that stdout stays one JSON array and a script still learns that the
+// array is not every row.
+func writeMore(w io.Writer, limit int) {
+	fmt.Fprintf(w, "(first %d shown; raise --limit for more)\n", limit)
 }

@@ -159,7 +159,13 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 				}
 				out = append(out, row)
 			}
-			return writeJSON(env, out)
+			if err := writeJSON(env, out); err != nil {
+				return err
+			}
+			if more {
+				writeMore(env.Stderr, limit)
+			}
+			return nil
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE ID\tSTATE\tGROUP\tMODE\tSUBJECT\tKEY\tCHECKS\tAGE\tNEXT CHECK\tLAST ERROR")
@@ -182,7 +188,7 @@ func preparedCmd(ctx context.Context, env *Env, args []string) error {
 			fmt.Fprintln(env.Stdout, noHalfMessages(states, group))
 		}
 		if more {
-			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
+			writeMore(env.Stdout, limit)
 		}
 		return nil
 	case "resume":

@@ -166,7 +166,13 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 				row.noNilHeaders()
 				out = append(out, scheduledRowJSON{listRow: row, BizKey: r.BizKey, DeliverAt: r.DeliverAt, DueAt: r.DueAt})
 			}
-			return writeJSON(env, out)
+			if err := writeJSON(env, out); err != nil {
+				return err
+			}
+			if more {
+				writeMore(env.Stderr, limit)
+			}
+			return nil
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		// DUE counts from the due time, as the status page's overdue does (a delivery time
@@ -184,7 +190,7 @@ func scheduledCmd(ctx context.Context, env *Env, args []string) error {
 			fmt.Fprintln(env.Stdout, "(no scheduled messages)")
 		}
 		if more {
-			fmt.Fprintf(env.Stdout, "(first %d shown; raise --limit for more)\n", limit)
+			writeMore(env.Stdout, limit)
 		}
 		return nil
 	}
