@@ -242,7 +242,8 @@ func uncheckedErr(rep *checkback.Report, c *conns) error {
 				why += " (" + err.Error() + ")"
 			}
 		}
-		return fmt.Errorf("could not check %d half message(s) due for a check: %s; they stay prepared, to be checked at a later run", n, why)
+		return fmt.Errorf("could not check %d %s due for a check: %s; %s prepared, to be checked at a later run",
+			n, plural(n, "half message", "half messages"), why, plural(n, "it stays", "they stay"))
 	}
 	var parts []string
 	failed := 0
@@ -255,7 +256,11 @@ func uncheckedErr(rep *checkback.Report, c *conns) error {
 	if failed == 0 {
 		return nil
 	}
-	return fmt.Errorf("%d check(s) of half messages got no answer from their checker (%s): no checker serves the group (no_responders), it did not reply in --check-request-timeout (timeout), or it failed (error, malformed); each counts a check, and the rows stay prepared, to be asked again at a later run until --check-max", failed, strings.Join(parts, ", "))
+	what, counts := fmt.Sprintf("%d checks of half messages got no answer from their checker", failed), "each counts a check, and the rows stay prepared"
+	if failed == 1 {
+		what, counts = "1 check of a half message got no answer from its checker", "it counts a check, and the row stays prepared"
+	}
+	return fmt.Errorf("%s (%s): no checker serves the group (no_responders), it did not reply in --check-request-timeout (timeout), or it failed (error, malformed); %s, to be asked again at a later run until --check-max", what, strings.Join(parts, ", "), counts)
 }
 
 // printReport prints what one run of each job did.
@@ -285,8 +290,12 @@ func printReport(w io.Writer, r *checkback.Report, cfg *checkback.Config) {
 			r.Resolve.Fenced, r.Resolve.Committed, r.Resolve.RolledBack, inconclusive, detail, r.Resolve.Exhausted, r.Resolve.Released)
 	}
 	if cfg.StaleSchedule != checkback.ScheduleOff {
+		oldest := "none" // no ready row (checkback.StaleResult.OldestReady is 0)
+		if r.Stale.OldestReady > 0 {
+			oldest = r.Stale.OldestReady.Round(time.Millisecond).String()
+		}
 		fmt.Fprintf(w, "stale:   ready rows older than %s: %d, oldest ready row: %s, prepared: %d, check_exhausted: %d\n",
-			cfg.StaleReadyAfter, r.Stale.StaleReady, r.Stale.OldestReady.Round(time.Millisecond), r.Stale.Prepared, r.Stale.Exhausted)
+			cfg.StaleReadyAfter, r.Stale.StaleReady, oldest, r.Stale.Prepared, r.Stale.Exhausted)
 	}
 	if cfg.PurgeSchedule != checkback.ScheduleOff {
 		fmt.Fprintf(w, "purge:   published %d, rolled back %d, dedup %d\n", r.Purge.Published, r.Purge.RolledBack, r.Purge.Dedup)
