@@ -47,14 +47,38 @@ func halfPanel(ctx context.Context, db store.DBTX, q *store.Queries, _ *Snapshot
 		exhausted = exhausted || g.Exhausted > 0
 		if NoResponder(g.LastError) {
 			t.Flagged = append(t.Flagged, i)
-			t.Problems = append(t.Problems, fmt.Sprintf("producer group %s: its checks find no checker (%s); start the group's checker "+
-				"(checker.Serve), or its %d prepared half messages run out of checks", name, g.LastError, g.Prepared))
+			t.Problems = append(t.Problems, noCheckerProblem(q.Schema, name, g))
 		}
 	}
 	if exhausted {
 		t.Note = "check_exhausted rows wait for you: " + cmdline.Command(q.Schema, "relay prepared list --state check_exhausted") + ", then resume, commit or rollback"
 	}
 	return t, nil
+}
+
+// noCheckerProblem is the problem line of a group whose last check found no checker, worded
+// from its counts: the prepared half messages that will run out of checks unless its checker
+// starts, and the check_exhausted ones that already did (an operator resumes them once it
+// runs). name is the group as the panel shows it ("(none)" for no group).
+func noCheckerProblem(schema, name string, g store.GroupHalf) string {
+	s := fmt.Sprintf("producer group %s: its checks find no checker (%s)", name, g.LastError)
+	if g.Prepared == 0 && g.Exhausted > 0 {
+		resume := cmdline.Command(schema, "relay prepared list --state check_exhausted") + "`, then `" +
+			cmdline.Command(schema, "relay prepared resume", "ID...")
+		if g.Group != "" {
+			resume = cmdline.Command(schema, "relay prepared resume --all --group", cmdline.ShellQuote(g.Group))
+		}
+		return s + fmt.Sprintf(", and its %s out of checks (check_exhausted): start the group's checker (checker.Serve), then resume %s: `%s`",
+			plural(g.Exhausted, "half message ran", "half messages ran"), pick(g.Exhausted, "it", "them"), resume)
+	}
+	s += "; start the group's checker (checker.Serve)"
+	if g.Prepared > 0 {
+		s += fmt.Sprintf(", or its %s out of checks", plural(g.Prepared, "prepared half message runs", "prepared half messages run"))
+		if g.Exhausted > 0 {
+			s += fmt.Sprintf(" too, as %d already %s (check_exhausted)", g.Exhausted, pick(g.Exhausted, "has", "have"))
+		}
+	}
+	return s
 }
 
 // NoResponder reports whether a check's recorded error (store.GroupHalf.LastError) says

@@ -44,7 +44,7 @@ func horizonPanel(ctx context.Context, db store.DBTX, q *store.Queries, warnAfte
 			strconv.FormatInt(h.XactXminAge, 10), fmt.Sprintf("application_name %q, %s", h.OldestApp, h.OldestState)})
 	}
 	if h.Prepared > 0 {
-		t.Rows = append(t.Rows, []string{strconv.FormatInt(h.Prepared, 10) + " prepared transaction(s)", Age(h.OldestPrepared.Seconds(), 1),
+		t.Rows = append(t.Rows, []string{plural(h.Prepared, "prepared transaction", "prepared transactions"), Age(h.OldestPrepared.Seconds(), 1),
 			strconv.FormatInt(h.PreparedXminAge, 10), "see pg_prepared_xacts"})
 	}
 	if h.SlotXminAge > 0 {
@@ -61,7 +61,11 @@ func horizonWarning(h store.Horizon, warnAfter time.Duration) string {
 		return fmt.Sprintf("a transaction has been open for %s (pid %d, application_name %q, %s): it holds back the xmin horizon, so VACUUM cannot remove settled outbox rows and claims slow down",
 			Age(h.OldestXact.Seconds(), 1), h.OldestPID, h.OldestApp, h.OldestState)
 	case h.Prepared > 0 && h.OldestPrepared >= warnAfter:
-		return fmt.Sprintf("%d prepared transaction(s), the oldest prepared %s ago, hold back the xmin horizon: COMMIT PREPARED or ROLLBACK PREPARED them (pg_prepared_xacts)",
+		if h.Prepared == 1 {
+			return fmt.Sprintf("1 prepared transaction, prepared %s ago, holds back the xmin horizon: COMMIT PREPARED or ROLLBACK PREPARED it (pg_prepared_xacts)",
+				Age(h.OldestPrepared.Seconds(), 1))
+		}
+		return fmt.Sprintf("%d prepared transactions, the oldest prepared %s ago, hold back the xmin horizon: COMMIT PREPARED or ROLLBACK PREPARED them (pg_prepared_xacts)",
 			h.Prepared, Age(h.OldestPrepared.Seconds(), 1))
 	}
 	return ""

@@ -102,7 +102,7 @@ func TestHorizonWarning(t *testing.T) {
 		t.Errorf("below the threshold: %q", w)
 	}
 	p := store.Horizon{Prepared: 2, OldestPrepared: 2 * time.Minute}
-	if w := horizonWarning(p, time.Minute); !strings.Contains(w, "2 prepared transaction(s)") || !strings.Contains(w, "2m00s") {
+	if w := horizonWarning(p, time.Minute); !strings.Contains(w, "2 prepared transactions, the oldest prepared 2m00s ago, hold back") {
 		t.Errorf("prepared: %q", w)
 	}
 	if w := horizonWarning(store.Horizon{}, 0); w != "" {

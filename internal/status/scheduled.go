@@ -120,9 +120,9 @@ func scheduledTable(ctx context.Context, db store.DBTX, q *store.Queries, limit 
 			"or their key is held by an open transaction (a producer's, or an uncommitted cancel). " + t.Note
 	}
 	if late := now.Sub(first); overdue > 0 && late > OverdueAfter {
-		t.Problems = append(t.Problems, fmt.Sprintf("%s scheduled rows overdue, the oldest by %s: no relay is running, "+
+		t.Problems = append(t.Problems, fmt.Sprintf("%s scheduled %s overdue, the oldest by %s: no relay is running, "+
 			"or a key is held by an open transaction (see Oldest transactions; %s lists them, overdue first)",
-			count(overdue, overdue < int64(limit)), Age(late.Seconds(), 1), cmdline.Command(q.Schema, "relay scheduled list")))
+			count(overdue, overdue < int64(limit)), pick(overdue, "row", "rows"), Age(late.Seconds(), 1), cmdline.Command(q.Schema, "relay scheduled list")))
 	}
 	return t, nil
 }

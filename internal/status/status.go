@@ -228,16 +228,19 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 	alive := len(byPID)
 	switch {
 	case alive == 0 && s.Totals.Ready > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("no relay is running and %d rows wait to be published", s.Totals.Ready))
+		s.Problems = append(s.Problems, fmt.Sprintf("no relay is running and %s to be published", plural(s.Totals.Ready, "row waits", "rows wait")))
 	case alive > 0 && unheld > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("%d of %d partitions have no holder (a relay just died or joined: they are taken within a lease interval)", unheld, s.Partitions))
+		s.Problems = append(s.Problems, fmt.Sprintf("%d of %s no holder (a relay just died or joined: %s taken within a lease interval)",
+			unheld, plural(s.Partitions, "partition has", "partitions "+pick(unheld, "has", "have")), pick(unheld, "it is", "they are")))
 	}
 	switch {
 	case len(s.Blocked) > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows: %d ready rows of %s wait behind them (see Blocked keys); "+
-			"`%s` a row, then requeue or purge it", s.Totals.Dead, s.Totals.Blocked, plural(len(s.Blocked), "key", "keys"), cmdline.Command(s.Schema, "relay dead show", "ID")))
+		s.Problems = append(s.Problems, fmt.Sprintf("%s: %s of %s %s behind %s (see Blocked keys); "+
+			"`%s` a row, then requeue or purge it", plural(s.Totals.Dead, "dead row", "dead rows"), plural(s.Totals.Blocked, "ready row", "ready rows"),
+			plural(len(s.Blocked), "key", "keys"), pick(s.Totals.Blocked, "waits", "wait"), pick(s.Totals.Dead, "it", "them"), cmdline.Command(s.Schema, "relay dead show", "ID")))
 	case s.Totals.Dead > 0:
-		s.Problems = append(s.Problems, fmt.Sprintf("%d dead rows hold back their keys: see `%s`, then requeue or purge them", s.Totals.Dead, cmdline.Command(s.Schema, "relay dead list")))
+		s.Problems = append(s.Problems, fmt.Sprintf("%s: see `%s`, then requeue or purge %s", plural(s.Totals.Dead, "dead row holds back its key", "dead rows hold back their keys"),
+			cmdline.Command(s.Schema, "relay dead list"), pick(s.Totals.Dead, "it", "them")))
 	}
 	for _, r := range s.Relays {
 		if r.Alive && r.NATS != "" && r.NATS != "CONNECTED" {
@@ -245,7 +248,7 @@ func Collect(ctx context.Context, db store.DBTX, q *store.Queries, opts *Options
 		}
 	}
 	if s.Totals.CheckExhausted > 0 {
-		s.Problems = append(s.Problems, fmt.Sprintf("%d half messages ran out of check-backs: see `%s`", s.Totals.CheckExhausted,
+		s.Problems = append(s.Problems, fmt.Sprintf("%s out of check-backs: see `%s`", plural(s.Totals.CheckExhausted, "half message ran", "half messages ran"),
 			cmdline.Command(s.Schema, "relay prepared list --state check_exhausted")))
 	}
 
@@ -314,9 +317,15 @@ func (s *Snapshot) emptyLists() {
 	}
 }
 
-func plural(n int, one, many string) string {
+// plural is n and one (1 row), or n and many (0 rows, 2 rows).
+func plural[N ~int | ~int64](n N, one, many string) string {
+	return fmt.Sprintf("%d %s", n, pick(n, one, many))
+}
+
+// pick is one when n is 1, else many: the word that goes with a count printed elsewhere.
+func pick[N ~int | ~int64](n N, one, many string) string {
 	if n == 1 {
-		return "1 " + one
+		return one
 	}
-	return fmt.Sprintf("%d %s", n, many)
+	return many
 }

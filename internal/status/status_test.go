@@ -95,7 +95,7 @@ func TestCollectRelaysAndHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, w := range []string{"live-1  alive", "dead-1  gone", "0-1", "TEST PANEL", "##|", "from a registered panel", "1 of 4 partitions have no holder"} {
+	for _, w := range []string{"live-1  alive", "dead-1  gone", "0-1", "TEST PANEL", "##|", "from a registered panel", "1 of 4 partitions has no holder"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("text output lacks %q:\n%s", w, out)
 		}

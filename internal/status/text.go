@@ -50,7 +50,8 @@ func WriteText(w io.Writer, s *Snapshot) error {
 			r.StartedAt.Local().Format("2006-01-02 15:04:05"), Age(r.LastSeenSeconds, 1), Ranges(r.Held))
 	}
 	if len(s.Relays) == 0 {
-		p("(no relay has run yet)\t\t\t\t\t\t\t\t\n")
+		// A relay that stopped cleanly removed its row: an empty list says nothing of the past.
+		p("(no relay is running)\t\t\t\t\t\t\t\t\n")
 	}
 	p("\nPARTITION\tHOLDER\tREADY\tOLDEST READY\n")
 	for _, x := range s.Partition {
