@@ -412,11 +412,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	c.order = nil
-	stopRefresh := make(chan struct{})
-	defer close(stopRefresh)
+	rctx, stopRefresh := context.WithCancel(ctx)
+	var refreshing sync.WaitGroup
+	defer func() { stopRefresh(); refreshing.Wait() }() // Run returns after it
 	if c.cfg.Ordered {
 		c.order = newKeyOrder(c.js, stream, cons, c.cfg.FilterSubjects)
-		go c.refreshOrder(ctx, c.order, stopRefresh)
+		refreshing.Add(1)
+		go func() { defer refreshing.Done(); c.refreshOrder(rctx, c.order) }()
 	}
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -515,8 +517,9 @@ func (c *Consumer) pgUp() {
 }
 
 // refreshOrder keeps the ordered mode's view of the durable's ack floor fresh (every
-// InProgressInterval), so that what it settles is forgotten and not read back from the stream.
-func (c *Consumer) refreshOrder(ctx context.Context, o *keyOrder, stop <-chan struct{}) {
+// InProgressInterval), so that what it settles is forgotten and not read back from the
+// stream, until ctx ends (Run ends it and waits for it before it returns).
+func (c *Consumer) refreshOrder(ctx context.Context, o *keyOrder) {
 	t := time.NewTicker(c.cfg.InProgressInterval)
 	defer t.Stop()
 	for {
@@ -524,8 +527,6 @@ func (c *Consumer) refreshOrder(ctx context.Context, o *keyOrder, stop <-chan st
 			c.log.Debug("could not read the durable's ack floor", "err", err)
 		}
 		select {
-		case <-stop:
-			return
 		case <-ctx.Done():
 			return
 		case <-t.C:

@@ -113,3 +113,35 @@ func TestTableCheckWaitsForPostgreSQLAndSaysSo(t *testing.T) {
 		t.Fatalf("logged:\n%s\nwant the wait blamed on PostgreSQL", out)
 	}
 }
+
+// A dedup insert PostgreSQL refuses for want of a privilege (42501: a grant taken back, a
+// row-level security policy) puts the message back, uncounted, with one warning that names
+// the cause and the grants command (it said "the database or the broker failed"); once the
+// refusal ends, the message is applied.
+func TestRefusedDedupInsertSaysWhatToGrant(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var logs testsvc.LogBuffer
+	c, err := New(e.db.Pool, e.nats.JS, recordEffect, e.config(&Config{Logger: logs.Logger()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`CREATE FUNCTION deny_dedup() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'permission denied for table txoutbox_consumer_dedup' USING ERRCODE = '42501'; END $$`)
+	e.exec(`CREATE TRIGGER deny_dedup BEFORE INSERT ON txoutbox_consumer_dedup FOR EACH ROW EXECUTE FUNCTION deny_dedup()`)
+	e.publish("orders.created", map[string][]string{outbox.HeaderMsgID: {newID()}}, "x")
+	e.run(c)
+	const warning = "PostgreSQL refuses the consumer's role (a missing privilege, or a row-level security policy)"
+	testsvc.Eventually(t, 20*time.Second, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), warning) })
+	if !strings.Contains(logs.String(), "relay migrate grants --role consumer") {
+		t.Errorf("the warning does not name the grants command:\n%s", logs.String())
+	}
+	e.exec(`DROP TRIGGER deny_dedup ON txoutbox_consumer_dedup`)
+	e.waitEffects(1)
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Errorf("%d warnings, want 1 (one per state change):\n%s", n, logs.String())
+	}
+	if st := c.Stats(); st.DeadLettered != 0 {
+		t.Errorf("Stats = %+v: the refused message was dead-lettered", st)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/txoutbox/txoutbox/internal/cmdline"
 	"github.com/txoutbox/txoutbox/internal/safetext"
 	"github.com/txoutbox/txoutbox/internal/store"
 	"github.com/txoutbox/txoutbox/outbox"
@@ -541,7 +542,15 @@ func (c *Consumer) unavailable(ctx context.Context, it *item, op string, err err
 		down = &c.dlqDown
 	}
 	if !down.Swap(true) {
-		c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" {
+			// Waiting can fix it (a grant, a policy), and nothing is lost meanwhile: retried
+			// the same, but the line says what to do.
+			c.log.Warn("message put back: PostgreSQL refuses the consumer's role (a missing privilege, or a row-level security policy): grant what `"+
+				cmdline.Command(c.cfg.Schema, "relay migrate grants --role consumer")+"` prints; retrying without counting an attempt", "op", op, "err", err)
+		} else {
+			c.log.Warn("message put back: the database or the broker failed; retrying without counting an attempt", "op", op, "err", err)
+		}
 	}
 	delay := c.cfg.backoff(it.outages)
 	return result{outcome: outcomeUnavailable, delay: delay, err: fmt.Errorf("%s: %w", op, err)}

@@ -220,8 +220,8 @@ type Status struct {
 	// Source says where Applied was read, in one of these forms (the same in every Status of
 	// one call):
 	//   - VersionTable ("txoutbox_schema_migrations"): txoutbox's runner recorded the versions;
-	//   - "<tool>'s <schema>.<table>", such as "goose's public.txoutbox_goose_db_version": the
-	//     version table of golang-migrate or goose (tool "golang-migrate" or "goose"; table
+	//   - "<tool>'s <schema>.<table>", quoted as SQL identifiers, such as
+	//     `goose's "public"."txoutbox_goose_db_version"`: the version table of golang-migrate or goose (tool "golang-migrate" or "goose"; table
 	//     OwnGolangMigrateTable, OwnGooseTable, GolangMigrateTable or GooseTable);
 	//   - HandAppliedSource followed by ` in schema "<schema>" (no version table records
 	//     txoutbox's migrations)`: the version was read from the tables themselves;
@@ -452,7 +452,7 @@ func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]applied, string, e
 		if !ok {
 			continue // not the tool's shape: someone else's table of that name
 		}
-		src := fmt.Sprintf("%s's %s.%s", ft.tool, m.schema, ft.name)
+		src := ft.tool + "'s " + pgx.Identifier{m.schema, ft.name}.Sanitize()
 		ours := ft.own || dedicated
 		switch {
 		case dirty && (ours || v == tv || v == tv+1):
@@ -568,7 +568,7 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, qt)
 			return 0, false, false, nil
 		}
 	}
-	src := fmt.Sprintf("%s's %s.%s", ft.tool, m.schema, ft.name)
+	src := ft.tool + "'s " + pgx.Identifier{m.schema, ft.name}.Sanitize()
 	var v64 int64
 	switch ft.tool {
 	case "golang-migrate":

@@ -263,10 +263,10 @@ func TestTxoutboxAppliedByAppToolInSharedSchema(t *testing.T) {
 		{"applied by hand, no version table", ups(latest), latest, "txoutbox's tables"},
 		{"golang-migrate with a table of txoutbox's own", append([]string{golangMigrateDDL, `INSERT INTO schema_migrations VALUES (2, false)`,
 			strings.Replace(golangMigrateDDL, "schema_migrations", migrations.OwnGolangMigrateTable, 1),
-			`INSERT INTO ` + migrations.OwnGolangMigrateTable + ` VALUES (` + itoa(latest-1) + `, false)`}, ups(latest-1)...), latest - 1, "golang-migrate's " + "%s." + migrations.OwnGolangMigrateTable},
+			`INSERT INTO ` + migrations.OwnGolangMigrateTable + ` VALUES (` + itoa(latest-1) + `, false)`}, ups(latest-1)...), latest - 1, "golang-migrate's " + `"%s".` + `"` + migrations.OwnGolangMigrateTable + `"`},
 		{"goose with a table of txoutbox's own", append([]string{gooseDDL, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (0, true), (1, true)`,
 			strings.Replace(gooseDDL, "goose_db_version", migrations.OwnGooseTable, 1),
-			`INSERT INTO ` + migrations.OwnGooseTable + ` (version_id, is_applied) SELECT g, true FROM generate_series(0, ` + itoa(latest) + `) g`}, ups(latest)...), latest, "goose's %s." + migrations.OwnGooseTable},
+			`INSERT INTO ` + migrations.OwnGooseTable + ` (version_id, is_applied) SELECT g, true FROM generate_series(0, ` + itoa(latest) + `) g`}, ups(latest)...), latest, "goose's \"%s\"." + `"` + migrations.OwnGooseTable + `"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -285,7 +285,7 @@ code{font-size:12px}
 <section id="fleet"><h2>Relays</h2>
 <table><tr><th>Relay</th><th>Health</th><th>NATS</th><th>Published</th><th>Partitions</th><th>Version</th><th>State</th></tr>
 {{range $.Legend}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Name}}</td><td>{{if .Alive}}<span class="pill {{if .HealthOK}}good{{else}}poor{{end}}">{{.Health}}</span>{{else}}-{{end}}</td><td>{{if .Alive}}<span class="pill {{if .NATSOK}}good{{else}}poor{{end}}">{{.NATS}}</span>{{else}}-{{end}}</td><td class="num">{{.Rate}}</td><td>{{.Held}}</td><td>{{.Version}}</td><td>{{.State}}</td></tr>
-{{else}}<tr><td colspan="7" class="muted">No relay has registered.</td></tr>{{end}}</table>
+{{else}}<tr><td colspan="7" class="muted">No relay is running.</td></tr>{{end}}</table>
 <p class="muted">Every relay writes its health, NATS connection state, publish rate (last minute) and version with its heartbeat: this is the whole fleet, not only the relay serving this page.</p></section>
 {{if $.Blocked}}<section id="blocked" class="blocked"><h2>Blocked keys</h2>
 <table><tr><th>Key</th><th>Ready rows held back</th><th>Behind dead row</th><th>Subject</th><th>Attempts</th><th>Enqueued</th><th>Last error</th></tr>

@@ -101,7 +101,7 @@ func TestStatusCommand(t *testing.T) {
 		"5 ready (5 due, 0 retrying)", "3 dead",
 		"SUBJECT", "orders.created", "orders.paid", "audit.log",
 		"PARTITION", "0/8", "7/8",
-		"(no relay has run yet)",
+		"(no relay is running)",
 		"no relay is running and 5 rows wait to be published",
 		"3 dead rows hold back their keys",
 	} {
@@ -268,7 +268,7 @@ func TestDeadCommands(t *testing.T) {
 
 	// requeue: ready again, attempts 0, error cleared; only the filtered rows.
 	code, out, errOut = cli(t, e.args("dead", "requeue", "--subject", "orders.paid", "--newer-than", "1h")...)
-	if code != 0 || !strings.Contains(out, "1 dead rows requeued") || !strings.Contains(out, e.ids["pdead-new"].String()) {
+	if code != 0 || !strings.Contains(out, "1 dead row requeued") || !strings.Contains(out, e.ids["pdead-new"].String()) {
 		t.Fatalf("requeue = %d: %s%s", code, out, errOut)
 	}
 	if st, att, le, _ := e.row("pdead-new"); st != "ready" || att != 0 || le != nil {
@@ -291,7 +291,7 @@ func TestDeadCommands(t *testing.T) {
 		t.Fatal("the purged row is still there")
 	}
 	code, out, _ = cli(t, e.args("dead", "purge", "--all")...)
-	if code != 0 || !strings.Contains(out, "1 dead rows purged") {
+	if code != 0 || !strings.Contains(out, "1 dead row purged") {
 		t.Fatalf("purge --all = %d: %s", code, out)
 	}
 	if _, _, _, found := e.row("adead"); found {

@@ -708,7 +708,7 @@ func TestAdminChangeConvention(t *testing.T) {
 	check([]string{"dead", "requeue", "--id", ids(dead)}, 0, []uuid.UUID{dead}, nil, false)
 	// Requeued already: no longer dead.
 	text([]string{"dead", "requeue", "--id", ids(dead)}, 1, "0 dead rows requeued\n", map[uuid.UUID]string{dead: "not dead: it is ready"})
-	text([]string{"dead", "purge", "--id", ids(e.ids["pdead-new"])}, 0, "purged "+e.ids["pdead-new"].String()+"\n1 dead rows purged\n", nil)
+	text([]string{"dead", "purge", "--id", ids(e.ids["pdead-new"])}, 0, "purged "+e.ids["pdead-new"].String()+"\n1 dead row purged\n", nil)
 
 	// relay prepared.
 	c, err := outbox.NewClient(&outbox.Config{Schema: e.db.Schema})

@@ -46,7 +46,7 @@ func TestCheckbackAndPreparedCommands(t *testing.T) {
 	vars["TXOUTBOX_CHECK_MAX"] = "1" // settings come from the environment too
 	code, out, errOut := cliEnv(t, vars, "checkback", "--once", "--check-transaction-timeout", "1ms", "--log-level", "error")
 	// A check nobody answered fails the run, so that a cron job sees it.
-	if code != 1 || !strings.Contains(errOut, "1 check(s) of half messages got no answer from their checker (no_responders 1)") {
+	if code != 1 || !strings.Contains(errOut, "1 check of a half message got no answer from its checker (no_responders 1)") {
 		t.Fatalf("checkback --once with no checker: exit %d, want 1 naming no_responders:\n%s", code, errOut)
 	}
 	for _, want := range []string{"fenced 1", "no_responders 1", "exhausted 1", "prepared: 1, check_exhausted: 1", "purge:"} {
@@ -120,6 +120,11 @@ func TestHelpListsCheckbackSettings(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("relay run --help lacks %q", want)
 		}
+	}
+	// A flag too long for the first column gets a line of its own; its description stays in
+	// the column of the others (it was pushed right).
+	if !strings.Contains(out, "    --check-transaction-timeout value\n"+strings.Repeat(" ", 35)+"check a half message") {
+		t.Errorf("relay run --help: --check-transaction-timeout's description is not aligned with the others:\n%s", out)
 	}
 	_, out, _ = cliEnv(t, nil, "checkback", "--help")
 	for _, want := range []string{"--once", "--retention", "TXOUTBOX_RETENTION", "--check-group-rate", "--stale-ready-after"} {

@@ -122,7 +122,7 @@ func TestCheckbackOnceFailsOnUnansweredChecks(t *testing.T) {
 		if code != tc.code || !strings.Contains(out, tc.outcome) {
 			t.Fatalf("checker answering %q/%v: exit %d, want %d with %q:\n%s%s", tc.answer, tc.err, code, tc.code, tc.outcome, out, errOut)
 		}
-		if tc.code == 1 && !strings.Contains(errOut, "got no answer from their checker ("+tc.outcome+")") {
+		if tc.code == 1 && !strings.Contains(errOut, "got no answer from its checker ("+tc.outcome+")") {
 			t.Fatalf("the failure does not say which checks failed:\n%s", errOut)
 		}
 	}

@@ -320,6 +320,10 @@ func (s *settings) printHelp(w io.Writer) {
 		if kind != "" {
 			left += " " + kind
 		}
+		if len(left) > 30 { // the description on a line of its own, aligned with the others
+			fmt.Fprintf(w, "    %s\n", left)
+			left = ""
+		}
 		fmt.Fprintf(w, "    %-30s %s\n", left, usage)
 		if env := s.env[name]; env != "" {
 			fmt.Fprintf(w, "    %-30s env %s, default %s\n", "", env, def)
