@@ -37,7 +37,10 @@ const (
 	HeaderDeadMsgID      = "Txoutbox-Dead-Msg-Id"     // the original Nats-Msg-Id
 	HeaderDeadAt         = "Txoutbox-Dead-At"         // RFC 3339 time of the dead-lettering
 	// HeaderDeadPayloadDropped is "true" when the payload had to be left out because the
-	// dead letter would exceed the server's maximum payload.
+	// dead letter would exceed the server's maximum payload: a message within the dead
+	// letter's added headers (up to outbox.DeadLetterHeaderReserve) of max_payload. Its
+	// headers are kept, and the original payload stays in the stream at HeaderDeadStreamSeq
+	// for as long as the stream keeps it.
 	HeaderDeadPayloadDropped = "Txoutbox-Dead-Payload-Dropped"
 	// HeaderDeadHeadersDropped, when present, is the number of the original's header values
 	// left out of the dead letter (the largest first) because its header block would

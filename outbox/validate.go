@@ -119,7 +119,9 @@ const JetStreamMaxHeaderBytes = 65535
 // names up to JetStream's 255 bytes each, counts and a time) and the dead letter's own
 // Nats-Msg-Id (durable:stream:sequence), less the relay's Nats-Msg-Id it leaves out: 3,481
 // bytes with every field at its longest (package consumer's tests compute it), rounded up. So every message
-// EnqueueTx accepts can be dead-lettered with every header it had.
+// EnqueueTx accepts can be dead-lettered with every header it had. Its payload too, unless the
+// message is within those added headers of the server's max_payload: the dead letter then
+// carries no payload (consumer.HeaderDeadPayloadDropped).
 const DeadLetterHeaderReserve = 4096
 
 // MaxHeaderBytes bounds the header block of a message as NATS stores it: "NATS/1.0\r\n", one
