@@ -97,7 +97,7 @@ func components() []component {
 				"PublishTimeout": {def: relay.DefaultPublishTimeout}, "PollMin": {def: relay.DefaultPollMin},
 				"PollMax": {def: relay.DefaultPollMax}, "BackoffBase": {def: relay.DefaultBackoffBase},
 				"BackoffMax": {def: relay.DefaultBackoffMax}, "BackoffJitter": {def: relay.DefaultBackoffJitter, minus1: true},
-				"MaxAttempts": {def: relay.DefaultMaxAttempts}, "Retention": {def: relay.DefaultRetention, minus1: true},
+				"MaxAttempts": {def: relay.DefaultMaxAttempts}, "PublishedRetention": {def: relay.DefaultPublishedRetention, minus1: true},
 				"Partitions": {def: relay.DefaultPartitions}, "LeaseInterval": {def: relay.DefaultLeaseInterval},
 				"HandoverAfter": {def: relay.DefaultHandoverAfter, minus1: true}, "StreamDuplicates": {def: relay.DefaultStreamDuplicates},
 				"SampleInterval": {def: relay.DefaultSampleInterval}, "SampleLimit": {def: relay.DefaultSampleLimit},

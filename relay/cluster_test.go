@@ -323,7 +323,7 @@ func leaderLoss(t *testing.T, killed bool, fault func(e *clusterEnv) *embedded.C
 	// MaxAttempts 2: a single counted failure would show as attempts, and a second as a
 	// dead row.
 	r := e.relay(&Config{Subjects: []string{"acc.>"}, PublishTimeout: time.Second, MaxAttempts: 2, BatchSize: 50,
-		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Retention: time.Hour, Logger: slog.New(logs)})
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, PublishedRetention: time.Hour, Logger: slog.New(logs)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -434,7 +434,7 @@ func TestClusterQuorumLossIsAnOutage(t *testing.T) {
 	e := newClusterEnv(t)
 	logs := newEventLog()
 	r := e.relay(&Config{Subjects: []string{"acc.>"}, PublishTimeout: time.Second, MaxAttempts: 2, BatchSize: 50,
-		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Retention: time.Hour, Logger: slog.New(logs)})
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, PublishedRetention: time.Hour, Logger: slog.New(logs)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -913,7 +913,7 @@ func TestOutageMetInTheMiddleOfAWave(t *testing.T) {
 	ctx := context.Background()
 	logs := newEventLog()
 	reg := prometheus.NewRegistry()
-	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, Retention: time.Hour})
+	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, PublishedRetention: time.Hour})
 	first := true
 	r.hooks.afterWave = func(n int, outs []outcome) {
 		if first && n == 1 {
@@ -978,7 +978,7 @@ func TestOutageEndedByAWaveWithRowsTurnedAway(t *testing.T) {
 	ctx := context.Background()
 	logs := newEventLog()
 	reg := prometheus.NewRegistry()
-	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, Retention: time.Hour})
+	r := e.relay(&Config{Logger: slog.New(logs), Registerer: reg, SampleInterval: time.Hour, PublishedRetention: time.Hour})
 	r.outages.begin(r, "ORDERS", []string{"orders.>"}, "orders.created", "has no leader (test)", false)
 	r.outages.mu.Lock()
 	r.outages.m["ORDERS"].probing = true // its info answered with a leader: rows are sent

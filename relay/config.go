@@ -44,8 +44,8 @@ const (
 	DefaultDoorbellSubject = outbox.DefaultDoorbellSubject
 	DefaultSampleInterval  = 10 * time.Second
 	DefaultSampleLimit     = 100_000
-	// DefaultRetention is none: published rows are deleted as they are published.
-	DefaultRetention time.Duration = 0
+	// DefaultPublishedRetention is none: published rows are deleted as they are published.
+	DefaultPublishedRetention time.Duration = 0
 )
 
 // maxLeaseInterval bounds Config.LeaseInterval: the lease arithmetic (the 10× lease, the 11×
@@ -101,13 +101,14 @@ type Config struct {
 	// key's later messages back for ever. Defaults to 20.
 	MaxAttempts int
 
-	// Retention, when positive, keeps published rows (state published, with published_at and
-	// the stream sequence) for the check-back's purge job to delete after Retention (set
-	// checkback.Config.PublishedRetention to the same value; relay run does);
+	// PublishedRetention, when positive, keeps published rows (state published, with
+	// published_at and the stream sequence) for the check-back's purge job to delete after
+	// PublishedRetention (set checkback.Config.PublishedRetention to the same value; relay run
+	// does);
 	// txoutbox.Forever keeps them and the check-back never purges them. Defaults to
-	// DefaultRetention, none: rows are deleted as they are published, which keeps the table
+	// DefaultPublishedRetention, none: rows are deleted as they are published, which keeps the table
 	// small.
-	Retention time.Duration
+	PublishedRetention time.Duration
 
 	// Partitions is the number of partitions rows are spread over (by hash of the key, or of
 	// the id when there is no key). Each partition is published by one relay at a time, which
@@ -241,7 +242,7 @@ func (c *Config) WithDefaults() *Config {
 	out.Partitions = cmp.Or(out.Partitions, DefaultPartitions)
 	out.LeaseInterval = cmp.Or(out.LeaseInterval, DefaultLeaseInterval)
 	out.HandoverAfter = cmp.Or(out.HandoverAfter, DefaultHandoverAfter)
-	out.Retention = cmp.Or(out.Retention, DefaultRetention)
+	out.PublishedRetention = cmp.Or(out.PublishedRetention, DefaultPublishedRetention)
 	out.DoorbellSubject = cmp.Or(out.DoorbellSubject, DefaultDoorbellSubject)
 	out.StreamDuplicates = cmp.Or(out.StreamDuplicates, DefaultStreamDuplicates)
 	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, DefaultMaxMessageBytes)
@@ -380,8 +381,8 @@ func (c *Config) validate() error {
 		return bad("BackoffJitter", "must be in (0, 1), or txoutbox.Off (-1) for no jitter (0 is the default), got %g", c.BackoffJitter)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
-	case c.Retention < 0 && c.Retention != txoutbox.Forever:
-		return bad("Retention", "must not be negative except txoutbox.Forever (-1), got %s", c.Retention)
+	case c.PublishedRetention < 0 && c.PublishedRetention != txoutbox.Forever:
+		return bad("PublishedRetention", "must not be negative except txoutbox.Forever (-1), got %s", c.PublishedRetention)
 	case c.HandoverAfter < 0 && c.HandoverAfter != txoutbox.Off:
 		return bad("HandoverAfter", "must not be negative except txoutbox.Off (-1), got %s", c.HandoverAfter)
 	case c.Partitions < 1 || c.Partitions > 4096:

@@ -327,13 +327,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	r.log.Info("relay started", "schema", r.cfg.Schema, "partitions", r.cfg.Partitions,
-		"batch_size", r.cfg.BatchSize, "retention", retentionText(r.cfg.Retention))
+		"batch_size", r.cfg.BatchSize, "retention", retentionText(r.cfg.PublishedRetention))
 	err = r.pipeline(ctx)
 	r.log.Info("relay stopped")
 	return err
 }
 
-// retentionText is Config.Retention as the logs show it: "none" (rows deleted as they are
+// retentionText is Config.PublishedRetention as the logs show it: "none" (rows deleted as they are
 // published), "forever" (txoutbox.Forever) or the duration.
 func retentionText(d time.Duration) string {
 	switch {
@@ -749,7 +749,7 @@ func (r *Relay) settle(ctx context.Context, conn store.DBTX, rows []store.Claime
 		Published:   res.published,
 		Failed:      res.failed,
 		MaxAttempts: r.cfg.MaxAttempts,
-		Retain:      r.cfg.Retention != 0, // positive or Forever
+		Retain:      r.cfg.PublishedRetention != 0, // positive or Forever
 	})
 	r.m.settleDur.Observe(time.Since(t0).Seconds())
 	if err != nil {

@@ -183,7 +183,7 @@ func TestRetentionKeepsPublishedRows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.enqueue(outbox.Message{Subject: "orders.created"}, outbox.Message{Subject: "orders.created"})
-	r := e.relay(&Config{Retention: time.Hour})
+	r := e.relay(&Config{PublishedRetention: time.Hour})
 	drain(t, r)
 	if n := e.count("state = 'published' AND published_at IS NOT NULL AND stream = 'ORDERS' AND stream_seq IN (1, 2)"); n != 2 {
 		t.Fatalf("%d published rows kept, want 2", n)
@@ -200,10 +200,10 @@ func TestStartLineNamesTheRetention(t *testing.T) {
 		want      string
 	}{{txoutbox.Forever, "retention=forever "}, {0, "retention=none "}, {time.Hour, "retention=1h0m0s "}} {
 		logs := newEventLog()
-		r := e.start(&Config{Retention: c.retention, Logger: slog.New(logs)})
+		r := e.start(&Config{PublishedRetention: c.retention, Logger: slog.New(logs)})
 		testsvc.Eventually(t, 10*time.Second, "the start line", func() bool { return logs.count(slog.LevelInfo, "relay started") == 1 })
 		if got := logs.attrsOf("relay started"); !strings.Contains(got, c.want) {
-			t.Errorf("Retention %d: start line %q, want %q", c.retention, got, c.want)
+			t.Errorf("PublishedRetention %d: start line %q, want %q", c.retention, got, c.want)
 		}
 		if err := r.stop(); err != nil {
 			t.Fatal(err)

@@ -405,7 +405,7 @@ func (r *run) main(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	r.relay, err = relay.New(relayPool, relayJS, &relay.Config{
-		ID: "demo-relay", Schema: r.schema, Retention: time.Hour, PublishTimeout: demoPublishTimeout,
+		ID: "demo-relay", Schema: r.schema, PublishedRetention: time.Hour, PublishTimeout: demoPublishTimeout,
 		PollMax: 200 * time.Millisecond, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second,
 		LeaseInterval: 200 * time.Millisecond, Subjects: streamSubjects, Logger: r.log,
 		Registerer: r.registerer(), SampleInterval: time.Second,

@@ -56,7 +56,7 @@ func parseFlag(t *testing.T, command, flagName, value string) (float64, error) {
 		cfg, field = &f.cfg, fieldOf(fieldFlags, flagName)
 	default:
 		if command == "run" { // as run does: the check-back purges by the relay's retention
-			f.cb.PublishedRetention = cmp.Or(f.cfg.Retention, txoutbox.Forever)
+			f.cb.PublishedRetention = cmp.Or(f.cfg.PublishedRetention, txoutbox.Forever)
 		}
 		if err := checkCheckbackFlags(&f.cb); err != nil {
 			return 0, err

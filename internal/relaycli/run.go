@@ -55,7 +55,7 @@ var fieldFlags = map[string]string{
 	"ID": "relay-id", "Schema": "schema", "BatchSize": "batch-size", "MaxInFlight": "max-in-flight",
 	"PublishTimeout": "publish-timeout", "PollMin": "poll-min", "PollMax": "poll-max",
 	"BackoffBase": "backoff-base", "BackoffMax": "backoff-max", "BackoffJitter": "backoff-jitter",
-	"MaxAttempts": "max-attempts", "Retention": "retention", "Partitions": "partitions",
+	"MaxAttempts": "max-attempts", "PublishedRetention": "retention", "Partitions": "partitions",
 	"LeaseInterval": "lease-interval", "HandoverAfter": "handover-after", "DoorbellSubject": "doorbell-subject", "DoorbellChannel": "doorbell-channel",
 	"Subjects": "subjects", "CreateStream": "create-stream", "StreamDuplicates": "stream-duplicates",
 	"SampleInterval": "sample-interval", "MaxMessageBytes": "max-message-bytes",
@@ -96,7 +96,7 @@ func defineRunFlags(s *settings, f *runFlags) {
 	s.Duration(&f.cfg.BackoffMax, "backoff-max", "", relay.DefaultBackoffMax, "longest retry delay (also caps the outage backoff)")
 	s.FloatOr(&f.cfg.BackoffJitter, "backoff-jitter", "", relay.DefaultBackoffJitter, "off", "random spread of retry delays, a fraction in [0, 1) (off, -1 or 0: none)")
 	s.Int(&f.cfg.MaxAttempts, "max-attempts", "", relay.DefaultMaxAttempts, "failed publishes before a row is dead")
-	s.DurationOr(&f.cfg.Retention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever or -1 keeps them)")
+	s.DurationOr(&f.cfg.PublishedRetention, "retention", "", 0, "forever", "keep published rows this long (0 deletes them at once; forever or -1 keeps them)")
 	s.Int(&f.cfg.Partitions, "partitions", "", relay.DefaultPartitions, "partitions rows are spread over; the same on every relay")
 	s.Duration(&f.cfg.LeaseInterval, "lease-interval", "", relay.DefaultLeaseInterval, "how often to heartbeat and rebalance partitions (a dead relay's are taken within about this long)")
 	s.DurationOr(&f.cfg.HandoverAfter, "handover-after", "", relay.DefaultHandoverAfter, "off", "hand this relay's partitions to the others once JetStream has been unreachable from it this long (off or -1: never)")
@@ -191,7 +191,7 @@ func runCmd(ctx context.Context, env *Env, args []string) error {
 		f.cb.Schema = f.schema
 		// The relay's retention: none (its rows are deleted as they are published, so there
 		// is nothing to purge), a duration, or forever.
-		f.cb.PublishedRetention = cmp.Or(cfg.Retention, txoutbox.Forever)
+		f.cb.PublishedRetention = cmp.Or(cfg.PublishedRetention, txoutbox.Forever)
 		f.cb.Logger = log
 		if err := checkCheckbackFlags(&f.cb); err != nil {
 			return err
