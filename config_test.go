@@ -416,7 +416,9 @@ func TestOneStreamNameRule(t *testing.T) {
 		validate func(name string) error
 	}
 	checks := []check{
-		{"Config.CreateStream", func(n string) error { return relay.ValidateConfig(&relay.Config{CreateStream: n}) }},
+		{"Config.CreateStream", func(n string) error {
+			return relay.ValidateConfig(&relay.Config{CreateStream: n, Subjects: []string{"orders.>"}})
+		}},
 		{"Config.Stream", func(n string) error {
 			return consumer.ValidateConfig(&consumer.Config{Stream: n, Durable: "d"})
 		}},
