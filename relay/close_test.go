@@ -32,11 +32,26 @@ func TestCloseStopsARunningRelayAndWaitsForIt(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-inHook // a batch is published, not yet settled
+	waiting := make(chan struct{})
+	r.run.mu.Lock()
+	r.run.waitingForRun = func() { close(waiting) }
+	r.run.mu.Unlock()
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
+	second := make(chan struct{})
+	go func() { r.Close(); close(second) }() // a concurrent Close waits for the first
+	select {
+	case <-waiting: // Close stopped Run and waits for it
+	case <-closed:
+		t.Fatal("Close returned while Run's batch was still in flight")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not stop the running Run")
+	}
 	select {
 	case <-closed:
 		t.Fatal("Close returned while Run's batch was still in flight")
+	case <-second:
+		t.Fatal("a concurrent Close returned before the relay was released")
 	case err := <-done:
 		t.Fatalf("Run returned %v before its batch in flight was settled", err)
 	default:
@@ -47,6 +62,7 @@ func TestCloseStopsARunningRelayAndWaitsForIt(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close did not return once the batch was settled")
 	}
+	<-second
 	if err := <-done; err != nil {
 		t.Fatalf("Run stopped by Close = %v, want nil", err)
 	}

@@ -876,14 +876,16 @@ func (l *leaser) close() {
 // violations (see ErrPublishDenied), which Run leaves in place for a later Run, and leaves
 // the connection's WriteFence, if it has one. Call it once the relay is no longer needed:
 // until then, the relay's error handler stays chained onto the connection's. Run returns
-// ErrClosed after Close; a second Close does nothing.
+// ErrClosed after Close. Close is safe to call more than once and from several goroutines:
+// every call returns once the relay is released.
 func (r *Relay) Close() {
-	if !r.run.close() {
-		return
-	}
-	r.lease.close()
-	r.unwatch()
-	if r.fenceOwner != nil {
-		r.fenceOwner.unbind(r.fence)
-	}
+	// Once, and a concurrent Close waits for the first: it returns once the relay is released.
+	r.closeOnce.Do(func() {
+		r.run.close()
+		r.lease.close()
+		r.unwatch()
+		if r.fenceOwner != nil {
+			r.fenceOwner.unbind(r.fence)
+		}
+	})
 }

@@ -85,8 +85,9 @@ type Relay struct {
 	wake  chan struct{}
 	trace *relayTracer
 
-	run    runControl
-	health atomic.Int32 // a healthState
+	run       runControl
+	closeOnce sync.Once
+	health    atomic.Int32 // a healthState
 	// settleShort is set while settles find fewer published rows ready than were published
 	// (logged when it changes).
 	settleShort atomic.Bool
@@ -530,7 +531,7 @@ func (r *Relay) awaitBatch(ctx, dctx context.Context, b *inflight) {
 	l := r.lease
 	round := func() bool {
 		l.mu.Lock()
-		defer l.mu.Unlock()
+		defer l.unlock() // Relay.Lease shows what the round changed
 		if l.conn == nil || l.conn.IsClosed() {
 			return false
 		}
@@ -822,7 +823,7 @@ type Health string
 
 // A relay's states.
 const (
-	HealthStarting            Health = "starting"             // no round has ended yet
+	HealthStarting            Health = "starting"             // not publishing yet: no round has ended
 	HealthOK                  Health = "ok"                   // publishing
 	HealthStandby             Health = "standby"              // every partition is held by another relay
 	HealthPostgresUnavailable Health = "postgres_unavailable" // backing off: PostgreSQL fails
@@ -889,5 +890,7 @@ func (r *Relay) setHealth(h healthState, err error) {
 }
 
 // Health reports the relay's state: HealthStarting until its first round ends, then HealthOK,
-// HealthStandby, HealthPostgresUnavailable or HealthNATSUnavailable.
+// HealthStandby, HealthPostgresUnavailable or HealthNATSUnavailable. While Run waits at its
+// start-up stream check it is HealthNATSUnavailable or HealthPostgresUnavailable (what the
+// check waits for), and HealthStarting again once the wait ends.
 func (r *Relay) Health() Health { return healthStates[r.health.Load()] }

@@ -130,6 +130,11 @@ func TestLeaseRoundsRunWhileABatchIsInFlight(t *testing.T) {
 	if got := heldInDB(t, e.db, a.Relay); got != parts {
 		t.Fatalf("a's lease session holds %d partitions, want %d", got, parts)
 	}
+	// Lease (and Partitions, /readyz, the status page) shows what a round during the batch
+	// changed, not what the last claim saw: the batch is still held.
+	testsvc.Eventually(t, 10*time.Second, "a's Lease to show the partition it took during its batch", func() bool {
+		return len(a.Partitions()) == parts && len(a.Lease().Held) == parts
+	})
 
 	// The batch goes on: every row is published, in order, and settled by a; nothing withheld.
 	heldFor := time.Since(since)

@@ -25,6 +25,10 @@ type runControl struct {
 
 	bg      sync.WaitGroup
 	bgStops map[*int]context.CancelFunc // of the background asks under way
+
+	// waitingForRun, when set (by tests), runs when close has stopped a running Run and is
+	// about to wait for it.
+	waitingForRun func()
 }
 
 // start marks a Run as running and returns its context (ended by Close too) and the
@@ -93,17 +97,18 @@ func (c *runControl) goBackground(timeout time.Duration, f func(ctx context.Cont
 	}()
 }
 
-// close marks the relay closed, stops a running Run and waits for it to return. It reports
-// whether the relay was open.
-func (c *runControl) close() bool {
+// close marks the relay closed, stops a running Run and waits for it to return.
+func (c *runControl) close() {
 	c.mu.Lock()
-	was := !c.closed
 	c.closed = true
 	cancel, done := c.cancel, c.done
+	waiting := c.waitingForRun
 	c.mu.Unlock()
 	if cancel != nil {
 		cancel()
+		if waiting != nil {
+			waiting()
+		}
 		<-done
 	}
-	return was
 }

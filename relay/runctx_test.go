@@ -58,9 +58,16 @@ func TestRunReturnsNilWhenItsDeadlinePasses(t *testing.T) {
 			}
 			return strings.Contains(logs.String(), "waiting for PostgreSQL to answer the start-up stream check")
 		})
+		// Health says what the wait is for, and starting again once Run has returned.
+		if h := r.Health(); h != HealthPostgresUnavailable {
+			t.Errorf("Health while waiting for PostgreSQL at start = %s, want %s", h, HealthPostgresUnavailable)
+		}
 		ctx.expire()
 		if err := <-done; err != nil {
 			t.Fatalf("Run, its deadline passed during the start-up check = %v, want nil", err)
+		}
+		if h := r.Health(); h != HealthStarting {
+			t.Errorf("Health after Run returned from its start-up wait = %s, want %s", h, HealthStarting)
 		}
 	})
 

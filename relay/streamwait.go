@@ -21,9 +21,15 @@ func (r *Relay) streamCheckTimeout() time.Duration {
 // passes; an answer that says the configuration is wrong (a missing stream, a short
 // duplicate window, an unusable stream, a refused request, a JetStream API request the
 // server denied the relay's NATS user: ErrPublishDenied) ends it with that error. It
-// returns ctx's error when ctx ends while it waits.
+// returns ctx's error when ctx ends while it waits. While it waits, Health says what for
+// (startWaitHealth); whatever ends the wait leaves it at HealthStarting again.
 func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 	waited := false
+	defer func() {
+		if waited {
+			r.setStartHealth(healthStarting)
+		}
+	}()
 	for pass := 1; ; pass++ {
 		began := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, r.streamCheckTimeout())
@@ -40,7 +46,6 @@ func (r *Relay) checkStreamsWaiting(ctx context.Context) error {
 		case err == nil:
 			if waited {
 				r.log.Info("streams checked: JetStream answers")
-				r.setStartHealth(healthStarting)
 			}
 			return nil
 		case ctx.Err() != nil:
