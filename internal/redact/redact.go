@@ -27,7 +27,8 @@ func DSN(s string) string {
 
 // NATS returns the NATS server URL, or comma-separated list of them, s with its credentials
 // masked: the password of user:password, or a lone token, in each server's userinfo, and every
-// query value (nats.go reads none). A server
+// query value (a ws:// or wss:// URL's query goes to the server in the HTTP upgrade request,
+// where a proxy may take a token from it; the relay refuses a query on the other schemes). A server
 // given without a scheme (u:p@host:4222, which nats.go takes as nats://) is masked too.
 func NATS(s string) string {
 	parts := strings.Split(s, ",")
@@ -68,8 +69,9 @@ func url(p string) string {
 }
 
 // maskQueryIn masks a password given as a query parameter (postgres://h/db?password=p), or,
-// with all, every query value: nats.go reads none of a NATS URL's query, so a value there is
-// nothing the reader needs and may be a secret put in the wrong place (nats://h?token=t).
+// with all (a NATS URL), every query value: a websocket URL's query is sent to the server (a
+// proxy may read a token there), and a query on another scheme is a secret put in the wrong
+// place more often than anything a reader needs (nats://h?token=t).
 func maskQueryIn(p string, all bool) string {
 	q := strings.IndexByte(p, '?')
 	if q < 0 {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,6 +197,21 @@ type connectOptions struct {
 	ConnectTimeout time.Duration
 }
 
+// connectTimeoutSet reports whether the connection string, or PGCONNECT_TIMEOUT (which pgx
+// reads from the process's environment), sets connect_timeout: 0 there means "wait for ever",
+// as in libpq, and is kept; pgx reads an absent one as 0 too.
+func connectTimeoutSet(dsn string) bool {
+	if os.Getenv("PGCONNECT_TIMEOUT") != "" {
+		return true
+	}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		return err == nil && u.Query().Has("connect_timeout")
+	}
+	_, ok := redact.KeyValues(dsn)["connect_timeout"]
+	return ok
+}
+
 // pgConnectTimeout bounds a PostgreSQL connection attempt whose connection string sets no
 // connect_timeout: pgx waits for ever by default, and a server that accepts the TCP
 // connection and never answers (a half-open connection, a hung proxy) would hang a one-shot
@@ -243,7 +259,7 @@ func connect(ctx context.Context, o connectOptions) (*conns, error) {
 	if err != nil {
 		return fail(usageErr("invalid DATABASE_URL (--database-url): %s", dsnError(c.DSN, err)))
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
+	if !connectTimeoutSet(c.DSN) {
 		pcfg.ConnConfig.ConnectTimeout = cmp.Or(o.ConnectTimeout, pgConnectTimeout)
 	}
 	if o.AppName != "" {

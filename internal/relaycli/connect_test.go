@@ -116,6 +116,7 @@ func TestPostgresConnectAttemptIsBounded(t *testing.T) {
 	}{
 		{base, pgConnectTimeout},
 		{withParam(base, "connect_timeout", "3"), 3 * time.Second},
+		{withParam(base, "connect_timeout", "0"), 0}, // as in libpq: wait for ever, as asked
 	} {
 		c, err := connect(ctx, connectOptions{DSN: tc.dsn, Log: quiet})
 		if err != nil {
@@ -125,6 +126,20 @@ func TestPostgresConnectAttemptIsBounded(t *testing.T) {
 		c.Close()
 		if got != tc.want {
 			t.Errorf("%s: connect timeout %s, want %s", tc.dsn, got, tc.want)
+		}
+	}
+
+	for dsn, want := range map[string]bool{
+		"host=h user=u":                       false,
+		"host=h connect_timeout=0":            true,
+		"host=h connect_timeout = '5'":        true,
+		"postgres://h/db":                     false,
+		"postgres://h/db?connect_timeout=0":   true,
+		"postgresql://h/db?sslmode=disable":   false,
+		"postgres://h/db?x=1&connect_timeout": true,
+	} {
+		if got := connectTimeoutSet(dsn); got != want {
+			t.Errorf("connectTimeoutSet(%q) = %v, want %v", dsn, got, want)
 		}
 	}
 

@@ -65,7 +65,7 @@ func migrateCmd(ctx context.Context, env *Env, args []string) error {
 	}); err != nil {
 		return err
 	}
-	if typed["steps"] && typed["all"] {
+	if all && typed["steps"] {
 		return usageErr("--steps and --all together: revert --steps N migrations, or --all of them, not both")
 	}
 	if action == "export" {
