@@ -199,23 +199,37 @@ func (c *CheckBack) runJob(ctx context.Context, j job) error {
 // failures counts, per key (a job, a producer group), the runs that failed in a row, so that a
 // failure that lasts is logged when it starts and when it ends, not once per run.
 type failures struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu   sync.Mutex
+	n    map[string]int
+	last map[string]time.Time // when each failing key last failed (recordAt)
 }
 
 // record notes a run of key as failed or not, and returns how many runs of key had failed in
 // a row before it (0: key was not failing).
 func (f *failures) record(key string, failed bool) int {
+	return f.recordAt(key, failed, time.Time{}, 0)
+}
+
+// recordAt is record for a key whose runs are irregular, at now: a producer group has a run
+// only while it has due checks, so a failing group whose rows were settled meanwhile has no
+// run that succeeds. A failure more than gap after the key's previous one starts a new series
+// (0 returned: logged as a new failure, not as the old one going on). gap 0: no such rule.
+func (f *failures) recordAt(key string, failed bool, now time.Time, gap time.Duration) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.n[key]
+	if failed && n > 0 && gap > 0 && now.Sub(f.last[key]) > gap {
+		n = 0
+	}
 	switch {
-	case failed && f.n == nil:
-		f.n = map[string]int{key: 1}
 	case failed:
-		f.n[key] = n + 1
+		if f.n == nil {
+			f.n, f.last = map[string]int{}, map[string]time.Time{}
+		}
+		f.n[key], f.last[key] = n+1, now
 	default:
 		delete(f.n, key)
+		delete(f.last, key)
 	}
 	return n
 }

@@ -1219,3 +1219,35 @@ CREATE TRIGGER refuse_check BEFORE UPDATE ON txoutbox_messages FOR EACH ROW
 		t.Errorf("job_errors_total{job=\"resolve\"} = %v, want still %d", n, failing)
 	}
 }
+
+// A producer group's failures are a series while they follow each other within the gap; one
+// after a longer pause (the group had no due checks meanwhile: its failing series never saw
+// the unit that succeeds) starts a new series, logged as a new failure.
+func TestGroupFailureAfterAPauseIsANewSeries(t *testing.T) {
+	t.Parallel()
+	var f failures
+	t0 := time.Now()
+	const gap = time.Minute
+	for i, c := range []struct {
+		at     time.Duration
+		failed bool
+		want   int
+	}{
+		{0, true, 0},                   // starts failing: warned
+		{30 * time.Second, true, 1},    // goes on
+		{80 * time.Second, true, 2},    // goes on (50 s after the previous one)
+		{10 * time.Minute, true, 0},    // after a pause longer than the gap: a new series
+		{10*time.Minute + 1, false, 1}, // recorded again: the series of one ends
+		{11 * time.Minute, true, 0},
+	} {
+		if got := f.recordAt("orders", c.failed, t0.Add(c.at), gap); got != c.want {
+			t.Fatalf("step %d (at %s, failed %v): %d failures before, want %d", i, c.at, c.failed, got, c.want)
+		}
+	}
+	if got := f.record("job", true); got != 0 { // jobs: no gap rule
+		t.Fatalf("record = %d", got)
+	}
+	if got := f.record("job", true); got != 1 {
+		t.Fatalf("record = %d, want 1", got)
+	}
+}

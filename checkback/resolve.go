@@ -214,8 +214,12 @@ func (c *CheckBack) checkOnce(ctx context.Context, res *ResolveResult, wait bool
 // failed unit after it, and one info line when a unit of the group succeeds again, as runJob
 // logs a job; each failed unit counts in txoutbox_checkback_job_errors_total{job="resolve"}.
 // With wait (RunOnce) the errors go back to the job, which runJob logs and counts instead.
+//
+// A group has units only while it has due checks: a failure more than three leases after the
+// group's previous one is a new failure (its rows were settled or given back meanwhile, and
+// whether the group recovered went unseen), logged as one.
 func (c *CheckBack) recordedGroup(group string, err error) {
-	n := c.groupFailures.record(group, err != nil)
+	n := c.groupFailures.recordAt(group, err != nil, time.Now(), 3*c.lease())
 	switch {
 	case err != nil && n == 0:
 		c.m.jobErrors.WithLabelValues("resolve").Inc()
