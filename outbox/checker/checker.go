@@ -86,7 +86,10 @@ type Config struct {
 	// one queue group. Defaults to "q" (DefaultQueueGroup, the NATS micro default).
 	QueueGroup string
 
-	// Concurrency bounds the checks answered at once by this process. Defaults to 16.
+	// Concurrency bounds the checks answered at once by this process: a request that waits
+	// for one of them until its requester's timeout (HeaderTimeout) runs out is dropped
+	// unanswered (txoutbox_checkback_checker_expired_requests_total), and a check's ctx ends
+	// when that timeout runs out from the request's arrival. Defaults to 16.
 	Concurrency int
 
 	// RequestTimeout bounds a check whose request does not say how long the check-back waits
@@ -189,6 +192,8 @@ type Server struct {
 	foreign prometheus.Counter
 	// failed counts the checks answered with an error (not those cancelled by Stop).
 	failed prometheus.Counter
+	// expired counts the requests dropped before a slot was free (see expiredRequest).
+	expired prometheus.Counter
 	// failMu guards the failing state: whether the last check that ended failed, since when,
 	// and how many checks failed since then (logged on a change of state only).
 	failMu      sync.Mutex
@@ -219,10 +224,32 @@ func (s *Server) Stop() error {
 	return err
 }
 
+// requestTimeout is how long the requester of req waits for the answer: its HeaderTimeout,
+// else def.
+func requestTimeout(req micro.Request, def time.Duration) time.Duration {
+	if v := req.Headers().Get(HeaderTimeout); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+	}
+	return def
+}
+
+// expiredRequest records a request dropped because its requester stopped waiting before a
+// slot was free (every Concurrency slot busy for its whole timeout): logged at debug level,
+// counted by txoutbox_checkback_checker_expired_requests_total. The check-back counts it as
+// a timeout and asks again later.
+func (s *Server) expiredRequest(req micro.Request, log *slog.Logger) {
+	s.expired.Inc()
+	log.Debug("check request dropped: every slot stayed busy until its requester stopped waiting (raise Config.Concurrency, or make the check faster)",
+		"subject", req.Subject())
+}
+
 // checkContext returns the context of one check: a child of parent (which carries the
-// check's span) that ends after timeout, or when Stop is called.
-func (s *Server) checkContext(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(parent, timeout)
+// check's span) that ends at deadline (when the requester stops waiting), or when Stop is
+// called.
+func (s *Server) checkContext(parent context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadline(parent, deadline)
 	go func() {
 		select {
 		case <-s.done:
@@ -242,7 +269,7 @@ func (s *Server) checkContext(parent context.Context, timeout time.Duration) (co
 // matching outbox.ErrInvalidGroup), as an invalid cfg is one naming the field (a missing
 // Config.Outbox's matching ErrNoOutbox); each matches txoutbox.ErrInvalidConfig. Serve also
 // fails when Config.Registerer refuses the checker's counters, or when NATS refuses the micro
-// service. check's ctx ends with the request's timeout, or when Stop is called.
+// service. check's ctx ends when the request's timeout has run out since its arrival, or when Stop is called.
 //
 // Serve it from every process of the group: requests are spread over them by a queue group.
 func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error) {
@@ -259,35 +286,50 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	foreign, failed, err := counters(c.Registerer, group)
+	foreign, failed, expired, err := counters(c.Registerer, group)
 	if err != nil {
 		return nil, err
 	}
 	log := c.Logger.With("component", "checker", "group", group, "outbox", c.Outbox)
 	tr := &checkerTracer{t: tracing.Tracer(c.TracerProvider, "checker"), p: tracing.Propagator(c.Propagator), group: group}
-	s := &Server{sem: make(chan struct{}, c.Concurrency), done: make(chan struct{}), outbox: c.Outbox, foreign: foreign, failed: failed, logged: map[string]bool{}}
+	s := &Server{sem: make(chan struct{}, c.Concurrency), done: make(chan struct{}), outbox: c.Outbox, foreign: foreign, failed: failed, expired: expired, logged: map[string]bool{}}
 
 	handler := micro.HandlerFunc(func(req micro.Request) {
-		// micro calls handlers one at a time per subscription: answer in goroutines, bounded.
-		select {
-		case s.sem <- struct{}{}:
-		case <-s.done:
-			return
-		}
+		// The requester waits for the answer from now until its timeout: a request that waits
+		// for one of the Concurrency slots longer than that is dropped, unanswered (nobody
+		// would read the answer), and one that gets a slot is checked until then, not for a
+		// whole timeout more. micro calls handlers one at a time per subscription: the
+		// handler never blocks (a blocked one queued the next requests unstamped, each then
+		// checked for a fresh timeout after the requester had given up).
+		deadline := time.Now().Add(requestTimeout(req, c.RequestTimeout))
 		// Requests still buffered while the service drains may arrive after Stop: drop them
 		// (the check-back asks again) instead of racing Stop's wait.
 		s.mu.Lock()
 		if s.stopped {
 			s.mu.Unlock()
-			<-s.sem
 			return
 		}
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
+			slot := time.NewTimer(time.Until(deadline))
+			select {
+			case s.sem <- struct{}{}:
+				slot.Stop()
+			case <-s.done:
+				slot.Stop()
+				return
+			case <-slot.C:
+				s.expiredRequest(req, log)
+				return
+			}
 			defer func() { <-s.sem }()
-			s.answer(req, replier{nc: nc, subject: req.Reply()}, check, c.RequestTimeout, log, tr)
+			if !time.Now().Before(deadline) { // the slot freed as the wait ran out
+				s.expiredRequest(req, log)
+				return
+			}
+			s.answer(req, replier{nc: nc, subject: req.Reply()}, check, deadline, log, tr)
 		}()
 	})
 	svc, err := micro.AddService(nc, micro.Config{
@@ -334,7 +376,7 @@ func (r replier) Error(code, description string) error {
 
 // answer checks req and answers through rep; it reads req (its data and headers, which
 // nothing changes) but never answers through it (see replier).
-func (s *Server) answer(req micro.Request, rep replier, check Func, def time.Duration, log *slog.Logger, tr *checkerTracer) {
+func (s *Server) answer(req micro.Request, rep replier, check Func, deadline time.Time, log *slog.Logger, tr *checkerTracer) {
 	ctx, span := tr.start(context.Background(), req)
 	defer span.End()
 	var cr Request
@@ -353,14 +395,8 @@ func (s *Server) answer(req micro.Request, rep replier, check Func, def time.Dur
 		s.foreignRequest(cr, log)
 		return
 	}
-	timeout := def
-	if v := req.Headers().Get(HeaderTimeout); v != "" {
-		if d, err := time.ParseDuration(v); err == nil && d > 0 {
-			timeout = d
-		}
-	}
 	span.SetAttributes(tracing.MessageID.String(cr.MessageID.String()), tracing.CheckNumber.Int(cr.Check))
-	ctx, cancel := s.checkContext(ctx, timeout)
+	ctx, cancel := s.checkContext(ctx, deadline)
 	defer cancel()
 	st, err := func() (st outbox.LocalState, err error) {
 		defer func() {
@@ -449,7 +485,7 @@ func (s *Server) foreignRequest(cr Request, log *slog.Logger) {
 }
 
 // counters returns the checker's counters of group: foreign requests and failed checks.
-func counters(reg prometheus.Registerer, group string) (foreign, failed prometheus.Counter, err error) {
+func counters(reg prometheus.Registerer, group string) (foreign, failed, expired prometheus.Counter, err error) {
 	foreignVec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_foreign_requests_total",
 		Help: "Check requests of another outbox that this process's checkers did not answer (a producer group name shared by two services, or a misconfigured outbox), by group.",
@@ -458,11 +494,15 @@ func counters(reg prometheus.Registerer, group string) (foreign, failed promethe
 		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_failed_checks_total",
 		Help: "Checks this process's checkers answered with an error (the check function's error or panic, or an answer that is no state), by group; checks cancelled by Stop are not counted.",
 	}, []string{"group"})
+	expiredVec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "txoutbox", Subsystem: "checkback", Name: "checker_expired_requests_total",
+		Help: "Check requests this process's checkers dropped unanswered because every Concurrency slot stayed busy until the requester stopped waiting (its timeout), by group.",
+	}, []string{"group"})
 	// Checkers on one registry share the counters.
-	if err := prom.Register(reg, "checker: Serve", prom.Of(&foreignVec), prom.Of(&failedVec)); err != nil {
-		return nil, nil, err
+	if err := prom.Register(reg, "checker: Serve", prom.Of(&foreignVec), prom.Of(&failedVec), prom.Of(&expiredVec)); err != nil {
+		return nil, nil, nil, err
 	}
-	return foreignVec.WithLabelValues(group), failedVec.WithLabelValues(group), nil
+	return foreignVec.WithLabelValues(group), failedVec.WithLabelValues(group), expiredVec.WithLabelValues(group), nil
 }
 
 // OutboxToken is a short token of an outbox identity, usable in NATS subjects and queue group

@@ -346,3 +346,54 @@ func failedChecks(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Fatal(`no txoutbox_checkback_checker_failed_checks_total{group="pay"}`)
 	return 0
 }
+
+// A busy checker does not spend its slots on requests nobody waits for: a request is checked
+// until its requester's timeout runs out from its arrival, not for a fresh timeout from when
+// a slot frees, and one that waits for a slot until then is dropped unanswered and counted.
+// With one slot and four requests of 300 ms sent at once, the check function ran four times
+// in a row (the last ending 1.2 s after the requests, all four requesters long gone).
+func TestRequestsPastTheirTimeoutAreNotChecked(t *testing.T) {
+	t.Parallel()
+	n := testsvc.NewNATS(t)
+	reg := prometheus.NewRegistry()
+	type call struct{ started, deadline time.Time }
+	calls := make(chan call, 8)
+	srv, err := checker.Serve(n.Conn, "pay", func(ctx context.Context, _ checker.Request) (outbox.LocalState, error) {
+		d, _ := ctx.Deadline()
+		calls <- call{time.Now(), d}
+		<-ctx.Done() // a check that takes the whole timeout
+		return outbox.StateUnknown, ctx.Err()
+	}, &checker.Config{Outbox: "db/one", Concurrency: 1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	sent := time.Now()
+	const timeout = 300 * time.Millisecond
+	for range 4 {
+		raw, _ := json.Marshal(checker.Request{MessageID: uuid.New(), Subject: "pay.x", Group: "pay", Outbox: "db/one", Check: 1})
+		msg := nats.NewMsg(checker.Subject(checker.DefaultSubjectPrefix, "pay"))
+		msg.Data = raw
+		msg.Header.Set(checker.HeaderTimeout, timeout.String())
+		if err := n.Conn.PublishMsg(msg); err != nil { // nobody waits for the answers
+			t.Fatal(err)
+		}
+	}
+	expired := func() float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "txoutbox_checkback_checker_expired_requests_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	testsvc.Eventually(t, 10*time.Second, "three requests to be dropped", func() bool { return expired() == 3 })
+	if got := len(calls); got != 1 {
+		t.Fatalf("the check function ran %d times, want once (the others' requesters had stopped waiting)", got)
+	}
+	c := <-calls
+	if c.deadline.Sub(sent) > timeout+time.Second { // the check's own arrival, plus scheduling
+		t.Fatalf("the check's context ends %s after the requests were sent, want about their %s timeout", c.deadline.Sub(sent), timeout)
+	}
+}
