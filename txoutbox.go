@@ -45,7 +45,7 @@
 //     them);
 //   - Off (-1) turns a feature off and Forever (-1) lifts a limit, only for the fields whose
 //     documentation names them: every BackoffJitter (off), relay.Config.HandoverAfter (off),
-//     MaxMessageBytes (off: no size check of its own) and Retention (forever),
+//     MaxMessageBytes (off: no size check of its own) and PublishedRetention (forever),
 //     checkback.Config.TransactionTimeout (off), GroupRate and the three retentions (forever),
 //     consumer.Config.StopTimeout (forever). Every other field refuses -1 with the rest of the
 //     negative values: no other count takes it (relay.Config.MaxAttempts,
