@@ -183,8 +183,9 @@ type Server struct {
 	// done is closed by Stop: the checks in progress see their context cancelled.
 	done chan struct{}
 
-	mu      sync.Mutex // orders wg.Add against Stop's wg.Wait; guards stopped and done's close
+	mu      sync.Mutex // orders wg.Add against Stop's wg.Wait; guards stopped, pending and done's close
 	stopped bool
+	pending int // requests checked or waiting for a slot (at most maxPending)
 	wg      sync.WaitGroup
 
 	outbox string
@@ -224,6 +225,11 @@ func (s *Server) Stop() error {
 	return err
 }
 
+// maxPending bounds the requests a Server holds, checked or waiting for a slot; one beyond
+// it is dropped as expired. Each check-back asks a group at most Config.GroupConcurrency (4)
+// at a time: a thousand check-backs' worth.
+const maxPending = 4096
+
 // requestTimeout is how long the requester of req waits for the answer: its HeaderTimeout,
 // else def.
 func requestTimeout(req micro.Request, def time.Duration) time.Duration {
@@ -236,12 +242,13 @@ func requestTimeout(req micro.Request, def time.Duration) time.Duration {
 }
 
 // expiredRequest records a request dropped because its requester stopped waiting before a
-// slot was free (every Concurrency slot busy for its whole timeout): logged at debug level,
+// slot was free (every Concurrency slot busy for its whole timeout), or because maxPending
+// requests were already held: logged at debug level,
 // counted by txoutbox_checkback_checker_expired_requests_total. The check-back counts it as
 // a timeout and asks again later.
 func (s *Server) expiredRequest(req micro.Request, log *slog.Logger) {
 	s.expired.Inc()
-	log.Debug("check request dropped: every slot stayed busy until its requester stopped waiting (raise Config.Concurrency, or make the check faster)",
+	log.Debug("check request dropped: every slot stayed busy until its requester stopped waiting, or too many requests were waiting (raise Config.Concurrency, or make the check faster)",
 		"subject", req.Subject())
 }
 
@@ -309,10 +316,23 @@ func Serve(nc *nats.Conn, group string, check Func, cfg *Config) (*Server, error
 			s.mu.Unlock()
 			return
 		}
+		if s.pending >= maxPending {
+			// A flood (or a requester asking for long timeouts) is bounded as the
+			// subscription's pending buffer bounded it when the handler blocked.
+			s.mu.Unlock()
+			s.expiredRequest(req, log)
+			return
+		}
+		s.pending++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				s.pending--
+				s.mu.Unlock()
+			}()
 			slot := time.NewTimer(time.Until(deadline))
 			select {
 			case s.sem <- struct{}{}:
