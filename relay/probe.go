@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/txoutbox/txoutbox/internal/natsname"
 	"github.com/txoutbox/txoutbox/internal/safetext"
@@ -179,11 +181,29 @@ func (r *Relay) probeSubject(ctx context.Context, subj string, byStream map[stri
 	}
 }
 
+// connectionLost reports an error of the relay's own NATS connection (closed, reconnecting,
+// its buffer refused, closed by the WriteFence), never a timeout: a request that times out
+// while the connection is up is what a stream electing a leader gives.
+func connectionLost(err error) bool {
+	var opErr *net.OpError
+	return err != nil && (errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) ||
+		errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrConnectionDraining) ||
+		errors.Is(err, ErrStaleWrite) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.As(err, &opErr))
+}
+
 // verdict returns the outcome of an ambiguous publish on subj that failed with err, given
 // what JetStream said about its stream: a broker outage, a stream outage, or the subject's
 // own (message-level) failure.
 func (r *Relay) verdict(subj string, p *streamProbe, err error) error {
-	if p.lookupErr != nil || p.skipped {
+	if p.lookupErr != nil || p.skipped || connectionLost(p.infoErr) {
+		// The stream's info did not answer because the relay's own connection is down (closed
+		// by the write fence after a pause, reconnecting): the broker connection's outage, not
+		// a stream without a leader.
 		return brokerDown(err)
 	}
 	if isNotAPubAck(err) {

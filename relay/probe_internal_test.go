@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -93,5 +95,26 @@ func TestUnaskedKnownStreamIsAStreamOutage(t *testing.T) {
 	p = r.probeSubject(spent, "unknown.subject", byStream, false)
 	if !p.skipped || !isBrokerError(r.verdict("unknown.subject", p, timeout)) {
 		t.Fatalf("a subject of no known stream, not asked: %+v, want skipped and a broker outage", p)
+	}
+}
+
+// A stream info that did not answer because the relay's own connection went down (closed by
+// the write fence after a pause, reconnecting) makes the publish a broker outage, not a stream
+// without a leader: the stream's gauge and its "has no leader" line were wrong after every
+// fenced wake. A timeout stays the stream's (what an election gives).
+func TestStreamInfoFailingOnTheConnectionIsABrokerOutage(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: (&Config{}).WithDefaults()}
+	for _, infoErr := range []error{nats.ErrReconnectBufExceeded, nats.ErrConnectionClosed, nats.ErrConnectionReconnecting,
+		fmt.Errorf("stream info: %w", ErrStaleWrite), net.ErrClosed} {
+		p := &streamProbe{name: "ACC", infoErr: infoErr}
+		if got := r.verdict("acc.x", p, jetstream.ErrAsyncPublishTimeout); !isBrokerError(got) {
+			t.Errorf("info error %v: verdict %v, want a broker outage", infoErr, got)
+		}
+	}
+	for _, infoErr := range []error{context.DeadlineExceeded, nats.ErrTimeout} {
+		if connectionLost(infoErr) {
+			t.Errorf("connectionLost(%v) = true: a timeout is what a stream electing a leader gives", infoErr)
+		}
 	}
 }
