@@ -545,8 +545,7 @@ func (c *Consumer) unavailable(ctx context.Context, it *item, op string, err err
 		down = &c.dlqDown
 	}
 	if !down.Swap(true) {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42501" {
+		if store.SQLState(err) == "42501" { // pgx's and lib/pq's errors alike
 			// Waiting can fix it (a grant, a policy), and nothing is lost meanwhile: retried
 			// the same, but the line says what to do.
 			c.log.Warn("message put back: PostgreSQL refuses the consumer's role (a missing privilege, or a row-level security policy): grant what `"+

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"time"
 
@@ -286,21 +285,13 @@ func isNoResponders(err error) bool {
 // is full (a connection reset, a write deadline, the write fence's ErrStaleWrite, the closed
 // connection after it): never an attempt of the row being handed off.
 func isBrokerError(err error) bool {
-	var opErr *net.OpError
-	return errors.Is(err, ErrStaleWrite) ||
-		errors.Is(err, net.ErrClosed) ||
+	return connectionLost(err) ||
 		errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(err, io.ErrShortWrite) ||
-		errors.As(err, &opErr) ||
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
 		errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, context.Canceled) ||
-		errors.Is(err, nats.ErrConnectionClosed) ||
-		errors.Is(err, nats.ErrConnectionDraining) ||
-		errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrReconnectBufExceeded) ||
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
 		errors.Is(err, jetstream.ErrJetStreamPublisherClosed) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||

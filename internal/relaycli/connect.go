@@ -205,8 +205,10 @@ func connectTimeoutSet(dsn string) bool {
 		return true
 	}
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		return err == nil && u.Query().Has("connect_timeout")
+		// The query alone: a multi-host URL (postgres://h1:5432,h2:5432/db) is no net/url URL.
+		_, query, _ := strings.Cut(dsn, "?")
+		q, err := url.ParseQuery(query)
+		return err == nil && q.Has("connect_timeout")
 	}
 	_, ok := redact.KeyValues(dsn)["connect_timeout"]
 	return ok

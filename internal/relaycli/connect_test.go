@@ -130,13 +130,15 @@ func TestPostgresConnectAttemptIsBounded(t *testing.T) {
 	}
 
 	for dsn, want := range map[string]bool{
-		"host=h user=u":                       false,
-		"host=h connect_timeout=0":            true,
-		"host=h connect_timeout = '5'":        true,
-		"postgres://h/db":                     false,
-		"postgres://h/db?connect_timeout=0":   true,
-		"postgresql://h/db?sslmode=disable":   false,
-		"postgres://h/db?x=1&connect_timeout": true,
+		"host=h user=u":                                   false,
+		"host=h connect_timeout=0":                        true,
+		"host=h connect_timeout = '5'":                    true,
+		"postgres://h/db":                                 false,
+		"postgres://h/db?connect_timeout=0":               true,
+		"postgresql://h/db?sslmode=disable":               false,
+		"postgres://h/db?x=1&connect_timeout":             true,
+		"postgres://h1:5432,h2:5432/db?connect_timeout=0": true, // multi-host: no net/url URL
+		"postgres://h1:5432,h2:5432/db":                   false,
 	} {
 		if got := connectTimeoutSet(dsn); got != want {
 			t.Errorf("connectTimeoutSet(%q) = %v, want %v", dsn, got, want)
